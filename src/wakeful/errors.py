@@ -1,0 +1,244 @@
+"""One error hierarchy, rooted at ``WakefulError``.
+
+Backends translate their driver errors into these at their boundary. Every error carries
+structured fields, a message that says what happened and what the caller can do, and
+``retryable``: whether the same call may succeed later without changing anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WakefulError(Exception):
+    """Base of every error wakeful raises on purpose."""
+
+    retryable: bool = False
+
+
+class InvalidInput(WakefulError, ValueError):
+    """An argument is malformed (an id outside its alphabet, a negative ttl, a payload too
+    large). Nothing was read or written."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        self.problem = problem
+        super().__init__(f"invalid {field}: {problem}")
+
+
+class ThreadBusy(WakefulError):
+    """Another live claim holds the thread. Nothing changed; retry once it is released or
+    has expired."""
+
+    retryable = True
+
+    def __init__(
+        self,
+        thread_id: str,
+        holder: str | None,
+        checkpoint_id: str | None,
+        expires_at: Any = None,
+    ) -> None:
+        self.thread_id = thread_id
+        self.holder = holder
+        self.checkpoint_id = checkpoint_id
+        self.expires_at = expires_at
+        who = f"holder {holder!r}" if holder is not None else "another claimant"
+        at = f" (latest checkpoint {checkpoint_id!r})" if checkpoint_id else ""
+        super().__init__(
+            f"thread {thread_id!r} is held by {who}{at}; retry after it releases the thread "
+            f"or its claim expires"
+        )
+
+
+class StaleClaim(WakefulError):
+    """The token is not the thread's current claim: it was taken over, released, cancelled
+    or deleted, or was never issued. Nothing was written; the caller must stop acting for
+    the thread."""
+
+    def __init__(self, thread_id: str, token: int | None, current: int | None) -> None:
+        self.thread_id = thread_id
+        self.token = token
+        self.current = current
+        now = f"the current token is {current}" if current is not None else "no claim is current"
+        super().__init__(
+            f"claim token {token} on thread {thread_id!r} is stale ({now}); this holder no "
+            f"longer owns the thread and must stop writing to it"
+        )
+
+
+class VersionConflict(WakefulError):
+    """The commit was prepared against an older view of the thread (``expected_version`` or
+    the checkpoint's ``parent`` is not current). Nothing was applied; re-read and decide."""
+
+    def __init__(
+        self,
+        thread_id: str,
+        expected: int | str | None,
+        actual: int | str | None,
+        what: str = "version",
+    ) -> None:
+        self.thread_id = thread_id
+        self.expected = expected
+        self.actual = actual
+        self.what = what
+        super().__init__(
+            f"thread {thread_id!r}: expected {what} {expected!r} but the latest is {actual!r}; "
+            f"nothing was applied, re-read the thread before committing again"
+        )
+
+
+class OperationConflict(WakefulError):
+    """An operation id was reused with a different payload. Fails closed: nothing applied."""
+
+    def __init__(self, thread_id: str, operation_id: str) -> None:
+        self.thread_id = thread_id
+        self.operation_id = operation_id
+        super().__init__(
+            f"operation {operation_id!r} on thread {thread_id!r} was already committed with a "
+            f"different payload; nothing was applied (operation ids must name one payload)"
+        )
+
+
+class InvalidCommit(WakefulError):
+    """The commit is inconsistent with the thread (writes naming another checkpoint, a
+    duplicate message id, consuming an unknown inbox entry). Nothing was applied."""
+
+    def __init__(self, thread_id: str, problem: str) -> None:
+        self.thread_id = thread_id
+        self.problem = problem
+        super().__init__(f"commit to thread {thread_id!r} refused: {problem}; nothing was applied")
+
+
+class ReplayUnavailable(WakefulError):
+    """Events before ``earliest_seq`` were compacted away. Read from ``earliest_seq - 1``
+    (the state at the latest checkpoint already includes their effect)."""
+
+    def __init__(self, thread_id: str, after_seq: int, earliest_seq: int) -> None:
+        self.thread_id = thread_id
+        self.after_seq = after_seq
+        self.earliest_seq = earliest_seq
+        super().__init__(
+            f"thread {thread_id!r}: events after {after_seq} are no longer available, the "
+            f"earliest kept event is {earliest_seq}; resume reading from {earliest_seq - 1}"
+        )
+
+
+class TenantMismatch(WakefulError):
+    """The thread belongs to another tenant. The message names no other tenant's data."""
+
+    def __init__(self, thread_id: str) -> None:
+        self.thread_id = thread_id
+        super().__init__(f"thread {thread_id!r} does not belong to this tenant")
+
+
+class NotFound(WakefulError):
+    """The named object does not exist."""
+
+    def __init__(self, what: str, ident: str) -> None:
+        self.what = what
+        self.ident = ident
+        super().__init__(f"{what} {ident!r} does not exist")
+
+
+class InvalidState(WakefulError):
+    """The object exists but is not in a state that allows the operation. Nothing changed."""
+
+    def __init__(self, what: str, ident: str, state: str, problem: str) -> None:
+        self.what = what
+        self.ident = ident
+        self.state = state
+        self.problem = problem
+        super().__init__(f"{what} {ident!r} is {state}: {problem}; nothing changed")
+
+
+class DispatchConflict(WakefulError):
+    """A dispatch id or dedupe key is already taken by a dispatch with a different payload.
+    Fails closed: nothing enqueued."""
+
+    def __init__(self, dispatch_id: str, existing_id: str, key: str) -> None:
+        self.dispatch_id = dispatch_id
+        self.existing_id = existing_id
+        self.key = key
+        super().__init__(
+            f"dispatch {dispatch_id!r} conflicts with existing dispatch {existing_id!r} "
+            f"(same {key}, different payload); nothing was enqueued"
+        )
+
+
+class WorkerSuperseded(WakefulError):
+    """A newer registration of the same ``worker_id`` exists; this incarnation must stop."""
+
+    def __init__(self, worker_id: str, generation: int, current: int) -> None:
+        self.worker_id = worker_id
+        self.generation = generation
+        self.current = current
+        super().__init__(
+            f"worker {worker_id!r} generation {generation} was superseded by generation "
+            f"{current}; this process must stop claiming work"
+        )
+
+
+class StreamCheckpointError(WakefulError):
+    """A stream checkpoint could not be read, written or deleted (``reason`` is ``"stale"``
+    for a fenced put, ``"storage"`` for a storage failure). Callers log it and go on."""
+
+    def __init__(self, run_id: str, reason: str, detail: str) -> None:
+        self.run_id = run_id
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"stream checkpoint of run {run_id!r}: {detail}")
+
+
+class StoreUnavailable(WakefulError):
+    """The storage could not be reached or did not answer. The operation may or may not
+    have been applied if it was a commit: retry it with the same operation id."""
+
+    retryable = True
+
+    def __init__(self, detail: str) -> None:
+        self.detail = detail
+        super().__init__(f"store unavailable: {detail}; retry later")
+
+
+class StoreClosed(WakefulError):
+    """The store was closed; open it again."""
+
+    def __init__(self) -> None:
+        super().__init__("the store is closed; open it again with open_store()")
+
+
+class CorruptStore(WakefulError):
+    """Stored data failed validation. The store refused to open and changed nothing. Stop
+    the writers, preserve the files, and restore or investigate the named record."""
+
+    def __init__(self, path: str, offset: int | None, line: int | None, detail: str) -> None:
+        self.path = path
+        self.offset = offset
+        self.line = line
+        self.detail = detail
+        where = f" at byte {offset}, line {line}" if offset is not None else ""
+        super().__init__(
+            f"corrupt store {path}{where}: {detail}; the files were left unchanged: preserve "
+            f"them and restore a known-good copy or inspect that record before reopening"
+        )
+
+
+class StoreLocked(WakefulError):
+    """Another opener (this process or another) holds the store's exclusive lock."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        super().__init__(
+            f"store {root} is already open in another process or handle; close that one "
+            f"first (one process owns a file store)"
+        )
+
+
+class UnsupportedStore(WakefulError, ValueError):
+    """The URL names a scheme no backend handles, or a backend whose extra is missing."""
+
+    def __init__(self, url: str, detail: str) -> None:
+        self.url = url
+        self.detail = detail
+        super().__init__(f"cannot open store {url!r}: {detail}")

@@ -1,0 +1,291 @@
+"""Immutable domain records.
+
+Every record is a frozen ``msgspec.Struct`` and encodes to JSON; nothing is ever pickled.
+Times are timezone-aware UTC ``datetime`` values with microsecond precision and round-trip
+exactly through every store. Values typed ``Any`` are JSON values (``dict``, ``list``,
+``str``, ``int``, ``float``, ``bool``, ``None``); a store returns them as decoded JSON, so a
+value that is not JSON (a ``datetime`` inside a state dict, say) comes back as its JSON form.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal, TypeAlias
+
+import msgspec
+
+RunStatus: TypeAlias = Literal[
+    "running", "suspended", "completed", "failed", "cancelled", "indeterminate"
+]
+RUN_STATUSES: frozenset[str] = frozenset(
+    ("running", "suspended", "completed", "failed", "cancelled", "indeterminate")
+)
+TERMINAL_STATUSES: frozenset[str] = frozenset(("completed", "failed", "cancelled", "indeterminate"))
+
+Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
+
+DispatchKind: TypeAlias = Literal["start", "resume", "cancel", "message"]
+DispatchStatus: TypeAlias = Literal["pending", "leased", "awaiting", "done", "quarantined"]
+
+FORMAT_VERSION = 1
+
+
+class Claim(msgspec.Struct, frozen=True, kw_only=True):
+    """A lease on a thread. ``token`` is the fencing token: strictly greater than every token
+    issued for the thread before. The claim is live while the store's clock is at or before
+    ``expires_at``."""
+
+    thread_id: str
+    holder: str
+    token: int
+    expires_at: datetime
+
+    def is_live(self, now: datetime) -> bool:
+        return now <= self.expires_at
+
+
+class Checkpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """A thread's committed state. ``parent`` is the id of the checkpoint it replaces
+    (``None`` for a thread's first). ``frontier`` is what is left to run, as the runtime
+    describes it; ``metadata`` is free-form JSON."""
+
+    id: str
+    parent: str | None
+    run_id: str
+    status: RunStatus
+    state: Any
+    created_at: datetime
+    tenant: str | None = None
+    format_version: int = FORMAT_VERSION
+    frontier: list[Any] = msgspec.field(default_factory=list)
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class PendingWrite(msgspec.Struct, frozen=True, kw_only=True):
+    """The result of one finished task, stored against ``checkpoint_id`` so recovery reuses
+    it. One write per ``task_id`` and checkpoint."""
+
+    checkpoint_id: str
+    task_id: str
+    node: str
+    value: Any
+
+
+class EventDraft(msgspec.Struct, frozen=True, kw_only=True):
+    """An event as a commit proposes it; the store numbers and timestamps it."""
+
+    type: str
+    data: Any = None
+    run_id: str | None = None
+    checkpoint_id: str | None = None
+    task_id: str | None = None
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """A durable event: ``seq`` is 1, 2, 3 ... per thread, never reused."""
+
+    thread_id: str
+    seq: int
+    at: datetime
+    type: str
+    data: Any = None
+    run_id: str | None = None
+    checkpoint_id: str | None = None
+    task_id: str | None = None
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """One conversation message. ``id`` is unique within its thread."""
+
+    id: str
+    role: Role
+    content: Any = None
+    tool_calls: list[Any] = msgspec.field(default_factory=list)
+    tool_call_id: str | None = None
+    run_id: str | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class OutboxEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """A message for another thread, staged inside the source thread's commit and delivered
+    to the target's inbox by the relay. ``message_id`` makes delivery idempotent."""
+
+    message_id: str
+    target_thread: str
+    payload: Any = None
+    correlation_id: str | None = None
+
+
+class InboxMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """A delivered, not yet consumed message. ``revision`` numbers a thread's inbox
+    appends 1, 2, 3 ..."""
+
+    message_id: str
+    correlation_id: str | None
+    payload: Any
+    revision: int
+    at: datetime
+    source_thread: str | None = None
+
+
+class Commit(msgspec.Struct, frozen=True, kw_only=True):
+    """An atomic, fenced write to one thread. See ``ThreadStore.commit`` for the checks."""
+
+    token: int
+    checkpoint: Checkpoint | None = None
+    writes: tuple[PendingWrite, ...] = ()
+    events: tuple[EventDraft, ...] = ()
+    messages: tuple[Message, ...] = ()
+    operation_id: str | None = None
+    expected_version: int | None = None
+    outbox: tuple[OutboxEntry, ...] = ()
+    consume: tuple[str, ...] = ()
+
+
+class Receipt(msgspec.Struct, frozen=True, kw_only=True):
+    """What an applied commit returns. A retried operation returns the same receipt."""
+
+    thread_id: str
+    version: int
+    checkpoint_id: str | None
+    events: tuple[int, ...]
+    operation_id: str | None = None
+
+
+class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A consistent read of one thread. ``claim`` is the current claim record, which may
+    have expired (compare ``claim.expires_at`` with the store's clock)."""
+
+    thread_id: str
+    version: int
+    checkpoint: Checkpoint | None
+    writes: tuple[PendingWrite, ...]
+    claim: Claim | None
+    tenant: str | None
+    message_count: int
+    last_seq: int = 0
+    event_floor: int = 1
+
+
+class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of ``list_threads``."""
+
+    thread_id: str
+    tenant: str | None
+    version: int
+    checkpoint_id: str | None
+    status: RunStatus | None
+    message_count: int
+    last_seq: int
+    updated_at: datetime
+
+
+class RetentionPolicy(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``prune`` may remove. ``None`` leaves that kind of data alone. Ages are seconds
+    measured by the store's clock against the time the data was stored. The latest
+    checkpoint of a thread, its pending writes, its messages and its inbox are never pruned."""
+
+    checkpoint_max_age: float | None = None
+    keep_checkpoints: int | None = None
+    event_max_age: float | None = None
+    keep_events: int | None = None
+    receipt_max_age: float | None = None
+    settled_dispatch_max_age: float | None = None
+
+
+class PruneReport(msgspec.Struct, frozen=True, kw_only=True):
+    checkpoints: int = 0
+    events: int = 0
+    receipts: int = 0
+    dispatches: int = 0
+
+
+# --------------------------------------------------------------------------- queue
+
+
+class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
+    """A durable request to execute work on a thread.
+
+    A caller builds one with ``dispatch_id``, ``thread_id``, ``kind`` and ``payload`` (and
+    optionally ``priority``, ``available_at``, ``max_attempts``, ``dedupe_key``); the store
+    fills the delivery fields. ``attempts`` counts claims; ``token`` is the fencing token of the
+    thread claim granted with the current lease."""
+
+    dispatch_id: str
+    thread_id: str
+    kind: DispatchKind
+    payload: Any = None
+    priority: int = 0
+    available_at: datetime | None = None
+    max_attempts: int = 5
+    dedupe_key: str | None = None
+    status: DispatchStatus = "pending"
+    attempts: int = 0
+    token: int | None = None
+    holder: str | None = None
+    lease_until: datetime | None = None
+    last_error: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+    @property
+    def exhausted(self) -> bool:
+        """True once every attempt of the budget has been used."""
+        return self.attempts >= self.max_attempts
+
+
+class Lease(msgspec.Struct, frozen=True, kw_only=True):
+    """A claimed dispatch with its thread claim. ``exhausted`` means the retry budget is
+    spent: the claimant records the run's terminal ``indeterminate`` state and settles
+    ``Done``."""
+
+    dispatch: Dispatch
+    claim: Claim
+    exhausted: bool
+
+
+class Done(msgspec.Struct, frozen=True, tag="done"):
+    """The dispatch's work is finished (or terminally resolved)."""
+
+
+class Awaiting(msgspec.Struct, frozen=True, tag="awaiting"):
+    """The run suspended for input; the dispatch is parked until the fleet resolves it."""
+
+
+class Retry(msgspec.Struct, frozen=True, tag="retry"):
+    """Make the dispatch available again after ``delay`` seconds, keeping ``error``."""
+
+    delay: float = 0.0
+    error: str | None = None
+
+
+Outcome: TypeAlias = Done | Awaiting | Retry
+
+
+class WorkerIdentity(msgspec.Struct, frozen=True, kw_only=True):
+    worker_id: str
+    incarnation_id: str
+    generation: int
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
+    worker_id: str
+    incarnation_id: str
+    generation: int
+    registered_at: datetime
+    last_heartbeat: datetime
+
+
+class StreamCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
+    """The unfinished model turn of a run. Best-effort; the thread commit stays the
+    authority. ``token`` is the claim token of the run writing it."""
+
+    run_id: str
+    thread_id: str
+    model: str
+    partial_text: str = ""
+    tool_calls: list[Any] = msgspec.field(default_factory=list)
+    in_flight_tool: Any = None
+    retry_count: int = 0
+    token: int = 0
+    updated_at: datetime | None = None

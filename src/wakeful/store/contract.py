@@ -1,0 +1,265 @@
+"""The store contract: what every backend (memory, file, sqlite, postgres) guarantees.
+
+The contract is async and written once. ``wakeful.testkit`` checks it case by case.
+
+Time: a claim or lease is *live* while the store's clock reads at or before its expiry
+(``now <= expires_at``); it has *expired* once the clock is past it. Memory, file and
+SQLite stores judge by the clock they were opened with; PostgreSQL by the server's ``now()``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol, runtime_checkable
+
+from wakeful.records import (
+    Checkpoint,
+    Claim,
+    Commit,
+    Dispatch,
+    DispatchStatus,
+    Event,
+    InboxMessage,
+    Lease,
+    Message,
+    Outcome,
+    PruneReport,
+    Receipt,
+    RetentionPolicy,
+    StreamCheckpoint,
+    ThreadSnapshot,
+    ThreadSummary,
+    WorkerIdentity,
+    WorkerInfo,
+)
+
+
+@runtime_checkable
+class ThreadStore(Protocol):
+    """Threads: claims, fenced commits, reads and maintenance (DESIGN §3.1-§3.2)."""
+
+    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+        """Grant a claim on ``thread_id`` to ``holder`` for ``ttl`` seconds from now, with a
+        token greater than every token issued for the thread before (also before a
+        ``delete_thread``). The thread needs no checkpoint. An expired claim is replaced.
+
+        Raises ``ThreadBusy`` (naming the holder and the latest checkpoint) while a live claim
+        exists, even one of the same holder; nothing changes then. Of many concurrent
+        claimers exactly one wins."""
+        ...
+
+    async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
+        """Extend the current claim to ``ttl`` seconds from now. An expired claim that nobody
+        replaced can still be renewed. Raises ``StaleClaim`` if ``token`` is not current."""
+        ...
+
+    async def release(self, thread_id: str, token: int) -> None:
+        """Free the thread at once. A token that is not current is a no-op, so a run never
+        releases its successor's claim."""
+        ...
+
+    async def commit(self, thread_id: str, commit: Commit) -> Receipt:
+        """Apply ``commit`` atomically, or nothing. Checks, in this order:
+
+        1. ``commit.token`` is the current claim (live, or expired and not replaced), else
+           ``StaleClaim``;
+        2. a recorded ``operation_id``: the same payload (everything but the token) returns
+           the original receipt and changes nothing; another payload is ``OperationConflict``;
+        3. ``expected_version`` not the thread's version, or ``checkpoint.parent`` not the
+           latest checkpoint id: ``VersionConflict``;
+        4. writes naming any checkpoint but the one latest after this commit, a duplicate
+           task write, a message id already on the thread, a checkpoint id used before,
+           consuming an id not in the inbox: ``InvalidCommit``; a checkpoint whose tenant
+           differs from the thread's: ``TenantMismatch``.
+
+        Then everything applies: a new checkpoint replaces the latest and drops its pending
+        writes; events get the next contiguous numbers (never reused, not after a refusal,
+        a compaction or a restart); messages append in order; outbox entries are staged;
+        consumed inbox entries are removed; the version increases by one. A thread's tenant
+        is fixed by its first applied commit (its checkpoint's tenant, else none)."""
+        ...
+
+    async def read(self, thread_id: str) -> ThreadSnapshot | None:
+        """The thread's consistent snapshot, or ``None`` when the store holds nothing of it
+        (no commit and no claim)."""
+        ...
+
+    async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
+        """Messages in order, skipping the first ``after`` (``after`` is a count, so pass the
+        number already read); at most ``limit``."""
+        ...
+
+    async def events_after(self, thread_id: str, after_seq: int = 0, limit: int = 100) -> list[Event]:
+        """Events with ``seq > after_seq`` ascending, at most ``limit``. Empty for an unknown
+        thread. ``ReplayUnavailable(earliest_seq)`` if some of them were compacted away."""
+        ...
+
+    async def wait_events(
+        self, thread_id: str, after_seq: int = 0, limit: int = 100, timeout: float = 30.0
+    ) -> list[Event]:
+        """Like ``events_after`` but, when there are none yet, wait up to ``timeout`` seconds
+        for a commit through any store over the same storage (other processes included).
+        Returns an empty list on timeout."""
+        ...
+
+    async def list_threads(
+        self, tenant: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[ThreadSummary]:
+        """Threads with at least one commit, ordered by id, after the cursor ``after``;
+        only ``tenant``'s when given."""
+        ...
+
+    async def checkpoints(
+        self, thread_id: str, before: str | None = None, limit: int = 100
+    ) -> list[tuple[Checkpoint, datetime]]:
+        """Checkpoint history newest first (each with the time it was committed), starting
+        below checkpoint id ``before`` when given. Retention may have removed old ones."""
+        ...
+
+    async def compact_events(self, thread_id: str, before_seq: int) -> int:
+        """Drop events with ``seq < before_seq`` (clamped to the end of the log) and return the
+        new floor: the earliest seq still readable. The floor never moves back."""
+        ...
+
+    async def delete_thread(self, thread_id: str) -> None:
+        """Remove everything of the thread: checkpoints, writes, events, messages, receipts,
+        inbox and staged outbox, and its claim (whose token becomes stale). Event numbers
+        restart at 1; tokens stay monotonic. Deleting an unknown thread is fine. Dispatches
+        are delivery state and stay."""
+        ...
+
+    async def prune(self, policy: RetentionPolicy) -> PruneReport:
+        """Remove superseded data as ``policy`` allows: old checkpoints (never a thread's
+        latest), old events (by raising the floor, never lowering it), old operation receipts
+        and old settled dispatches."""
+        ...
+
+    async def close(self) -> None:
+        """Release everything the store holds. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class DispatchQueue(Protocol):
+    """The durable queue of work and the worker registry (DESIGN §3.3)."""
+
+    async def enqueue(self, dispatch: Dispatch) -> Dispatch:
+        """Persist ``dispatch`` as pending before anything acts on it and return it as stored.
+        The same ``dispatch_id`` or ``dedupe_key`` with the same thread, kind and payload
+        returns the existing dispatch; with anything else ``DispatchConflict``."""
+        ...
+
+    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
+        """Atomically lease up to ``limit`` available dispatches (pending with
+        ``available_at`` reached, or leased with an expired lease), highest priority first,
+        then oldest first, at most one per thread and only on threads without a live claim.
+        Each lease grants the thread's claim in the same step; the dispatch's token is that
+        claim's token. Every claim counts one attempt; a dispatch claimed past its
+        ``max_attempts`` comes with ``exhausted=True``."""
+        ...
+
+    async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
+        """Record the outcome of a lease: ``Done``, ``Awaiting`` or ``Retry(delay, error)``,
+        and release the thread claim if ``token`` is still current. Fenced: if the dispatch
+        is not leased with ``token`` or a newer claim was issued on the thread since
+        (takeover, cancel, delete), ``StaleClaim`` and nothing changes."""
+        ...
+
+    async def cancel(self, thread_id: str, reason: str) -> Dispatch:
+        """Persist the intent to cancel the thread's work as a ``cancel`` dispatch, advance
+        the thread's epoch (the current owner's renew, commit and settle become
+        ``StaleClaim``), release its claim, and retire the thread's other open dispatches.
+        A cancel already pending for the thread is returned instead of a second one."""
+        ...
+
+    async def get_dispatch(self, dispatch_id: str) -> Dispatch | None: ...
+
+    async def list_dispatches(
+        self,
+        status: DispatchStatus | None = None,
+        thread_id: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[Dispatch]:
+        """Dispatches in enqueue order after the dispatch id ``after``, filtered."""
+        ...
+
+    async def quarantine(self, dispatch_id: str) -> Dispatch:
+        """Operator action: park exhausted work (attempts >= max_attempts, not live-leased)
+        so it is not terminalised automatically. ``InvalidState`` otherwise."""
+        ...
+
+    async def requeue(self, dispatch_id: str) -> Dispatch:
+        """Operator action: make quarantined work pending again with a fresh budget."""
+        ...
+
+    async def purge(self, dispatch_id: str) -> None:
+        """Operator action: delete quarantined or done work for good."""
+        ...
+
+    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+        """A new ``incarnation_id`` and a ``generation`` greater than any before for
+        ``worker_id``."""
+        ...
+
+    async def heartbeat(self, identity: WorkerIdentity) -> None:
+        """Record that the worker is alive. ``WorkerSuperseded`` if a newer registration of
+        the same worker id exists."""
+        ...
+
+    async def list_workers(self) -> list[WorkerInfo]: ...
+
+
+@runtime_checkable
+class Outbox(Protocol):
+    """Messages between threads (DESIGN §3.4). Entries are staged by ``Commit.outbox`` and
+    consumed by ``Commit.consume``."""
+
+    async def inbox(self, thread_id: str) -> list[InboxMessage]:
+        """The thread's delivered, unconsumed messages in revision order."""
+        ...
+
+    async def relay_outbox(self, limit: int = 100) -> int:
+        """Deliver up to ``limit`` staged entries: append each to its target's inbox (a
+        ``message_id`` already delivered there is a no-op, also after consumption), enqueue a
+        ``message`` dispatch for the target deduplicated by ``message_id``, and delete the
+        staged entry. Returns how many staged entries were handled."""
+        ...
+
+
+@runtime_checkable
+class StreamCheckpointStore(Protocol):
+    """Best-effort storage of unfinished model turns (DESIGN §3.5). Every method raises
+    ``StreamCheckpointError`` on failure."""
+
+    async def get(self, run_id: str) -> StreamCheckpoint | None: ...
+
+    async def put(self, checkpoint: StreamCheckpoint) -> None:
+        """Store the run's checkpoint, replacing the previous one. Refused if
+        ``checkpoint.token`` is not the current claim of ``checkpoint.thread_id``."""
+        ...
+
+    async def delete(self, run_id: str) -> None:
+        """Remove the run's checkpoint; removing a missing one is fine."""
+        ...
+
+
+@runtime_checkable
+class Store(ThreadStore, DispatchQueue, Outbox, Protocol):
+    """A whole store, as ``open_store`` returns it."""
+
+    @property
+    def stream_checkpoints(self) -> StreamCheckpointStore: ...
+
+    async def __aenter__(self) -> Store: ...
+
+    async def __aexit__(self, *exc: object) -> None: ...
+
+
+__all__ = [
+    "DispatchQueue",
+    "Outbox",
+    "Store",
+    "StreamCheckpointStore",
+    "ThreadStore",
+]

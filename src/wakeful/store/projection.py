@@ -1,0 +1,496 @@
+"""The in-memory projection of a whole store, and the mutation records that change it.
+
+Every accepted mutation is one ``Mutation`` record. ``State.apply`` is deterministic: the
+same records applied in the same order give the same state, so the memory store applies
+records directly and the file store replays its log through the same code. Records carry
+every value decided when they were planned (tokens, times, ids); ``apply`` never reads a
+clock and never fails on a record that was planned against the same state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+
+from wakeful.records import (
+    Checkpoint,
+    Claim,
+    Commit,
+    Dispatch,
+    Event,
+    InboxMessage,
+    Message,
+    OutboxEntry,
+    PendingWrite,
+    PruneReport,
+    Receipt,
+    RetentionPolicy,
+    Retry,
+    WorkerInfo,
+)
+
+# ------------------------------------------------------------------ mutation records
+
+
+class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
+    claim: Claim
+
+
+class Renewed(msgspec.Struct, frozen=True, tag="renewed"):
+    thread_id: str
+    token: int
+    expires_at: datetime
+
+
+class Released(msgspec.Struct, frozen=True, tag="released"):
+    thread_id: str
+    token: int
+
+
+class Committed(msgspec.Struct, frozen=True, tag="committed"):
+    thread_id: str
+    commit: Commit
+    receipt: Receipt
+    payload_hash: str
+    at: datetime
+
+
+class Compacted(msgspec.Struct, frozen=True, tag="compacted"):
+    thread_id: str
+    floor: int
+
+
+class Deleted(msgspec.Struct, frozen=True, tag="deleted"):
+    thread_id: str
+    epoch: int
+
+
+class Pruned(msgspec.Struct, frozen=True, tag="pruned"):
+    policy: RetentionPolicy
+    at: datetime
+
+
+class Enqueued(msgspec.Struct, frozen=True, tag="enqueued"):
+    dispatch: Dispatch
+
+
+class LeaseGrant(msgspec.Struct, frozen=True):
+    dispatch_id: str
+    claim: Claim
+
+
+class Leased(msgspec.Struct, frozen=True, tag="leased"):
+    grants: tuple[LeaseGrant, ...]
+    at: datetime
+
+
+class Settled(msgspec.Struct, frozen=True, tag="settled"):
+    dispatch_id: str
+    token: int
+    status: str
+    available_at: datetime | None
+    error: str | None
+    at: datetime
+
+
+class Cancelled(msgspec.Struct, frozen=True, tag="cancelled"):
+    thread_id: str
+    reason: str
+    epoch: int
+    dispatch: Dispatch
+    at: datetime
+
+
+class Quarantined(msgspec.Struct, frozen=True, tag="quarantined"):
+    dispatch_id: str
+    at: datetime
+
+
+class Requeued(msgspec.Struct, frozen=True, tag="requeued"):
+    dispatch_id: str
+    at: datetime
+
+
+class Purged(msgspec.Struct, frozen=True, tag="purged"):
+    dispatch_id: str
+
+
+class WorkerRegistered(msgspec.Struct, frozen=True, tag="worker_registered"):
+    worker: WorkerInfo
+
+
+class WorkerBeat(msgspec.Struct, frozen=True, tag="worker_beat"):
+    worker_id: str
+    at: datetime
+
+
+class Delivered(msgspec.Struct, frozen=True, tag="delivered"):
+    """A staged outbox entry appended to its target's inbox (``message`` is ``None`` when it
+    was delivered before) and its ``message`` dispatch enqueued (``None`` when one exists)."""
+
+    stage_seq: int
+    target_thread: str
+    message: InboxMessage | None
+    dispatch: Dispatch | None
+
+
+class Unstaged(msgspec.Struct, frozen=True, tag="unstaged"):
+    stage_seq: int
+
+
+Mutation = (
+    Claimed
+    | Renewed
+    | Released
+    | Committed
+    | Compacted
+    | Deleted
+    | Pruned
+    | Enqueued
+    | Leased
+    | Settled
+    | Cancelled
+    | Quarantined
+    | Requeued
+    | Purged
+    | WorkerRegistered
+    | WorkerBeat
+    | Delivered
+    | Unstaged
+)
+
+
+def payload_hash(commit: Commit) -> str:
+    """The hash that identifies an operation's payload: everything but the token, with
+    object keys sorted so equal JSON hashes equal."""
+    body = msgspec.json.encode(msgspec.structs.replace(commit, token=0), order="sorted")
+    return hashlib.sha256(body).hexdigest()
+
+
+# ------------------------------------------------------------------------ state
+
+
+@dataclass
+class StagedEntry:
+    source_thread: str
+    entry: OutboxEntry
+    at: datetime
+
+
+@dataclass
+class ThreadState:
+    thread_id: str
+    version: int = 0
+    tenant: str | None = None
+    claim: Claim | None = None
+    history: list[tuple[Checkpoint, datetime]] = field(default_factory=list)
+    checkpoint_ids: set[str] = field(default_factory=set)
+    writes: dict[str, PendingWrite] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+    floor: int = 1
+    messages: list[Message] = field(default_factory=list)
+    message_ids: set[str] = field(default_factory=set)
+    receipts: dict[str, tuple[str, Receipt, datetime]] = field(default_factory=dict)
+    inbox: dict[str, InboxMessage] = field(default_factory=dict)
+    delivered: set[str] = field(default_factory=set)
+    inbox_revision: int = 0
+    updated_at: datetime | None = None
+
+    @property
+    def latest(self) -> Checkpoint | None:
+        return self.history[-1][0] if self.history else None
+
+    @property
+    def next_seq(self) -> int:
+        return self.floor + len(self.events)
+
+
+@dataclass
+class State:
+    threads: dict[str, ThreadState] = field(default_factory=dict)
+    epochs: dict[str, int] = field(default_factory=dict)
+    """The highest token issued (or epoch advanced to) per thread; survives deletion."""
+    dispatches: dict[str, Dispatch] = field(default_factory=dict)
+    dispatch_order: dict[str, int] = field(default_factory=dict)
+    dispatch_seq: int = 0
+    dedupe: dict[str, str] = field(default_factory=dict)
+    open_by_thread: dict[str, set[str]] = field(default_factory=dict)
+    outbox: dict[int, StagedEntry] = field(default_factory=dict)
+    stage_seq: int = 0
+    workers: dict[str, WorkerInfo] = field(default_factory=dict)
+
+    def thread(self, thread_id: str) -> ThreadState:
+        found = self.threads.get(thread_id)
+        if found is None:
+            found = self.threads[thread_id] = ThreadState(thread_id)
+        return found
+
+    # -------------------------------------------------------------- apply
+
+    def apply(self, record: Mutation) -> PruneReport | None:
+        """Apply one record. Returns the report for ``Pruned``, else ``None``."""
+        match record:
+            case Claimed(claim=claim):
+                self.thread(claim.thread_id).claim = claim
+                self.epochs[claim.thread_id] = claim.token
+            case Renewed(thread_id=tid, token=token, expires_at=expires):
+                t = self.threads[tid]
+                assert t.claim is not None
+                t.claim = msgspec.structs.replace(t.claim, expires_at=expires)
+                for did in self.open_by_thread.get(tid, ()):
+                    d = self.dispatches[did]
+                    if d.status == "leased" and d.token == token:
+                        self._put_dispatch(msgspec.structs.replace(d, lease_until=expires))
+            case Released(thread_id=tid):
+                self.threads[tid].claim = None
+            case Committed():
+                self._apply_commit(record)
+            case Compacted(thread_id=tid, floor=floor):
+                t = self.threads[tid]
+                del t.events[: floor - t.floor]
+                t.floor = floor
+            case Deleted(thread_id=tid, epoch=epoch):
+                self.threads.pop(tid, None)
+                self.epochs[tid] = epoch
+                for seq in [s for s, e in self.outbox.items() if e.source_thread == tid]:
+                    del self.outbox[seq]
+            case Pruned(policy=policy, at=at):
+                return self.prune(policy, at)
+            case Enqueued(dispatch=d):
+                self.dispatch_seq += 1
+                self.dispatch_order[d.dispatch_id] = self.dispatch_seq
+                if d.dedupe_key is not None:
+                    self.dedupe[d.dedupe_key] = d.dispatch_id
+                self._put_dispatch(d)
+            case Leased(grants=grants, at=at):
+                for grant in grants:
+                    self.apply(Claimed(grant.claim))
+                    d = self.dispatches[grant.dispatch_id]
+                    self._put_dispatch(
+                        msgspec.structs.replace(
+                            d,
+                            status="leased",
+                            attempts=d.attempts + 1,
+                            token=grant.claim.token,
+                            holder=grant.claim.holder,
+                            lease_until=grant.claim.expires_at,
+                            updated_at=at,
+                        )
+                    )
+            case Settled():
+                self._apply_settle(record)
+            case Cancelled(thread_id=tid, reason=reason, epoch=epoch, dispatch=cancel, at=at):
+                for did in list(self.open_by_thread.get(tid, ())):
+                    d = self.dispatches[did]
+                    self._put_dispatch(
+                        msgspec.structs.replace(
+                            d,
+                            status="done",
+                            lease_until=None,
+                            last_error=f"cancelled: {reason}",
+                            updated_at=at,
+                        )
+                    )
+                self.epochs[tid] = epoch
+                if tid in self.threads:
+                    self.threads[tid].claim = None
+                self.apply(Enqueued(cancel))
+            case Quarantined(dispatch_id=did, at=at):
+                d = self.dispatches[did]
+                self._put_dispatch(
+                    msgspec.structs.replace(d, status="quarantined", lease_until=None, updated_at=at)
+                )
+            case Requeued(dispatch_id=did, at=at):
+                d = self.dispatches[did]
+                self._put_dispatch(
+                    msgspec.structs.replace(
+                        d,
+                        status="pending",
+                        attempts=0,
+                        token=None,
+                        holder=None,
+                        lease_until=None,
+                        available_at=at,
+                        updated_at=at,
+                    )
+                )
+            case Purged(dispatch_id=did):
+                self._drop_dispatch(did)
+            case WorkerRegistered(worker=worker):
+                self.workers[worker.worker_id] = worker
+            case WorkerBeat(worker_id=wid, at=at):
+                self.workers[wid] = msgspec.structs.replace(self.workers[wid], last_heartbeat=at)
+            case Delivered(target_thread=target, message=message, dispatch=dispatch):
+                if message is not None:
+                    t = self.thread(target)
+                    t.inbox[message.message_id] = message
+                    t.delivered.add(message.message_id)
+                    t.inbox_revision = message.revision
+                if dispatch is not None:
+                    self.apply(Enqueued(dispatch))
+            case Unstaged(stage_seq=seq):
+                self.outbox.pop(seq, None)
+        return None
+
+    def _apply_commit(self, record: Committed) -> None:
+        commit, receipt, at = record.commit, record.receipt, record.at
+        t = self.thread(record.thread_id)
+        if t.version == 0:
+            t.tenant = commit.checkpoint.tenant if commit.checkpoint is not None else None
+        if commit.checkpoint is not None:
+            t.history.append((commit.checkpoint, at))
+            t.checkpoint_ids.add(commit.checkpoint.id)
+            t.writes = {}
+        for write in commit.writes:
+            t.writes[write.task_id] = write
+        for seq, draft in zip(receipt.events, commit.events, strict=True):
+            t.events.append(
+                Event(
+                    thread_id=record.thread_id,
+                    seq=seq,
+                    at=at,
+                    type=draft.type,
+                    data=draft.data,
+                    run_id=draft.run_id,
+                    checkpoint_id=draft.checkpoint_id,
+                    task_id=draft.task_id,
+                )
+            )
+        for message in commit.messages:
+            t.messages.append(message)
+            t.message_ids.add(message.id)
+        for entry in commit.outbox:
+            self.stage_seq += 1
+            self.outbox[self.stage_seq] = StagedEntry(record.thread_id, entry, at)
+        for message_id in commit.consume:
+            del t.inbox[message_id]
+        if commit.operation_id is not None:
+            t.receipts[commit.operation_id] = (record.payload_hash, receipt, at)
+        t.version = receipt.version
+        t.updated_at = at
+
+    def _apply_settle(self, record: Settled) -> None:
+        d = self.dispatches[record.dispatch_id]
+        t = self.threads.get(d.thread_id)
+        if t is not None and t.claim is not None and t.claim.token == record.token:
+            t.claim = None
+        if record.status == "pending":
+            d = msgspec.structs.replace(
+                d,
+                status="pending",
+                token=None,
+                holder=None,
+                lease_until=None,
+                available_at=record.available_at,
+                last_error=record.error,
+                updated_at=record.at,
+            )
+        else:
+            d = msgspec.structs.replace(
+                d, status=record.status, lease_until=None, updated_at=record.at  # type: ignore[arg-type]
+            )
+        self._put_dispatch(d)
+
+    def _put_dispatch(self, d: Dispatch) -> None:
+        self.dispatches[d.dispatch_id] = d
+        open_ids = self.open_by_thread.setdefault(d.thread_id, set())
+        if d.status in ("pending", "leased", "awaiting"):
+            open_ids.add(d.dispatch_id)
+        else:
+            open_ids.discard(d.dispatch_id)
+            if not open_ids:
+                del self.open_by_thread[d.thread_id]
+
+    def _drop_dispatch(self, dispatch_id: str) -> None:
+        d = self.dispatches.pop(dispatch_id)
+        self.dispatch_order.pop(dispatch_id, None)
+        if d.dedupe_key is not None and self.dedupe.get(d.dedupe_key) == dispatch_id:
+            del self.dedupe[d.dedupe_key]
+        open_ids = self.open_by_thread.get(d.thread_id)
+        if open_ids is not None:
+            open_ids.discard(dispatch_id)
+            if not open_ids:
+                del self.open_by_thread[d.thread_id]
+
+    # -------------------------------------------------------------- retention
+
+    def prune(self, policy: RetentionPolicy, now: datetime) -> PruneReport:
+        """Apply ``policy`` at time ``now``; deterministic, so replay gives the same result."""
+        checkpoints = events = receipts = dispatches = 0
+        for t in self.threads.values():
+            removable = len(t.history) - 1
+            drop = 0
+            if policy.keep_checkpoints is not None:
+                drop = max(drop, len(t.history) - max(policy.keep_checkpoints, 1))
+            if policy.checkpoint_max_age is not None:
+                cutoff = now - timedelta(seconds=policy.checkpoint_max_age)
+                aged = 0
+                while aged < removable and t.history[aged][1] < cutoff:
+                    aged += 1
+                drop = max(drop, aged)
+            drop = min(drop, max(removable, 0))
+            for checkpoint, _ in t.history[:drop]:
+                t.checkpoint_ids.discard(checkpoint.id)
+            del t.history[:drop]
+            checkpoints += drop
+
+            floor = t.floor
+            if policy.keep_events is not None:
+                floor = max(floor, t.next_seq - max(policy.keep_events, 0))
+            if policy.event_max_age is not None:
+                cutoff = now - timedelta(seconds=policy.event_max_age)
+                aged_floor = t.floor
+                for event in t.events:
+                    if event.at >= cutoff:
+                        break
+                    aged_floor = event.seq + 1
+                floor = max(floor, aged_floor)
+            if floor > t.floor:
+                events += floor - t.floor
+                self.apply(Compacted(t.thread_id, floor))
+
+            if policy.receipt_max_age is not None:
+                cutoff = now - timedelta(seconds=policy.receipt_max_age)
+                old = [op for op, (_, _, at) in t.receipts.items() if at < cutoff]
+                for op in old:
+                    del t.receipts[op]
+                receipts += len(old)
+
+        if policy.settled_dispatch_max_age is not None:
+            cutoff = now - timedelta(seconds=policy.settled_dispatch_max_age)
+            old_ids = [
+                d.dispatch_id
+                for d in self.dispatches.values()
+                if d.status == "done" and d.updated_at is not None and d.updated_at < cutoff
+            ]
+            for did in old_ids:
+                self._drop_dispatch(did)
+            dispatches = len(old_ids)
+        return PruneReport(
+            checkpoints=checkpoints, events=events, receipts=receipts, dispatches=dispatches
+        )
+
+
+def settled_record(
+    dispatch: Dispatch, token: int, outcome_status: str, retry: Retry | None, now: datetime
+) -> Settled:
+    if retry is not None:
+        return Settled(
+            dispatch.dispatch_id,
+            token,
+            "pending",
+            now + timedelta(seconds=retry.delay),
+            retry.error,
+            now,
+        )
+    return Settled(dispatch.dispatch_id, token, outcome_status, None, dispatch.last_error, now)
+
+
+def json_copy(value: Any, type_: Any) -> Any:
+    """Round-trip ``value`` through JSON as ``type_``: validates it and detaches it from the
+    caller's mutable objects."""
+    return msgspec.json.decode(msgspec.json.encode(value), type=type_)

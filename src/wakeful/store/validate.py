@@ -1,0 +1,121 @@
+"""Input validation at the store boundary, shared by every backend.
+
+Each function checks a caller's value before any storage is touched and returns a detached
+copy decoded from its JSON form: types are enforced (msgspec does not validate on
+construction), mutable payloads can no longer be changed by the caller, and what is stored
+is exactly what a reader will get back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+import msgspec
+
+from wakeful.errors import InvalidInput
+from wakeful.ids import check_aware, check_id, check_optional_id
+from wakeful.records import Commit, Dispatch, StreamCheckpoint
+
+MAX_COMMIT_BYTES = 16 * 1024 * 1024
+MAX_DISPATCH_BYTES = 1024 * 1024
+MAX_STREAM_CHECKPOINT_BYTES = 8 * 1024 * 1024
+MAX_TEXT = 10_000
+
+T = TypeVar("T")
+
+
+def json_roundtrip(field: str, value: T, type_: type[T], limit: int) -> tuple[T, bytes]:
+    """Encode ``value`` as JSON, enforce ``limit`` bytes, decode it back as ``type_``."""
+    try:
+        body = msgspec.json.encode(value)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise InvalidInput(field, f"is not JSON-encodable: {exc}") from None
+    if len(body) > limit:
+        raise InvalidInput(field, f"is {len(body)} bytes as JSON; the limit is {limit}")
+    try:
+        return msgspec.json.decode(body, type=type_), body
+    except msgspec.ValidationError as exc:
+        raise InvalidInput(field, str(exc)) from None
+
+
+def check_commit(thread_id: str, commit: Commit) -> tuple[Commit, bytes]:
+    """Validate a commit's shape and ids; returns the detached copy and its JSON."""
+    check_id("thread_id", thread_id)
+    if not isinstance(commit, Commit):
+        raise InvalidInput("commit", f"must be a Commit, got {type(commit).__name__}")
+    copy, body = json_roundtrip("commit", commit, Commit, MAX_COMMIT_BYTES)
+    check_optional_id("operation_id", copy.operation_id)
+    if copy.expected_version is not None and copy.expected_version < 0:
+        raise InvalidInput("expected_version", "must be >= 0")
+    if copy.checkpoint is not None:
+        cp = copy.checkpoint
+        check_id("checkpoint.id", cp.id)
+        check_optional_id("checkpoint.parent", cp.parent)
+        check_id("checkpoint.run_id", cp.run_id)
+        check_optional_id("checkpoint.tenant", cp.tenant)
+        check_aware("checkpoint.created_at", cp.created_at)
+    for write in copy.writes:
+        check_id("write.checkpoint_id", write.checkpoint_id)
+        check_id("write.task_id", write.task_id)
+        check_text("write.node", write.node)
+    for draft in copy.events:
+        check_text("event.type", draft.type)
+        check_optional_id("event.run_id", draft.run_id)
+        check_optional_id("event.checkpoint_id", draft.checkpoint_id)
+        check_optional_id("event.task_id", draft.task_id)
+    for message in copy.messages:
+        check_id("message.id", message.id)
+        check_optional_id("message.run_id", message.run_id)
+        check_optional_id("message.tool_call_id", message.tool_call_id)
+    for entry in copy.outbox:
+        check_id("outbox.message_id", entry.message_id)
+        check_id("outbox.target_thread", entry.target_thread)
+        check_optional_id("outbox.correlation_id", entry.correlation_id)
+    for message_id in copy.consume:
+        check_id("consume", message_id)
+    return copy, body
+
+
+def check_dispatch(dispatch: Dispatch) -> Dispatch:
+    if not isinstance(dispatch, Dispatch):
+        raise InvalidInput("dispatch", f"must be a Dispatch, got {type(dispatch).__name__}")
+    copy, _ = json_roundtrip("dispatch", dispatch, Dispatch, MAX_DISPATCH_BYTES)
+    check_id("dispatch_id", copy.dispatch_id)
+    check_id("thread_id", copy.thread_id)
+    check_optional_id("dedupe_key", copy.dedupe_key)
+    if copy.max_attempts < 1:
+        raise InvalidInput("max_attempts", "must be at least 1")
+    if not -(2**31) <= copy.priority < 2**31:
+        raise InvalidInput("priority", "must fit in 32 bits")
+    if copy.available_at is not None:
+        check_aware("available_at", copy.available_at)
+    return copy
+
+
+def check_stream_checkpoint(checkpoint: StreamCheckpoint) -> StreamCheckpoint:
+    if not isinstance(checkpoint, StreamCheckpoint):
+        raise InvalidInput(
+            "checkpoint", f"must be a StreamCheckpoint, got {type(checkpoint).__name__}"
+        )
+    copy, _ = json_roundtrip(
+        "stream checkpoint", checkpoint, StreamCheckpoint, MAX_STREAM_CHECKPOINT_BYTES
+    )
+    check_id("run_id", copy.run_id)
+    check_id("thread_id", copy.thread_id)
+    check_text("model", copy.model)
+    if copy.updated_at is not None:
+        check_aware("updated_at", copy.updated_at)
+    return copy
+
+
+def check_text(field: str, value: Any, limit: int = MAX_TEXT) -> str:
+    if not isinstance(value, str):
+        raise InvalidInput(field, f"must be a string, got {type(value).__name__}")
+    if len(value) > limit:
+        raise InvalidInput(field, f"is {len(value)} characters long; the limit is {limit}")
+    return value
+
+
+def canonical(value: Any) -> bytes:
+    """JSON with sorted keys: equal JSON values give equal bytes."""
+    return msgspec.json.encode(value, order="sorted")
