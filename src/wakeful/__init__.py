@@ -101,6 +101,7 @@ __all__ = [
     "WakefulError",
     "WorkerIdentity",
     "WorkerInfo",
+    "WorkerSuperseded",
     "__version__",
     "open_store",
 ]

@@ -89,7 +89,9 @@ class ThreadStore(Protocol):
         number already read); at most ``limit``."""
         ...
 
-    async def events_after(self, thread_id: str, after_seq: int = 0, limit: int = 100) -> list[Event]:
+    async def events_after(
+        self, thread_id: str, after_seq: int = 0, limit: int = 100
+    ) -> list[Event]:
         """Events with ``seq > after_seq`` ascending, at most ``limit``. Empty for an unknown
         thread. ``ReplayUnavailable(earliest_seq)`` if some of them were compacted away."""
         ...

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from datetime import datetime, timedelta
+from typing import Self
 
 import msgspec
 
@@ -140,7 +141,7 @@ class ProjectedStore:
                     waiter.set_result(None)
         self._waiters.clear()
 
-    async def __aenter__(self) -> ProjectedStore:
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -351,7 +352,9 @@ class ProjectedStore:
             if value is not None:
                 check_seconds(name, value, allow_zero=True)
         if policy.settled_dispatch_max_age is not None:
-            check_seconds("settled_dispatch_max_age", policy.settled_dispatch_max_age, allow_zero=True)
+            check_seconds(
+                "settled_dispatch_max_age", policy.settled_dispatch_max_age, allow_zero=True
+            )
         for name in ("keep_checkpoints", "keep_events"):
             value = getattr(policy, name)
             if value is not None:
@@ -412,7 +415,10 @@ class ProjectedStore:
             taken.add(d.thread_id)
             token = state.epochs.get(d.thread_id, 0) + 1
             grants.append(
-                LeaseGrant(d.dispatch_id, Claim(thread_id=d.thread_id, holder=holder, token=token, expires_at=expires))
+                LeaseGrant(
+                    d.dispatch_id,
+                    Claim(thread_id=d.thread_id, holder=holder, token=token, expires_at=expires),
+                )
             )
         if not grants:
             return []
@@ -420,7 +426,9 @@ class ProjectedStore:
         leases = []
         for grant in grants:
             d = state.dispatches[grant.dispatch_id]
-            leases.append(Lease(dispatch=d, claim=grant.claim, exhausted=d.attempts > d.max_attempts))
+            leases.append(
+                Lease(dispatch=d, claim=grant.claim, exhausted=d.attempts > d.max_attempts)
+            )
         return leases
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
@@ -522,7 +530,9 @@ class ProjectedStore:
     async def requeue(self, dispatch_id: str) -> Dispatch:
         state, d = self._dispatch(dispatch_id)
         if d.status != "quarantined":
-            raise InvalidState("dispatch", dispatch_id, d.status, "only quarantined work is requeued")
+            raise InvalidState(
+                "dispatch", dispatch_id, d.status, "only quarantined work is requeued"
+            )
         await self._record(Requeued(dispatch_id, self._now()))
         return state.dispatches[dispatch_id]
 

@@ -302,7 +302,9 @@ class State:
             case Quarantined(dispatch_id=did, at=at):
                 d = self.dispatches[did]
                 self._put_dispatch(
-                    msgspec.structs.replace(d, status="quarantined", lease_until=None, updated_at=at)
+                    msgspec.structs.replace(
+                        d, status="quarantined", lease_until=None, updated_at=at
+                    )
                 )
             case Requeued(dispatch_id=did, at=at):
                 d = self.dispatches[did]
@@ -391,7 +393,10 @@ class State:
             )
         else:
             d = msgspec.structs.replace(
-                d, status=record.status, lease_until=None, updated_at=record.at  # type: ignore[arg-type]
+                d,
+                status=record.status,
+                lease_until=None,
+                updated_at=record.at,
             )
         self._put_dispatch(d)
 
