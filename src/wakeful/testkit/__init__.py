@@ -1,0 +1,50 @@
+"""The store conformance suite, shipped with wakeful so any store can run it.
+
+Subclass ``StoreConformance`` in a test module, name the class ``Test...`` and implement
+``new_store``; pytest (with pytest-asyncio and hypothesis, the ``testkit`` extra) then runs
+every case against your store::
+
+    from wakeful.testkit import StoreConformance
+
+    class TestMyStore(StoreConformance):
+        async def new_store(self, clock):
+            return await open_my_store(fresh_location(), clock=clock)
+
+Override ``reopen``, ``sibling``, ``advance_store_clock`` and ``exact_expiry`` to fit a
+durable store, and declare ``capabilities`` (see ``CAPABILITIES``). See docs/testkit.md.
+"""
+
+from __future__ import annotations
+
+from wakeful.testkit.claim_cases import ClaimCases
+from wakeful.testkit.commit_cases import CommitCases
+from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
+from wakeful.testkit.messaging_cases import MessagingCases
+from wakeful.testkit.queue_cases import QueueCases
+from wakeful.testkit.stateful import run_stateful
+
+
+class StatefulCases(Harness):
+    stateful_examples = 40
+    """How many random operation sequences the stateful case tries."""
+
+    def test_random_operations_agree_with_the_reference_model(self) -> None:
+        run_stateful(self, max_examples=self.stateful_examples)
+
+
+class StoreConformance(CommitCases, ClaimCases, QueueCases, MessagingCases, StatefulCases):
+    """Every conformance case. Subclass it with a ``Test`` name and implement ``new_store``."""
+
+
+__all__ = [
+    "CAPABILITIES",
+    "ClaimCases",
+    "CommitCases",
+    "Harness",
+    "Kit",
+    "MessagingCases",
+    "QueueCases",
+    "StatefulCases",
+    "StoreConformance",
+    "run_stateful",
+]
