@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 from datetime import timedelta
 
 import pytest
@@ -102,7 +103,9 @@ class ClaimCases(Harness):
             )
 
     @case
-    async def test_commit_without_a_claim_or_with_an_unissued_token_is_stale(self, kit: Kit) -> None:
+    async def test_commit_without_a_claim_or_with_an_unissued_token_is_stale(
+        self, kit: Kit
+    ) -> None:
         with pytest.raises(StaleClaim):
             await kit.store.commit("t1", Commit(token=1, events=(EventDraft(type="e"),)))
         claim = await kit.claimed("t1")
@@ -170,7 +173,7 @@ class ClaimCases(Harness):
         await kit.store.release("t1", tokens[-1])
         await kit.store.delete_thread("t1")
         tokens.append((await (await kit.reopen()).claim("t1", "holder-c", 30)).token)
-        assert all(a < b for a, b in zip(tokens, tokens[1:], strict=False)), tokens
+        assert all(a < b for a, b in itertools.pairwise(tokens)), tokens
 
     @case
     async def test_concurrent_claimers_exactly_one_wins(self, kit: Kit) -> None:
@@ -215,7 +218,9 @@ class ClaimCases(Harness):
         with pytest.raises(ThreadBusy) as busy:
             await store.claim("t1", "holder-b", 30)
         assert busy.value.holder == "holder-a"
-        receipt = await store.commit("t1", Commit(token=claim.token, events=(EventDraft(type="e"),)))
+        receipt = await store.commit(
+            "t1", Commit(token=claim.token, events=(EventDraft(type="e"),))
+        )
         assert receipt.events == (2,)
 
     @case

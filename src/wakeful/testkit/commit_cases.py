@@ -81,7 +81,7 @@ class CommitCases(Harness):
 
     @case
     async def test_wrong_expected_version_is_version_conflict(self, kit: Kit) -> None:
-        claim, first = await kit.started("t1")
+        claim, _first = await kit.started("t1")
         with pytest.raises(VersionConflict) as refused:
             await kit.store.commit(
                 "t1",
@@ -106,7 +106,9 @@ class CommitCases(Harness):
         with pytest.raises(InvalidCommit):
             await kit.store.commit("t1", Commit(token=claim.token, checkpoint=nxt, writes=(old,)))
         snap = await kit.store.read("t1")
-        assert snap is not None and snap.checkpoint == cp and snap.writes == () and snap.version == 1
+        assert (
+            snap is not None and snap.checkpoint == cp and snap.writes == () and snap.version == 1
+        )
         good = PendingWrite(checkpoint_id=cp.id, task_id="a", node="n", value=1)
         await kit.store.commit("t1", Commit(token=claim.token, writes=(good,)))
         with pytest.raises(InvalidCommit):
@@ -337,7 +339,9 @@ class CommitCases(Harness):
         snap = await kit.store.read("t1")
         assert snap is not None and snap.version == 2 and snap.message_count == 1
         assert [e.seq for e in await kit.store.events_after("t1")] == [1, 2]
-        different = Commit(token=claim.token, operation_id="run-1:1", events=(EventDraft(type="o"),))
+        different = Commit(
+            token=claim.token, operation_id="run-1:1", events=(EventDraft(type="o"),)
+        )
         with pytest.raises(OperationConflict):
             await kit.store.commit("t1", different)
         snap = await kit.store.read("t1")
@@ -346,7 +350,7 @@ class CommitCases(Harness):
 
     @case
     async def test_operation_retry_after_takeover_still_returns_receipt(self, kit: Kit) -> None:
-        claim, first = await kit.started("t1")
+        claim, _first = await kit.started("t1")
         commit = Commit(token=claim.token, operation_id="run-1:2", events=(EventDraft(type="e"),))
         receipt = await kit.store.commit("t1", commit)
         await kit.advance(31)
@@ -380,7 +384,7 @@ class CommitCases(Harness):
     async def test_commit_cost_does_not_grow_with_history(self, kit: Kit) -> None:
         """Measured in Python allocations (deterministic), not time: a commit that re-read or
         re-wrote the thread's history would allocate in proportion to it."""
-        claim, first = await kit.started("t1")
+        claim, _first = await kit.started("t1")
         blob = "x" * 2000
 
         async def commit_one(i: int) -> int:
@@ -427,7 +431,9 @@ class CommitCases(Harness):
             )
         await kit.store.commit(
             "t1",
-            Commit(token=claim.token, checkpoint=kit.checkpoint(first.checkpoint_id, tenant="acme")),
+            Commit(
+                token=claim.token, checkpoint=kit.checkpoint(first.checkpoint_id, tenant="acme")
+            ),
         )
         snap = await kit.store.read("t1")
         assert snap is not None and snap.tenant == "acme" and snap.version == 2
@@ -461,7 +467,7 @@ class CommitCases(Harness):
         report = await kit.store.prune(RetentionPolicy(keep_checkpoints=2))
         assert report.checkpoints == 4
         history = await kit.store.checkpoints("t1")
-        assert [cp.id for cp, _ in history][0] == parent and len(history) == 2
+        assert next(cp.id for cp, _ in history) == parent and len(history) == 2
         await kit.store.prune(RetentionPolicy(keep_checkpoints=0))
         snap = await kit.store.read("t1")
         assert snap is not None and snap.checkpoint is not None and snap.checkpoint.id == parent

@@ -31,16 +31,14 @@ async def _send(kit: Kit, *entries: OutboxEntry, source: str = "t-source") -> No
 
 async def _message_dispatches(store: Store, target: str) -> list[str]:
     return [
-        d.dispatch_id
-        for d in await store.list_dispatches(thread_id=target)
-        if d.kind == "message"
+        d.dispatch_id for d in await store.list_dispatches(thread_id=target) if d.kind == "message"
     ]
 
 
 class MessagingCases(Harness):
     @case
     async def test_outbox_is_staged_only_if_the_source_commit_applies(self, kit: Kit) -> None:
-        claim, first = await kit.started("t-source")
+        claim, _first = await kit.started("t-source")
         refused = Commit(
             token=claim.token,
             checkpoint=kit.checkpoint("not-the-latest"),
@@ -143,8 +141,12 @@ class MessagingCases(Harness):
         assert await store.stream_checkpoints.get("run-1") == checkpoint
         assert await store.stream_checkpoints.get("run-unknown") is None
         newer = StreamCheckpoint(
-            run_id="run-1", thread_id="t1", model="gpt-x", partial_text="Hello, wörld 🙂 more",
-            token=claim.token, updated_at=kit.clock.now(),
+            run_id="run-1",
+            thread_id="t1",
+            model="gpt-x",
+            partial_text="Hello, wörld 🙂 more",
+            token=claim.token,
+            updated_at=kit.clock.now(),
         )
         await store.stream_checkpoints.put(newer)
         assert await store.stream_checkpoints.get("run-1") == newer
@@ -166,15 +168,17 @@ class MessagingCases(Harness):
     async def test_stream_checkpoint_put_with_a_stale_token_is_refused(self, kit: Kit) -> None:
         old = await kit.claimed("t1", "holder-a")
         await kit.store.stream_checkpoints.put(
-            StreamCheckpoint(run_id="run-1", thread_id="t1", model="m", partial_text="a",
-                             token=old.token)
+            StreamCheckpoint(
+                run_id="run-1", thread_id="t1", model="m", partial_text="a", token=old.token
+            )
         )
         await kit.advance(31)
         new = await kit.store.claim("t1", "holder-b", 30)
         with pytest.raises(StreamCheckpointError) as refused:
             await kit.store.stream_checkpoints.put(
-                StreamCheckpoint(run_id="run-1", thread_id="t1", model="m", partial_text="ab",
-                                 token=old.token)
+                StreamCheckpoint(
+                    run_id="run-1", thread_id="t1", model="m", partial_text="ab", token=old.token
+                )
             )
         assert refused.value.reason == "stale"
         kept = await kit.store.stream_checkpoints.get("run-1")
@@ -186,6 +190,7 @@ class MessagingCases(Harness):
         with pytest.raises(StreamCheckpointError):
             await kit.store.stream_checkpoints.get("../../etc/passwd")
         await kit.store.stream_checkpoints.put(
-            StreamCheckpoint(run_id="run-1", thread_id="t1", model="m", partial_text="b",
-                             token=new.token)
+            StreamCheckpoint(
+                run_id="run-1", thread_id="t1", model="m", partial_text="b", token=new.token
+            )
         )

@@ -69,8 +69,8 @@ class ReferenceModel:
             return ("StaleClaim",)
         body = msgspec.json.encode(msgspec.structs.replace(commit, token=0), order="sorted")
         if commit.operation_id is not None and commit.operation_id in t.receipts:
-            recorded, outcome = t.receipts[commit.operation_id]
-            return outcome if recorded == body else ("OperationConflict",)
+            recorded, replayed = t.receipts[commit.operation_id]
+            return replayed if recorded == body else ("OperationConflict",)
         if commit.expected_version is not None and commit.expected_version != t.version:
             return ("VersionConflict",)
         if commit.checkpoint is not None and commit.checkpoint.parent != t.latest:

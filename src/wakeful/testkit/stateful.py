@@ -131,7 +131,7 @@ def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> N
                     created_at=self.clock.now(),
                 )
             resulting = checkpoint.id if checkpoint is not None else latest
-            writes = ()
+            writes: tuple[PendingWrite, ...] = ()
             if write_task is not None:
                 target = resulting or "none"
                 writes = (
