@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Awaitable, Generator
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,6 +60,15 @@ def open_store(url: str, *, clock: Clock | None = None, **options: Any) -> Store
     return StoreOpening(url, clock, options)
 
 
+_BACKENDS = {
+    "file": ("wakeful.store.file", "open_file_store", None),
+    "sqlite": ("wakeful.store.sqlite", "open_sqlite_store", None),
+    "postgresql": ("wakeful.store.postgres", "open_postgres_store", "postgres"),
+    "postgres": ("wakeful.store.postgres", "open_postgres_store", "postgres"),
+}
+"""scheme -> (module, opener, extra). Imported only when a URL names the scheme."""
+
+
 async def _open(url: str, clock: Clock | None, options: dict[str, Any]) -> Store:
     scheme = urlsplit(url).scheme.lower()
     if scheme == "memory":
@@ -67,9 +77,19 @@ async def _open(url: str, clock: Clock | None, options: dict[str, Any]) -> Store
         from wakeful.store.memory import MemoryStore
 
         return MemoryStore(clock)
-    if scheme in SCHEMES:
-        raise UnsupportedStore(url, f"the {scheme} backend is not available in this version")
-    raise UnsupportedStore(url, f"unknown scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
+    if scheme not in _BACKENDS:
+        raise UnsupportedStore(url, f"unknown scheme {scheme!r}; use one of {', '.join(SCHEMES)}")
+    module_name, opener_name, extra = _BACKENDS[scheme]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and exc.name.startswith("wakeful"):
+            raise UnsupportedStore(url, f"the {scheme} backend is not in this version") from exc
+        hint = f"; install it with: pip install 'wakeful[{extra}]'" if extra else ""
+        raise UnsupportedStore(url, f"the {scheme} backend needs {exc.name}{hint}") from exc
+    opener = getattr(module, opener_name)
+    store: Store = await opener(url, clock=clock, **options)
+    return store
 
 
 __all__ = [
