@@ -1,0 +1,56 @@
+"""Memory store: commits/s and claim+commit+release cycles/s (the reference backend's
+overhead, a ceiling for the others)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from wakeful import Checkpoint, Commit, EventDraft, ManualClock
+from wakeful.store.memory import MemoryStore
+
+PAYLOAD = {"messages": ["x" * 200] * 5, "step": 0}
+
+
+async def commits(n: int) -> float:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    claim = await store.claim("t", "bench", 30)
+    parent = None
+    start = time.perf_counter()
+    for i in range(n):
+        cp = Checkpoint(
+            id=f"c{i}",
+            parent=parent,
+            run_id="r",
+            status="running",
+            state=PAYLOAD,
+            created_at=clock.now(),
+        )
+        await store.commit(
+            "t", Commit(token=claim.token, checkpoint=cp, events=(EventDraft(type="step"),))
+        )
+        parent = cp.id
+    return n / (time.perf_counter() - start)
+
+
+async def cycles(n: int) -> float:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    start = time.perf_counter()
+    for i in range(n):
+        claim = await store.claim(f"t{i % 100}", "bench", 30)
+        await store.commit(f"t{i % 100}", Commit(token=claim.token, events=(EventDraft(type="e"),)))
+        await store.release(f"t{i % 100}", claim.token)
+    return n / (time.perf_counter() - start)
+
+
+def main() -> None:
+    c = asyncio.run(commits(20_000))
+    k = asyncio.run(cycles(20_000))
+    print(f"{'memory commit (checkpoint + event)':<45} {c:>10,.0f} /s")
+    print(f"{'memory claim+commit+release':<45} {k:>10,.0f} /s")
+
+
+if __name__ == "__main__":
+    main()
