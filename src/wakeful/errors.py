@@ -242,3 +242,106 @@ class UnsupportedStore(WakefulError, ValueError):
         self.url = url
         self.detail = detail
         super().__init__(f"cannot open store {url!r}: {detail}")
+
+
+# --------------------------------------------------------------------------- runtime
+
+
+class GraphInvalid(WakefulError, ValueError):
+    """The graph definition is inconsistent (unknown node, unreachable node, no entry)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        super().__init__("invalid graph: " + "; ".join(problems))
+
+
+class GraphChanged(WakefulError):
+    """The thread's run was made by a graph with another structure. Recovering it with this
+    graph could misread its frontier; pass ``allow_graph_change=True`` if that is intended."""
+
+    def __init__(self, thread_id: str, recorded: str | None, current: str) -> None:
+        self.thread_id = thread_id
+        self.recorded = recorded
+        self.current = current
+        super().__init__(
+            f"thread {thread_id!r} was run by graph {recorded!r} but this graph is {current!r}; "
+            f"pass allow_graph_change=True to continue it anyway"
+        )
+
+
+class RunInProgress(WakefulError):
+    """``start`` was called on a thread whose last run is unfinished (running or suspended).
+    Recover, resume or cancel it first."""
+
+    def __init__(self, thread_id: str, run_id: str, status: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.status = status
+        super().__init__(
+            f"thread {thread_id!r} has an unfinished run {run_id!r} ({status}); recover, "
+            f"resume or cancel it before starting another"
+        )
+
+
+class NothingToRecover(WakefulError):
+    """``recover`` found no running run on the thread."""
+
+    def __init__(self, thread_id: str, status: str | None) -> None:
+        self.thread_id = thread_id
+        self.status = status
+        what = f"its last run is {status}" if status else "it has no run"
+        super().__init__(f"nothing to recover on thread {thread_id!r}: {what}")
+
+
+class NotSuspended(WakefulError):
+    """``resume`` was called on a thread whose run is not waiting for answers."""
+
+    def __init__(self, thread_id: str, status: str | None) -> None:
+        self.thread_id = thread_id
+        self.status = status
+        super().__init__(
+            f"thread {thread_id!r} is not suspended (status {status!r}); nothing to resume"
+        )
+
+
+class UnknownTicket(WakefulError, ValueError):
+    """``resume`` answered a ticket the suspended run does not have open."""
+
+    def __init__(self, thread_id: str, tickets: list[str]) -> None:
+        self.thread_id = thread_id
+        self.tickets = tickets
+        super().__init__(f"thread {thread_id!r} has no open tickets {tickets!r}")
+
+
+class CheckpointWriteFailed(WakefulError):
+    """The run could not record its progress (``cause``: usually ``StaleClaim``, when another
+    process took the thread over). The run stopped; nothing it did afterwards was recorded."""
+
+    def __init__(self, thread_id: str, run_id: str, cause: BaseException) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.cause = cause
+        super().__init__(
+            f"run {run_id!r} on thread {thread_id!r} stopped: its progress could not be "
+            f"recorded ({type(cause).__name__}: {cause})"
+        )
+
+
+class RunFailed(WakefulError):
+    """A node failed after its retries, or the run hit its step limit. The thread records the
+    run as ``failed`` with this error."""
+
+    def __init__(self, thread_id: str, run_id: str, error: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.error = error
+        super().__init__(f"run {run_id!r} on thread {thread_id!r} failed: {error}")
+
+
+class RunCancelled(WakefulError):
+    """The run was cancelled; the thread records it as ``cancelled``."""
+
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        super().__init__(f"run {run_id!r} on thread {thread_id!r} was cancelled")

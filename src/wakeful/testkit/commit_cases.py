@@ -178,7 +178,8 @@ class CommitCases(Harness):
                 messages=(message,),
             ),
         )
-        for store in (kit.store, await kit.reopen()):
+        for reopened in (False, True):
+            store = await kit.reopen() if reopened else kit.store
             snap = await store.read("t-round")
             assert snap is not None
             assert snap.checkpoint == cp

@@ -1,0 +1,36 @@
+"""The graph runtime: supersteps under fenced claims, durability modes, recovery,
+interrupts and subscriptions."""
+
+from wakeful.runtime.claims import ClaimPolicy
+from wakeful.runtime.context import NodeContext, Ticket
+from wakeful.runtime.events import LiveEvent
+from wakeful.runtime.graph import (
+    END,
+    START,
+    CompiledGraph,
+    Graph,
+    RetryPolicy,
+    Send,
+    append,
+    replace,
+)
+from wakeful.runtime.loop import RunOutcome
+from wakeful.runtime.runtime import RunHandle, Runtime
+
+__all__ = [
+    "END",
+    "START",
+    "ClaimPolicy",
+    "CompiledGraph",
+    "Graph",
+    "LiveEvent",
+    "NodeContext",
+    "RetryPolicy",
+    "RunHandle",
+    "RunOutcome",
+    "Runtime",
+    "Send",
+    "Ticket",
+    "append",
+    "replace",
+]

@@ -1,0 +1,92 @@
+"""What a node sees while it runs: its fencing token, a deterministic idempotency key,
+interrupts, and event emission."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from wakeful.records import EventDraft
+
+
+class Ticket(msgspec.Struct, frozen=True, kw_only=True):
+    """An open question a suspended run waits on. Answer it with ``Runtime.resume``."""
+
+    id: str
+    task_id: str
+    node: str
+    question: Any
+    schema: Any = None
+
+
+class Interrupt(Exception):
+    """Raised inside a node by ``ctx.interrupt`` when its ticket has no answer yet. The task
+    stops; the run suspends at the barrier."""
+
+    def __init__(self, ticket: Ticket) -> None:
+        self.ticket = ticket
+        super().__init__(f"interrupted: ticket {ticket.id}")
+
+
+def idempotency_key(thread_id: str, run_id: str, step: int, task_id: str) -> str:
+    """Deterministic per thread, run, superstep and task: the same task recovered in another
+    process gets the same key, so a system that deduplicates sees one request."""
+    raw = f"{thread_id}\x00{run_id}\x00{step}\x00{task_id}".encode()
+    return hashlib.sha256(raw).hexdigest()[:32]
+
+
+class NodeContext:
+    """Passed to nodes that take a second parameter."""
+
+    def __init__(
+        self,
+        *,
+        thread_id: str,
+        run_id: str,
+        step: int,
+        task_id: str,
+        node: str,
+        fencing_token: int,
+        answers: dict[str, Any],
+        emit_live: Callable[[str, Any], None],
+        arg: Any = None,
+    ) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.step = step
+        self.task_id = task_id
+        self.node = node
+        self.fencing_token = fencing_token
+        """The claim token this run writes under; pass it to a system that can fence."""
+        self.idempotency_key = idempotency_key(thread_id, run_id, step, task_id)
+        self.arg = arg
+        self._answers = answers
+        self._interrupts = 0
+        self._emit_live = emit_live
+        self.events: list[EventDraft] = []
+
+    def interrupt(self, question: Any, schema: Any = None) -> Any:
+        """Suspend the run with a ticket asking ``question``; returns the answer once the run
+        is resumed with one. Tasks that finished in the same superstep are not run again."""
+        self._interrupts += 1
+        ticket_id = f"{self.task_id}-i{self._interrupts}"
+        if ticket_id in self._answers:
+            return self._answers[ticket_id]
+        raise Interrupt(
+            Ticket(
+                id=ticket_id, task_id=self.task_id, node=self.node, question=question, schema=schema
+            )
+        )
+
+    def emit(self, type: str, data: Any = None) -> None:
+        """A durable event, committed with this task's result (numbered by the store)."""
+        self.events.append(
+            EventDraft(type=type, data=data, run_id=self.run_id, task_id=self.task_id)
+        )
+
+    def emit_live(self, type: str, data: Any = None) -> None:
+        """A live event for this process's subscribers only; never stored."""
+        self._emit_live(type, data)

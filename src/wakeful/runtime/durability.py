@@ -1,0 +1,146 @@
+"""Durability modes: when a run's commits reach the store.
+
+- ``sync``: every task result and every superstep is committed before the run moves on.
+- ``async``: commits go, in order, to one writer task per run through a bounded queue
+  (backpressure when it is full); the first failure stops the run at its next superstep.
+- ``exit``: intermediate commits are folded into one commit made at the end (or at a
+  suspension), still fenced by the claim token.
+
+``commit_now`` is always synchronous (admission, suspension, the end of a run): it drains
+what is queued first, so commits reach the store in the order they were made.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Literal
+
+import msgspec
+
+from wakeful.errors import StoreUnavailable
+from wakeful.records import Commit, Receipt
+from wakeful.store.contract import ThreadStore
+
+Durability = Literal["sync", "async", "exit"]
+DURABILITIES = ("sync", "async", "exit")
+
+RETRIES = 5
+
+
+async def commit_retrying(store: ThreadStore, thread_id: str, commit: Commit) -> Receipt:
+    """Commit, retrying ``StoreUnavailable`` a bounded number of times. Safe because every
+    runtime commit carries an operation id: a retry of an applied commit returns its
+    receipt instead of applying it twice."""
+    delay = 0.05
+    for attempt in range(RETRIES):
+        try:
+            return await store.commit(thread_id, commit)
+        except StoreUnavailable:
+            if attempt == RETRIES - 1 or commit.operation_id is None:
+                raise
+            await asyncio.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
+class Writer:
+    """The ``sync`` writer, and the base of the others."""
+
+    def __init__(self, store: ThreadStore, thread_id: str) -> None:
+        self.store = store
+        self.thread_id = thread_id
+        self.failure: BaseException | None = None
+
+    async def submit(self, commit: Commit) -> None:
+        """An intermediate commit (a task result, a superstep)."""
+        await self.commit_now(commit)
+
+    async def commit_now(self, commit: Commit) -> Receipt:
+        """A synchronous commit, after everything submitted before it."""
+        await self.flush()
+        try:
+            return await commit_retrying(self.store, self.thread_id, commit)
+        except BaseException as exc:
+            self.failure = self.failure or exc
+            raise
+
+    async def flush(self) -> None:
+        if self.failure is not None:
+            raise self.failure
+
+    async def close(self) -> None:
+        """Stop background work without committing anything more."""
+
+
+class AsyncWriter(Writer):
+    def __init__(self, store: ThreadStore, thread_id: str, queue_size: int = 64) -> None:
+        super().__init__(store, thread_id)
+        self._queue: asyncio.Queue[Commit] = asyncio.Queue(maxsize=queue_size)
+        self._task = asyncio.create_task(self._drain(), name=f"writer:{thread_id}")
+
+    async def submit(self, commit: Commit) -> None:
+        if self.failure is not None:
+            raise self.failure
+        await self._queue.put(commit)
+
+    async def _drain(self) -> None:
+        while True:
+            commit = await self._queue.get()
+            try:
+                if self.failure is None:
+                    await commit_retrying(self.store, self.thread_id, commit)
+            except Exception as exc:
+                self.failure = exc
+            finally:
+                self._queue.task_done()
+
+    async def flush(self) -> None:
+        await self._queue.join()
+        await super().flush()
+
+    async def close(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+class ExitWriter(Writer):
+    """Folds intermediate commits into the next synchronous one."""
+
+    def __init__(self, store: ThreadStore, thread_id: str, base_checkpoint: str | None) -> None:
+        super().__init__(store, thread_id)
+        self._base = base_checkpoint
+        self._held: list[Commit] = []
+
+    async def submit(self, commit: Commit) -> None:
+        if self.failure is not None:
+            raise self.failure
+        self._held.append(commit)
+
+    async def commit_now(self, commit: Commit) -> Receipt:
+        held, self._held = self._held, []
+        events = tuple(e for c in held for e in c.events) + commit.events
+        messages = tuple(m for c in held for m in c.messages) + commit.messages
+        checkpoint = commit.checkpoint
+        if checkpoint is not None:
+            checkpoint = msgspec.structs.replace(checkpoint, parent=self._base)
+        merged = msgspec.structs.replace(
+            commit, checkpoint=checkpoint, events=events, messages=messages
+        )
+        receipt = await super().commit_now(merged)
+        if checkpoint is not None:
+            self._base = checkpoint.id
+        return receipt
+
+
+def make_writer(
+    mode: str, store: ThreadStore, thread_id: str, base_checkpoint: str | None
+) -> Writer:
+    if mode == "sync":
+        return Writer(store, thread_id)
+    if mode == "async":
+        return AsyncWriter(store, thread_id)
+    if mode == "exit":
+        return ExitWriter(store, thread_id, base_checkpoint)
+    raise ValueError(f"durability must be one of {DURABILITIES}, got {mode!r}")

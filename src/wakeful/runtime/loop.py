@@ -1,0 +1,367 @@
+"""One run's execution: Pregel supersteps under a fenced claim.
+
+Each superstep runs its frontier's tasks concurrently (bounded). A finished task's result is
+committed as a pending write against the current checkpoint, so recovery reuses it. At the
+barrier the results are applied in frontier order through the reducers and the next
+checkpoint is committed. A run that learns its claim is gone (from a commit or a renewal)
+stops at the start of its next superstep and records nothing more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from wakeful.clock import Clock
+from wakeful.errors import CheckpointWriteFailed, RunCancelled, RunFailed, StaleClaim
+from wakeful.records import Checkpoint, Claim, Commit, EventDraft, PendingWrite, RunStatus
+from wakeful.runtime.claims import ClaimPolicy, Renewer, Sleep
+from wakeful.runtime.context import Interrupt, NodeContext, Ticket
+from wakeful.runtime.durability import Writer, make_writer
+from wakeful.runtime.graph import CompiledGraph, NodeSpec, TaskSpec
+from wakeful.store.contract import ThreadStore
+
+log = logging.getLogger("wakeful.runtime")
+
+
+class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a run ended (or paused): ``completed`` with its final state, or ``suspended``
+    with the tickets it waits on."""
+
+    thread_id: str
+    run_id: str
+    status: RunStatus
+    state: Any
+    tickets: tuple[Ticket, ...] = ()
+
+
+def frontier_entries(step: int, tasks: list[TaskSpec]) -> list[dict[str, Any]]:
+    return [
+        {"id": f"s{step}-t{i}", "node": t.node, "arg": t.arg, "sent": t.sent}
+        for i, t in enumerate(tasks)
+    ]
+
+
+@dataclass
+class TaskResult:
+    entry: dict[str, Any]
+    updates: dict[str, Any] | None = None
+    ticket: Ticket | None = None
+    error: str | None = None
+
+
+@dataclass
+class Execution:
+    store: ThreadStore
+    graph: CompiledGraph
+    thread_id: str
+    claim: Claim
+    checkpoint: Checkpoint
+    writes: dict[str, PendingWrite]
+    durability: str
+    policy: ClaimPolicy
+    clock: Clock
+    sleep: Sleep
+    renew_sleep: Sleep
+    publish_live: Any
+    status: str = "running"
+    fence: BaseException | None = None
+    _writer: Writer = field(init=False)
+    _renewer: Renewer = field(init=False)
+
+    def __post_init__(self) -> None:
+        self._writer = make_writer(self.durability, self.store, self.thread_id, self.checkpoint.id)
+        self._renewer = Renewer(
+            self.store,
+            self.thread_id,
+            self.claim.token,
+            self.policy,
+            self._fenced,
+            self.renew_sleep,
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self.checkpoint.run_id
+
+    @property
+    def renewals(self) -> int:
+        return self._renewer.renewals
+
+    def _fenced(self, cause: BaseException) -> None:
+        if self.fence is None:
+            self.fence = cause
+
+    def _check(self) -> None:
+        cause = self.fence or self._writer.failure
+        if cause is not None:
+            self.fence = cause
+            self.status = "fenced"
+            raise CheckpointWriteFailed(self.thread_id, self.run_id, cause)
+
+    async def run(self) -> RunOutcome:
+        self._renewer.start()
+        release = True
+        try:
+            return await self._loop()
+        except CheckpointWriteFailed:
+            release = False
+            raise
+        except asyncio.CancelledError:
+            if self.fence is None and self._writer.failure is None:
+                await self._end("cancelled", "run.cancelled", {})
+                self.status = "cancelled"
+                raise RunCancelled(self.thread_id, self.run_id) from None
+            raise
+        finally:
+            await self._renewer.stop()
+            await self._writer.close()
+            if release:
+                try:
+                    await self.store.release(self.thread_id, self.claim.token)
+                except Exception as exc:  # the claim expires on its own
+                    log.warning("releasing %s failed: %s", self.thread_id, exc)
+
+    async def _loop(self) -> RunOutcome:
+        while True:
+            self._check()
+            cp = self.checkpoint
+            step = int(cp.metadata.get("step", 0))
+            if step >= self.graph.max_steps:
+                error = f"step limit of {self.graph.max_steps} supersteps reached"
+                await self._end("failed", "run.failed", {"error": error})
+                raise RunFailed(self.thread_id, self.run_id, error)
+            results = await self._run_frontier(cp, step)
+            self._check()
+            tickets = tuple(r.ticket for r in results if r.ticket is not None)
+            if tickets:
+                return await self._suspend(cp, results, tickets)
+            failed = [r for r in results if r.error is not None]
+            if failed:
+                error = f"node {failed[0].entry['node']!r} failed: {failed[0].error}"
+                await self._end("failed", "run.failed", {"error": error})
+                raise RunFailed(self.thread_id, self.run_id, error)
+            try:
+                state, tasks = self._barrier(cp, results)
+            except Exception as exc:
+                error = f"barrier of step {step} failed: {exc}"
+                await self._end("failed", "run.failed", {"error": error})
+                raise RunFailed(self.thread_id, self.run_id, error) from exc
+            nxt = self._next_checkpoint(
+                cp, "running" if tasks else "completed", state, frontier_entries(step + 1, tasks)
+            )
+            nxt = msgspec.structs.replace(nxt, metadata={**nxt.metadata, "step": step + 1})
+            if not tasks:
+                await self._commit_now(nxt, EventDraft(type="run.completed", run_id=self.run_id))
+                self.status = "completed"
+                return RunOutcome(
+                    thread_id=self.thread_id, run_id=self.run_id, status="completed", state=state
+                )
+            event = EventDraft(type="step.completed", data={"step": step}, run_id=self.run_id)
+            await self._writer.submit(self._commit(nxt, events=(event,)))
+            self.checkpoint, self.writes = nxt, {}
+
+    # ---------------------------------------------------------------- tasks
+
+    async def _run_frontier(self, cp: Checkpoint, step: int) -> list[TaskResult]:
+        limit = asyncio.Semaphore(self.graph.max_concurrency)
+        answers = dict(cp.metadata.get("answers", {}))
+
+        async def one(entry: dict[str, Any]) -> TaskResult:
+            recorded = self.writes.get(entry["id"])
+            if recorded is not None:
+                return TaskResult(entry, updates=recorded.value.get("updates") or {})
+            async with limit:
+                return await self._run_task(cp, step, entry, answers)
+
+        return list(await asyncio.gather(*(one(e) for e in cp.frontier)))
+
+    async def _run_task(
+        self, cp: Checkpoint, step: int, entry: dict[str, Any], answers: dict[str, Any]
+    ) -> TaskResult:
+        spec = self.graph.nodes[entry["node"]]
+        loop = asyncio.get_running_loop()
+
+        def emit_live(type: str, data: Any) -> None:
+            loop.call_soon_threadsafe(self.publish_live, self.thread_id, self.run_id, type, data)
+
+        attempt = 0
+        while True:
+            attempt += 1
+            ctx = NodeContext(
+                thread_id=self.thread_id,
+                run_id=self.run_id,
+                step=step,
+                task_id=entry["id"],
+                node=spec.name,
+                fencing_token=self.claim.token,
+                answers=answers,
+                emit_live=emit_live,
+                arg=entry.get("arg"),
+            )
+            try:
+                updates = await _call(spec, entry, cp.state, ctx)
+                break
+            except Interrupt as interrupt:
+                return TaskResult(entry, ticket=interrupt.ticket)
+            except Exception as exc:
+                retry = spec.retry
+                if (
+                    retry is None
+                    or attempt >= retry.max_attempts
+                    or not isinstance(exc, retry.retry_on)
+                ):
+                    return TaskResult(entry, error=f"{type(exc).__name__}: {exc}")
+                await self.sleep(retry.delay(attempt))
+        write = PendingWrite(
+            checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value={"updates": updates}
+        )
+        done = EventDraft(
+            type="task.completed",
+            data={"node": spec.name, "step": step},
+            run_id=self.run_id,
+            checkpoint_id=cp.id,
+            task_id=entry["id"],
+        )
+        try:
+            await self._writer.submit(
+                Commit(
+                    token=self.claim.token,
+                    writes=(write,),
+                    events=(*ctx.events, done),
+                    operation_id=f"{cp.id}:{entry['id']}",
+                )
+            )
+        except Exception as exc:
+            self._fenced(exc)
+        return TaskResult(entry, updates=updates)
+
+    # ---------------------------------------------------------------- barrier
+
+    def _barrier(
+        self, cp: Checkpoint, results: list[TaskResult]
+    ) -> tuple[dict[str, Any], list[TaskSpec]]:
+        state = dict(cp.state or {})
+        for result in results:
+            state = self.graph.apply(state, result.updates or {})
+        tasks: list[TaskSpec] = []
+        triggered: set[str] = set()
+        for result in results:
+            for task in self.graph.next_tasks(result.entry["node"], state):
+                if task.sent:
+                    tasks.append(task)
+                elif task.node not in triggered:
+                    triggered.add(task.node)
+                    tasks.append(task)
+        return state, tasks
+
+    # ---------------------------------------------------------------- commits
+
+    def _next_checkpoint(
+        self, cp: Checkpoint, status: RunStatus, state: Any, frontier: list[Any], **meta: Any
+    ) -> Checkpoint:
+        ordinal = int(cp.metadata.get("ordinal", 0)) + 1
+        metadata = {**cp.metadata, "ordinal": ordinal, "answers": {}, "tickets": [], **meta}
+        return Checkpoint(
+            id=f"{self.run_id}-c{ordinal}",
+            parent=cp.id,
+            run_id=self.run_id,
+            status=status,
+            state=state,
+            created_at=self.clock.now(),
+            tenant=cp.tenant,
+            frontier=frontier,
+            metadata=metadata,
+        )
+
+    def _commit(
+        self,
+        checkpoint: Checkpoint,
+        events: tuple[EventDraft, ...] = (),
+        writes: tuple[PendingWrite, ...] = (),
+    ) -> Commit:
+        return Commit(
+            token=self.claim.token,
+            checkpoint=checkpoint,
+            writes=writes,
+            events=events,
+            operation_id=checkpoint.id,
+        )
+
+    async def _commit_now(
+        self, checkpoint: Checkpoint, event: EventDraft, writes: tuple[PendingWrite, ...] = ()
+    ) -> None:
+        try:
+            await self._writer.commit_now(self._commit(checkpoint, (event,), writes))
+        except StaleClaim as exc:
+            self._fenced(exc)
+            self._check()
+        except Exception as exc:
+            self._fenced(exc)
+            self._check()
+        self.checkpoint = checkpoint
+
+    async def _suspend(
+        self, cp: Checkpoint, results: list[TaskResult], tickets: tuple[Ticket, ...]
+    ) -> RunOutcome:
+        suspended = self._next_checkpoint(
+            cp,
+            "suspended",
+            cp.state,
+            list(cp.frontier),
+            tickets=[msgspec.to_builtins(t) for t in tickets],
+            answers=dict(cp.metadata.get("answers", {})),
+        )
+        carried = tuple(
+            PendingWrite(
+                checkpoint_id=suspended.id,
+                task_id=r.entry["id"],
+                node=r.entry["node"],
+                value={"updates": r.updates},
+            )
+            for r in results
+            if r.updates is not None
+        )
+        event = EventDraft(
+            type="run.suspended",
+            data={"tickets": [t.id for t in tickets]},
+            run_id=self.run_id,
+        )
+        await self._commit_now(suspended, event, carried)
+        self.status = "suspended"
+        return RunOutcome(
+            thread_id=self.thread_id,
+            run_id=self.run_id,
+            status="suspended",
+            state=cp.state,
+            tickets=tickets,
+        )
+
+    async def _end(self, status: RunStatus, event_type: str, data: dict[str, Any]) -> None:
+        cp = self.checkpoint
+        final = self._next_checkpoint(cp, status, cp.state, list(cp.frontier), **data)
+        await self._commit_now(final, EventDraft(type=event_type, data=data, run_id=self.run_id))
+        self.status = status
+
+
+async def _call(spec: NodeSpec, entry: dict[str, Any], state: Any, ctx: NodeContext) -> Any:
+    """Call a node with its input (the state, or the ``Send`` argument) and validate what it
+    returns: a dict of JSON-encodable updates, or ``None``."""
+    value = entry.get("arg") if entry.get("sent") else dict(state or {})
+    args = (value, ctx) if spec.takes_ctx else (value,)
+    if spec.is_async:
+        updates = await spec.fn(*args)
+    else:
+        updates = await asyncio.to_thread(spec.fn, *args)
+    if updates is None:
+        return {}
+    if not isinstance(updates, dict):
+        raise TypeError(f"returned {type(updates).__name__}; return a dict of updates or None")
+    try:
+        return msgspec.json.decode(msgspec.json.encode(updates))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"returned updates that are not JSON: {exc}") from exc

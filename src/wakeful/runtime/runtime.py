@@ -1,0 +1,328 @@
+"""The runtime: admission (claim, then the run's first commit), start, resume, recover,
+delete, run handles and subscriptions."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import msgspec
+
+from wakeful.clock import Clock, SystemClock
+from wakeful.errors import (
+    GraphChanged,
+    InvalidInput,
+    NothingToRecover,
+    NotSuspended,
+    RunInProgress,
+    TenantMismatch,
+    UnknownTicket,
+)
+from wakeful.ids import check_id, check_optional_id
+from wakeful.records import (
+    Checkpoint,
+    Claim,
+    Commit,
+    Event,
+    EventDraft,
+    PendingWrite,
+    ThreadSnapshot,
+)
+from wakeful.runtime.claims import ClaimPolicy, Sleep
+from wakeful.runtime.durability import DURABILITIES, commit_retrying
+from wakeful.runtime.events import LiveEvent, LiveHub, subscribe
+from wakeful.runtime.graph import START, CompiledGraph
+from wakeful.runtime.loop import Execution, RunOutcome, frontier_entries
+from wakeful.store.contract import ThreadStore
+
+
+class RunHandle:
+    """A run in this process. ``result()`` waits for it; ``cancel()`` stops it and records
+    it as cancelled; ``status`` is running, suspended, completed, failed, cancelled or
+    fenced."""
+
+    def __init__(self, execution: Execution) -> None:
+        self._execution = execution
+        self._task: asyncio.Task[RunOutcome] = asyncio.create_task(
+            execution.run(), name=f"run:{execution.thread_id}"
+        )
+
+    @property
+    def run_id(self) -> str:
+        return self._execution.run_id
+
+    @property
+    def thread_id(self) -> str:
+        return self._execution.thread_id
+
+    @property
+    def status(self) -> str:
+        return self._execution.status
+
+    @property
+    def token(self) -> int:
+        return self._execution.claim.token
+
+    @property
+    def renewals(self) -> int:
+        return self._execution.renewals
+
+    async def result(self) -> RunOutcome:
+        """The outcome (``completed`` or ``suspended``); raises ``RunFailed``,
+        ``RunCancelled`` or ``CheckpointWriteFailed`` for the other endings."""
+        return await asyncio.shield(self._task)
+
+    async def cancel(self) -> None:
+        """Stop the run and wait until it has recorded ``cancelled`` (if it still can)."""
+        if not self._task.done():
+            self._task.cancel()
+        with contextlib.suppress(BaseException):
+            await self._task
+
+    def done(self) -> bool:
+        return self._task.done()
+
+
+class Runtime:
+    """Runs graphs on a store under fenced claims.
+
+    ``holder`` names this runtime in claims (default: a fresh id). ``sleep`` is how node
+    retries wait between attempts and ``renew_sleep`` how the renewal task waits between
+    renewals (tests pass controllable ones)."""
+
+    def __init__(
+        self,
+        store: ThreadStore,
+        claims: ClaimPolicy | None = None,
+        clock: Clock | None = None,
+        *,
+        holder: str | None = None,
+        sleep: Sleep = asyncio.sleep,
+        renew_sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self.store = store
+        self.claims = claims or ClaimPolicy()
+        self.clock = clock or SystemClock()
+        self.holder = check_id("holder", holder) if holder else f"rt-{uuid.uuid4().hex[:16]}"
+        self.sleep = sleep
+        self.renew_sleep = renew_sleep
+        self.live = LiveHub()
+
+    # ---------------------------------------------------------------- admission
+
+    async def _admit(
+        self, thread_id: str, tenant: str | None
+    ) -> tuple[Claim, ThreadSnapshot | None]:
+        check_id("thread_id", thread_id)
+        check_optional_id("tenant", tenant)
+        before = await self.store.read(thread_id)
+        _check_tenant(thread_id, before, tenant)
+        claim = await self.store.claim(thread_id, self.holder, self.claims.ttl)
+        try:
+            snap = await self.store.read(thread_id)
+            _check_tenant(thread_id, snap, tenant)
+        except BaseException:
+            await self.store.release(thread_id, claim.token)
+            raise
+        return claim, snap
+
+    def _execute(
+        self,
+        graph: CompiledGraph,
+        thread_id: str,
+        claim: Claim,
+        checkpoint: Checkpoint,
+        writes: tuple[PendingWrite, ...],
+        durability: str,
+    ) -> RunHandle:
+        return RunHandle(
+            Execution(
+                store=self.store,
+                graph=graph,
+                thread_id=thread_id,
+                claim=claim,
+                checkpoint=checkpoint,
+                writes={w.task_id: w for w in writes if w.checkpoint_id == checkpoint.id},
+                durability=durability,
+                policy=self.claims,
+                clock=self.clock,
+                sleep=self.sleep,
+                renew_sleep=self.renew_sleep,
+                publish_live=self.live.publish,
+            )
+        )
+
+    async def start(
+        self,
+        thread_id: str,
+        graph: CompiledGraph,
+        input: Mapping[str, Any] | None = None,
+        *,
+        durability: str = "sync",
+        tenant: str | None = None,
+        run_id: str | None = None,
+    ) -> RunHandle:
+        """Claim the thread and start a new run with ``input`` applied to the thread's state
+        through the reducers. Refused with ``ThreadBusy`` while another claim is live and
+        with ``RunInProgress`` while the last run is unfinished."""
+        if durability not in DURABILITIES:
+            raise InvalidInput("durability", f"must be one of {DURABILITIES}")
+        run_id = check_id("run_id", run_id) if run_id else f"run-{uuid.uuid4().hex}"
+        claim, snap = await self._admit(thread_id, tenant)
+        try:
+            latest = snap.checkpoint if snap is not None else None
+            if latest is not None and latest.status in ("running", "suspended"):
+                raise RunInProgress(thread_id, latest.run_id, latest.status)
+            state = graph.apply(dict(latest.state or {}) if latest else {}, dict(input or {}))
+            tasks = graph.next_tasks(START, state)
+            first = Checkpoint(
+                id=f"{run_id}-c0",
+                parent=latest.id if latest is not None else None,
+                run_id=run_id,
+                status="running",
+                state=state,
+                created_at=self.clock.now(),
+                tenant=tenant,
+                frontier=frontier_entries(0, tasks),
+                metadata={
+                    "step": 0,
+                    "ordinal": 0,
+                    "graph": graph.name,
+                    "fingerprint": graph.fingerprint,
+                    "durability": durability,
+                },
+            )
+            event = EventDraft(type="run.started", data={"graph": graph.name}, run_id=run_id)
+            await commit_retrying(
+                self.store,
+                thread_id,
+                Commit(token=claim.token, checkpoint=first, events=(event,), operation_id=first.id),
+            )
+        except BaseException:
+            await self.store.release(thread_id, claim.token)
+            raise
+        return self._execute(graph, thread_id, claim, first, (), durability)
+
+    async def recover(
+        self,
+        thread_id: str,
+        graph: CompiledGraph,
+        *,
+        durability: str | None = None,
+        tenant: str | None = None,
+        allow_graph_change: bool = False,
+    ) -> RunHandle:
+        """Continue a running run whose process died, once its claim has expired (until
+        then ``ThreadBusy``). Pending writes are read after the claim is granted and every
+        finished task's result is reused."""
+        claim, snap = await self._admit(thread_id, tenant)
+        try:
+            latest = snap.checkpoint if snap is not None else None
+            if latest is None or latest.status != "running":
+                raise NothingToRecover(thread_id, latest.status if latest else None)
+            self._check_graph(thread_id, latest, graph, allow_graph_change)
+            mode = durability or str(latest.metadata.get("durability", "sync"))
+            event = EventDraft(
+                type="run.recovered",
+                data={"holder": self.holder, "reused": len(snap.writes) if snap else 0},
+                run_id=latest.run_id,
+            )
+            await commit_retrying(
+                self.store,
+                thread_id,
+                Commit(
+                    token=claim.token,
+                    events=(event,),
+                    operation_id=f"{latest.id}:recovered:{claim.token}",
+                ),
+            )
+        except BaseException:
+            await self.store.release(thread_id, claim.token)
+            raise
+        assert snap is not None
+        return self._execute(graph, thread_id, claim, latest, snap.writes, mode)
+
+    async def resume(
+        self,
+        thread_id: str,
+        graph: CompiledGraph,
+        answers: Mapping[str, Any],
+        *,
+        durability: str | None = None,
+        tenant: str | None = None,
+        allow_graph_change: bool = False,
+    ) -> RunHandle:
+        """Answer some or all open tickets of a suspended run and continue it. Tasks that
+        finished before the suspension are not run again."""
+        claim, snap = await self._admit(thread_id, tenant)
+        try:
+            latest = snap.checkpoint if snap is not None else None
+            if latest is None or latest.status != "suspended":
+                raise NotSuspended(thread_id, latest.status if latest else None)
+            self._check_graph(thread_id, latest, graph, allow_graph_change)
+            open_ids = {t["id"] for t in latest.metadata.get("tickets", [])}
+            unknown = sorted(set(answers) - open_ids)
+            if unknown:
+                raise UnknownTicket(thread_id, unknown)
+            ordinal = int(latest.metadata.get("ordinal", 0)) + 1
+            merged = {**latest.metadata.get("answers", {}), **dict(answers)}
+            resumed = msgspec.structs.replace(
+                latest,
+                id=f"{latest.run_id}-c{ordinal}",
+                parent=latest.id,
+                status="running",
+                created_at=self.clock.now(),
+                metadata={**latest.metadata, "ordinal": ordinal, "answers": merged, "tickets": []},
+            )
+            assert snap is not None
+            carried = tuple(
+                msgspec.structs.replace(w, checkpoint_id=resumed.id) for w in snap.writes
+            )
+            event = EventDraft(
+                type="run.resumed", data={"answered": sorted(answers)}, run_id=latest.run_id
+            )
+            await commit_retrying(
+                self.store,
+                thread_id,
+                Commit(
+                    token=claim.token,
+                    checkpoint=resumed,
+                    writes=carried,
+                    events=(event,),
+                    operation_id=resumed.id,
+                ),
+            )
+        except BaseException:
+            await self.store.release(thread_id, claim.token)
+            raise
+        mode = durability or str(latest.metadata.get("durability", "sync"))
+        return self._execute(graph, thread_id, claim, resumed, carried, mode)
+
+    async def delete_thread(self, thread_id: str, *, tenant: str | None = None) -> None:
+        """Delete the thread and everything in it; refused with ``ThreadBusy`` while a run
+        holds it."""
+        claim, _ = await self._admit(thread_id, tenant)
+        del claim  # deletion drops the claim with everything else
+        await self.store.delete_thread(thread_id)
+
+    def subscribe(
+        self, thread_id: str, after_seq: int = 0, *, live: bool = True
+    ) -> AsyncIterator[Event | LiveEvent]:
+        """Durable events after ``after_seq`` (from the store, so also those committed by
+        other processes) and this process's live events, in one async iterator."""
+        check_id("thread_id", thread_id)
+        return subscribe(self.store, self.live, thread_id, after_seq, live=live)
+
+    @staticmethod
+    def _check_graph(thread_id: str, latest: Checkpoint, graph: CompiledGraph, allow: bool) -> None:
+        recorded = latest.metadata.get("fingerprint")
+        if recorded != graph.fingerprint and not allow:
+            raise GraphChanged(thread_id, recorded, graph.fingerprint)
+
+
+def _check_tenant(thread_id: str, snap: ThreadSnapshot | None, tenant: str | None) -> None:
+    if snap is not None and snap.version > 0 and snap.tenant != tenant:
+        raise TenantMismatch(thread_id)
