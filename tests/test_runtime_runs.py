@@ -87,8 +87,8 @@ async def test_sync_commits_each_task_result_before_the_barrier() -> None:
         await gate.wait()
         return {"log": ["slow"]}
 
-    g = Graph(State).node("fast", fast).node("slow", slow)
-    g = g.edge(START, "fast").edge(START, "slow").compile()
+    builder = Graph(State).node("fast", fast).node("slow", slow)
+    g = builder.edge(START, "fast").edge(START, "slow").compile()
     handle = await Runtime(store).start("t", g, {})
 
     async def fast_write_recorded() -> bool:
@@ -129,8 +129,8 @@ async def test_interrupt_suspends_and_resume_answers_without_rerunning_finished_
         calls["side"] += 1
         return {"log": ["side"]}
 
-    g = Graph(State).node("ask", ask).node("side", side).node("after", step("after"))
-    g = g.edge(START, "ask").edge(START, "side").edge("ask", "after").compile()
+    builder = Graph(State).node("ask", ask).node("side", side).node("after", step("after"))
+    g = builder.edge(START, "ask").edge(START, "side").edge("ask", "after").compile()
     runtime = Runtime(store)
     outcome = await (await runtime.start("t", g, {})).result()
     assert outcome.status == "suspended"
@@ -164,8 +164,8 @@ async def test_resume_may_answer_a_subset_of_tickets() -> None:
 
         return node
 
-    g = Graph(State).node("x", asker("x")).node("y", asker("y"))
-    g = g.edge(START, "x").edge(START, "y").compile()
+    builder = Graph(State).node("x", asker("x")).node("y", asker("y"))
+    g = builder.edge(START, "x").edge(START, "y").compile()
     runtime = Runtime(store)
     first = await (await runtime.start("t", g, {})).result()
     tickets = {t.node: t.id for t in first.tickets}
@@ -197,13 +197,15 @@ async def test_retry_policy_retries_then_fails_the_run() -> None:
         slept.append(seconds)
 
     runtime = Runtime(store, sleep=no_wait)
-    g = Graph(State).node("flaky", flaky, retry=RetryPolicy(max_attempts=3, initial_delay=1))
-    g = g.edge(START, "flaky").compile()
+    builder = Graph(State).node("flaky", flaky, retry=RetryPolicy(max_attempts=3, initial_delay=1))
+    g = builder.edge(START, "flaky").compile()
     assert (await (await runtime.start("t1", g, {})).result()).state == {"log": ["flaky"]}
     assert attempts["flaky"] == 3 and slept[:2] == [1.0, 2.0]
 
-    g2 = Graph(State).node("broken", broken, retry=RetryPolicy(max_attempts=2, initial_delay=0))
-    g2 = g2.edge(START, "broken").compile()
+    builder = Graph(State).node(
+        "broken", broken, retry=RetryPolicy(max_attempts=2, initial_delay=0)
+    )
+    g2 = builder.edge(START, "broken").compile()
     with pytest.raises(RunFailed, match="ValueError: always"):
         await (await runtime.start("t2", g2, {})).result()
     assert attempts["broken"] == 2

@@ -1,0 +1,61 @@
+"""Child process for the runtime crash test: runs a graph whose node ``b`` never finishes,
+after node ``a`` has finished and its result is durable. Every node call is appended (and
+fsynced) to a counter file, so the parent can count side effects after a SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+from wakeful import open_store
+from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
+
+
+class State(TypedDict):
+    log: Annotated[list[str], append]
+
+
+def record(counter: Path, name: str) -> None:
+    with counter.open("a", encoding="utf-8") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def build(counter: Path, hang_b: bool) -> Any:
+    async def a(state: dict[str, Any]) -> dict[str, Any]:
+        record(counter, "a")
+        return {"log": ["a"]}
+
+    async def b(state: dict[str, Any]) -> dict[str, Any]:
+        record(counter, "b")
+        if hang_b:
+            await asyncio.Event().wait()
+        return {"log": ["b"]}
+
+    async def c(state: dict[str, Any]) -> dict[str, Any]:
+        record(counter, "c")
+        return {"log": ["c"]}
+
+    g = Graph(State, name="crash").node("a", a).node("b", b).node("c", c)
+    return g.edge(START, "a").edge(START, "b").edge("a", "c").edge("b", "c").compile()
+
+
+async def main(url: str, counter: Path, ready: Path) -> None:
+    store = await open_store(url)
+    runtime = Runtime(store, ClaimPolicy(ttl=5, renew_every=1), holder="child")
+    await runtime.start("t", build(counter, hang_b=True), {})
+    while True:
+        snap = await store.read("t")
+        if snap is not None and [w.node for w in snap.writes] == ["a"]:
+            await asyncio.to_thread(ready.write_text, "ready", encoding="utf-8")
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])))
