@@ -25,7 +25,13 @@ lint: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m wakeful.demo
 
-bench: $(STAMP)
+BENCH_STAMP := $(VENV)/.installed-bench
+
+$(BENCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,nats,server,bench]'
+	touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
 
 clean:

@@ -52,6 +52,8 @@ class TaskResult:
     updates: dict[str, Any] | None = None
     ticket: Ticket | None = None
     error: str | None = None
+    events: tuple[EventDraft, ...] = ()
+    """Events of a result that was not committed on its own (they go with the barrier)."""
 
 
 @dataclass
@@ -155,14 +157,17 @@ class Execution:
                 cp, "running" if tasks else "completed", state, frontier_entries(step + 1, tasks)
             )
             nxt = msgspec.structs.replace(nxt, metadata={**nxt.metadata, "step": step + 1})
+            carried = tuple(e for r in results for e in r.events)
             if not tasks:
-                await self._commit_now(nxt, EventDraft(type="run.completed", run_id=self.run_id))
+                await self._commit_now(
+                    nxt, EventDraft(type="run.completed", run_id=self.run_id), events=carried
+                )
                 self.status = "completed"
                 return RunOutcome(
                     thread_id=self.thread_id, run_id=self.run_id, status="completed", state=state
                 )
             event = EventDraft(type="step.completed", data={"step": step}, run_id=self.run_id)
-            await self._writer.submit(self._commit(nxt, events=(event,)))
+            await self._writer.submit(self._commit(nxt, events=(*carried, event)))
             self.checkpoint, self.writes = nxt, {}
 
     # ---------------------------------------------------------------- tasks
@@ -227,6 +232,10 @@ class Execution:
             checkpoint_id=cp.id,
             task_id=entry["id"],
         )
+        if len(cp.frontier) == 1:
+            # The barrier commit follows at once and carries this result in its checkpoint:
+            # a separate pending write would only cost one more durable commit.
+            return TaskResult(entry, updates=updates, events=(*ctx.events, done))
         try:
             await self._writer.submit(
                 Commit(
@@ -293,10 +302,14 @@ class Execution:
         )
 
     async def _commit_now(
-        self, checkpoint: Checkpoint, event: EventDraft, writes: tuple[PendingWrite, ...] = ()
+        self,
+        checkpoint: Checkpoint,
+        event: EventDraft,
+        writes: tuple[PendingWrite, ...] = (),
+        events: tuple[EventDraft, ...] = (),
     ) -> None:
         try:
-            await self._writer.commit_now(self._commit(checkpoint, (event,), writes))
+            await self._writer.commit_now(self._commit(checkpoint, (*events, event), writes))
         except StaleClaim as exc:
             self._fenced(exc)
             self._check()
