@@ -4,12 +4,13 @@ interrupts, and event emission."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 import msgspec
 
-from wakeful.records import EventDraft
+from wakeful.records import EventDraft, Message
+from wakeful.store.contract import ThreadStore
 
 
 class Ticket(msgspec.Struct, frozen=True, kw_only=True):
@@ -38,6 +39,18 @@ def idempotency_key(thread_id: str, run_id: str, step: int, task_id: str) -> str
     return hashlib.sha256(raw).hexdigest()[:32]
 
 
+class TaskServices(Protocol):
+    """What the execution offers a running task."""
+
+    store: ThreadStore
+
+    async def history(self) -> list[Message]: ...
+
+    async def commit_mark(self, task_id: str, node: str, name: str) -> None: ...
+
+    def has_mark(self, task_id: str, name: str) -> bool: ...
+
+
 class NodeContext:
     """Passed to nodes that take a second parameter."""
 
@@ -52,6 +65,7 @@ class NodeContext:
         fencing_token: int,
         answers: dict[str, Any],
         emit_live: Callable[[str, Any], None],
+        services: TaskServices,
         arg: Any = None,
     ) -> None:
         self.thread_id = thread_id
@@ -66,7 +80,39 @@ class NodeContext:
         self._answers = answers
         self._interrupts = 0
         self._emit_live = emit_live
+        self._services = services
         self.events: list[EventDraft] = []
+        self.messages: list[Message] = []
+        self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
+
+    @property
+    def store(self) -> ThreadStore:
+        """The store the run writes to (read it; write only through the context)."""
+        return self._services.store
+
+    async def history(self) -> list[Message]:
+        """The thread's conversation: committed messages and those this run has recorded,
+        in order (not including this task's own ``append_message`` calls)."""
+        return await self._services.history()
+
+    def append_message(self, message: Message) -> None:
+        """Append a message to the thread, atomically with this task's result."""
+        self.messages.append(message)
+
+    async def mark(self, name: str) -> None:
+        """Durably record that this task reached ``name`` (e.g. ``"started"``) before going
+        on. A recovered task sees it with ``has_mark``. Needs ``sync`` or ``async``
+        durability."""
+        await self._services.commit_mark(self.task_id, self.node, name)
+
+    def has_mark(self, name: str) -> bool:
+        """Whether an earlier attempt of this task recorded ``mark(name)``."""
+        return self._services.has_mark(self.task_id, name)
+
+    def on_committed(self, callback: Callable[[], Awaitable[None]]) -> None:
+        """Run ``callback`` once this task's result is durable (best effort: a crash in
+        between skips it)."""
+        self.committed_callbacks.append(callback)
 
     def interrupt(self, question: Any, schema: Any = None) -> Any:
         """Suspend the run with a ticket asking ``question``; returns the answer once the run

@@ -11,14 +11,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
 from wakeful.clock import Clock
-from wakeful.errors import CheckpointWriteFailed, RunCancelled, RunFailed, StaleClaim
-from wakeful.records import Checkpoint, Claim, Commit, EventDraft, PendingWrite, RunStatus
+from wakeful.errors import (
+    CheckpointWriteFailed,
+    InvalidInput,
+    RunCancelled,
+    RunFailed,
+)
+from wakeful.records import (
+    Checkpoint,
+    Claim,
+    Commit,
+    EventDraft,
+    Message,
+    PendingWrite,
+    RunStatus,
+)
 from wakeful.runtime.claims import ClaimPolicy, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
@@ -54,6 +68,8 @@ class TaskResult:
     error: str | None = None
     events: tuple[EventDraft, ...] = ()
     """Events of a result that was not committed on its own (they go with the barrier)."""
+    messages: tuple[Message, ...] = ()
+    callbacks: tuple[Callable[[], Awaitable[None]], ...] = ()
 
 
 @dataclass
@@ -72,6 +88,7 @@ class Execution:
     publish_live: Any
     status: str = "running"
     fence: BaseException | None = None
+    _history: list[Message] | None = None
     _writer: Writer = field(init=False)
     _renewer: Renewer = field(init=False)
 
@@ -93,6 +110,47 @@ class Execution:
     @property
     def renewals(self) -> int:
         return self._renewer.renewals
+
+    # ------------------------------------------------------------ task services
+
+    async def history(self) -> list[Message]:
+        if self._history is None:
+            await self._writer.flush()
+            loaded: list[Message] = []
+            while page := await self.store.messages(self.thread_id, len(loaded), 1000):
+                loaded += page
+            self._history = loaded
+        return list(self._history)
+
+    def _recorded(self, messages: tuple[Message, ...]) -> None:
+        if self._history is not None:
+            self._history.extend(messages)
+
+    async def commit_mark(self, task_id: str, node: str, name: str) -> None:
+        if self.durability == "exit":
+            raise InvalidInput("durability", "a task mark needs sync or async durability")
+        cp = self.checkpoint
+        mark_id = f"{task_id}.mark.{name}"
+        write = PendingWrite(checkpoint_id=cp.id, task_id=mark_id, node=node, value={"mark": name})
+        event = EventDraft(
+            type="task.marked", data={"mark": name}, run_id=self.run_id, task_id=task_id
+        )
+        try:
+            await self._writer.commit_now(
+                Commit(
+                    token=self.claim.token,
+                    writes=(write,),
+                    events=(event,),
+                    operation_id=f"{cp.id}:{mark_id}",
+                )
+            )
+        except Exception as exc:
+            self._fenced(exc)
+            raise
+        self.writes[mark_id] = write
+
+    def has_mark(self, task_id: str, name: str) -> bool:
+        return f"{task_id}.mark.{name}" in self.writes
 
     def _fenced(self, cause: BaseException) -> None:
         if self.fence is None:
@@ -158,17 +216,27 @@ class Execution:
             )
             nxt = msgspec.structs.replace(nxt, metadata={**nxt.metadata, "step": step + 1})
             carried = tuple(e for r in results for e in r.events)
+            messages = tuple(m for r in results for m in r.messages)
+            callbacks = tuple(c for r in results for c in r.callbacks)
             if not tasks:
                 await self._commit_now(
-                    nxt, EventDraft(type="run.completed", run_id=self.run_id), events=carried
+                    nxt,
+                    EventDraft(type="run.completed", run_id=self.run_id),
+                    events=carried,
+                    messages=messages,
                 )
+                await self._run_callbacks(callbacks)
                 self.status = "completed"
                 return RunOutcome(
                     thread_id=self.thread_id, run_id=self.run_id, status="completed", state=state
                 )
             event = EventDraft(type="step.completed", data={"step": step}, run_id=self.run_id)
-            await self._writer.submit(self._commit(nxt, events=(*carried, event)))
+            await self._writer.submit(
+                self._commit(nxt, events=(*carried, event), messages=messages)
+            )
+            self._recorded(messages)
             self.checkpoint, self.writes = nxt, {}
+            await self._run_callbacks(callbacks)
 
     # ---------------------------------------------------------------- tasks
 
@@ -206,6 +274,7 @@ class Execution:
                 fencing_token=self.claim.token,
                 answers=answers,
                 emit_live=emit_live,
+                services=self,
                 arg=entry.get("arg"),
             )
             try:
@@ -232,22 +301,44 @@ class Execution:
             checkpoint_id=cp.id,
             task_id=entry["id"],
         )
+        messages, callbacks = tuple(ctx.messages), tuple(ctx.committed_callbacks)
         if len(cp.frontier) == 1:
             # The barrier commit follows at once and carries this result in its checkpoint:
             # a separate pending write would only cost one more durable commit.
-            return TaskResult(entry, updates=updates, events=(*ctx.events, done))
+            return TaskResult(
+                entry,
+                updates=updates,
+                events=(*ctx.events, done),
+                messages=messages,
+                callbacks=callbacks,
+            )
         try:
             await self._writer.submit(
                 Commit(
                     token=self.claim.token,
                     writes=(write,),
                     events=(*ctx.events, done),
+                    messages=messages,
                     operation_id=f"{cp.id}:{entry['id']}",
                 )
             )
         except Exception as exc:
             self._fenced(exc)
+            return TaskResult(entry, updates=updates)
+        self._recorded(messages)
+        await self._run_callbacks(callbacks)
         return TaskResult(entry, updates=updates)
+
+    async def _run_callbacks(self, callbacks: tuple[Callable[[], Awaitable[None]], ...]) -> None:
+        if not callbacks:
+            return
+        if self.durability != "sync":
+            await self._writer.flush()
+        for callback in callbacks:
+            try:
+                await callback()
+            except Exception as exc:
+                log.warning("an after-commit callback of %s failed: %s", self.thread_id, exc)
 
     # ---------------------------------------------------------------- barrier
 
@@ -292,12 +383,14 @@ class Execution:
         checkpoint: Checkpoint,
         events: tuple[EventDraft, ...] = (),
         writes: tuple[PendingWrite, ...] = (),
+        messages: tuple[Message, ...] = (),
     ) -> Commit:
         return Commit(
             token=self.claim.token,
             checkpoint=checkpoint,
             writes=writes,
             events=events,
+            messages=messages,
             operation_id=checkpoint.id,
         )
 
@@ -307,15 +400,16 @@ class Execution:
         event: EventDraft,
         writes: tuple[PendingWrite, ...] = (),
         events: tuple[EventDraft, ...] = (),
+        messages: tuple[Message, ...] = (),
     ) -> None:
         try:
-            await self._writer.commit_now(self._commit(checkpoint, (*events, event), writes))
-        except StaleClaim as exc:
-            self._fenced(exc)
-            self._check()
+            await self._writer.commit_now(
+                self._commit(checkpoint, (*events, event), writes, messages)
+            )
         except Exception as exc:
             self._fenced(exc)
             self._check()
+        self._recorded(messages)
         self.checkpoint = checkpoint
 
     async def _suspend(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -28,6 +28,7 @@ from wakeful.records import (
     Commit,
     Event,
     EventDraft,
+    Message,
     PendingWrite,
     ThreadSnapshot,
 )
@@ -164,10 +165,12 @@ class Runtime:
         durability: str = "sync",
         tenant: str | None = None,
         run_id: str | None = None,
+        messages: Sequence[Message] = (),
     ) -> RunHandle:
         """Claim the thread and start a new run with ``input`` applied to the thread's state
-        through the reducers. Refused with ``ThreadBusy`` while another claim is live and
-        with ``RunInProgress`` while the last run is unfinished."""
+        through the reducers; ``messages`` are appended to the thread in the run's first
+        commit. Refused with ``ThreadBusy`` while another claim is live and with
+        ``RunInProgress`` while the last run is unfinished."""
         if durability not in DURABILITIES:
             raise InvalidInput("durability", f"must be one of {DURABILITIES}")
         run_id = check_id("run_id", run_id) if run_id else f"run-{uuid.uuid4().hex}"
@@ -199,7 +202,13 @@ class Runtime:
             await commit_retrying(
                 self.store,
                 thread_id,
-                Commit(token=claim.token, checkpoint=first, events=(event,), operation_id=first.id),
+                Commit(
+                    token=claim.token,
+                    checkpoint=first,
+                    events=(event,),
+                    messages=tuple(messages),
+                    operation_id=first.id,
+                ),
             )
         except BaseException:
             await self.store.release(thread_id, claim.token)
