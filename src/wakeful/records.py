@@ -289,3 +289,6 @@ class StreamCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     retry_count: int = 0
     token: int = 0
     updated_at: datetime | None = None
+    task_id: str | None = None
+    """The task (model step) of the run the turn belongs to, so a checkpoint left over from
+    an earlier step is never mistaken for the current one."""

@@ -103,6 +103,7 @@ def check_stream_checkpoint(checkpoint: StreamCheckpoint) -> StreamCheckpoint:
     check_id("run_id", copy.run_id)
     check_id("thread_id", copy.thread_id)
     check_text("model", copy.model)
+    check_optional_id("task_id", copy.task_id)
     if copy.updated_at is not None:
         check_aware("updated_at", copy.updated_at)
     return copy

@@ -134,6 +134,7 @@ class MessagingCases(Harness):
             retry_count=2,
             token=claim.token,
             updated_at=kit.clock.now() + timedelta(microseconds=7),
+            task_id="s3-t0",
         )
         await kit.store.stream_checkpoints.put(checkpoint)
         assert await kit.store.stream_checkpoints.get("run-1") == checkpoint
