@@ -93,7 +93,9 @@ class Scripted:
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
         self.requests.append(request)
         if not self.turns:
-            return _fail(ProviderError("invalid_request", "the scripted provider has no more turns"))
+            return _fail(
+                ProviderError("invalid_request", "the scripted provider has no more turns")
+            )
         return self._play(self.turns.pop(0))
 
     async def _play(self, steps: list[Step]) -> AsyncIterator[StreamItem]:
@@ -116,5 +118,7 @@ class Scripted:
 
 
 async def _fail(error: ProviderError) -> AsyncIterator[StreamItem]:
+    nothing: tuple[StreamItem, ...] = ()
+    for item in nothing:  # an async generator that raises when first iterated
+        yield item
     raise error
-    yield  # pragma: no cover - makes this an async generator

@@ -1,0 +1,340 @@
+"""An agent is a prebuilt graph: a model node that streams one assistant turn, one task per
+tool call, and back to the model until a final answer or the step limit.
+
+The conversation lives in the thread's messages: the user's message is committed with the
+run's first checkpoint, each assistant turn with the model step, each tool result with its
+tool task, so a commit appends only the new messages and a recovered run never repeats a
+committed one."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, TypedDict
+
+import msgspec
+
+from wakeful.agent.recovery import StreamPolicy, StreamRecovery
+from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext
+from wakeful.errors import InvalidInput
+from wakeful.ids import check_id
+from wakeful.providers.base import ModelRequest, Provider
+from wakeful.records import Event, Message
+from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime, Send
+from wakeful.runtime.events import LiveEvent
+from wakeful.runtime.loop import RunOutcome
+from wakeful.runtime.runtime import RunHandle
+
+INDETERMINATE = (
+    "Indeterminate: this call may have started before the process running it stopped, and "
+    "its outcome is unknown. It was not run again."
+)
+TERMINAL_EVENTS = frozenset(
+    ("run.completed", "run.suspended", "run.failed", "run.cancelled", "run.indeterminate")
+)
+
+
+class AgentState(TypedDict):
+    calls: list[dict[str, Any]]
+    turns: int
+    final: str | None
+    stopped: str | None
+
+
+class Approval(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool call waiting for a human decision: answer ``ticket_id`` with ``"approve"``,
+    ``"deny"`` or ``{"approve": bool, "reason": str}``."""
+
+    ticket_id: str
+    call_id: str
+    tool: str
+    arguments: dict[str, Any]
+
+
+class AgentReply(msgspec.Struct, frozen=True, kw_only=True):
+    thread_id: str
+    run_id: str
+    status: str
+    text: str | None
+    approvals: tuple[Approval, ...] = ()
+    stopped: str | None = None
+
+
+class Agent:
+    """``Agent(name, model, instructions, tools, max_steps)``; ``max_steps`` bounds the model
+    turns of one run."""
+
+    def __init__(
+        self,
+        name: str,
+        model: Provider,
+        instructions: str = "",
+        tools: Sequence[Tool] = (),
+        max_steps: int = 10,
+        *,
+        stream_policy: StreamPolicy | None = None,
+        sleep: Any = asyncio.sleep,
+    ) -> None:
+        self.name = check_id("agent name", name)
+        self.model = model
+        self.instructions = instructions
+        self.tools = {t.name: t for t in tools}
+        if len(self.tools) != len(tools):
+            raise InvalidInput("tools", "two tools have the same name")
+        if max_steps < 1:
+            raise InvalidInput("max_steps", "must be at least 1")
+        self.max_steps = max_steps
+        self.stream_policy = stream_policy or StreamPolicy()
+        self.sleep = sleep
+        self.counters: dict[str, int] = {}
+        self.graph = self._compile()
+
+    # ---------------------------------------------------------------- graph
+
+    def _compile(self) -> CompiledGraph:
+        g = Graph(AgentState, name=f"agent:{self.name}")
+        g.node("model", self._model).node("tool", self._tool).node("limit", self._limit)
+        g.edge(START, "model")
+        g.conditional_edge("model", self._after_model, ["tool"])
+        g.conditional_edge("tool", self._after_tools, ["model", "limit"])
+        return g.compile(max_steps=4 * self.max_steps + 4)
+
+    def _after_model(self, state: dict[str, Any]) -> Any:
+        calls = state.get("calls") or []
+        return [Send("tool", call) for call in calls] if calls else END
+
+    def _after_tools(self, state: dict[str, Any]) -> str:
+        return "model" if int(state.get("turns") or 0) < self.max_steps else "limit"
+
+    async def _model(self, state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        history = await ctx.history()
+        request = ModelRequest(
+            model=str(getattr(self.model, "model", self.name)),
+            messages=tuple(history),
+            system=self.instructions or None,
+            tools=tuple(t.spec for t in self.tools.values()),
+        )
+        recovery = StreamRecovery(
+            provider=self.model,
+            policy=self.stream_policy,
+            run_id=ctx.run_id,
+            thread_id=ctx.thread_id,
+            task_id=ctx.task_id,
+            token=ctx.fencing_token,
+            checkpoints=getattr(ctx.store, "stream_checkpoints", None),
+            sleep=self.sleep,
+            live=ctx.emit_live,
+            counters=self.counters,
+        )
+        turn = await recovery.turn(request)
+        ctx.append_message(
+            Message(
+                id=f"m-{ctx.idempotency_key}-a",
+                role="assistant",
+                content=turn.text,
+                tool_calls=turn.tool_calls,
+                run_id=ctx.run_id,
+                metadata={
+                    "stop_reason": turn.stop_reason,
+                    "usage": msgspec.to_builtins(turn.usage) if turn.usage else None,
+                    "recoveries": turn.recoveries,
+                },
+            )
+        )
+        if turn.recoveries:
+            ctx.emit("model.recovered", {"plans": turn.recoveries})
+        ctx.on_committed(recovery.discard)
+        return {
+            "calls": turn.tool_calls,
+            "turns": int(state.get("turns") or 0) + 1,
+            "final": None if turn.tool_calls else turn.text,
+        }
+
+    async def _tool(self, call: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        name = str(call.get("name"))
+        outcome, content = await self._execute(name, call, ctx)
+        ctx.append_message(
+            Message(
+                id=f"m-{ctx.idempotency_key}-r",
+                role="tool",
+                content=content,
+                tool_call_id=str(call.get("id")),
+                run_id=ctx.run_id,
+                metadata={"tool": name, "outcome": outcome},
+            )
+        )
+        ctx.emit_live("tool.finished", {"call_id": call.get("id"), "outcome": outcome})
+        return {}
+
+    async def _execute(self, name: str, call: dict[str, Any], ctx: NodeContext) -> tuple[str, str]:
+        tool = self.tools.get(name)
+        if tool is None:
+            return "invalid", f"error: there is no tool named {name!r}"
+        try:
+            arguments = tool.parse(str(call.get("arguments") or ""))
+        except ArgumentsInvalid as exc:
+            return "invalid", f"error: {exc}; the call was not run"
+        if tool.approval:
+            decision = ctx.interrupt(
+                {"approval": {"call_id": call.get("id"), "tool": name, "arguments": arguments}}
+            )
+            approved, reason = _decision(decision)
+            if not approved:
+                return "denied", f"denied: {reason}" if reason else "denied by the user"
+        if tool.replay == "never":
+            if ctx.has_mark("started"):
+                ctx.emit("tool.indeterminate", {"call_id": call.get("id"), "tool": name})
+                return "indeterminate", INDETERMINATE
+            await ctx.mark("started")
+        ctx.emit_live("tool.started", {"call_id": call.get("id"), "tool": name})
+        tool_ctx = ToolContext(
+            thread_id=ctx.thread_id,
+            run_id=ctx.run_id,
+            call_id=str(call.get("id")),
+            idempotency_key=ctx.idempotency_key,
+            fencing_token=ctx.fencing_token,
+        )
+        try:
+            value = await tool.call(arguments, tool_ctx)
+        except Exception as exc:
+            return "error", f"error: {type(exc).__name__}: {exc}"
+        if isinstance(value, str):
+            return "ok", value
+        try:
+            return "ok", msgspec.json.encode(value).decode()
+        except TypeError:
+            return "ok", str(value)
+
+    async def _limit(self, state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        ctx.emit("agent.step_limit", {"max_steps": self.max_steps})
+        return {"stopped": "max_steps", "calls": []}
+
+    # ---------------------------------------------------------------- entry points
+
+    async def start(
+        self,
+        runtime: Runtime,
+        thread_id: str,
+        message: str | Message,
+        *,
+        tenant: str | None = None,
+        durability: str = "sync",
+    ) -> RunHandle:
+        if durability == "exit" and any(t.replay == "never" for t in self.tools.values()):
+            raise InvalidInput(
+                "durability", "tools with replay='never' need sync or async durability"
+            )
+        run_id = f"run-{uuid.uuid4().hex}"
+        user = (
+            message
+            if isinstance(message, Message)
+            else Message(id=f"m-{run_id}-u", role="user", content=message, run_id=run_id)
+        )
+        return await runtime.start(
+            thread_id,
+            self.graph,
+            {"calls": [], "turns": 0, "final": None, "stopped": None},
+            durability=durability,
+            tenant=tenant,
+            run_id=run_id,
+            messages=(user,),
+        )
+
+    async def run(
+        self,
+        runtime: Runtime,
+        thread_id: str,
+        message: str | Message,
+        *,
+        tenant: str | None = None,
+        durability: str = "sync",
+    ) -> AgentReply:
+        """Append ``message`` to the thread and run the agent until a final answer, a
+        pending approval or the step limit."""
+        handle = await self.start(runtime, thread_id, message, tenant=tenant, durability=durability)
+        return _reply(await handle.result())
+
+    async def resume(
+        self,
+        runtime: Runtime,
+        thread_id: str,
+        decisions: Mapping[str, Any],
+        *,
+        tenant: str | None = None,
+    ) -> AgentReply:
+        """Answer pending approvals (``{ticket_id: "approve" | "deny" | {...}}``)."""
+        handle = await runtime.resume(thread_id, self.graph, decisions, tenant=tenant)
+        return _reply(await handle.result())
+
+    async def recover(
+        self, runtime: Runtime, thread_id: str, *, tenant: str | None = None
+    ) -> AgentReply:
+        """Continue a run whose process died (after its claim expired)."""
+        handle = await runtime.recover(thread_id, self.graph, tenant=tenant)
+        return _reply(await handle.result())
+
+    async def stream(
+        self,
+        runtime: Runtime,
+        thread_id: str,
+        message: str | Message,
+        *,
+        tenant: str | None = None,
+        durability: str = "sync",
+    ) -> AsyncIterator[Event | LiveEvent]:
+        """Run like ``run`` and yield its events as they happen: live ``text.delta``,
+        ``tool.started`` and ``tool.finished`` events and the durable events, ending with the
+        run's terminal event."""
+        snap = await runtime.store.read(thread_id)
+        after = snap.last_seq if snap is not None else 0
+        events = runtime.subscribe(thread_id, after)
+        try:
+            handle = await self.start(
+                runtime, thread_id, message, tenant=tenant, durability=durability
+            )
+            async for item in events:
+                yield item
+                if (
+                    isinstance(item, Event)
+                    and item.run_id == handle.run_id
+                    and item.type in TERMINAL_EVENTS
+                ):
+                    break
+            await asyncio.wait({asyncio.ensure_future(handle.result())})
+        finally:
+            await events.aclose()  # type: ignore[attr-defined]
+
+
+def _decision(answer: Any) -> tuple[bool, str | None]:
+    if isinstance(answer, bool):
+        return answer, None
+    if isinstance(answer, str):
+        return answer.lower() in ("approve", "approved", "yes", "allow"), None
+    if isinstance(answer, Mapping):
+        approved = bool(answer.get("approve", answer.get("approved", False)))
+        reason = answer.get("reason")
+        return approved, str(reason) if reason is not None else None
+    return False, "unrecognised decision"
+
+
+def _reply(outcome: RunOutcome) -> AgentReply:
+    state = outcome.state if isinstance(outcome.state, dict) else {}
+    approvals = tuple(
+        Approval(
+            ticket_id=t.id,
+            call_id=str(t.question["approval"]["call_id"]),
+            tool=str(t.question["approval"]["tool"]),
+            arguments=dict(t.question["approval"]["arguments"]),
+        )
+        for t in outcome.tickets
+        if isinstance(t.question, dict) and "approval" in t.question
+    )
+    return AgentReply(
+        thread_id=outcome.thread_id,
+        run_id=outcome.run_id,
+        status=outcome.status,
+        text=state.get("final"),
+        approvals=approvals,
+        stopped=state.get("stopped"),
+    )

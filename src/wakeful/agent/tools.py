@@ -1,0 +1,156 @@
+"""Tools: typed Python functions the model can call, with a replay policy.
+
+The JSON schema of a tool's arguments comes from its signature (through msgspec); the
+model's arguments are parsed and validated against it before the function runs. A tool may
+take a ``ctx: ToolContext`` parameter (not part of the schema) to get an idempotency key and
+the claim's fencing token.
+
+Replay policies say what happens when a run is recovered and a call has no recorded result:
+``safe`` runs it again; ``keyed`` runs it again with the same idempotency key (for systems
+that deduplicate); ``never`` is not run again if it may have started (its start is recorded
+before it runs): its result is ``Indeterminate``."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeAlias, get_type_hints, overload
+
+import msgspec
+
+from wakeful.errors import InvalidInput
+from wakeful.ids import check_id
+from wakeful.providers.base import ToolSpec
+
+Replay: TypeAlias = Literal["safe", "keyed", "never"]
+REPLAYS = ("safe", "keyed", "never")
+
+
+@dataclass(frozen=True)
+class ToolContext:
+    """What a tool that asks for ``ctx`` receives."""
+
+    thread_id: str
+    run_id: str
+    call_id: str
+    idempotency_key: str
+    """Deterministic per thread, run, step and call: the same after a recovery."""
+    fencing_token: int
+
+
+class ArgumentsInvalid(ValueError):
+    """The model's arguments did not parse as complete JSON or did not validate."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    replay: Replay
+    approval: bool
+    arguments: type[msgspec.Struct]
+    takes_ctx: bool
+    is_async: bool
+
+    @property
+    def spec(self) -> ToolSpec:
+        schema = msgspec.json.schema(self.arguments)
+        defs = schema.pop("$defs", {})
+        ref = schema.get("$ref", "")
+        body = dict(defs.get(ref.rsplit("/", 1)[-1], schema)) if ref else schema
+        body.pop("title", None)
+        if len(defs) > 1:
+            body["$defs"] = {k: v for k, v in defs.items() if k != self.arguments.__name__}
+        return ToolSpec(name=self.name, description=self.description, parameters=body)
+
+    def parse(self, raw: str) -> dict[str, Any]:
+        """Parse and validate the model's argument text; raises ``ArgumentsInvalid``."""
+        try:
+            value = msgspec.json.decode(raw or "{}")
+        except msgspec.DecodeError as exc:
+            raise ArgumentsInvalid(f"arguments are not complete JSON: {exc}") from None
+        if not isinstance(value, dict):
+            raise ArgumentsInvalid("arguments must be a JSON object")
+        try:
+            validated = msgspec.convert(value, self.arguments)
+        except msgspec.ValidationError as exc:
+            raise ArgumentsInvalid(f"arguments do not validate: {exc}") from None
+        return {f: getattr(validated, f) for f in validated.__struct_fields__}
+
+    async def call(self, arguments: dict[str, Any], ctx: ToolContext) -> Any:
+        kwargs = dict(arguments)
+        if self.takes_ctx:
+            kwargs["ctx"] = ctx
+        if self.is_async:
+            return await self.fn(**kwargs)
+        import asyncio
+
+        return await asyncio.to_thread(self.fn, **kwargs)
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    replay: Replay = "safe",
+    approval: bool = False,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    replay: Replay = "safe",
+    approval: bool = False,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a typed function a tool: ``@tool`` or ``@tool(replay="never", approval=True)``.
+    Every parameter but ``ctx`` needs a type annotation; defaults make arguments optional;
+    the docstring's first paragraph is the description."""
+    if replay not in REPLAYS:
+        raise InvalidInput("replay", f"must be one of {REPLAYS}")
+
+    def make(func: Callable[..., Any]) -> Tool:
+        tool_name = check_id("tool name", name or func.__name__)
+        hints = get_type_hints(func)
+        fields: list[tuple[str, Any] | tuple[str, Any, Any]] = []
+        takes_ctx = False
+        for param in inspect.signature(func).parameters.values():
+            if param.name == "ctx":
+                takes_ctx = True
+                continue
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+                raise InvalidInput("tool", f"{tool_name}: *args and **kwargs are not supported")
+            if param.name not in hints:
+                raise InvalidInput("tool", f"{tool_name}: parameter {param.name!r} needs a type")
+            if param.default is param.empty:
+                fields.append((param.name, hints[param.name]))
+            else:
+                fields.append((param.name, hints[param.name], param.default))
+        arguments = msgspec.defstruct(
+            f"{tool_name.replace('.', '_').replace('-', '_')}_arguments",
+            fields,
+            forbid_unknown_fields=True,
+        )
+        doc = inspect.getdoc(func) or ""
+        return Tool(
+            name=tool_name,
+            description=description or doc.split("\n\n", 1)[0].strip(),
+            fn=func,
+            replay=replay,
+            approval=approval,
+            arguments=arguments,
+            takes_ctx=takes_ctx,
+            is_async=inspect.iscoroutinefunction(func),
+        )
+
+    return make(fn) if fn is not None else make
