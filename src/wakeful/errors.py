@@ -345,3 +345,18 @@ class RunCancelled(WakefulError):
         self.thread_id = thread_id
         self.run_id = run_id
         super().__init__(f"run {run_id!r} on thread {thread_id!r} was cancelled")
+
+
+class RunYielded(WakefulError):
+    """The run stopped at a superstep boundary because its process is shutting down. Its
+    committed progress stays; another process recovers it."""
+
+    retryable = True
+
+    def __init__(self, thread_id: str, run_id: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        super().__init__(
+            f"run {run_id!r} on thread {thread_id!r} stopped at a checkpoint to let its "
+            f"process shut down; it will be recovered"
+        )

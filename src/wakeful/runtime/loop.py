@@ -23,6 +23,7 @@ from wakeful.errors import (
     InvalidInput,
     RunCancelled,
     RunFailed,
+    RunYielded,
 )
 from wakeful.records import (
     Checkpoint,
@@ -86,7 +87,9 @@ class Execution:
     sleep: Sleep
     renew_sleep: Sleep
     publish_live: Any
+    release_claim: bool = True
     status: str = "running"
+    yield_requested: bool = False
     fence: BaseException | None = None
     _history: list[Message] | None = None
     _writer: Writer = field(init=False)
@@ -163,9 +166,16 @@ class Execution:
             self.status = "fenced"
             raise CheckpointWriteFailed(self.thread_id, self.run_id, cause)
 
+    async def _check_yield(self) -> None:
+        if self.yield_requested:
+            await self._writer.flush()
+            self._check()
+            self.status = "yielded"
+            raise RunYielded(self.thread_id, self.run_id)
+
     async def run(self) -> RunOutcome:
         self._renewer.start()
-        release = True
+        release = self.release_claim
         try:
             return await self._loop()
         except CheckpointWriteFailed:
@@ -189,6 +199,7 @@ class Execution:
     async def _loop(self) -> RunOutcome:
         while True:
             self._check()
+            await self._check_yield()
             cp = self.checkpoint
             step = int(cp.metadata.get("step", 0))
             if step >= self.graph.max_steps:

@@ -86,6 +86,11 @@ class RunHandle:
     def done(self) -> bool:
         return self._task.done()
 
+    def yield_run(self) -> None:
+        """Ask the run to stop at its next superstep boundary without recording an ending
+        (``result()`` then raises ``RunYielded``): for a process shutting down gracefully."""
+        self._execution.yield_requested = True
+
 
 class Runtime:
     """Runs graphs on a store under fenced claims.
@@ -115,20 +120,32 @@ class Runtime:
     # ---------------------------------------------------------------- admission
 
     async def _admit(
-        self, thread_id: str, tenant: str | None
+        self, thread_id: str, tenant: str | None, claim: Claim | None = None
     ) -> tuple[Claim, ThreadSnapshot | None]:
+        """Check the tenant, claim the thread (unless the caller passes the claim it holds,
+        as a worker does with a lease), and read the thread under the claim."""
         check_id("thread_id", thread_id)
         check_optional_id("tenant", tenant)
+        if claim is not None and claim.thread_id != thread_id:
+            raise InvalidInput("claim", f"is a claim on {claim.thread_id!r}, not {thread_id!r}")
         before = await self.store.read(thread_id)
         _check_tenant(thread_id, before, tenant)
-        claim = await self.store.claim(thread_id, self.holder, self.claims.ttl)
+        owned = claim is None
+        if claim is None:
+            claim = await self.store.claim(thread_id, self.holder, self.claims.ttl)
         try:
             snap = await self.store.read(thread_id)
             _check_tenant(thread_id, snap, tenant)
         except BaseException:
-            await self.store.release(thread_id, claim.token)
+            await self._give_back(thread_id, claim, owned)
             raise
         return claim, snap
+
+    async def _give_back(self, thread_id: str, claim: Claim, owned: bool) -> None:
+        """After a refusal: release a claim this runtime took; a caller's claim stays
+        with the caller."""
+        if owned:
+            await self.store.release(thread_id, claim.token)
 
     def _execute(
         self,
@@ -138,6 +155,7 @@ class Runtime:
         checkpoint: Checkpoint,
         writes: tuple[PendingWrite, ...],
         durability: str,
+        release: bool,
     ) -> RunHandle:
         return RunHandle(
             Execution(
@@ -153,6 +171,7 @@ class Runtime:
                 sleep=self.sleep,
                 renew_sleep=self.renew_sleep,
                 publish_live=self.live.publish,
+                release_claim=release,
             )
         )
 
@@ -166,15 +185,22 @@ class Runtime:
         tenant: str | None = None,
         run_id: str | None = None,
         messages: Sequence[Message] = (),
+        consume: Sequence[str] = (),
+        claim: Claim | None = None,
     ) -> RunHandle:
         """Claim the thread and start a new run with ``input`` applied to the thread's state
         through the reducers; ``messages`` are appended to the thread in the run's first
-        commit. Refused with ``ThreadBusy`` while another claim is live and with
-        ``RunInProgress`` while the last run is unfinished."""
+        commit, which also consumes the inbox messages ``consume``. Refused with
+        ``ThreadBusy`` while another claim is live and with ``RunInProgress`` while the last
+        run is unfinished.
+
+        ``claim``: run under a claim the caller already holds (a worker's lease); the caller
+        then keeps it at the end (and settles) instead of the runtime releasing it."""
         if durability not in DURABILITIES:
             raise InvalidInput("durability", f"must be one of {DURABILITIES}")
         run_id = check_id("run_id", run_id) if run_id else f"run-{uuid.uuid4().hex}"
-        claim, snap = await self._admit(thread_id, tenant)
+        owned = claim is None
+        claim, snap = await self._admit(thread_id, tenant, claim)
         try:
             latest = snap.checkpoint if snap is not None else None
             if latest is not None and latest.status in ("running", "suspended"):
@@ -207,13 +233,14 @@ class Runtime:
                     checkpoint=first,
                     events=(event,),
                     messages=tuple(messages),
+                    consume=tuple(consume),
                     operation_id=first.id,
                 ),
             )
         except BaseException:
-            await self.store.release(thread_id, claim.token)
+            await self._give_back(thread_id, claim, owned)
             raise
-        return self._execute(graph, thread_id, claim, first, (), durability)
+        return self._execute(graph, thread_id, claim, first, (), durability, owned)
 
     async def recover(
         self,
@@ -223,11 +250,13 @@ class Runtime:
         durability: str | None = None,
         tenant: str | None = None,
         allow_graph_change: bool = False,
+        claim: Claim | None = None,
     ) -> RunHandle:
         """Continue a running run whose process died, once its claim has expired (until
         then ``ThreadBusy``). Pending writes are read after the claim is granted and every
-        finished task's result is reused."""
-        claim, snap = await self._admit(thread_id, tenant)
+        finished task's result is reused. ``claim`` as for ``start``."""
+        owned = claim is None
+        claim, snap = await self._admit(thread_id, tenant, claim)
         try:
             latest = snap.checkpoint if snap is not None else None
             if latest is None or latest.status != "running":
@@ -249,10 +278,10 @@ class Runtime:
                 ),
             )
         except BaseException:
-            await self.store.release(thread_id, claim.token)
+            await self._give_back(thread_id, claim, owned)
             raise
         assert snap is not None
-        return self._execute(graph, thread_id, claim, latest, snap.writes, mode)
+        return self._execute(graph, thread_id, claim, latest, snap.writes, mode, owned)
 
     async def resume(
         self,
@@ -263,10 +292,12 @@ class Runtime:
         durability: str | None = None,
         tenant: str | None = None,
         allow_graph_change: bool = False,
+        claim: Claim | None = None,
     ) -> RunHandle:
         """Answer some or all open tickets of a suspended run and continue it. Tasks that
-        finished before the suspension are not run again."""
-        claim, snap = await self._admit(thread_id, tenant)
+        finished before the suspension are not run again. ``claim`` as for ``start``."""
+        owned = claim is None
+        claim, snap = await self._admit(thread_id, tenant, claim)
         try:
             latest = snap.checkpoint if snap is not None else None
             if latest is None or latest.status != "suspended":
@@ -305,10 +336,10 @@ class Runtime:
                 ),
             )
         except BaseException:
-            await self.store.release(thread_id, claim.token)
+            await self._give_back(thread_id, claim, owned)
             raise
         mode = durability or str(latest.metadata.get("durability", "sync"))
-        return self._execute(graph, thread_id, claim, resumed, carried, mode)
+        return self._execute(graph, thread_id, claim, resumed, carried, mode, owned)
 
     async def delete_thread(self, thread_id: str, *, tenant: str | None = None) -> None:
         """Delete the thread and everything in it; refused with ``ThreadBusy`` while a run
