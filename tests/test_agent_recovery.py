@@ -10,7 +10,7 @@ import pytest
 
 from wakeful import ManualClock, Message
 from wakeful.agent import Agent, StreamPolicy, tool
-from wakeful.errors import RunFailed
+from wakeful.errors import RunFailed, RunInterrupted
 from wakeful.providers.base import ProviderError, StreamEnd, TextDelta, ToolCallDelta
 from wakeful.providers.scripted import Drop, Fail, Scripted, Stall, calls, reply, text, tool_call
 from wakeful.runtime import Runtime
@@ -146,13 +146,18 @@ async def test_permanent_errors_are_not_retried(kind: Any) -> None:
 
 
 @pytest.mark.asyncio
-async def test_the_retry_budget_is_bounded() -> None:
-    provider = Scripted.of(*[[Fail("server", status=500)] for _ in range(10)])
+async def test_the_retry_budget_is_bounded_and_then_the_run_is_interrupted_not_failed() -> None:
+    provider = Scripted.of(*[[Fail("server", status=500)] for _ in range(4)], reply("later"))
     store = MemoryStore(ManualClock())
     agent = Agent("helper", provider, stream_policy=StreamPolicy(max_retries=3), sleep=FakeSleep())
-    with pytest.raises(RunFailed, match="server"):
-        await agent.run(Runtime(store), "t", "hi")
+    runtime = Runtime(store)
+    with pytest.raises(RunInterrupted, match="server"):
+        await agent.run(runtime, "t", "hi")
     assert len(provider.requests) == 4
+    snap = await store.read("t")
+    assert snap is not None and snap.checkpoint is not None
+    assert snap.checkpoint.status == "running" and snap.claim is None
+    assert (await agent.recover(runtime, "t")).text == "later"
 
 
 @pytest.mark.asyncio

@@ -360,3 +360,20 @@ class RunYielded(WakefulError):
             f"run {run_id!r} on thread {thread_id!r} stopped at a checkpoint to let its "
             f"process shut down; it will be recovered"
         )
+
+
+class RunInterrupted(WakefulError):
+    """A task failed with a transient error (``cause.retryable``, e.g. a model provider that
+    stayed overloaded through its retries). The run stopped at its last checkpoint without
+    recording an ending; recover it later (a worker retries it with backoff)."""
+
+    retryable = True
+
+    def __init__(self, thread_id: str, run_id: str, cause: str) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.cause = cause
+        super().__init__(
+            f"run {run_id!r} on thread {thread_id!r} stopped after a transient failure "
+            f"({cause}); its progress is kept, recover it later"
+        )

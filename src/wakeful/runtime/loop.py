@@ -23,7 +23,9 @@ from wakeful.errors import (
     InvalidInput,
     RunCancelled,
     RunFailed,
+    RunInterrupted,
     RunYielded,
+    WakefulError,
 )
 from wakeful.records import (
     Checkpoint,
@@ -67,6 +69,8 @@ class TaskResult:
     updates: dict[str, Any] | None = None
     ticket: Ticket | None = None
     error: str | None = None
+    transient: bool = False
+    """The error is retryable (a ``WakefulError`` with ``retryable``): do not fail the run."""
     events: tuple[EventDraft, ...] = ()
     """Events of a result that was not committed on its own (they go with the barrier)."""
     messages: tuple[Message, ...] = ()
@@ -212,6 +216,11 @@ class Execution:
             if tickets:
                 return await self._suspend(cp, results, tickets)
             failed = [r for r in results if r.error is not None]
+            if failed and all(r.transient for r in failed):
+                await self._writer.flush()
+                self._check()
+                self.status = "interrupted"
+                raise RunInterrupted(self.thread_id, self.run_id, str(failed[0].error))
             if failed:
                 error = f"node {failed[0].entry['node']!r} failed: {failed[0].error}"
                 await self._end("failed", "run.failed", {"error": error})
@@ -300,7 +309,12 @@ class Execution:
                     or attempt >= retry.max_attempts
                     or not isinstance(exc, retry.retry_on)
                 ):
-                    return TaskResult(entry, error=f"{type(exc).__name__}: {exc}")
+                    return TaskResult(
+                        entry,
+                        error=f"{type(exc).__name__}: {exc}",
+                        transient=bool(getattr(exc, "retryable", False))
+                        and isinstance(exc, WakefulError),
+                    )
                 await self.sleep(retry.delay(attempt))
         write = PendingWrite(
             checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value={"updates": updates}
