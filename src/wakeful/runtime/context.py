@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from wakeful.records import EventDraft, Message
+from wakeful.records import EventDraft, Message, OutboxEntry
 from wakeful.store.contract import ThreadStore
 
 
@@ -83,6 +83,7 @@ class NodeContext:
         self._services = services
         self.events: list[EventDraft] = []
         self.messages: list[Message] = []
+        self.outbox: list[OutboxEntry] = []
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
 
     @property
@@ -98,6 +99,28 @@ class NodeContext:
     def append_message(self, message: Message) -> None:
         """Append a message to the thread, atomically with this task's result."""
         self.messages.append(message)
+
+    def send(
+        self,
+        target_thread: str,
+        payload: Any,
+        *,
+        message_id: str | None = None,
+        correlation_id: str | None = None,
+    ) -> str:
+        """Send a message to another thread: staged in this task's commit and delivered to
+        the target's inbox exactly once by the relay. Returns the message id (by default
+        deterministic for this task, so a re-run task sends the same message)."""
+        ident = message_id or f"msg-{self.idempotency_key}-{len(self.outbox)}"
+        self.outbox.append(
+            OutboxEntry(
+                message_id=ident,
+                target_thread=target_thread,
+                payload=payload,
+                correlation_id=correlation_id,
+            )
+        )
+        return ident
 
     async def mark(self, name: str) -> None:
         """Durably record that this task reached ``name`` (e.g. ``"started"``) before going

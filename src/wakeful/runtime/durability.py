@@ -122,11 +122,12 @@ class ExitWriter(Writer):
         held, self._held = self._held, []
         events = tuple(e for c in held for e in c.events) + commit.events
         messages = tuple(m for c in held for m in c.messages) + commit.messages
+        outbox = tuple(o for c in held for o in c.outbox) + commit.outbox
         checkpoint = commit.checkpoint
         if checkpoint is not None:
             checkpoint = msgspec.structs.replace(checkpoint, parent=self._base)
         merged = msgspec.structs.replace(
-            commit, checkpoint=checkpoint, events=events, messages=messages
+            commit, checkpoint=checkpoint, events=events, messages=messages, outbox=outbox
         )
         receipt = await super().commit_now(merged)
         if checkpoint is not None:

@@ -33,6 +33,7 @@ from wakeful.records import (
     Commit,
     EventDraft,
     Message,
+    OutboxEntry,
     PendingWrite,
     RunStatus,
 )
@@ -74,6 +75,7 @@ class TaskResult:
     events: tuple[EventDraft, ...] = ()
     """Events of a result that was not committed on its own (they go with the barrier)."""
     messages: tuple[Message, ...] = ()
+    outbox: tuple[OutboxEntry, ...] = ()
     callbacks: tuple[Callable[[], Awaitable[None]], ...] = ()
 
 
@@ -237,6 +239,7 @@ class Execution:
             nxt = msgspec.structs.replace(nxt, metadata={**nxt.metadata, "step": step + 1})
             carried = tuple(e for r in results for e in r.events)
             messages = tuple(m for r in results for m in r.messages)
+            outbox = tuple(o for r in results for o in r.outbox)
             callbacks = tuple(c for r in results for c in r.callbacks)
             if not tasks:
                 await self._commit_now(
@@ -244,6 +247,7 @@ class Execution:
                     EventDraft(type="run.completed", run_id=self.run_id),
                     events=carried,
                     messages=messages,
+                    outbox=outbox,
                 )
                 await self._run_callbacks(callbacks)
                 self.status = "completed"
@@ -327,6 +331,7 @@ class Execution:
             task_id=entry["id"],
         )
         messages, callbacks = tuple(ctx.messages), tuple(ctx.committed_callbacks)
+        outbox = tuple(ctx.outbox)
         if len(cp.frontier) == 1:
             # The barrier commit follows at once and carries this result in its checkpoint:
             # a separate pending write would only cost one more durable commit.
@@ -335,6 +340,7 @@ class Execution:
                 updates=updates,
                 events=(*ctx.events, done),
                 messages=messages,
+                outbox=outbox,
                 callbacks=callbacks,
             )
         try:
@@ -344,6 +350,7 @@ class Execution:
                     writes=(write,),
                     events=(*ctx.events, done),
                     messages=messages,
+                    outbox=outbox,
                     operation_id=f"{cp.id}:{entry['id']}",
                 )
             )
@@ -409,6 +416,7 @@ class Execution:
         events: tuple[EventDraft, ...] = (),
         writes: tuple[PendingWrite, ...] = (),
         messages: tuple[Message, ...] = (),
+        outbox: tuple[OutboxEntry, ...] = (),
     ) -> Commit:
         return Commit(
             token=self.claim.token,
@@ -416,6 +424,7 @@ class Execution:
             writes=writes,
             events=events,
             messages=messages,
+            outbox=outbox,
             operation_id=checkpoint.id,
         )
 
@@ -426,10 +435,11 @@ class Execution:
         writes: tuple[PendingWrite, ...] = (),
         events: tuple[EventDraft, ...] = (),
         messages: tuple[Message, ...] = (),
+        outbox: tuple[OutboxEntry, ...] = (),
     ) -> None:
         try:
             await self._writer.commit_now(
-                self._commit(checkpoint, (*events, event), writes, messages)
+                self._commit(checkpoint, (*events, event), writes, messages, outbox)
             )
         except Exception as exc:
             self._fenced(exc)

@@ -293,9 +293,12 @@ class Runtime:
         tenant: str | None = None,
         allow_graph_change: bool = False,
         claim: Claim | None = None,
+        resumed_by: str | None = None,
     ) -> RunHandle:
         """Answer some or all open tickets of a suspended run and continue it. Tasks that
-        finished before the suspension are not run again. ``claim`` as for ``start``."""
+        finished before the suspension are not run again. ``claim`` as for ``start``;
+        ``resumed_by`` (a dispatch id) is recorded in the run's checkpoints so a redelivered
+        resume can tell it was already applied."""
         owned = claim is None
         claim, snap = await self._admit(thread_id, tenant, claim)
         try:
@@ -315,7 +318,13 @@ class Runtime:
                 parent=latest.id,
                 status="running",
                 created_at=self.clock.now(),
-                metadata={**latest.metadata, "ordinal": ordinal, "answers": merged, "tickets": []},
+                metadata={
+                    **latest.metadata,
+                    "ordinal": ordinal,
+                    "answers": merged,
+                    "tickets": [],
+                    **({"resumed_by": resumed_by} if resumed_by else {}),
+                },
             )
             assert snap is not None
             carried = tuple(
