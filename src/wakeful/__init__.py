@@ -56,6 +56,17 @@ from wakeful.store.contract import Store
 
 __version__ = "0.1.0"
 
+_FLEET = ("submit", "resume", "cancel", "send_message")
+
+
+def __getattr__(name: str) -> object:
+    """``wakeful.submit`` and friends, imported on first use (they pull in the fleet)."""
+    if name in _FLEET:
+        from wakeful.fleet import client
+
+        return getattr(client, name)
+    raise AttributeError(f"module 'wakeful' has no attribute {name!r}")
+
 __all__ = [
     "Awaiting",
     "Checkpoint",
@@ -103,5 +114,9 @@ __all__ = [
     "WorkerInfo",
     "WorkerSuperseded",
     "__version__",
+    "cancel",
     "open_store",
+    "resume",
+    "send_message",
+    "submit",
 ]

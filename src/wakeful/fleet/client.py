@@ -1,0 +1,129 @@
+"""Submitting work: every call persists a dispatch before anything acts on it."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from wakeful.fleet.wake import Wake
+from wakeful.ids import check_id, check_optional_id
+from wakeful.records import Dispatch
+from wakeful.store.contract import DispatchQueue
+
+
+async def _enqueue(queue: DispatchQueue, dispatch: Dispatch, wake: Wake | None) -> Dispatch:
+    stored = await queue.enqueue(dispatch)
+    if wake is not None:
+        await wake.notify()
+    return stored
+
+
+async def submit(
+    store: DispatchQueue,
+    thread_id: str,
+    target: str,
+    input: Any = None,
+    *,
+    dispatch_id: str | None = None,
+    priority: int = 0,
+    max_attempts: int = 5,
+    tenant: str | None = None,
+    wake: Wake | None = None,
+) -> Dispatch:
+    """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
+    Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
+    dispatch. The run id is ``run-<dispatch_id>``."""
+    check_id("target", target)
+    check_optional_id("tenant", tenant)
+    dispatch_id = check_id("dispatch_id", dispatch_id or f"d-{uuid.uuid4().hex}")
+    payload = {"target": target, "input": input, "run_id": f"run-{dispatch_id}", "tenant": tenant}
+    return await _enqueue(
+        store,
+        Dispatch(
+            dispatch_id=dispatch_id,
+            thread_id=thread_id,
+            kind="start",
+            payload=payload,
+            priority=priority,
+            max_attempts=max_attempts,
+        ),
+        wake,
+    )
+
+
+async def resume(
+    store: DispatchQueue,
+    thread_id: str,
+    answers: Mapping[str, Any],
+    *,
+    dispatch_id: str | None = None,
+    priority: int = 0,
+    max_attempts: int = 5,
+    tenant: str | None = None,
+    wake: Wake | None = None,
+) -> Dispatch:
+    """Ask for the suspended run on ``thread_id`` to continue with ``answers``."""
+    check_optional_id("tenant", tenant)
+    dispatch_id = check_id("dispatch_id", dispatch_id or f"d-{uuid.uuid4().hex}")
+    return await _enqueue(
+        store,
+        Dispatch(
+            dispatch_id=dispatch_id,
+            thread_id=thread_id,
+            kind="resume",
+            payload={"answers": dict(answers), "tenant": tenant},
+            priority=priority,
+            max_attempts=max_attempts,
+        ),
+        wake,
+    )
+
+
+async def cancel(
+    store: DispatchQueue, thread_id: str, reason: str = "cancelled", *, wake: Wake | None = None
+) -> Dispatch:
+    """Persist the intent to cancel the thread's work: its running owner is fenced at its
+    next commit or renewal, and the next claimant records ``cancelled``."""
+    dispatch = await store.cancel(thread_id, reason)
+    if wake is not None:
+        await wake.notify()
+    return dispatch
+
+
+async def send_message(
+    store: DispatchQueue,
+    thread_id: str,
+    payload: Any,
+    *,
+    message_id: str | None = None,
+    target: str | None = None,
+    correlation_id: str | None = None,
+    priority: int = 0,
+    wake: Wake | None = None,
+) -> Dispatch:
+    """Deliver a message from outside to ``thread_id``: it starts a run of the thread's
+    graph (or ``target``, or the registry's default) with the message as input, once:
+    ``message_id`` deduplicates. Runs send to each other with ``ctx.send`` instead."""
+    message_id = check_id("message_id", message_id or f"msg-{uuid.uuid4().hex}")
+    check_optional_id("target", target)
+    check_optional_id("correlation_id", correlation_id)
+    dispatch_id = f"ext-{message_id}"[:200]
+    return await _enqueue(
+        store,
+        Dispatch(
+            dispatch_id=dispatch_id,
+            thread_id=thread_id,
+            kind="message",
+            payload={
+                "message_id": message_id,
+                "payload": payload,
+                "target": target,
+                "correlation_id": correlation_id,
+                "external": True,
+            },
+            priority=priority,
+            dedupe_key=dispatch_id,
+        ),
+        wake,
+    )

@@ -1,0 +1,98 @@
+"""The outbox relay and the sweeper, run by one process at a time per store: the one that
+holds the claim on the well-known thread ``RELAY_THREAD``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from wakeful.errors import StaleClaim, ThreadBusy, WakefulError
+from wakeful.fleet.wake import Wake
+from wakeful.records import Claim, RetentionPolicy
+from wakeful.runtime.claims import ClaimPolicy
+from wakeful.store.contract import Store
+
+log = logging.getLogger("wakeful.fleet")
+
+RELAY_THREAD = "wakeful.relay"
+
+
+class RelayLoop:
+    """While elected: deliver staged outbox entries (waking workers when something was
+    delivered) and, every ``sweep_every`` seconds, apply the retention policy."""
+
+    def __init__(
+        self,
+        store: Store,
+        holder: str,
+        claims: ClaimPolicy,
+        wake: Wake,
+        retention: RetentionPolicy | None = None,
+        interval: float = 0.5,
+        sweep_every: float = 300.0,
+        batch: int = 100,
+    ) -> None:
+        self.store = store
+        self.holder = holder
+        self.claims = claims
+        self.wake = wake
+        self.retention = retention
+        self.interval = interval
+        self.sweep_every = sweep_every
+        self.batch = batch
+        self.delivered = 0
+        self._claim: Claim | None = None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        next_sweep = loop.time()
+        try:
+            while not stop.is_set():
+                if await self._elected():
+                    await self.drain()
+                    if self.retention is not None and loop.time() >= next_sweep:
+                        report = await self.store.prune(self.retention)
+                        log.info("retention: %s", report)
+                        next_sweep = loop.time() + self.sweep_every
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), self.interval)
+        finally:
+            if self._claim is not None:
+                with contextlib.suppress(WakefulError):
+                    await self.store.release(RELAY_THREAD, self._claim.token)
+
+    async def drain(self) -> int:
+        """Deliver until the outbox is empty; returns how many entries were handled."""
+        total = 0
+        while True:
+            try:
+                handled = await self.store.relay_outbox(self.batch)
+            except WakefulError as exc:
+                log.warning("relay failed, will retry: %s", exc)
+                break
+            total += handled
+            if handled < self.batch:
+                break
+        if total:
+            self.delivered += total
+            await self.wake.notify()
+        return total
+
+    async def _elected(self) -> bool:
+        try:
+            if self._claim is None:
+                self._claim = await self.store.claim(RELAY_THREAD, self.holder, self.claims.ttl)
+            else:
+                self._claim = await self.store.renew(
+                    RELAY_THREAD, self._claim.token, self.claims.ttl
+                )
+            return True
+        except ThreadBusy:
+            return False
+        except StaleClaim:
+            self._claim = None
+            return False
+        except WakefulError as exc:
+            log.warning("relay election failed: %s", exc)
+            return False
