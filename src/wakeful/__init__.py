@@ -67,6 +67,7 @@ def __getattr__(name: str) -> object:
         return getattr(client, name)
     raise AttributeError(f"module 'wakeful' has no attribute {name!r}")
 
+
 __all__ = [
     "Awaiting",
     "Checkpoint",

@@ -1,4 +1,12 @@
-"""Model providers: the streaming protocol, typed errors and adapters."""
+"""Model providers: the streaming protocol, typed errors and adapters.
+
+The HTTP adapters (``OpenAIChat``, ``AnthropicMessages``) are imported on first access, so
+importing this package does not import httpx."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from wakeful.providers.base import (
     MAX_RETRY_AFTER,
@@ -14,10 +22,40 @@ from wakeful.providers.base import (
     Usage,
 )
 
+if TYPE_CHECKING:
+    from wakeful.providers.anthropic import AnthropicMessages
+    from wakeful.providers.openai import OpenAIChat
+
+_LAZY = {
+    "AnthropicMessages": "wakeful.providers.anthropic",
+    "OpenAIChat": "wakeful.providers.openai",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        value = getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as exc:
+        if exc.name != "httpx":
+            raise
+        raise ImportError(f"{name} needs httpx: pip install httpx") from exc
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
+
 __all__ = [
     "MAX_RETRY_AFTER",
+    "AnthropicMessages",
     "ErrorKind",
     "ModelRequest",
+    "OpenAIChat",
     "Provider",
     "ProviderError",
     "StreamEnd",

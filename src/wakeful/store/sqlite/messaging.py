@@ -1,0 +1,106 @@
+"""The outbox relay and stream checkpoints in SQL.
+
+A relay delivers one staged entry per write transaction: the inbox append, the ``message``
+dispatch and the deletion of the staged entry commit together, so a crashed relay leaves
+either nothing or everything of an entry done. The target thread's ``delivered`` ids make a
+later relay of the same message a no-op, also after the target consumed it.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from datetime import datetime
+
+from wakeful.errors import StreamCheckpointError
+from wakeful.records import Dispatch, InboxMessage, StreamCheckpoint
+from wakeful.store.projected import message_dispatch_id
+from wakeful.store.sqlite import queue
+from wakeful.store.sqlite.codec import OUTBOX_ENTRY, STREAM_CHECKPOINT, dumps
+
+
+def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int | None:
+    """Deliver the oldest staged entry after ``after_stage``; returns its stage number, or
+    ``None`` when nothing is staged after it."""
+    row = conn.execute(
+        "SELECT stage_seq, source_thread, body FROM outbox WHERE stage_seq > ? "
+        "ORDER BY stage_seq LIMIT 1",
+        (after_stage,),
+    ).fetchone()
+    if row is None:
+        return None
+    stage_seq, source, body = row
+    entry = OUTBOX_ENTRY.decode(body)
+    target = entry.target_thread
+    delivered = conn.execute(
+        "SELECT 1 FROM delivered WHERE thread_id = ? AND message_id = ?",
+        (target, entry.message_id),
+    ).fetchone()
+    if delivered is None:
+        found = conn.execute(
+            "SELECT inbox_revision FROM threads WHERE thread_id = ?", (target,)
+        ).fetchone()
+        revision = (0 if found is None else found[0]) + 1
+        message = InboxMessage(
+            message_id=entry.message_id,
+            correlation_id=entry.correlation_id,
+            payload=entry.payload,
+            revision=revision,
+            at=now,
+            source_thread=source,
+        )
+        conn.execute(
+            "INSERT INTO threads (thread_id, inbox_revision) VALUES (?, ?) "
+            "ON CONFLICT (thread_id) DO UPDATE SET inbox_revision = excluded.inbox_revision",
+            (target, revision),
+        )
+        conn.execute(
+            "INSERT INTO inbox (thread_id, message_id, revision, body) VALUES (?, ?, ?, ?)",
+            (target, entry.message_id, revision, dumps(message)),
+        )
+        conn.execute(
+            "INSERT INTO delivered (thread_id, message_id) VALUES (?, ?)",
+            (target, entry.message_id),
+        )
+    dispatch_id = message_dispatch_id(target, entry.message_id)
+    queue.insert(
+        conn,
+        Dispatch(
+            dispatch_id=dispatch_id,
+            thread_id=target,
+            kind="message",
+            payload={"message_id": entry.message_id},
+            dedupe_key=dispatch_id,
+            available_at=now,
+            created_at=now,
+            updated_at=now,
+        ),
+    )
+    conn.execute("DELETE FROM outbox WHERE stage_seq = ?", (stage_seq,))
+    return int(stage_seq)
+
+
+def put_stream_checkpoint(conn: sqlite3.Connection, checkpoint: StreamCheckpoint) -> None:
+    """Store the checkpoint if its token is the thread's current claim (fenced put)."""
+    row = conn.execute(
+        "SELECT token FROM threads WHERE thread_id = ?", (checkpoint.thread_id,)
+    ).fetchone()
+    if row is None or row[0] is None or row[0] != checkpoint.token:
+        raise StreamCheckpointError(
+            checkpoint.run_id,
+            "stale",
+            f"token {checkpoint.token} is not the current claim of thread {checkpoint.thread_id!r}",
+        )
+    conn.execute(
+        "INSERT INTO stream_checkpoints (run_id, thread_id, body) VALUES (?, ?, ?) "
+        "ON CONFLICT (run_id) DO UPDATE SET thread_id = excluded.thread_id, body = excluded.body",
+        (checkpoint.run_id, checkpoint.thread_id, dumps(checkpoint)),
+    )
+
+
+def get_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> StreamCheckpoint | None:
+    row = conn.execute("SELECT body FROM stream_checkpoints WHERE run_id = ?", (run_id,)).fetchone()
+    return None if row is None else STREAM_CHECKPOINT.decode(row[0])
+
+
+def delete_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> None:
+    conn.execute("DELETE FROM stream_checkpoints WHERE run_id = ?", (run_id,))

@@ -1,0 +1,335 @@
+"""The dispatch queue and the worker registry in SQL.
+
+Write functions run inside the writer's ``BEGIN IMMEDIATE`` transaction: ``claim_next``
+selects available dispatches and grants their thread claims while holding the database's
+write lock, so two processes can never lease the same dispatch or claim the same thread.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from datetime import datetime, timedelta
+
+from wakeful.errors import (
+    DispatchConflict,
+    InvalidState,
+    NotFound,
+    StaleClaim,
+    WorkerSuperseded,
+)
+from wakeful.records import Dispatch, Lease, WorkerIdentity, WorkerInfo
+from wakeful.store.projected import CANCEL_PRIORITY
+from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
+from wakeful.store.sqlite.threads import advance_epoch, current_token, epoch_of, grant_claim
+from wakeful.store.validate import canonical
+
+_BY_ID = f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE dispatch_id = ?"
+
+
+def get(conn: sqlite3.Connection, dispatch_id: str) -> Dispatch | None:
+    row = conn.execute(_BY_ID, (dispatch_id,)).fetchone()
+    return None if row is None else dispatch_of(row)
+
+
+def _existing(conn: sqlite3.Connection, dispatch_id: str) -> Dispatch:
+    found = get(conn, dispatch_id)
+    if found is None:
+        raise NotFound("dispatch", dispatch_id)
+    return found
+
+
+def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
+    """Store a complete dispatch record; ``ON CONFLICT DO NOTHING`` for the relay's
+    idempotent message dispatches."""
+    assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
+    conn.execute(
+        f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
+        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        (
+            d.dispatch_id,
+            d.thread_id,
+            d.kind,
+            dumps(d.payload),
+            d.priority,
+            to_us(d.available_at),
+            d.max_attempts,
+            d.dedupe_key,
+            d.status,
+            d.attempts,
+            d.token,
+            d.holder,
+            None if d.lease_until is None else to_us(d.lease_until),
+            d.last_error,
+            to_us(d.created_at),
+            to_us(d.updated_at),
+        ),
+    )
+
+
+def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
+    existing = get(conn, d.dispatch_id)
+    if existing is None and d.dedupe_key is not None:
+        row = conn.execute(
+            f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE dedupe_key = ?", (d.dedupe_key,)
+        ).fetchone()
+        existing = None if row is None else dispatch_of(row)
+    if existing is not None:
+        same = (existing.thread_id, existing.kind, existing.dedupe_key) == (
+            d.thread_id,
+            d.kind,
+            d.dedupe_key,
+        ) and canonical(existing.payload) == canonical(d.payload)
+        if same:
+            return existing
+        key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
+        raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
+    stored = Dispatch(
+        dispatch_id=d.dispatch_id,
+        thread_id=d.thread_id,
+        kind=d.kind,
+        payload=d.payload,
+        priority=d.priority,
+        available_at=d.available_at or now,
+        max_attempts=d.max_attempts,
+        dedupe_key=d.dedupe_key,
+        created_at=now,
+        updated_at=now,
+    )
+    insert(conn, stored)
+    return stored
+
+
+# Available: pending and due, or leased (the thread's claim is no longer live, so the lease
+# expired or was ended), on a thread without a live claim; priority then enqueue order.
+# INDEXED BY: walk the runnable index in claim order and stop after ``limit`` rows, instead
+# of sorting every open dispatch (what the planner picks without statistics).
+_AVAILABLE = (
+    "SELECT d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_runnable "
+    "LEFT JOIN threads AS t ON t.thread_id = d.thread_id "
+    "WHERE d.status IN ('pending', 'leased') "
+    "AND (d.status = 'leased' OR d.available_at <= :now) "
+    "AND (t.token IS NULL OR t.expires_at < :now) "
+    "ORDER BY d.priority DESC, d.seq"
+)
+
+
+def claim_next(
+    conn: sqlite3.Connection, now: datetime, holder: str, ttl: float, limit: int
+) -> list[Lease]:
+    chosen: list[tuple[int, str]] = []
+    threads: set[str] = set()
+    cursor = conn.execute(_AVAILABLE, {"now": to_us(now)})
+    try:
+        for seq, thread_id in cursor:
+            if thread_id not in threads:
+                threads.add(thread_id)
+                chosen.append((seq, thread_id))
+                if len(chosen) == limit:
+                    break
+    finally:
+        cursor.close()
+    expires = now + timedelta(seconds=ttl)
+    leases = []
+    for seq, thread_id in chosen:
+        claim = grant_claim(conn, thread_id, holder, expires)
+        row = conn.execute(
+            f"UPDATE dispatches SET status = 'leased', attempts = attempts + 1, token = ?, "
+            f"holder = ?, lease_until = ?, updated_at = ? WHERE seq = ? "
+            f"RETURNING {DISPATCH_COLUMNS}",
+            (claim.token, holder, to_us(expires), to_us(now), seq),
+        ).fetchone()
+        d = dispatch_of(row)
+        leases.append(Lease(dispatch=d, claim=claim, exhausted=d.attempts > d.max_attempts))
+    return leases
+
+
+def settle(
+    conn: sqlite3.Connection,
+    now: datetime,
+    dispatch_id: str,
+    token: int,
+    status: str,
+    delay: float | None,
+    error: str | None,
+) -> Dispatch:
+    """``status`` is ``done``, ``awaiting``, or ``pending`` with ``delay`` (a retry)."""
+    d = _existing(conn, dispatch_id)
+    if d.status != "leased" or d.token != token or epoch_of(conn, d.thread_id) != token:
+        raise StaleClaim(d.thread_id, token, current_token(conn, d.thread_id))
+    conn.execute(
+        "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL "
+        "WHERE thread_id = ? AND token = ?",
+        (d.thread_id, token),
+    )
+    if delay is not None:
+        row = conn.execute(
+            f"UPDATE dispatches SET status = 'pending', token = NULL, holder = NULL, "
+            f"lease_until = NULL, available_at = ?, last_error = ?, updated_at = ? "
+            f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
+            (to_us(now + timedelta(seconds=delay)), error, to_us(now), dispatch_id),
+        ).fetchone()
+    else:
+        row = conn.execute(
+            f"UPDATE dispatches SET status = ?, lease_until = NULL, updated_at = ? "
+            f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
+            (status, to_us(now), dispatch_id),
+        ).fetchone()
+    return dispatch_of(row)
+
+
+def cancel(conn: sqlite3.Connection, now: datetime, thread_id: str, reason: str) -> Dispatch:
+    row = conn.execute(
+        f"SELECT {DISPATCH_COLUMNS} FROM dispatches "
+        f"WHERE thread_id = ? AND kind = 'cancel' AND status = 'pending' ORDER BY seq LIMIT 1",
+        (thread_id,),
+    ).fetchone()
+    if row is not None:
+        return dispatch_of(row)
+    at = to_us(now)
+    conn.execute(
+        "UPDATE dispatches SET status = 'done', lease_until = NULL, last_error = ?, "
+        "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting')",
+        (f"cancelled: {reason}", at, thread_id),
+    )
+    advance_epoch(conn, thread_id)
+    conn.execute(
+        "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?",
+        (thread_id,),
+    )
+    intent = Dispatch(
+        dispatch_id=f"cancel-{uuid.uuid4().hex}",
+        thread_id=thread_id,
+        kind="cancel",
+        payload={"reason": reason},
+        priority=CANCEL_PRIORITY,
+        available_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    insert(conn, intent)
+    return intent
+
+
+def quarantine(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispatch:
+    d = _existing(conn, dispatch_id)
+    if d.status == "quarantined":
+        return d
+    live = False
+    if d.status == "leased":
+        row = conn.execute(
+            "SELECT token, expires_at FROM threads WHERE thread_id = ?", (d.thread_id,)
+        ).fetchone()
+        live = row is not None and row[0] == d.token and row[1] >= to_us(now)
+    if d.status not in ("pending", "leased") or live or not d.exhausted:
+        raise InvalidState(
+            "dispatch",
+            dispatch_id,
+            f"{d.status} after {d.attempts} of {d.max_attempts} attempts"
+            + (" with a live lease" if live else ""),
+            "only exhausted work that no worker holds can be quarantined",
+        )
+    row = conn.execute(
+        f"UPDATE dispatches SET status = 'quarantined', lease_until = NULL, updated_at = ? "
+        f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
+        (to_us(now), dispatch_id),
+    ).fetchone()
+    return dispatch_of(row)
+
+
+def requeue(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispatch:
+    d = _existing(conn, dispatch_id)
+    if d.status != "quarantined":
+        raise InvalidState("dispatch", dispatch_id, d.status, "only quarantined work is requeued")
+    row = conn.execute(
+        f"UPDATE dispatches SET status = 'pending', attempts = 0, token = NULL, holder = NULL, "
+        f"lease_until = NULL, available_at = ?, updated_at = ? "
+        f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
+        (to_us(now), to_us(now), dispatch_id),
+    ).fetchone()
+    return dispatch_of(row)
+
+
+def purge(conn: sqlite3.Connection, dispatch_id: str) -> None:
+    d = _existing(conn, dispatch_id)
+    if d.status not in ("quarantined", "done"):
+        raise InvalidState(
+            "dispatch", dispatch_id, d.status, "only quarantined or done work can be purged"
+        )
+    conn.execute("DELETE FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
+
+
+def list_dispatches(
+    conn: sqlite3.Connection,
+    status: str | None,
+    thread_id: str | None,
+    after: str | None,
+    limit: int,
+) -> list[Dispatch]:
+    floor = 0
+    if after is not None:
+        row = conn.execute("SELECT seq FROM dispatches WHERE dispatch_id = ?", (after,)).fetchone()
+        if row is None:
+            raise NotFound("dispatch cursor", after)
+        floor = row[0]
+    sql = f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE seq > ?"
+    params: list[object] = [floor]
+    if status is not None:
+        sql += " AND status = ?"
+        params.append(status)
+    if thread_id is not None:
+        sql += " AND thread_id = ?"
+        params.append(thread_id)
+    sql += " ORDER BY seq LIMIT ?"
+    params.append(limit)
+    return [dispatch_of(row) for row in conn.execute(sql, params)]
+
+
+def register_worker(conn: sqlite3.Connection, now: datetime, worker_id: str) -> WorkerIdentity:
+    row = conn.execute(
+        "SELECT generation FROM workers WHERE worker_id = ?", (worker_id,)
+    ).fetchone()
+    identity = WorkerIdentity(
+        worker_id=worker_id,
+        incarnation_id=uuid.uuid4().hex,
+        generation=(0 if row is None else row[0]) + 1,
+    )
+    conn.execute(
+        "INSERT INTO workers (worker_id, incarnation_id, generation, registered_at, "
+        "last_heartbeat) VALUES (?, ?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE SET "
+        "incarnation_id = excluded.incarnation_id, generation = excluded.generation, "
+        "registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat",
+        (worker_id, identity.incarnation_id, identity.generation, to_us(now), to_us(now)),
+    )
+    return identity
+
+
+def heartbeat(conn: sqlite3.Connection, now: datetime, identity: WorkerIdentity) -> None:
+    row = conn.execute(
+        "SELECT incarnation_id, generation FROM workers WHERE worker_id = ?",
+        (identity.worker_id,),
+    ).fetchone()
+    if row is None:
+        raise NotFound("worker", identity.worker_id)
+    if (row[1], row[0]) != (identity.generation, identity.incarnation_id):
+        raise WorkerSuperseded(identity.worker_id, identity.generation, row[1])
+    conn.execute(
+        "UPDATE workers SET last_heartbeat = ? WHERE worker_id = ?",
+        (to_us(now), identity.worker_id),
+    )
+
+
+def list_workers(conn: sqlite3.Connection) -> list[WorkerInfo]:
+    return [
+        WorkerInfo(
+            worker_id=worker_id,
+            incarnation_id=incarnation,
+            generation=generation,
+            registered_at=from_us(registered),
+            last_heartbeat=from_us(beat),
+        )
+        for worker_id, incarnation, generation, registered, beat in conn.execute(
+            "SELECT worker_id, incarnation_id, generation, registered_at, last_heartbeat "
+            "FROM workers ORDER BY worker_id"
+        )
+    ]

@@ -1,0 +1,416 @@
+"""``SqliteStore``: the whole store contract over one SQLite file shared by many processes.
+
+Each method validates its input exactly as the reference store does (before touching
+storage), then runs one job: a write job inside one write transaction (see ``connection``),
+or a read job inside one read transaction. Claim and lease expiry are judged by the clock
+the store was opened with, read inside the write transaction that decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import sqlite3
+from collections.abc import Callable
+from datetime import datetime
+from typing import Self, TypeVar
+
+import msgspec
+
+from wakeful.clock import Clock
+from wakeful.errors import (
+    InvalidInput,
+    StoreClosed,
+    StreamCheckpointError,
+    WakefulError,
+)
+from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
+from wakeful.records import (
+    Awaiting,
+    Checkpoint,
+    Claim,
+    Commit,
+    Dispatch,
+    DispatchStatus,
+    Done,
+    Event,
+    InboxMessage,
+    Lease,
+    Message,
+    Outcome,
+    PruneReport,
+    Receipt,
+    RetentionPolicy,
+    Retry,
+    StreamCheckpoint,
+    ThreadSnapshot,
+    ThreadSummary,
+    WorkerIdentity,
+    WorkerInfo,
+)
+from wakeful.store.projected import DISPATCH_KINDS, DISPATCH_STATUSES
+from wakeful.store.sqlite import messaging, queue, reads, retention, threads
+from wakeful.store.sqlite.connection import Database
+from wakeful.store.sqlite.waiting import Watcher
+from wakeful.store.validate import (
+    check_commit,
+    check_dispatch,
+    check_stream_checkpoint,
+    check_text,
+)
+
+T = TypeVar("T")
+
+
+class SqliteStore:
+    """The store contract over a SQLite database file (open it with ``open_store``)."""
+
+    def __init__(self, db: Database, clock: Clock, poll_interval: float) -> None:
+        self._db = db
+        self._clock = clock
+        self._closed = False
+        self._watcher = Watcher(db, poll_interval)
+        self._stream = SqliteStreamCheckpoints(self)
+
+    @property
+    def url(self) -> str:
+        return self._db.url
+
+    @property
+    def path(self) -> str:
+        return self._db.path
+
+    @property
+    def stream_checkpoints(self) -> SqliteStreamCheckpoints:
+        return self._stream
+
+    def now(self) -> datetime:
+        """The store's clock."""
+        return self._clock.now()
+
+    async def _write(self, job: Callable[[sqlite3.Connection, datetime], T]) -> T:
+        if self._closed:
+            raise StoreClosed()
+        clock = self._clock
+        # The clock is read inside the transaction: a decision uses the time at which it
+        # holds the write lock, not the time the call was queued.
+        return await self._db.write(lambda conn: job(conn, clock.now()))
+
+    async def _read(self, job: Callable[[sqlite3.Connection], T]) -> T:
+        if self._closed:
+            raise StoreClosed()
+        return await self._db.read(job)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._watcher.close()
+        await self._db.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------ claims
+
+    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+        check_id("thread_id", thread_id)
+        check_id("holder", holder)
+        ttl = check_seconds("ttl", ttl)
+        return await self._write(lambda c, now: threads.claim(c, now, thread_id, holder, ttl))
+
+    async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
+        check_id("thread_id", thread_id)
+        _check_token(token)
+        ttl = check_seconds("ttl", ttl)
+        return await self._write(lambda c, now: threads.renew(c, now, thread_id, token, ttl))
+
+    async def release(self, thread_id: str, token: int) -> None:
+        check_id("thread_id", thread_id)
+        _check_token(token)
+        await self._write(lambda c, _: threads.release(c, thread_id, token))
+
+    # ------------------------------------------------------------ commits
+
+    async def commit(self, thread_id: str, commit: Commit) -> Receipt:
+        commit, _ = check_commit(thread_id, commit)
+        receipt = await self._write(lambda c, now: threads.commit(c, now, thread_id, commit))
+        if commit.events:
+            self._watcher.notify(thread_id)
+        return receipt
+
+    # ------------------------------------------------------------ reads
+
+    async def read(self, thread_id: str) -> ThreadSnapshot | None:
+        check_id("thread_id", thread_id)
+        return await self._read(lambda c: reads.read(c, thread_id))
+
+    async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
+        check_id("thread_id", thread_id)
+        after = check_count("after", after, maximum=2**62)
+        limit = check_count("limit", limit, minimum=1)
+        return await self._read(lambda c: reads.messages(c, thread_id, after, limit))
+
+    async def events_after(
+        self, thread_id: str, after_seq: int = 0, limit: int = 100
+    ) -> list[Event]:
+        check_id("thread_id", thread_id)
+        after_seq = check_count("after_seq", after_seq, maximum=2**62)
+        limit = check_count("limit", limit, minimum=1)
+        return await self._read(lambda c: reads.events_after(c, thread_id, after_seq, limit))
+
+    async def wait_events(
+        self, thread_id: str, after_seq: int = 0, limit: int = 100, timeout: float = 30.0
+    ) -> list[Event]:
+        timeout = check_seconds("timeout", timeout, allow_zero=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            found = await self.events_after(thread_id, after_seq, limit)
+            remaining = deadline - loop.time()
+            if found or remaining <= 0 or self._closed:
+                return found
+            waiter = self._watcher.register(thread_id, after_seq)
+            try:
+                await asyncio.wait_for(waiter, remaining)
+            except TimeoutError:
+                return await self.events_after(thread_id, after_seq, limit)
+            finally:
+                self._watcher.forget(thread_id, waiter)
+
+    async def list_threads(
+        self, tenant: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[ThreadSummary]:
+        check_optional_id("tenant", tenant)
+        check_optional_id("after", after)
+        limit = check_count("limit", limit, minimum=1)
+        return await self._read(lambda c: reads.list_threads(c, tenant, after, limit))
+
+    async def checkpoints(
+        self, thread_id: str, before: str | None = None, limit: int = 100
+    ) -> list[tuple[Checkpoint, datetime]]:
+        check_id("thread_id", thread_id)
+        check_optional_id("before", before)
+        limit = check_count("limit", limit, minimum=1)
+        return await self._read(lambda c: reads.checkpoints(c, thread_id, before, limit))
+
+    # ------------------------------------------------------------ maintenance
+
+    async def compact_events(self, thread_id: str, before_seq: int) -> int:
+        check_id("thread_id", thread_id)
+        before_seq = check_count("before_seq", before_seq, maximum=2**62)
+        return await self._write(lambda c, _: threads.compact_events(c, thread_id, before_seq))
+
+    async def delete_thread(self, thread_id: str) -> None:
+        check_id("thread_id", thread_id)
+        if await self._write(lambda c, _: threads.delete_thread(c, thread_id)):
+            self._watcher.notify(thread_id)
+
+    async def prune(self, policy: RetentionPolicy) -> PruneReport:
+        _check_policy(policy)
+        if self._closed:
+            raise StoreClosed()
+        now = self._clock.now()
+        checkpoints = events = receipts = dispatches = 0
+        cursor: str | None = None
+        while True:
+            step = await self._db.write(
+                functools.partial(retention.threads_step, now=now, policy=policy, after=cursor)
+            )
+            checkpoints += step.checkpoints
+            events += step.events
+            cursor = step.cursor
+            if step.finished:
+                break
+        if policy.receipt_max_age is not None:
+            age = policy.receipt_max_age
+            while (n := await self._db.write(lambda c: retention.receipts_step(c, now, age))) > 0:
+                receipts += n
+        if policy.settled_dispatch_max_age is not None:
+            age = policy.settled_dispatch_max_age
+            while (n := await self._db.write(lambda c: retention.dispatches_step(c, now, age))) > 0:
+                dispatches += n
+        return PruneReport(
+            checkpoints=checkpoints, events=events, receipts=receipts, dispatches=dispatches
+        )
+
+    # ------------------------------------------------------------ queue
+
+    async def enqueue(self, dispatch: Dispatch) -> Dispatch:
+        d = check_dispatch(dispatch)
+        if d.kind not in DISPATCH_KINDS:
+            raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
+        return await self._write(lambda c, now: queue.enqueue(c, now, d))
+
+    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
+        check_id("holder", holder)
+        ttl = check_seconds("ttl", ttl)
+        limit = check_count("limit", limit, minimum=1, maximum=1000)
+        return await self._write(lambda c, now: queue.claim_next(c, now, holder, ttl, limit))
+
+    async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
+        check_id("dispatch_id", dispatch_id)
+        _check_token(token)
+        delay: float | None = None
+        error: str | None = None
+        if isinstance(outcome, Retry):
+            delay = check_seconds("retry delay", outcome.delay, allow_zero=True)
+            if outcome.error is not None:
+                error = check_text("retry error", outcome.error)
+            status = "pending"
+        elif isinstance(outcome, Done):
+            status = "done"
+        elif isinstance(outcome, Awaiting):
+            status = "awaiting"
+        else:
+            raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
+        return await self._write(
+            lambda c, now: queue.settle(c, now, dispatch_id, token, status, delay, error)
+        )
+
+    async def cancel(self, thread_id: str, reason: str) -> Dispatch:
+        check_id("thread_id", thread_id)
+        check_text("reason", reason)
+        return await self._write(lambda c, now: queue.cancel(c, now, thread_id, reason))
+
+    async def get_dispatch(self, dispatch_id: str) -> Dispatch | None:
+        check_id("dispatch_id", dispatch_id)
+        return await self._read(lambda c: queue.get(c, dispatch_id))
+
+    async def list_dispatches(
+        self,
+        status: DispatchStatus | None = None,
+        thread_id: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[Dispatch]:
+        if status is not None and status not in DISPATCH_STATUSES:
+            raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
+        check_optional_id("thread_id", thread_id)
+        check_optional_id("after", after)
+        limit = check_count("limit", limit, minimum=1)
+        return await self._read(lambda c: queue.list_dispatches(c, status, thread_id, after, limit))
+
+    async def quarantine(self, dispatch_id: str) -> Dispatch:
+        check_id("dispatch_id", dispatch_id)
+        return await self._write(lambda c, now: queue.quarantine(c, now, dispatch_id))
+
+    async def requeue(self, dispatch_id: str) -> Dispatch:
+        check_id("dispatch_id", dispatch_id)
+        return await self._write(lambda c, now: queue.requeue(c, now, dispatch_id))
+
+    async def purge(self, dispatch_id: str) -> None:
+        check_id("dispatch_id", dispatch_id)
+        await self._write(lambda c, _: queue.purge(c, dispatch_id))
+
+    # ------------------------------------------------------------ workers
+
+    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+        check_id("worker_id", worker_id)
+        return await self._write(lambda c, now: queue.register_worker(c, now, worker_id))
+
+    async def heartbeat(self, identity: WorkerIdentity) -> None:
+        check_id("worker_id", identity.worker_id)
+        await self._write(lambda c, now: queue.heartbeat(c, now, identity))
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        return await self._read(queue.list_workers)
+
+    # ------------------------------------------------------------ inbox / outbox
+
+    async def inbox(self, thread_id: str) -> list[InboxMessage]:
+        check_id("thread_id", thread_id)
+        return await self._read(lambda c: reads.inbox(c, thread_id))
+
+    async def relay_outbox(self, limit: int = 100) -> int:
+        limit = check_count("limit", limit, minimum=1)
+        handled = 0
+        after = 0
+        while handled < limit:
+            # One transaction per entry: its append, dispatch and unstaging commit together.
+            stage = await self._write(functools.partial(messaging.relay_one, after_stage=after))
+            if stage is None:
+                break
+            after = stage
+            handled += 1
+        return handled
+
+
+class SqliteStreamCheckpoints:
+    """Stream checkpoints in the ``stream_checkpoints`` table; every failure is a
+    ``StreamCheckpointError`` (``invalid``, ``stale`` or ``storage``)."""
+
+    def __init__(self, store: SqliteStore) -> None:
+        self._store = store
+
+    async def get(self, run_id: str) -> StreamCheckpoint | None:
+        _checked_run_id(run_id)
+        try:
+            return await self._store._read(lambda c: messaging.get_stream_checkpoint(c, run_id))
+        except StreamCheckpointError:
+            raise
+        except WakefulError as exc:
+            raise StreamCheckpointError(run_id, "storage", str(exc)) from exc
+
+    async def put(self, checkpoint: StreamCheckpoint) -> None:
+        try:
+            copy = check_stream_checkpoint(checkpoint)
+        except WakefulError as exc:
+            raise StreamCheckpointError(
+                getattr(checkpoint, "run_id", "?"), "invalid", str(exc)
+            ) from exc
+        try:
+            await self._store._write(
+                lambda c, now: messaging.put_stream_checkpoint(
+                    c,
+                    copy if copy.updated_at is not None else _stamped(copy, now),
+                )
+            )
+        except StreamCheckpointError:
+            raise
+        except WakefulError as exc:
+            raise StreamCheckpointError(copy.run_id, "storage", str(exc)) from exc
+
+    async def delete(self, run_id: str) -> None:
+        _checked_run_id(run_id)
+        try:
+            await self._store._write(lambda c, _: messaging.delete_stream_checkpoint(c, run_id))
+        except WakefulError as exc:
+            raise StreamCheckpointError(run_id, "storage", str(exc)) from exc
+
+
+def _stamped(checkpoint: StreamCheckpoint, now: datetime) -> StreamCheckpoint:
+    return msgspec.structs.replace(checkpoint, updated_at=now)
+
+
+def _checked_run_id(run_id: str) -> str:
+    try:
+        return check_id("run_id", run_id)
+    except WakefulError as exc:
+        raise StreamCheckpointError(str(run_id)[:40], "invalid", str(exc)) from exc
+
+
+def _check_token(token: object) -> None:
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise InvalidInput("token", "must be a non-negative integer")
+
+
+def _check_policy(policy: RetentionPolicy) -> None:
+    if not isinstance(policy, RetentionPolicy):
+        raise InvalidInput("policy", "must be a RetentionPolicy")
+    for name in (
+        "checkpoint_max_age",
+        "event_max_age",
+        "receipt_max_age",
+        "settled_dispatch_max_age",
+    ):
+        value = getattr(policy, name)
+        if value is not None:
+            check_seconds(name, value, allow_zero=True)
+    for name in ("keep_checkpoints", "keep_events"):
+        value = getattr(policy, name)
+        if value is not None:
+            check_count(name, value, maximum=2**62)

@@ -1,0 +1,422 @@
+"""The SQLite store beyond the conformance suite: URLs and options, migrations, driver
+errors, clocks, retention in bounded batches, and the query plan of ``claim_next``."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.sqlite_support import sqlite_url
+from wakeful.clock import ManualClock
+from wakeful.errors import (
+    CorruptStore,
+    InvalidCommit,
+    InvalidInput,
+    StaleClaim,
+    StoreClosed,
+    StoreUnavailable,
+    ThreadBusy,
+    UnsupportedStore,
+)
+from wakeful.records import Checkpoint, Commit, EventDraft, Message, Receipt, RetentionPolicy
+from wakeful.store import open_store
+from wakeful.store.contract import Store
+from wakeful.store.memory import MemoryStore
+from wakeful.store.sqlite import connection, parse_url, retention
+from wakeful.store.sqlite.migrations import Migration, current_version, migrate, shipped
+from wakeful.store.sqlite.queue import _AVAILABLE
+
+case = pytest.mark.asyncio
+
+
+def _schema_rows(path: Path) -> list[tuple[int, str, int]]:
+    raw = sqlite3.connect(path)
+    try:
+        return raw.execute("SELECT version, name, applied_at FROM wakeful_schema").fetchall()
+    finally:
+        raw.close()
+
+
+# ------------------------------------------------------------------ URLs and options
+
+
+def test_url_forms() -> None:
+    assert parse_url("sqlite:///relative.db") == "relative.db"
+    assert parse_url("sqlite:///sub/dir/x.db") == "sub/dir/x.db"
+    assert parse_url("sqlite:////abs/file.db") == "/abs/file.db"
+    assert parse_url("SQLITE:////abs/file.db") == "/abs/file.db"
+    assert parse_url("sqlite:////a%20b/what%3F%23.db") == "/a b/what?#.db"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "sqlite://",
+        "sqlite:///",
+        "sqlite://host/x.db",
+        "sqlite:////tmp/x.db?mode=ro",
+        "sqlite:////tmp/x.db#frag",
+        "sqlite:///:memory:",
+        "sqlite:///file:x.db",
+        "sqlite:////tmp/dir/",
+        "sqlite:////tmp/x%00.db",
+        "postgresql:///x",
+    ],
+)
+def test_bad_urls_are_refused_clearly(url: str) -> None:
+    with pytest.raises(UnsupportedStore) as refused:
+        parse_url(url)
+    assert "sqlite" in str(refused.value).lower()
+
+
+@case
+async def test_relative_and_encoded_paths_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    async with open_store("sqlite:///rel.db") as store:
+        await store.claim("t1", "h", 30)
+    assert (tmp_path / "rel.db").exists()
+    odd = tmp_path / "with space?"
+    odd.mkdir()
+    async with open_store(f"sqlite:///{tmp_path}/with%20space%3F/x%20y.db") as store:
+        await store.claim("t1", "h", 30)
+    assert (odd / "x y.db").exists()
+
+
+@case
+async def test_options_are_checked(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "o.db")
+    with pytest.raises(UnsupportedStore, match="unknown options"):
+        await open_store(url, cache_size=10)
+    with pytest.raises(InvalidInput):
+        await open_store(url, busy_timeout=-1)
+    with pytest.raises(InvalidInput):
+        await open_store(url, readers=0)
+    with pytest.raises(UnsupportedStore, match="does not exist"):
+        await open_store(sqlite_url(tmp_path / "missing" / "x.db"))
+    async with open_store(url, busy_timeout=1, readers=1, poll_interval=0.01) as store:
+        await store.claim("t1", "h", 30)
+
+
+@case
+async def test_closed_store_refuses_calls_and_close_is_idempotent(tmp_path: Path) -> None:
+    store = await open_store(sqlite_url(tmp_path / "c.db"))
+    await store.close()
+    await store.close()
+    with pytest.raises(StoreClosed):
+        await store.claim("t1", "h", 30)
+    with pytest.raises(StoreClosed):
+        await store.read("t1")
+
+
+# ------------------------------------------------------------------ migrations
+
+
+@case
+async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
+    db = tmp_path / "m.db"
+    async with open_store(sqlite_url(db), clock=ManualClock()) as store:
+        claim = await store.claim("t1", "h", 30)
+    [(version, name, applied_at)] = _schema_rows(db)
+    assert (version, name) == (1, "0001_initial")
+    later = ManualClock()
+    later.advance(3600)
+    async with open_store(sqlite_url(db), clock=later) as store:
+        snap = await store.read("t1")
+        assert snap is not None and snap.claim == claim
+    assert _schema_rows(db) == [(1, "0001_initial", applied_at)], "reopening re-ran nothing"
+
+
+@case
+async def test_a_database_from_a_newer_wakeful_is_refused_untouched(tmp_path: Path) -> None:
+    db = tmp_path / "newer.db"
+    async with open_store(sqlite_url(db)):
+        pass
+    raw = sqlite3.connect(db)
+    with raw:
+        raw.execute("INSERT INTO wakeful_schema VALUES (99, '0099_future', 0)")
+    raw.close()
+    with pytest.raises(UnsupportedStore) as refused:
+        await open_store(sqlite_url(db))
+    message = str(refused.value)
+    assert "99" in message and "newer" in message and "Upgrade wakeful" in message
+    assert [row[0] for row in _schema_rows(db)] == [1, 99]
+
+
+@case
+async def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "other.db"
+    raw = sqlite3.connect(db)
+    with raw:
+        raw.execute("CREATE TABLE customers (id INTEGER)")
+    raw.close()
+    with pytest.raises(UnsupportedStore, match="not a wakeful store"):
+        await open_store(sqlite_url(db))
+
+
+def test_an_older_database_is_migrated_in_one_transaction(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    url = sqlite_url(db)
+    raw = sqlite3.connect(db, isolation_level=None)
+    try:
+        assert migrate(raw, url, shipped(), 1) == [1]
+        assert migrate(raw, url, shipped(), 2) == [], "a current database is left alone"
+        extra = Migration(
+            2,
+            "0002_extra",
+            "CREATE TABLE extra (x INTEGER);\n-- a; comment\nINSERT INTO extra VALUES (7);\n",
+        )
+        assert migrate(raw, url, [*shipped(), extra], 3) == [2]
+        assert raw.execute("SELECT x FROM extra").fetchall() == [(7,)]
+        broken = [
+            Migration(3, "0003_half", "CREATE TABLE half (x INTEGER);"),
+            Migration(4, "0004_broken", "INSERT INTO nowhere VALUES (1);"),
+        ]
+        with pytest.raises(sqlite3.OperationalError):
+            migrate(raw, url, [*shipped(), extra, *broken], 4)
+        assert current_version(raw) == 2, "nothing of the failed upgrade was applied"
+        assert raw.execute("SELECT name FROM sqlite_master WHERE name = 'half'").fetchall() == []
+        assert not raw.in_transaction
+    finally:
+        raw.close()
+
+
+# ------------------------------------------------------------------ driver errors
+
+
+@case
+async def test_a_held_write_lock_becomes_store_unavailable_and_reads_go_on(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "locked.db"
+    async with open_store(sqlite_url(db), busy_timeout=0.2) as store:
+        claim = await store.claim("t1", "h", 30)
+        raw = sqlite3.connect(db, isolation_level=None)
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            raw.execute("UPDATE threads SET holder = 'nobody-sees-this'")
+            with pytest.raises(StoreUnavailable) as refused:
+                await store.commit("t1", Commit(token=claim.token, events=(EventDraft(type="e"),)))
+            assert refused.value.retryable and "locked" in str(refused.value)
+            snap = await store.read("t1")
+            assert snap is not None and snap.claim == claim, "readers are not blocked"
+            raw.execute("ROLLBACK")
+        finally:
+            raw.close()
+        receipt = await store.commit(
+            "t1", Commit(token=claim.token, events=(EventDraft(type="e"),))
+        )
+        assert receipt.events == (1,)
+
+
+@case
+async def test_a_file_that_is_not_a_database_is_corrupt(tmp_path: Path) -> None:
+    db = tmp_path / "garbage.db"
+    db.write_bytes(b"this is not a database " * 200)
+    with pytest.raises(CorruptStore):
+        await open_store(sqlite_url(db))
+    assert db.read_bytes().startswith(b"this is not a database")
+
+
+# ------------------------------------------------------------------ clocks
+
+
+@case
+async def test_clock_skew_costs_liveness_never_safety(tmp_path: Path) -> None:
+    url = sqlite_url(tmp_path / "skew.db")
+    slow = ManualClock()
+    fast = ManualClock(slow.now() + timedelta(seconds=100))
+    async with open_store(url, clock=slow) as a, open_store(url, clock=fast) as b:
+        claim = await a.claim("t1", "holder-a", 30)
+        with pytest.raises(ThreadBusy):
+            await a.claim("t1", "holder-x", 30)
+        # b's clock is 100 s ahead: it judges a's live claim expired and takes over early.
+        taken = await b.claim("t1", "holder-b", 30)
+        assert taken.token > claim.token
+        with pytest.raises(StaleClaim):
+            await a.commit("t1", Commit(token=claim.token, events=(EventDraft(type="late"),)))
+        with pytest.raises(StaleClaim):
+            await a.renew("t1", claim.token, 30)
+        assert await a.events_after("t1") == []
+
+
+# ------------------------------------------------------------------ retention
+
+
+async def _history(store: Store, clock: ManualClock) -> None:
+    """Four threads with checkpoints and events spread over time."""
+    for t in range(4):
+        tid = f"t{t}"
+        claim = await store.claim(tid, "h", 3600)
+        parent = None
+        for i in range(7 + 3 * t):
+            clock.advance(10)
+            cp = Checkpoint(
+                id=f"{tid}-cp{i}",
+                parent=parent,
+                run_id="r",
+                status="running",
+                state={"i": i},
+                created_at=clock.now(),
+            )
+            await store.commit(
+                tid,
+                Commit(
+                    token=claim.token,
+                    checkpoint=cp,
+                    events=(EventDraft(type="a"), EventDraft(type="b")),
+                    operation_id=f"op-{i}",
+                ),
+            )
+            parent = cp.id
+
+
+async def _facts(store: Store) -> list[object]:
+    facts: list[object] = []
+    for t in range(4):
+        snap = await store.read(f"t{t}")
+        assert snap is not None
+        history = [cp.id for cp, _ in await store.checkpoints(f"t{t}", limit=1000)]
+        facts.append((snap.event_floor, snap.last_seq, history))
+    return facts
+
+
+@case
+@pytest.mark.parametrize(
+    "policy",
+    [
+        RetentionPolicy(keep_checkpoints=2, keep_events=3),
+        RetentionPolicy(checkpoint_max_age=55, event_max_age=35, receipt_max_age=45),
+        RetentionPolicy(keep_checkpoints=0, keep_events=0, checkpoint_max_age=1000),
+    ],
+)
+async def test_prune_in_small_batches_matches_the_reference(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, policy: RetentionPolicy
+) -> None:
+    monkeypatch.setattr(retention, "BATCH_ROWS", 3)
+    monkeypatch.setattr(retention, "BATCH_THREADS", 2)
+    reference_clock, clock = ManualClock(), ManualClock()
+    reference = MemoryStore(reference_clock)
+    async with open_store(sqlite_url(tmp_path / "p.db"), clock=clock) as store:
+        await _history(reference, reference_clock)
+        await _history(store, clock)
+        expected = await reference.prune(policy)
+        assert await store.prune(policy) == expected
+        assert await _facts(store) == await _facts(reference)
+        assert await store.prune(policy) == await reference.prune(policy)
+
+
+@case
+async def test_prune_of_settled_dispatches_in_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from wakeful.records import Dispatch, Done
+
+    monkeypatch.setattr(retention, "BATCH_ROWS", 4)
+    clock = ManualClock()
+    async with open_store(sqlite_url(tmp_path / "d.db"), clock=clock) as store:
+        for i in range(10):
+            await store.enqueue(Dispatch(dispatch_id=f"d{i}", thread_id=f"t{i}", kind="start"))
+        for lease in await store.claim_next("w", 30, limit=9):
+            await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
+        clock.advance(100)
+        report = await store.prune(RetentionPolicy(settled_dispatch_max_age=50))
+        assert report.dispatches == 9
+        assert [d.dispatch_id for d in await store.list_dispatches()] == ["d9"]
+
+
+# ------------------------------------------------------------------ plans and threads
+
+
+def test_claim_next_walks_the_runnable_index_without_sorting(tmp_path: Path) -> None:
+    db = tmp_path / "plan.db"
+    raw = sqlite3.connect(db, isolation_level=None)
+    try:
+        migrate(raw, sqlite_url(db), shipped(), 0)
+        plan = " | ".join(
+            row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + _AVAILABLE, {"now": 0})
+        )
+    finally:
+        raw.close()
+    assert "dispatches_runnable" in plan and "TEMP B-TREE" not in plan, plan
+
+
+@case
+async def test_sqlite_calls_stay_off_the_event_loop_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: set[str] = set()
+
+    class Spy(sqlite3.Connection):
+        def execute(self, *args: Any, **kwargs: Any) -> sqlite3.Cursor:
+            seen.add(threading.current_thread().name)
+            return super().execute(*args, **kwargs)
+
+    def spy_connect(path: str, busy_timeout: float) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            path,
+            timeout=busy_timeout,
+            isolation_level=None,
+            check_same_thread=False,
+            factory=Spy,
+        )
+        conn.execute("PRAGMA synchronous = FULL")
+        return conn
+
+    monkeypatch.setattr(connection, "connect", spy_connect)
+    async with open_store(sqlite_url(tmp_path / "loop.db")) as store:
+        claim = await store.claim("t1", "h", 30)
+        await store.commit("t1", Commit(token=claim.token, events=(EventDraft(type="e"),)))
+        await asyncio.gather(*(store.read("t1") for _ in range(8)))
+        await store.wait_events("t1", 1, timeout=0.05)
+    assert seen, "the spy saw no statement"
+    assert threading.current_thread().name not in seen, seen
+    assert any(name.startswith("wakeful-sqlite-writer") for name in seen)
+    assert any(name.startswith("wakeful-sqlite-read") for name in seen)
+
+
+@case
+async def test_group_commit_isolates_each_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes: list[int] = []
+    original = connection._Writer._run_batch
+
+    def recording(self: connection._Writer, batch: list[connection._Job]) -> None:
+        sizes.append(len(batch))
+        original(self, batch)
+
+    monkeypatch.setattr(connection._Writer, "_run_batch", recording)
+    async with open_store(sqlite_url(tmp_path / "group.db")) as store:
+        claim = await store.claim("t1", "h", 30)
+        writes = []
+        for i in range(12):
+            if i % 3 == 1:  # a message id another write of the group already uses
+                commit = Commit(token=claim.token, messages=(Message(id="m-0", role="user"),))
+            elif i % 3 == 2:  # a stale token
+                commit = Commit(token=claim.token + 1, events=(EventDraft(type="stale"),))
+            else:
+                commit = Commit(
+                    token=claim.token,
+                    events=(EventDraft(type=f"e{i}"),),
+                    messages=(Message(id=f"m-{i}", role="user"),),
+                )
+            writes.append(store.commit("t1", commit))
+        results = await asyncio.gather(*writes, return_exceptions=True)
+        assert max(sizes) == 12, f"the writes were not grouped: {sizes}"
+        for i, result in enumerate(results):
+            expected = {0: Receipt, 1: InvalidCommit, 2: StaleClaim}[i % 3]
+            assert isinstance(result, expected), (i, result)
+        receipts = [r for r in results if isinstance(r, Receipt)]
+        assert [r.events for r in receipts] == [(1,), (2,), (3,), (4,)]
+        assert [r.version for r in receipts] == [1, 2, 3, 4]
+        snap = await store.read("t1")
+        assert snap is not None and snap.version == 4 and snap.message_count == 4
+        assert [e.type for e in await store.events_after("t1")] == ["e0", "e3", "e6", "e9"]
