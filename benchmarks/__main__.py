@@ -5,7 +5,14 @@ from __future__ import annotations
 import importlib
 import sys
 
-ALL = ["memory_store", "file_store", "sqlite_store", "postgres_store"]
+ALL = [
+    "memory_store",
+    "file_store",
+    "sqlite_store",
+    "postgres_store",
+    "runtime_graph",
+    "streaming",
+]
 
 
 def main(argv: list[str]) -> int:

@@ -67,6 +67,8 @@ class StreamPolicy:
     idle_timeout: float = 60.0
     checkpoint_every_deltas: int = 32
     checkpoint_every_seconds: float = 0.5
+    checkpoints: bool = True
+    """Write stream checkpoints (when the store has them)."""
     continuation_prompt: str = CONTINUATION_PROMPT
 
     def backoff(self, attempt: int, hint: float | None) -> float:
@@ -156,8 +158,22 @@ class StreamRecovery:
     sleep: Sleep = asyncio.sleep
     live: Live | None = None
     counters: dict[str, int] = field(default_factory=dict)
+    _saving: asyncio.Task[None] | None = field(default=None, init=False)
+    _next_save: StreamCheckpoint | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        if not self.policy.checkpoints:
+            self.checkpoints = None
 
     async def turn(self, request: ModelRequest) -> Turn:
+        """One complete turn (see the module docstring). Every checkpoint write has landed
+        when this returns, so ``discard`` cannot be overtaken by a late write."""
+        try:
+            return await self._turn(request)
+        finally:
+            await self._drain_saves()
+
+    async def _turn(self, request: ModelRequest) -> Turn:
         acc = Accumulator()
         attempts = 0
         recoveries: list[str] = []
@@ -185,6 +201,7 @@ class StreamRecovery:
                 attempts += 1
                 if attempts > self.policy.max_retries:
                     raise
+                await self._drain_saves()
                 await self._save(acc, attempts, force=True)
                 plan = plan_for(acc)
                 recoveries.append(plan if not acc.empty() else "retry")
@@ -230,7 +247,7 @@ class StreamRecovery:
                     since_save >= self.policy.checkpoint_every_deltas
                     or now - last_save >= self.policy.checkpoint_every_seconds
                 ):
-                    await self._save(acc, attempts)
+                    self._save_in_background(acc, attempts)
                     since_save, last_save = 0, now
         finally:
             await guarded.aclose()
@@ -276,10 +293,34 @@ class StreamRecovery:
             return None
         return saved
 
+    def _save_in_background(self, acc: Accumulator, attempts: int) -> None:
+        """Save without making the stream wait: one write in flight at a time, and while it
+        runs only the newest snapshot waits its turn."""
+        if self.checkpoints is None or acc.empty():
+            return
+        snapshot = self._snapshot(acc, attempts)
+        if self._saving is not None and not self._saving.done():
+            self._next_save = snapshot
+            return
+        self._saving = asyncio.create_task(self._save_chain(snapshot))
+
+    async def _save_chain(self, snapshot: StreamCheckpoint | None) -> None:
+        while snapshot is not None:
+            await self._put(snapshot)
+            snapshot, self._next_save = self._next_save, None
+
+    async def _drain_saves(self) -> None:
+        if self._saving is not None:
+            await self._saving
+            self._saving = None
+
     async def _save(self, acc: Accumulator, attempts: int, *, force: bool = False) -> None:
         if self.checkpoints is None or (acc.empty() and not force):
             return
-        checkpoint = StreamCheckpoint(
+        await self._put(self._snapshot(acc, attempts))
+
+    def _snapshot(self, acc: Accumulator, attempts: int) -> StreamCheckpoint:
+        return StreamCheckpoint(
             run_id=self.run_id,
             thread_id=self.thread_id,
             model=getattr(self.provider, "model", type(self.provider).__name__),
@@ -290,6 +331,10 @@ class StreamRecovery:
             token=self.token,
             task_id=self.task_id,
         )
+
+    async def _put(self, checkpoint: StreamCheckpoint) -> None:
+        if self.checkpoints is None:
+            return
         try:
             await self.checkpoints.put(checkpoint)
             self.counters["checkpoints"] = self.counters.get("checkpoints", 0) + 1
