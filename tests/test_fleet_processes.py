@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,10 @@ def kill(child: subprocess.Popen[str]) -> None:
     if child.poll() is None:
         os.kill(child.pid, signal.SIGKILL)
     child.communicate(timeout=30)
+
+
+def crashes(directory: Path, count: int) -> Callable[[], bool]:
+    return lambda: effects(directory).count("crash") == count
 
 
 def effects(directory: Path) -> list[str]:
@@ -114,7 +119,7 @@ async def test_a_paused_worker_past_its_lease_is_fenced_after_sigcont(tmp_path: 
             async with open_store(url) as store:
                 snap = await store.read("t1")
                 assert snap is not None and snap.claim is not None
-                return snap.claim.expires_at < store.now()  # type: ignore[attr-defined]
+                return snap.claim.expires_at < datetime.now(UTC)
 
         await asyncio.to_thread(
             wait_for, lambda: asyncio.run(lease_expired()), "the paused lease to expire"
@@ -150,9 +155,7 @@ async def test_a_dispatch_that_kills_its_worker_ends_indeterminate_once(tmp_path
     for attempt in range(1, 4):
         worker = spawn(url, f"w{attempt}", tmp_path)
         if attempt < 3:
-            await asyncio.to_thread(
-                wait_for, lambda n=attempt: effects(tmp_path).count("crash") == n, "a crash"
-            )
+            await asyncio.to_thread(wait_for, crashes(tmp_path, attempt), "a crash")
             await asyncio.to_thread(worker.communicate, None, 30)
             assert worker.returncode == -signal.SIGKILL
             continue
