@@ -1,4 +1,4 @@
-"""``make demo``: a short scripted story on the memory store.
+"""``wakeful demo --claims``: a short scripted story on the memory store.
 
 Two holders race for one thread: exactly one wins and the loser is told who holds it. The
 winner commits, then stalls past its claim's expiry; the other takes the thread over, and the

@@ -1,0 +1,1 @@
+"""The crash-and-recover demo (``make demo``, ``wakeful demo``)."""

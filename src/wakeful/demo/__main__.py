@@ -1,0 +1,3 @@
+from wakeful.demo.story import main
+
+raise SystemExit(main())
