@@ -1,4 +1,8 @@
-"""The worker fleet: workers, dispatch submission, wake signals, the relay."""
+"""The worker fleet: workers, dispatch submission, wake signals, the relay.
+
+``PostgresWake`` (``wakeful.fleet.pgwake``), ``NatsWake`` (``wakeful.fleet.natswake``) and
+the remote hand (``wakeful.fleet.hand``) are imported from their modules, so their
+dependencies load only when used."""
 
 from wakeful.fleet.client import cancel, resume, send_message, submit
 from wakeful.fleet.registry import Registry, Target

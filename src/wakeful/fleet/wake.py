@@ -32,10 +32,11 @@ class LocalWake:
         self._event.set()
 
     async def wait(self, timeout: float) -> bool:
-        try:
-            await asyncio.wait_for(self._event.wait(), timeout)
-        except TimeoutError:
-            return False
+        if not self._event.is_set():
+            try:
+                await asyncio.wait_for(self._event.wait(), timeout)
+            except TimeoutError:
+                return False
         self._event.clear()
         return True
 

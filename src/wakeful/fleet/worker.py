@@ -99,6 +99,14 @@ class Worker:
         self.identity: Any = None
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
+        self._ready = asyncio.Event()
+
+    async def started(self) -> Runtime:
+        """Wait until the worker has registered; its runtime (for subscriptions to this
+        process's live events)."""
+        await self._ready.wait()
+        assert self._runtime is not None
+        return self._runtime
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -107,6 +115,7 @@ class Worker:
         self.identity = await self.store.register_worker(self.worker_id)
         self.holder = f"{self.worker_id}.g{self.identity.generation}"
         self._runtime = Runtime(self.store, self.claims, self.clock, holder=self.holder)
+        self._ready.set()
         background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
         if self.relay:
             relay = RelayLoop(self.store, self.holder, self.claims, self.wake, self.retention)

@@ -1,0 +1,425 @@
+"""The Remote Hand: tools executed by a separate service that remembers every operation.
+
+The service keeps an idempotency ledger (``wakeful.fleet.ledger``) keyed by the caller's
+operation id, and answers ``POST /v1/calls`` with one of three outcomes:
+
+- ``done`` / ``error``: the tool ran (now or before) and its result or error is recorded;
+  a retry with the same operation id returns that record and does not run the tool again.
+- ``indeterminate``: the ledger shows the call started but never finished: the process
+  running it died mid-call. The tool is NOT run again; whether its effect happened is
+  unknown.
+
+Reusing an operation id for another tool or other arguments fails closed (HTTP 409).
+
+The client, ``RemoteHand``, retries transport failures (connection refused, timeouts,
+5xx) with the SAME operation id, so a lost response costs a retry, never a second effect.
+An agent tool passes ``ctx.idempotency_key`` as the operation id (deterministic per call,
+the same after a recovery) and returns ``wakeful.agent.agent.INDETERMINATE`` when it
+catches ``HandIndeterminate``::
+
+    hand = RemoteHand("http://127.0.0.1:8700")
+
+    @tool(replay="keyed")
+    async def charge(amount: int, ctx: ToolContext) -> Any:
+        try:
+            return await hand.call("charge", {"amount": amount}, operation_id=ctx.idempotency_key)
+        except HandIndeterminate:
+            return INDETERMINATE
+
+``create_app`` and ``serve_hand`` live in ``wakeful.fleet.handserver`` (imported on use, so
+a client does not load FastAPI and uvicorn).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, Self
+
+import httpx
+import msgspec
+
+from wakeful.errors import InvalidInput, InvalidState, WakefulError
+from wakeful.fleet.ledger import Ledger, LedgerEntry
+from wakeful.ids import check_id
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+log = logging.getLogger("wakeful.fleet.hand")
+
+MAX_ARGUMENTS_BYTES = 1024 * 1024
+MAX_RESULT_BYTES = 8 * 1024 * 1024
+
+Status = Literal["done", "error", "indeterminate"]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class HandIndeterminate(WakefulError):
+    """The hand recorded the call's start but no result: the process running it died
+    mid-call. The tool was not run again and its effect is unknown. An agent tool returns
+    ``INDETERMINATE`` (``wakeful.agent.agent``) when it catches this."""
+
+    def __init__(self, operation_id: str, tool: str) -> None:
+        self.operation_id = operation_id
+        self.tool = tool
+        super().__init__(
+            f"operation {operation_id!r} ({tool}) started on the hand but never finished: "
+            f"its outcome is unknown and it was not run again"
+        )
+
+
+class HandError(WakefulError):
+    """The tool ran and raised; ``error`` is the recorded ``Type: message``. A retry with
+    the same operation id returns the same error (it is not run again)."""
+
+    def __init__(self, operation_id: str, tool: str, error: str) -> None:
+        self.operation_id = operation_id
+        self.tool = tool
+        self.error = error
+        super().__init__(f"operation {operation_id!r} ({tool}) failed on the hand: {error}")
+
+
+class HandUnavailable(WakefulError):
+    """The hand could not be reached or failed (connection refused, timeout, 5xx) on every
+    attempt. The call may or may not have run: retry later with the same operation id."""
+
+    retryable = True
+
+    def __init__(self, operation_id: str, attempts: int, detail: str) -> None:
+        self.operation_id = operation_id
+        self.attempts = attempts
+        self.detail = detail
+        super().__init__(
+            f"hand unavailable for operation {operation_id!r} after {attempts} attempts "
+            f"({detail}); retry later with the same operation id"
+        )
+
+
+class HandConflict(WakefulError):
+    """The operation id was already used for another tool or other arguments. Fails closed:
+    nothing ran. (HTTP 409.)"""
+
+    def __init__(self, operation_id: str, detail: str = "") -> None:
+        self.operation_id = operation_id
+        super().__init__(
+            f"operation {operation_id!r} was already used for another tool or other "
+            f"arguments{': ' + detail if detail else ''}; nothing ran (an operation id names "
+            f"one call)"
+        )
+
+
+class UnknownTool(WakefulError):
+    """The hand has no tool by that name. Nothing ran or was recorded. (HTTP 422.)"""
+
+    def __init__(self, tool: str) -> None:
+        self.tool = tool
+        super().__init__(f"the hand has no tool named {tool!r}; nothing ran")
+
+
+class HandRejected(WakefulError):
+    """The hand refused the request (an HTTP 4xx other than 409, or an unreadable answer);
+    resending it unchanged will not help."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        self.status = status
+        self.detail = detail
+        super().__init__(f"the hand refused the call (HTTP {status}): {detail}")
+
+
+# --------------------------------------------------------------------------- service
+
+
+@dataclass(frozen=True)
+class CallOutcome:
+    operation_id: str
+    tool: str
+    status: Status
+    result: Any = None
+    error: str | None = None
+    replayed: bool = False
+    """True when the answer came from an earlier execution (or a concurrent one)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "operation_id": self.operation_id,
+            "tool": self.tool,
+            "status": self.status,
+            "result": self.result,
+            "error": self.error,
+            "replayed": self.replayed,
+        }
+
+
+def canonical_arguments(arguments: object) -> str:
+    """Arguments as canonical JSON (sorted keys, no spaces), the form the ledger compares."""
+    if not isinstance(arguments, dict) or not all(isinstance(k, str) for k in arguments):
+        raise InvalidInput("arguments", "must be a JSON object")
+    try:
+        raw = msgspec.json.encode(arguments, order="sorted")
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput("arguments", f"are not JSON: {exc}") from None
+    if len(raw) > MAX_ARGUMENTS_BYTES:
+        raise InvalidInput("arguments", f"are {len(raw)} bytes; the limit is {MAX_ARGUMENTS_BYTES}")
+    return raw.decode()
+
+
+def _outcome(entry: LedgerEntry, *, replayed: bool) -> CallOutcome:
+    if entry.status == "started":
+        status: Status = "indeterminate"
+    else:
+        status = "error" if entry.error is not None else "done"
+    result = None if entry.result is None else msgspec.json.decode(entry.result)
+    return CallOutcome(entry.operation_id, entry.tool, status, result, entry.error, replayed)
+
+
+class HandService:
+    """Executes tools at most once per operation id, recorded in a SQLite ledger.
+
+    One service (one process) owns a ledger file: the ledger's lock refuses a second. A
+    ``started`` record is either running in this service (a retry then waits for it and
+    gets its result) or was left by a process that died (the retry gets ``indeterminate``).
+    Sync tools run in a worker thread, async tools on the loop; a tool gets the request's
+    arguments as keyword arguments."""
+
+    def __init__(self, ledger_path: str | Path, tools: Mapping[str, Callable[..., Any]]) -> None:
+        for name in tools:
+            check_id("tool name", name)
+        self.tools = dict(tools)
+        self.ledger = Ledger(ledger_path)
+        self._running: dict[str, tuple[str, str, asyncio.Task[CallOutcome]]] = {}
+        self._closed = False
+
+    async def execute(
+        self, operation_id: str, tool: str, arguments: Mapping[str, Any]
+    ) -> CallOutcome:
+        check_id("operation_id", operation_id)
+        check_id("tool", tool)
+        canonical = canonical_arguments(dict(arguments))
+        running = self._running.get(operation_id)
+        if running is not None:
+            if running[:2] != (tool, canonical):
+                raise HandConflict(operation_id, f"it is running as {running[0]!r}")
+            return replace(await asyncio.shield(running[2]), replayed=True)
+        if self._closed:
+            raise InvalidState("hand service", str(self.ledger.path), "closed", "call another")
+        task = asyncio.create_task(self._execute(operation_id, tool, canonical, dict(arguments)))
+        entry = (tool, canonical, task)
+        self._running[operation_id] = entry
+
+        def forget(_: object) -> None:
+            if self._running.get(operation_id) is entry:
+                del self._running[operation_id]
+
+        task.add_done_callback(forget)
+        return await asyncio.shield(task)
+
+    async def _execute(
+        self, operation_id: str, tool: str, canonical: str, arguments: dict[str, Any]
+    ) -> CallOutcome:
+        entry = await asyncio.to_thread(self.ledger.get, operation_id)
+        if entry is not None:
+            if (entry.tool, entry.arguments) != (tool, canonical):
+                raise HandConflict(operation_id, f"it was recorded as {entry.tool!r}")
+            return _outcome(entry, replayed=True)
+        fn = self.tools.get(tool)
+        if fn is None:
+            raise UnknownTool(tool)
+        # Committed before the tool runs: if this process dies from here on, a retry finds
+        # ``started`` without a result and answers ``indeterminate`` instead of running again.
+        await asyncio.to_thread(self.ledger.start, operation_id, tool, canonical)
+        result: str | None = None
+        error: str | None = None
+        try:
+            value = await _invoke(fn, arguments)
+            encoded = msgspec.json.encode(value)
+            if len(encoded) > MAX_RESULT_BYTES:
+                raise ValueError(f"the result is {len(encoded)} bytes; limit {MAX_RESULT_BYTES}")
+            result = encoded.decode()
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            log.info("hand: operation %r (%s) failed: %s", operation_id, tool, error)
+        done = await asyncio.to_thread(self.ledger.finish, operation_id, result, error)
+        return _outcome(done, replayed=False)
+
+    async def lookup(self, operation_id: str) -> dict[str, Any] | None:
+        """The ledger's record with its state (``running`` in this service, ``done``,
+        ``error`` or ``indeterminate``), or None."""
+        check_id("operation_id", operation_id)
+        entry = await asyncio.to_thread(self.ledger.get, operation_id)
+        if entry is None:
+            return None
+        state = (
+            "running" if operation_id in self._running else _outcome(entry, replayed=True).status
+        )
+        return {
+            "operation_id": entry.operation_id,
+            "tool": entry.tool,
+            "arguments": msgspec.json.decode(entry.arguments),
+            "status": state,
+            "result": None if entry.result is None else msgspec.json.decode(entry.result),
+            "error": entry.error,
+            "started_at": entry.started_at,
+            "finished_at": entry.finished_at,
+        }
+
+    async def aclose(self) -> None:
+        """Refuse new calls, wait for the running ones, close the ledger; idempotent."""
+        self._closed = True
+        while self._running:
+            await asyncio.gather(*(t for _, _, t in self._running.values()), return_exceptions=True)
+        await asyncio.to_thread(self.ledger.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+async def _invoke(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
+    if inspect.iscoroutinefunction(fn):
+        return await fn(**arguments)
+    value = await asyncio.to_thread(fn, **arguments)
+    if inspect.isawaitable(value):
+        return await value
+    return value
+
+
+# --------------------------------------------------------------------------- client
+
+RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+class RemoteHand:
+    """A client of a hand service. ``call`` returns the tool's result and raises
+    ``HandError``, ``HandIndeterminate``, ``HandConflict``, ``HandRejected`` or, after
+    ``attempts`` transport failures with the same operation id, ``HandUnavailable``.
+
+    ``timeout`` bounds each attempt (a tool that runs longer is not run twice: the retry
+    waits for the running call). Pass ``client`` to share an ``httpx.AsyncClient`` (it is
+    not closed here); otherwise one is made and ``aclose`` closes it."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        client: httpx.AsyncClient | None = None,
+        timeout: float = 60.0,
+        attempts: int = 4,
+        backoff: float = 0.2,
+        max_backoff: float = 5.0,
+    ) -> None:
+        if attempts < 1:
+            raise InvalidInput("attempts", "must be at least 1")
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+        self.attempts = attempts
+        self.backoff = backoff
+        self.max_backoff = max_backoff
+        self._owns_client = client is None
+        self._client = client if client is not None else httpx.AsyncClient(timeout=timeout)
+        self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+    async def call(self, tool: str, arguments: Mapping[str, Any], *, operation_id: str) -> Any:
+        check_id("operation_id", operation_id)
+        check_id("tool", tool)
+        canonical_arguments(dict(arguments))
+        body = {"operation_id": operation_id, "tool": tool, "arguments": dict(arguments)}
+        answer = await self._send("POST", "/v1/calls", operation_id, body)
+        if answer is None or not isinstance(answer, dict):
+            raise HandRejected(200, "the answer is not a JSON object")
+        status = answer.get("status")
+        if status == "done":
+            return answer.get("result")
+        if status == "error":
+            raise HandError(operation_id, tool, str(answer.get("error")))
+        if status == "indeterminate":
+            raise HandIndeterminate(operation_id, tool)
+        raise HandRejected(200, f"unknown status {status!r}")
+
+    async def lookup(self, operation_id: str) -> dict[str, Any] | None:
+        """The hand's record of an operation (see ``HandService.lookup``), or None."""
+        check_id("operation_id", operation_id)
+        answer = await self._send("GET", f"/v1/calls/{operation_id}", operation_id, None)
+        return answer if isinstance(answer, dict) else None
+
+    async def _send(self, method: str, path: str, operation_id: str, body: Any) -> Any:
+        detail = ""
+        for attempt in range(1, self.attempts + 1):
+            try:
+                response = await self._client.request(
+                    method, self.base_url + path, json=body, timeout=self.timeout
+                )
+            except httpx.TransportError as exc:
+                detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            else:
+                if response.status_code not in RETRY_STATUSES and response.status_code < 500:
+                    return _answer(response, operation_id)
+                detail = f"HTTP {response.status_code}: {_problem_detail(response)}"
+            log.info("remote hand: attempt %d for %r failed: %s", attempt, operation_id, detail)
+            if attempt < self.attempts:
+                await self.sleep(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
+        raise HandUnavailable(operation_id, self.attempts, detail)
+
+    async def aclose(self) -> None:
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _problem_detail(response: httpx.Response) -> str:
+    try:
+        problem = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(problem, dict):
+        return str(problem.get("detail") or problem.get("title") or problem)[:500]
+    return str(problem)[:200]
+
+
+def _answer(response: httpx.Response, operation_id: str) -> Any:
+    if response.status_code == 404 and response.request.method == "GET":
+        return None
+    if response.status_code == 409:
+        raise HandConflict(operation_id, _problem_detail(response))
+    if response.status_code != 200:
+        raise HandRejected(response.status_code, _problem_detail(response))
+    try:
+        return response.json()
+    except ValueError:
+        raise HandRejected(200, "the answer is not JSON") from None
+
+
+# --------------------------------------------------------------------------- server
+
+
+def create_app(service: HandService, **options: Any) -> FastAPI:
+    """The hand's FastAPI application (see ``wakeful.fleet.handserver.create_app``)."""
+    from wakeful.fleet.handserver import create_app as make
+
+    return make(service, **options)
+
+
+def serve_hand(
+    ledger_path: str | Path,
+    tools: Mapping[str, Callable[..., Any]],
+    host: str = "127.0.0.1",
+    port: int = 8700,
+    **options: Any,
+) -> None:
+    """Blocking: run the hand service with uvicorn (see ``wakeful.fleet.handserver``)."""
+    from wakeful.fleet.handserver import serve_hand as serve
+
+    serve(ledger_path, tools, host, port, **options)

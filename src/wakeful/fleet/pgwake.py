@@ -1,0 +1,220 @@
+"""A wake signal over PostgreSQL ``LISTEN``/``NOTIFY``.
+
+``notify()`` runs ``SELECT pg_notify(channel, '')`` on a lazily opened autocommit connection
+kept for the next notify. ``wait()`` listens on a second, dedicated autocommit connection
+(opened and ``LISTEN``-ing on the first wait or ``listen()``). Notifications that arrive
+while nobody waits stay buffered on that connection, so the next wait returns at once.
+
+Wakes are hints (see ``wakeful.fleet.wake``): nothing here raises for a lost or unreachable
+server. A failed notify is logged and dropped; a wait whose listening connection is lost
+logs a warning, sleeps out its timeout and returns False, and the next wait reconnects and
+listens again. Notifications sent while no connection listened are lost; the worker's
+polling floor picks that work up.
+
+A burst coalesces: once a wait sees a notification, it makes one round trip on the
+listening connection (PostgreSQL delivers every notification committed before it) and
+discards everything received, so one wait returns True once per batch.
+
+A queue that enqueues inside its own transaction can call ``pg_notify`` there with
+``PostgresWake.channel``: the notification is then sent only if the enqueue commits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+
+import psycopg
+from psycopg import sql
+
+from wakeful.errors import InvalidInput
+from wakeful.ids import check_seconds
+
+log = logging.getLogger("wakeful.fleet.pgwake")
+
+DEFAULT_CHANNEL = "wakeful_dispatch"
+CONNECT_TIMEOUT = 5
+"""Seconds; libpq's floor is 2."""
+NOTIFY_BACKOFF = 2.0
+"""After a notify could not reach the server, notifies are dropped at once for this many
+seconds (a caller that notifies after each enqueue is not slowed down by an outage)."""
+
+_CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def check_channel(channel: object) -> str:
+    """A lowercase SQL identifier of at most 63 characters (PostgreSQL's ``NAMEDATALEN``),
+    so ``LISTEN name``, ``NOTIFY name`` and ``pg_notify('name', ...)`` all agree."""
+    if not isinstance(channel, str) or _CHANNEL.fullmatch(channel) is None:
+        raise InvalidInput(
+            "channel",
+            f"{str(channel)[:70]!r} is not a lowercase identifier of at most 63 characters "
+            f"([a-z_][a-z0-9_]*)",
+        )
+    return channel
+
+
+class PostgresWake:
+    """Wakes workers across processes through one PostgreSQL notification channel.
+
+    One task waits on an object at a time (a second concurrent ``wait`` queues behind the
+    first). ``close()`` interrupts a wait in progress, which then returns False; waits
+    after ``close()`` return False at once."""
+
+    def __init__(self, dsn: str, channel: str = DEFAULT_CHANNEL) -> None:
+        self.dsn = dsn
+        self.channel = check_channel(channel)
+        self._listener: psycopg.AsyncConnection[object] | None = None
+        self._notifier: psycopg.AsyncConnection[object] | None = None
+        self._wait_lock = asyncio.Lock()
+        self._notify_lock = asyncio.Lock()
+        self._waiting: asyncio.Task[bool] | None = None
+        self._closed = False
+        self._notify_after = 0.0
+
+    @property
+    def listener_pid(self) -> int | None:
+        """The server process id of the listening connection, if one is open."""
+        conn = self._listener
+        return None if conn is None or conn.closed else conn.info.backend_pid
+
+    async def _connect(self) -> psycopg.AsyncConnection[object]:
+        conn: psycopg.AsyncConnection[object] = await psycopg.AsyncConnection.connect(
+            self.dsn, autocommit=True, connect_timeout=CONNECT_TIMEOUT
+        )
+        return conn
+
+    # ---------------------------------------------------------------- notify
+
+    async def notify(self) -> None:
+        """Send one notification; on a lost connection, reconnect once. Never raises for an
+        unreachable server (logged at warning, then notifies are dropped at once for
+        ``NOTIFY_BACKOFF`` seconds): the wake is a hint."""
+        if self._closed:
+            return
+        if self._notifier is None and time.monotonic() < self._notify_after:
+            log.debug("postgres wake: server unreachable, the wake on %r is dropped", self.channel)
+            return
+        async with self._notify_lock:
+            for attempt in (1, 2):
+                try:
+                    if self._notifier is None or self._notifier.closed:
+                        self._notifier = await self._connect()
+                    await self._notifier.execute("SELECT pg_notify(%s, '')", (self.channel,))
+                    return
+                except psycopg.Error as exc:
+                    await _discard(self._notifier)
+                    self._notifier = None
+                    if attempt == 2:
+                        self._notify_after = time.monotonic() + NOTIFY_BACKOFF
+                        log.warning(
+                            "postgres wake: notify on %r failed, the wake is dropped "
+                            "(workers still poll): %s",
+                            self.channel,
+                            exc,
+                        )
+
+    # ---------------------------------------------------------------- wait
+
+    async def listen(self) -> None:
+        """Open the listening connection now (``wait`` does it too), so notifications sent
+        from here on are buffered for the next wait. Raises ``psycopg.OperationalError`` if
+        the server cannot be reached; ``wait`` never does."""
+        async with self._wait_lock:
+            await self._listening()
+
+    async def _listening(self) -> psycopg.AsyncConnection[object]:
+        if self._listener is not None and not self._listener.closed:
+            return self._listener
+        self._listener = None
+        conn = await self._connect()
+        try:
+            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+        except BaseException:
+            await _discard(conn)
+            raise
+        self._listener = conn
+        return conn
+
+    async def wait(self, timeout: float) -> bool:
+        """True when a notification arrived within ``timeout`` seconds (or was buffered
+        since the last wait); False on timeout, on a lost or unreachable server (after
+        sleeping out the timeout) and once the wake is closed."""
+        timeout = check_seconds("timeout", timeout, allow_zero=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        async with self._wait_lock:
+            if self._closed:
+                return False
+            self._waiting = asyncio.ensure_future(self._wait(deadline))
+            try:
+                return await self._waiting
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if self.closed and (current is None or current.cancelling() == 0):
+                    return False  # close() interrupted the wait, the caller was not cancelled
+                raise
+            finally:
+                self._waiting = None
+
+    async def _wait(self, deadline: float) -> bool:
+        loop = asyncio.get_running_loop()
+        try:
+            conn = await self._listening()
+            received = False
+            remaining = max(0.0, deadline - loop.time())
+            async for _ in conn.notifies(timeout=remaining, stop_after=1):
+                received = True
+            if received:
+                # Every notification committed before this round trip is delivered before
+                # its answer: discard them all, one wake per batch.
+                await conn.execute("SELECT 1")
+                async for _ in conn.notifies(timeout=0):
+                    pass
+            return received
+        except (psycopg.Error, OSError) as exc:
+            log.warning(
+                "postgres wake: the connection listening on %r was lost or could not be "
+                "opened; treating this wait as a timeout and reconnecting on the next: %s",
+                self.channel,
+                exc,
+            )
+            await _discard(self._listener)
+            self._listener = None
+            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            return False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # ---------------------------------------------------------------- close
+
+    async def close(self) -> None:
+        """Interrupt a wait in progress and close both connections; idempotent."""
+        self._closed = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+        async with self._wait_lock:
+            await _discard(self._listener)
+            self._listener = None
+        async with self._notify_lock:
+            await _discard(self._notifier)
+            self._notifier = None
+
+    async def __aenter__(self) -> PostgresWake:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def _discard(conn: psycopg.AsyncConnection[object] | None) -> None:
+    if conn is None:
+        return
+    try:
+        await conn.close()
+    except psycopg.Error as exc:  # pragma: no cover - close of a broken connection
+        log.debug("postgres wake: closing a connection failed: %s", exc)
