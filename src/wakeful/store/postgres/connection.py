@@ -1,0 +1,224 @@
+"""The connection pool, the schema's rendered statements, and running a call with the
+driver's errors translated and transient conflicts retried.
+
+Every store operation is one call of ``Database.run`` with one short function of a pooled
+connection: one statement (most writes are one call of a schema function, so one round trip
+and one transaction) or a few reads. Connections are in autocommit mode; a statement is its
+own transaction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import psycopg
+import psycopg_pool
+from psycopg import sql
+from psycopg.rows import TupleRow
+
+from wakeful.errors import InvalidInput, StoreClosed, StoreUnavailable
+from wakeful.store.postgres.translate import is_disconnect, is_transient, refusal, unavailable
+
+T = TypeVar("T")
+Conn = psycopg.AsyncConnection[TupleRow]
+Params = Sequence[Any] | Mapping[str, Any] | None
+
+DEFAULT_SCHEMA = "wakeful"
+MAX_TRANSIENT_RETRIES = 8
+_SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+
+
+def check_schema(schema: object) -> str:
+    """A schema name: lower-case letters, digits and ``_``, at most 48 characters, not
+    starting with a digit or ``pg_``. Quoted with ``psycopg.sql.Identifier`` wherever used."""
+    if not isinstance(schema, str) or _SCHEMA.fullmatch(schema) is None:
+        raise InvalidInput(
+            "schema", f"{str(schema)[:60]!r} must match [a-z_][a-z0-9_]* (at most 48 characters)"
+        )
+    if schema.startswith("pg_"):
+        raise InvalidInput("schema", "names starting with pg_ are reserved by PostgreSQL")
+    return schema
+
+
+def channel_name(schema: str) -> str:
+    """The LISTEN/NOTIFY channel on which commits of ``schema`` announce their thread."""
+    return f"wakeful:{schema}"
+
+
+def render(template: str, conn: Conn | None, schema: str) -> str:
+    """``template`` with ``@schema@`` and ``@channel@`` filled in, properly quoted."""
+    ident = sql.Identifier(schema).as_string(conn)
+    channel = sql.Literal(channel_name(schema)).as_string(conn)
+    return template.replace("@schema@", ident).replace("@channel@", channel)
+
+
+def utc(value: datetime) -> datetime:
+    """A timestamptz from the driver (in the session's time zone) as UTC."""
+    return value.astimezone(UTC)
+
+
+def utc_or_none(value: datetime | None) -> datetime | None:
+    return None if value is None else value.astimezone(UTC)
+
+
+def big(value: int) -> int:
+    """``value`` if it fits a bigint, else -1 (a token or version that never matches)."""
+    return value if value < 2**63 else -1
+
+
+class Database:
+    """A pool of connections to one schema. ``run`` is the only way statements are sent."""
+
+    def __init__(
+        self,
+        pool: psycopg_pool.AsyncConnectionPool[Conn],
+        *,
+        owns_pool: bool,
+        schema: str,
+        conninfo: str,
+        timeout: float,
+    ) -> None:
+        self.pool = pool
+        self.owns_pool = owns_pool
+        self.schema = schema
+        self.conninfo = conninfo
+        self.timeout = timeout
+        self.closed = False
+        self._sql: dict[str, str] = {}
+        self._pool_check: asyncio.Task[None] | None = None
+
+    @classmethod
+    async def connect(
+        cls,
+        conninfo: str,
+        *,
+        schema: str,
+        pool: psycopg_pool.AsyncConnectionPool[Any] | None,
+        pool_size: int,
+        pool_min_size: int | None,
+        timeout: float,
+    ) -> Database:
+        """Open a pool of ``pool_size`` connections (``pool_min_size`` kept open), or use the
+        caller's ``pool``, which is then never closed by the store."""
+        if pool is not None:
+            return cls(pool, owns_pool=False, schema=schema, conninfo=conninfo, timeout=timeout)
+        min_size = pool_size if pool_min_size is None else pool_min_size
+        owned: psycopg_pool.AsyncConnectionPool[Conn] = psycopg_pool.AsyncConnectionPool(
+            conninfo,
+            min_size=min_size,
+            max_size=pool_size,
+            open=False,
+            timeout=timeout,
+            name=f"wakeful-{schema}",
+            kwargs={"autocommit": True},
+        )
+        try:
+            await owned.open(wait=True, timeout=timeout)
+        except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
+            await owned.close()
+            raise StoreUnavailable(
+                f"PostgreSQL did not accept connections within {timeout} s ({exc})"
+            ) from exc
+        return cls(owned, owns_pool=True, schema=schema, conninfo=conninfo, timeout=timeout)
+
+    def sql(self, template: str) -> str:
+        """The statement for ``template`` in this schema (rendered once, then cached)."""
+        found = self._sql.get(template)
+        if found is None:
+            found = self._sql[template] = render(template, None, self.schema)
+        return found
+
+    async def run(self, op: Callable[[Conn], Awaitable[T]], *, idempotent: bool = False) -> T:
+        """Run ``op`` on a pooled connection and translate what the driver raises.
+
+        A transient conflict (deadlock, serialization failure, lost unique race) rolled the
+        transaction back, so ``op`` runs again, up to ``MAX_TRANSIENT_RETRIES`` times. A
+        lost connection is ``StoreUnavailable``; an ``idempotent`` op (a read) is first tried
+        once more on another connection, since the pool may have handed out one that died
+        while idle (after a server restart)."""
+        transient = reconnects = 0
+        while True:
+            if self.closed:
+                raise StoreClosed()
+            try:
+                async with self.pool.connection(timeout=self.timeout) as conn:
+                    return await op(conn)
+            except psycopg_pool.PoolClosed as exc:
+                if self.closed:
+                    raise StoreClosed() from None
+                raise unavailable(exc) from exc
+            except psycopg.Error as exc:
+                refused = refusal(exc)
+                if refused is not None:
+                    raise refused from None
+                if is_transient(exc):
+                    transient += 1
+                    if transient > MAX_TRANSIENT_RETRIES:
+                        raise unavailable(exc) from exc
+                    await asyncio.sleep(random.uniform(0, 0.002 * 2**transient))
+                    continue
+                if not is_disconnect(exc):
+                    raise
+                self._recheck_pool()
+                if idempotent and reconnects == 0 and not isinstance(exc, psycopg_pool.PoolTimeout):
+                    reconnects += 1
+                    continue
+                raise unavailable(exc) from exc
+
+    async def fetchone(self, template: str, params: Params, *, idempotent: bool = False) -> Any:
+        """The first row of one statement, or ``None``."""
+        query = self.sql(template)
+
+        async def op(conn: Conn) -> Any:
+            cur = await conn.execute(query, params)
+            return await cur.fetchone()
+
+        return await self.run(op, idempotent=idempotent)
+
+    async def fetchall(
+        self, template: str, params: Params, *, idempotent: bool = False
+    ) -> list[TupleRow]:
+        query = self.sql(template)
+
+        async def op(conn: Conn) -> list[TupleRow]:
+            cur = await conn.execute(query, params)
+            return await cur.fetchall()
+
+        return await self.run(op, idempotent=idempotent)
+
+    async def execute(self, template: str, params: Params) -> int:
+        """Run one statement; returns its row count."""
+        query = self.sql(template)
+
+        async def op(conn: Conn) -> int:
+            cur = await conn.execute(query, params)
+            return cur.rowcount
+
+        return await self.run(op)
+
+    def _recheck_pool(self) -> None:
+        """After a lost connection, test the idle ones in the background so that a restarted
+        server costs one failed call per store, not one per pooled connection."""
+        if self._pool_check is None or self._pool_check.done():
+            self._pool_check = asyncio.get_running_loop().create_task(self._check())
+
+    async def _check(self) -> None:
+        try:
+            await self.pool.check()
+        except Exception:  # the pool reconnects on its own; this was only a hint
+            return
+
+    async def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        if self._pool_check is not None and not self._pool_check.done():
+            self._pool_check.cancel()
+            await asyncio.gather(self._pool_check, return_exceptions=True)
+        if self.owns_pool:
+            await self.pool.close()

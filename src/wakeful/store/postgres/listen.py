@@ -1,0 +1,144 @@
+"""Wake-ups for ``wait_events`` from PostgreSQL ``LISTEN/NOTIFY``.
+
+A commit that adds events (and ``delete_thread``) runs ``pg_notify(channel, thread_id)``
+inside its transaction, so the notification is sent if and only if the commit is. The store
+owns one dedicated connection that ``LISTEN``s on the schema's channel, opened on first use.
+
+Notifications are hints, never the source of truth: a woken waiter re-reads events by
+sequence number. That makes a lost connection harmless: while it is down waiters fall back to
+polling, and when it comes back (or goes away) every waiter is woken to re-check, so a
+commit made while nobody listened is still seen. The connection is probed every
+``health_interval`` seconds when idle, so a silently dead one is noticed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import psycopg
+from psycopg import sql
+
+APPLICATION_NAME = "wakeful-listen"
+"""The ``application_name`` of the LISTEN connection, to find it in ``pg_stat_activity``."""
+
+
+class Listener:
+    """One LISTEN connection and the futures of the tasks waiting for a thread."""
+
+    def __init__(
+        self,
+        conninfo: str,
+        channel: str,
+        *,
+        health_interval: float = 5.0,
+        reconnect_delay: float = 0.2,
+        max_reconnect_delay: float = 2.0,
+    ) -> None:
+        self._conninfo = conninfo
+        self._channel = channel
+        self._health_interval = health_interval
+        self._reconnect_delay = reconnect_delay
+        self._max_reconnect_delay = max_reconnect_delay
+        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._listening: asyncio.Event | None = None
+        self._closed = False
+        self.connects = 0
+        """How many times LISTEN was (re-)established; for tests and metrics."""
+
+    @property
+    def listening(self) -> bool:
+        return self._listening is not None and self._listening.is_set()
+
+    def subscribe(self, thread_id: str) -> asyncio.Future[None]:
+        """A future completed at the next notification for ``thread_id`` (or any reconnect).
+        Pass it to ``unsubscribe`` when done."""
+        self._start()
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(thread_id, set()).add(waiter)
+        return waiter
+
+    def unsubscribe(self, thread_id: str, waiter: asyncio.Future[None]) -> None:
+        waiters = self._waiters.get(thread_id)
+        if waiters is not None:
+            waiters.discard(waiter)
+            if not waiters:
+                del self._waiters[thread_id]
+
+    async def ready(self, timeout: float) -> bool:
+        """Start listening if needed and wait up to ``timeout`` seconds until LISTEN is
+        active. False if it is not (the caller then relies on polling)."""
+        self._start()
+        assert self._listening is not None
+        if self._listening.is_set():
+            return True
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._listening.wait(), timeout)
+        return self._listening.is_set()
+
+    def _start(self) -> None:
+        if self._closed or (self._task is not None and not self._task.done()):
+            return
+        if self._listening is None:
+            self._listening = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="wakeful-listen")
+
+    def _wake(self, thread_id: str) -> None:
+        for waiter in self._waiters.pop(thread_id, ()):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _wake_all(self) -> None:
+        waiters, self._waiters = self._waiters, {}
+        for group in waiters.values():
+            for waiter in group:
+                if not waiter.done():
+                    waiter.set_result(None)
+
+    async def _run(self) -> None:
+        assert self._listening is not None
+        delay = self._reconnect_delay
+        while not self._closed:
+            conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self._conninfo,
+                    autocommit=True,
+                    connect_timeout=5,
+                    application_name=APPLICATION_NAME,
+                )
+                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                self.connects += 1
+                self._listening.set()
+                # Commits made while nobody listened: every waiter re-checks by seq.
+                self._wake_all()
+                delay = self._reconnect_delay
+                while not self._closed:
+                    async for note in conn.notifies(timeout=self._health_interval):
+                        self._wake(note.payload)
+                    await conn.execute("SELECT 1")  # a dead connection fails here
+            except (psycopg.Error, OSError):
+                pass  # lost or refused: fall back to polling and reconnect below
+            finally:
+                self._listening.clear()
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            if self._stopped():
+                break
+            self._wake_all()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self._max_reconnect_delay)
+
+    def _stopped(self) -> bool:
+        return self._closed
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
+        self._wake_all()

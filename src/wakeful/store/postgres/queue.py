@@ -1,0 +1,233 @@
+"""The dispatch queue and the worker registry on PostgreSQL (DESIGN §3.3).
+
+``claim_next`` is one call of the schema's ``claim_next`` function: candidates are locked
+with ``FOR UPDATE SKIP LOCKED`` in priority then enqueue order, each candidate's thread row
+is locked with ``SKIP LOCKED`` as well and its claim re-checked, and the thread claim is
+granted in the same transaction. Settling, cancelling and the operator actions lock the
+thread row before the dispatch row, the one lock order of the schema.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from wakeful.errors import DispatchConflict, InvalidInput, NotFound, StoreUnavailable
+from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
+from wakeful.records import (
+    Awaiting,
+    Claim,
+    Dispatch,
+    DispatchStatus,
+    Done,
+    Lease,
+    Outcome,
+    Retry,
+    WorkerIdentity,
+    WorkerInfo,
+)
+from wakeful.store.postgres import codec
+from wakeful.store.postgres.codec import DISPATCH_COLUMNS
+from wakeful.store.postgres.connection import Database, big, utc
+from wakeful.store.postgres.threads import check_token
+from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS, DISPATCH_STATUSES
+from wakeful.store.validate import canonical, check_dispatch, check_text
+
+_ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)"
+_CLAIM_NEXT = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.claim_next(%s, %s, %s)"
+_SETTLE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.settle(%s, %s, %s, %s, %s)"
+_CANCEL = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.cancel(%s, %s, %s, %s, %s, %s)"
+_QUARANTINE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.quarantine(%s)"
+_REQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.requeue(%s)"
+_PURGE = "SELECT @schema@.purge(%s)"
+_GET = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.dispatches WHERE dispatch_id = %s"
+_CURSOR = "SELECT seq FROM @schema@.dispatches WHERE dispatch_id = %s"
+_LIST = f"""
+SELECT {DISPATCH_COLUMNS} FROM @schema@.dispatches
+ WHERE seq > %(floor)s {{status}} {{thread}}
+ ORDER BY seq LIMIT %(limit)s
+"""
+_CANCEL_BUDGET = Dispatch(dispatch_id="cancel", thread_id="t", kind="cancel").max_attempts
+"""A cancel dispatch gets the default retry budget, as in the reference store."""
+_REGISTER = "SELECT @schema@.register_worker(%s, %s)"
+_HEARTBEAT = "SELECT @schema@.heartbeat(%s, %s, %s)"
+_WORKERS = """
+SELECT worker_id, incarnation_id, generation, registered_at, last_heartbeat
+  FROM @schema@.workers ORDER BY worker_id
+"""
+
+
+class QueueOps:
+    """The queue half of ``PostgresStore``."""
+
+    _db: Database
+
+    async def enqueue(self, dispatch: Dispatch) -> Dispatch:
+        d = check_dispatch(dispatch)
+        if d.kind not in DISPATCH_KINDS:
+            raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
+        if d.max_attempts >= 2**63:
+            raise InvalidInput("max_attempts", "must fit in 64 bits")
+        params = (
+            d.dispatch_id,
+            d.thread_id,
+            d.kind,
+            codec.text(d.payload),
+            d.priority,
+            d.available_at,
+            d.max_attempts,
+            d.dedupe_key,
+        )
+        for _ in range(3):
+            row = await self._db.fetchone(_ENQUEUE, params)
+            if row is None:
+                continue  # the conflicting dispatch was purged meanwhile: try again
+            stored = codec.dispatch(row)
+            if _same_request(stored, d):
+                return stored
+            key = "dispatch_id" if stored.dispatch_id == d.dispatch_id else "dedupe_key"
+            raise DispatchConflict(d.dispatch_id, stored.dispatch_id, key)
+        raise StoreUnavailable(f"enqueue of {d.dispatch_id!r} kept racing with purges")
+
+    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
+        check_id("holder", holder)
+        ttl = check_seconds("ttl", ttl)
+        limit = check_count("limit", limit, minimum=1, maximum=1000)
+        rows = await self._db.fetchall(_CLAIM_NEXT, (holder, ttl, limit))
+        leases = []
+        for row in rows:
+            d = codec.dispatch(row)
+            assert d.token is not None and d.holder is not None and d.lease_until is not None
+            claim = Claim(
+                thread_id=d.thread_id, holder=d.holder, token=d.token, expires_at=d.lease_until
+            )
+            leases.append(Lease(dispatch=d, claim=claim, exhausted=d.attempts > d.max_attempts))
+        return leases
+
+    async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
+        check_id("dispatch_id", dispatch_id)
+        check_token(token)
+        delay: float | None = None
+        error: str | None = None
+        if isinstance(outcome, Retry):
+            delay = check_seconds("retry delay", outcome.delay, allow_zero=True)
+            if outcome.error is not None:
+                error = _no_nul("retry error", check_text("retry error", outcome.error))
+            status = "pending"
+        elif isinstance(outcome, Done):
+            status = "done"
+        elif isinstance(outcome, Awaiting):
+            status = "awaiting"
+        else:
+            raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
+        row = await self._db.fetchone(_SETTLE, (dispatch_id, big(token), status, delay, error))
+        return codec.dispatch(row)
+
+    async def cancel(self, thread_id: str, reason: str) -> Dispatch:
+        check_id("thread_id", thread_id)
+        _no_nul("reason", check_text("reason", reason))
+        row = await self._db.fetchone(
+            _CANCEL,
+            (
+                thread_id,
+                reason,
+                f"cancel-{uuid.uuid4().hex}",
+                codec.text({"reason": reason}),
+                CANCEL_PRIORITY,
+                _CANCEL_BUDGET,
+            ),
+        )
+        return codec.dispatch(row)
+
+    async def get_dispatch(self, dispatch_id: str) -> Dispatch | None:
+        check_id("dispatch_id", dispatch_id)
+        row = await self._db.fetchone(_GET, (dispatch_id,), idempotent=True)
+        return None if row is None else codec.dispatch(row)
+
+    async def list_dispatches(
+        self,
+        status: DispatchStatus | None = None,
+        thread_id: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[Dispatch]:
+        if status is not None and status not in DISPATCH_STATUSES:
+            raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
+        check_optional_id("thread_id", thread_id)
+        check_optional_id("after", after)
+        limit = check_count("limit", limit, minimum=1)
+        floor = 0
+        if after is not None:
+            found = await self._db.fetchone(_CURSOR, (after,), idempotent=True)
+            if found is None:
+                raise NotFound("dispatch cursor", after)
+            floor = found[0]
+        query = _LIST.format(
+            status="" if status is None else "AND status = %(status)s",
+            thread="" if thread_id is None else "AND thread_id = %(thread)s",
+        )
+        params: dict[str, Any] = {
+            "floor": floor,
+            "status": status,
+            "thread": thread_id,
+            "limit": limit,
+        }
+        rows = await self._db.fetchall(query, params, idempotent=True)
+        return [codec.dispatch(row) for row in rows]
+
+    async def quarantine(self, dispatch_id: str) -> Dispatch:
+        check_id("dispatch_id", dispatch_id)
+        return codec.dispatch(await self._db.fetchone(_QUARANTINE, (dispatch_id,)))
+
+    async def requeue(self, dispatch_id: str) -> Dispatch:
+        check_id("dispatch_id", dispatch_id)
+        return codec.dispatch(await self._db.fetchone(_REQUEUE, (dispatch_id,)))
+
+    async def purge(self, dispatch_id: str) -> None:
+        check_id("dispatch_id", dispatch_id)
+        await self._db.fetchone(_PURGE, (dispatch_id,))
+
+    # ------------------------------------------------------------ workers
+
+    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+        check_id("worker_id", worker_id)
+        incarnation = uuid.uuid4().hex
+        (generation,) = await self._db.fetchone(_REGISTER, (worker_id, incarnation))
+        return WorkerIdentity(
+            worker_id=worker_id, incarnation_id=incarnation, generation=generation
+        )
+
+    async def heartbeat(self, identity: WorkerIdentity) -> None:
+        check_id("worker_id", identity.worker_id)
+        await self._db.fetchone(
+            _HEARTBEAT,
+            (identity.worker_id, identity.incarnation_id, big(identity.generation)),
+        )
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        rows = await self._db.fetchall(_WORKERS, None, idempotent=True)
+        return [
+            WorkerInfo(
+                worker_id=wid,
+                incarnation_id=inc,
+                generation=gen,
+                registered_at=utc(registered),
+                last_heartbeat=utc(beat),
+            )
+            for wid, inc, gen, registered, beat in rows
+        ]
+
+
+def _same_request(a: Dispatch, b: Dispatch) -> bool:
+    """The contract's notion of an identical enqueue: thread, kind, dedupe key and the
+    payload as JSON (key order ignored)."""
+    return (a.thread_id, a.kind, a.dedupe_key) == (b.thread_id, b.kind, b.dedupe_key) and canonical(
+        a.payload
+    ) == canonical(b.payload)
+
+
+def _no_nul(field: str, value: str) -> str:
+    # Stored in a text column as is; PostgreSQL text cannot hold NUL characters.
+    if "\x00" in value:
+        raise InvalidInput(field, "must not contain NUL characters")
+    return value

@@ -1,0 +1,184 @@
+"""``PostgresStore``: the whole store contract over PostgreSQL, for a fleet of hosts.
+
+Time is the server's: claims, leases, availability and retention are judged by
+``<schema>.store_now()``, which is ``now()``, the start of the writing transaction. The
+``clock`` argument of ``open_store`` is accepted and ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any, Self
+
+import psycopg_pool
+
+from wakeful.clock import Clock
+from wakeful.errors import UnsupportedStore
+from wakeful.ids import check_count, check_seconds
+from wakeful.records import Event
+from wakeful.store.postgres import migrations
+from wakeful.store.postgres.connection import (
+    DEFAULT_SCHEMA,
+    Conn,
+    Database,
+    channel_name,
+    check_schema,
+    utc,
+)
+from wakeful.store.postgres.listen import Listener
+from wakeful.store.postgres.messaging import MessagingOps, PostgresStreamCheckpoints
+from wakeful.store.postgres.queue import QueueOps
+from wakeful.store.postgres.threads import ThreadOps
+
+DEFAULT_POOL_SIZE = 10
+DEFAULT_POOL_TIMEOUT = 10.0
+DEFAULT_POLL_INTERVAL = 1.0
+OPTIONS = (
+    "pool",
+    "pool_size",
+    "pool_min_size",
+    "pool_timeout",
+    "schema",
+    "migrate",
+    "poll_interval",
+)
+
+
+class PostgresStore(ThreadOps, QueueOps, MessagingOps):
+    """The store contract (``wakeful.store.contract.Store``) on PostgreSQL. Open it with
+    ``open_store("postgresql://...")`` or ``open_postgres_store``."""
+
+    def __init__(self, db: Database, *, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+        self._db = db
+        self._poll_interval = poll_interval
+        self._listener = Listener(db.conninfo, channel_name(db.schema))
+        self._stream = PostgresStreamCheckpoints(db)
+
+    @property
+    def schema(self) -> str:
+        return self._db.schema
+
+    @property
+    def closed(self) -> bool:
+        return self._db.closed
+
+    @property
+    def conninfo(self) -> str:
+        """The URL or DSN the store was opened with (it may hold credentials)."""
+        return self._db.conninfo
+
+    @property
+    def stream_checkpoints(self) -> PostgresStreamCheckpoints:
+        return self._stream
+
+    @property
+    def listener(self) -> Listener:
+        """The LISTEN connection behind ``wait_events`` (for operations and tests)."""
+        return self._listener
+
+    async def clock_now(self) -> datetime:
+        """The store's clock: what ``store_now()`` reads on the server right now."""
+        row = await self._db.fetchone("SELECT @schema@.store_now()", None, idempotent=True)
+        return utc(row[0])
+
+    async def wait_events(
+        self, thread_id: str, after_seq: int = 0, limit: int = 100, timeout: float = 30.0
+    ) -> list[Event]:
+        """``events_after``, or wait for a commit through any store on this database
+        (LISTEN/NOTIFY), re-checking by seq at least every ``poll_interval`` seconds."""
+        timeout = check_seconds("timeout", timeout, allow_zero=True)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        found = await self.events_after(thread_id, after_seq, limit)
+        if found or timeout == 0:
+            return found
+        # Listening before the next check means no commit after it can go unheard.
+        await self._listener.ready(min(timeout, self._poll_interval))
+        while True:
+            waiter = self._listener.subscribe(thread_id)
+            try:
+                if self._db.closed:
+                    return []
+                found = await self.events_after(thread_id, after_seq, limit)
+                remaining = deadline - loop.time()
+                if found or remaining <= 0:
+                    return found
+                await asyncio.wait({waiter}, timeout=min(remaining, self._poll_interval))
+            finally:
+                self._listener.unsubscribe(thread_id, waiter)
+
+    async def close(self) -> None:
+        """Stop listening and close the pool (unless the caller passed it in). Idempotent."""
+        await self._listener.close()
+        await self._db.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+async def open_postgres_store(
+    url: str,
+    *,
+    clock: Clock | None = None,
+    pool: psycopg_pool.AsyncConnectionPool[Any] | None = None,
+    pool_size: int = DEFAULT_POOL_SIZE,
+    pool_min_size: int | None = None,
+    pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+    schema: str = DEFAULT_SCHEMA,
+    migrate: bool = True,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    **unknown: object,
+) -> PostgresStore:
+    """Open the store in ``schema`` of the database at ``url`` (a libpq URL or DSN).
+
+    - ``pool``: use this ``psycopg_pool.AsyncConnectionPool`` (autocommit connections
+      recommended) instead of opening one; the store never closes it.
+    - ``pool_size`` / ``pool_min_size``: the store's own pool (``pool_min_size`` connections
+      kept open, default all of them).
+    - ``pool_timeout``: seconds to wait for a connection before ``StoreUnavailable``.
+    - ``migrate``: apply pending migrations (under an advisory lock) before use; with
+      ``False`` a schema that is not at the latest version is refused.
+    - ``poll_interval``: ``wait_events`` re-checks at least this often, whatever
+      LISTEN/NOTIFY does.
+
+    ``clock`` is ignored: time is the server's ``now()``.
+    """
+    del clock  # the server's clock judges time
+    if unknown:
+        raise UnsupportedStore(
+            migrations.describe(url),
+            f"unknown option(s) {sorted(unknown)}; the PostgreSQL store takes {OPTIONS}",
+        )
+    schema = check_schema(schema)
+    poll_interval = check_seconds("poll_interval", poll_interval)
+    pool_timeout = check_seconds("pool_timeout", pool_timeout)
+    pool_size = check_count("pool_size", pool_size, minimum=1, maximum=1000)
+    if pool_min_size is not None:
+        pool_min_size = check_count("pool_min_size", pool_min_size, maximum=pool_size)
+    db = await Database.connect(
+        url,
+        schema=schema,
+        pool=pool,
+        pool_size=pool_size,
+        pool_min_size=pool_min_size,
+        timeout=pool_timeout,
+    )
+    try:
+
+        async def prepare(conn: Conn) -> int:
+            if migrate:
+                return await migrations.apply(conn, schema, url)
+            return await migrations.check(conn, schema, url)
+
+        await db.run(prepare)
+    except BaseException:
+        await db.close()
+        raise
+    return PostgresStore(db, poll_interval=poll_interval)
+
+
+__all__ = ["PostgresStore", "open_postgres_store"]

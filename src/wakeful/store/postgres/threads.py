@@ -1,0 +1,333 @@
+"""Threads on PostgreSQL: claims, fenced commits, reads and maintenance (DESIGN §3.1-§3.2).
+
+Each write is one call of a schema function (see ``sql/postgres/0001_initial.sql``) that
+locks the thread row with ``SELECT ... FOR UPDATE`` and does every check of the contract, in
+the contract's order, inside the same transaction; writes by an owner carry its token in
+their ``WHERE``. Reads are single statements, so each sees one consistent snapshot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import TypeVar
+
+from wakeful.errors import InvalidInput, ReplayUnavailable
+from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
+from wakeful.records import (
+    Checkpoint,
+    Claim,
+    Commit,
+    Event,
+    Message,
+    PruneReport,
+    Receipt,
+    RetentionPolicy,
+    ThreadSnapshot,
+    ThreadSummary,
+)
+from wakeful.store.postgres import codec
+from wakeful.store.postgres.connection import Database, big, utc
+from wakeful.store.projection import payload_hash
+from wakeful.store.validate import check_commit
+
+T = TypeVar("T")
+
+PRUNE_BATCH = 200
+"""Threads per retention transaction: commits to them wait at most one batch."""
+
+_CLAIM = "SELECT o_token, o_expires FROM @schema@.claim(%s, %s, %s)"
+_RENEW = "SELECT o_holder, o_expires FROM @schema@.renew(%s, %s, %s)"
+_RELEASE = "SELECT @schema@.release(%s, %s)"
+# Binary parameters (%b): text-format arrays of JSON cost an escape per quote character.
+_COMMIT = """
+SELECT o_replayed, o_version, o_checkpoint, o_first_seq, o_event_count
+  FROM @schema@.commit(%b, %b, %b, %b, %b, %b, %b, %b, %b, %b,
+                       %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
+                       %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])
+"""
+_READ = """
+SELECT t.version, t.tenant, t.claim_holder, t.claim_token, t.claim_expires, t.message_count,
+       t.next_seq, t.event_floor, c.body,
+       ARRAY(SELECT w.body FROM @schema@.writes w WHERE w.thread_id = t.thread_id
+              ORDER BY w.version, w.idx)
+  FROM @schema@.threads t
+  LEFT JOIN @schema@.checkpoints c
+    ON c.thread_id = t.thread_id AND c.checkpoint_id = t.latest_checkpoint
+ WHERE t.thread_id = %s AND t.present
+"""
+_MESSAGES = """
+SELECT body FROM @schema@.messages WHERE thread_id = %s AND pos >= %s ORDER BY pos LIMIT %s
+"""
+# One statement: the floor and the page come from the same snapshot.
+_EVENTS = """
+SELECT t.event_floor, e.seq, e.at, e.body
+  FROM @schema@.threads t
+  LEFT JOIN LATERAL (
+       SELECT seq, at, body FROM @schema@.events
+        WHERE thread_id = t.thread_id AND seq > %(after)s AND %(after)s >= t.event_floor - 1
+        ORDER BY seq LIMIT %(limit)s) e ON true
+ WHERE t.thread_id = %(thread)s AND t.present
+ ORDER BY e.seq
+"""
+_LIST = """
+SELECT thread_id, tenant, version, latest_checkpoint, status, message_count, next_seq - 1,
+       updated_at
+  FROM @schema@.threads
+ WHERE present AND version > 0 {tenant} {after}
+ ORDER BY thread_id LIMIT %(limit)s
+"""
+_HISTORY = """
+SELECT body, at FROM @schema@.checkpoints WHERE thread_id = %(thread)s {before}
+ ORDER BY version DESC LIMIT %(limit)s
+"""
+_BEFORE = """
+AND version < (SELECT version FROM @schema@.checkpoints
+                WHERE thread_id = %(thread)s AND checkpoint_id = %(before)s)
+"""
+_COMPACT = "SELECT @schema@.compact_events(%s, %s)"
+_DELETE = "SELECT @schema@.delete_thread(%s)"
+_PRUNE_THREADS = """
+SELECT o_last, o_threads, o_checkpoints, o_events, o_receipts
+  FROM @schema@.prune_threads(%s, %s, %s, %s, %s, %s, %s)
+"""
+_PRUNE_DISPATCHES = "SELECT @schema@.prune_dispatches(%s, %s)"
+
+
+def _column(items: Sequence[T], part: Callable[[T], object]) -> list[object] | None:
+    """One array parameter; ``None`` for none (dumping arrays is the costly part of a call)."""
+    return [part(item) for item in items] if items else None
+
+
+def _columns(items: Sequence[T], *parts: Callable[[T], object]) -> tuple[list[object] | None, ...]:
+    return tuple(_column(items, part) for part in parts)
+
+
+def check_token(token: object) -> int:
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise InvalidInput("token", "must be a non-negative integer")
+    return token
+
+
+class ThreadOps:
+    """The thread half of ``PostgresStore``."""
+
+    _db: Database
+
+    # ------------------------------------------------------------ claims
+
+    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+        check_id("thread_id", thread_id)
+        check_id("holder", holder)
+        ttl = check_seconds("ttl", ttl)
+        token, expires = await self._db.fetchone(_CLAIM, (thread_id, holder, ttl))
+        return Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
+
+    async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
+        check_id("thread_id", thread_id)
+        check_token(token)
+        ttl = check_seconds("ttl", ttl)
+        holder, expires = await self._db.fetchone(_RENEW, (thread_id, big(token), ttl))
+        return Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
+
+    async def release(self, thread_id: str, token: int) -> None:
+        check_id("thread_id", thread_id)
+        check_token(token)
+        await self._db.fetchone(_RELEASE, (thread_id, big(token)))
+
+    # ------------------------------------------------------------ commits
+
+    async def commit(self, thread_id: str, commit: Commit) -> Receipt:
+        commit, _ = check_commit(thread_id, commit)
+        cp = commit.checkpoint
+        params = (
+            thread_id,
+            big(commit.token),
+            commit.operation_id,
+            payload_hash(commit),
+            None if commit.expected_version is None else big(commit.expected_version),
+            cp.id if cp else None,
+            cp.parent if cp else None,
+            cp.tenant if cp else None,
+            cp.status if cp else None,
+            codec.text(cp) if cp else None,
+            *_columns(commit.writes, lambda w: w.task_id, lambda w: w.checkpoint_id, codec.text),
+            _column(commit.events, codec.text),
+            *_columns(commit.messages, lambda m: m.id, codec.text),
+            *_columns(
+                commit.outbox,
+                lambda o: o.message_id,
+                lambda o: o.target_thread,
+                lambda o: o.correlation_id,
+                lambda o: codec.text(o.payload),
+            ),
+            list(commit.consume) or None,
+        )
+        _, version, checkpoint_id, first, count = await self._db.fetchone(_COMMIT, params)
+        return Receipt(
+            thread_id=thread_id,
+            version=version,
+            checkpoint_id=checkpoint_id,
+            events=tuple(range(first, first + count)),
+            operation_id=commit.operation_id,
+        )
+
+    # ------------------------------------------------------------ reads
+
+    async def read(self, thread_id: str) -> ThreadSnapshot | None:
+        check_id("thread_id", thread_id)
+        row = await self._db.fetchone(_READ, (thread_id,), idempotent=True)
+        if row is None:
+            return None
+        version, tenant, holder, token, expires, count, next_seq, floor, body, writes = row
+        return ThreadSnapshot(
+            thread_id=thread_id,
+            version=version,
+            checkpoint=None if body is None else codec.CHECKPOINT.decode(body),
+            writes=tuple(codec.WRITE.decode(w) for w in writes),
+            claim=codec.claim(thread_id, holder, token, expires),
+            tenant=tenant,
+            message_count=count,
+            last_seq=next_seq - 1,
+            event_floor=floor,
+        )
+
+    async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
+        check_id("thread_id", thread_id)
+        after = check_count("after", after, maximum=2**62)
+        limit = check_count("limit", limit, minimum=1)
+        rows = await self._db.fetchall(_MESSAGES, (thread_id, after, limit), idempotent=True)
+        return [codec.MESSAGE.decode(body) for (body,) in rows]
+
+    async def events_after(
+        self, thread_id: str, after_seq: int = 0, limit: int = 100
+    ) -> list[Event]:
+        check_id("thread_id", thread_id)
+        after_seq = check_count("after_seq", after_seq, maximum=2**62)
+        limit = check_count("limit", limit, minimum=1)
+        rows = await self._db.fetchall(
+            _EVENTS, {"thread": thread_id, "after": after_seq, "limit": limit}, idempotent=True
+        )
+        if not rows:
+            return []
+        floor = rows[0][0]
+        if after_seq < floor - 1:
+            raise ReplayUnavailable(thread_id, after_seq, floor)
+        return [
+            codec.event(thread_id, seq, at, body) for _, seq, at, body in rows if seq is not None
+        ]
+
+    async def list_threads(
+        self, tenant: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[ThreadSummary]:
+        check_optional_id("tenant", tenant)
+        check_optional_id("after", after)
+        limit = check_count("limit", limit, minimum=1)
+        query = _LIST.format(
+            tenant="" if tenant is None else "AND tenant = %(tenant)s",
+            after="" if after is None else "AND thread_id > %(after)s",
+        )
+        rows = await self._db.fetchall(
+            query, {"tenant": tenant, "after": after, "limit": limit}, idempotent=True
+        )
+        return [
+            ThreadSummary(
+                thread_id=tid,
+                tenant=owner,
+                version=version,
+                checkpoint_id=latest,
+                status=status,
+                message_count=count,
+                last_seq=last,
+                updated_at=utc(updated),
+            )
+            for tid, owner, version, latest, status, count, last, updated in rows
+        ]
+
+    async def checkpoints(
+        self, thread_id: str, before: str | None = None, limit: int = 100
+    ) -> list[tuple[Checkpoint, datetime]]:
+        check_id("thread_id", thread_id)
+        check_optional_id("before", before)
+        limit = check_count("limit", limit, minimum=1)
+        query = _HISTORY.format(before="" if before is None else _BEFORE)
+        rows = await self._db.fetchall(
+            query, {"thread": thread_id, "before": before, "limit": limit}, idempotent=True
+        )
+        return [(codec.CHECKPOINT.decode(body), utc(at)) for body, at in rows]
+
+    # ------------------------------------------------------------ maintenance
+
+    async def compact_events(self, thread_id: str, before_seq: int) -> int:
+        check_id("thread_id", thread_id)
+        before_seq = check_count("before_seq", before_seq, maximum=2**62)
+        (floor,) = await self._db.fetchone(_COMPACT, (thread_id, before_seq))
+        return int(floor)
+
+    async def delete_thread(self, thread_id: str) -> None:
+        check_id("thread_id", thread_id)
+        await self._db.fetchone(_DELETE, (thread_id,))
+
+    async def prune(self, policy: RetentionPolicy) -> PruneReport:
+        """Retention in bounded batches: one transaction per ``PRUNE_BATCH`` threads, then
+        settled dispatches ``PRUNE_BATCH`` at a time. Safe while workers run; each batch is
+        judged at its own transaction's time."""
+        _check_policy(policy)
+        checkpoints = events = receipts = dispatches = 0
+        thread_work = any(
+            value is not None
+            for value in (
+                policy.checkpoint_max_age,
+                policy.keep_checkpoints,
+                policy.event_max_age,
+                policy.keep_events,
+                policy.receipt_max_age,
+            )
+        )
+        after: str | None = None
+        while thread_work:
+            last, seen, cps, evs, rcs = await self._db.fetchone(
+                _PRUNE_THREADS,
+                (
+                    after,
+                    PRUNE_BATCH,
+                    policy.checkpoint_max_age,
+                    policy.keep_checkpoints,
+                    policy.event_max_age,
+                    policy.keep_events,
+                    policy.receipt_max_age,
+                ),
+            )
+            checkpoints, events, receipts = checkpoints + cps, events + evs, receipts + rcs
+            if seen < PRUNE_BATCH:
+                break
+            after = last
+        if policy.settled_dispatch_max_age is not None:
+            while True:
+                (dropped,) = await self._db.fetchone(
+                    _PRUNE_DISPATCHES, (policy.settled_dispatch_max_age, PRUNE_BATCH)
+                )
+                dispatches += dropped
+                if dropped < PRUNE_BATCH:
+                    break
+        return PruneReport(
+            checkpoints=checkpoints, events=events, receipts=receipts, dispatches=dispatches
+        )
+
+
+def _check_policy(policy: object) -> None:
+    if not isinstance(policy, RetentionPolicy):
+        raise InvalidInput("policy", "must be a RetentionPolicy")
+    for name in (
+        "checkpoint_max_age",
+        "event_max_age",
+        "receipt_max_age",
+        "settled_dispatch_max_age",
+    ):
+        value = getattr(policy, name)
+        if value is not None:
+            check_seconds(name, value, allow_zero=True)
+    for name in ("keep_checkpoints", "keep_events"):
+        value = getattr(policy, name)
+        if value is not None:
+            check_count(name, value, maximum=2**62)

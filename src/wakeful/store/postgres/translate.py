@@ -1,0 +1,120 @@
+"""Driver errors to wakeful errors: the one place where psycopg's exceptions are interpreted.
+
+Three kinds of failure come out of the driver:
+
+- a refusal raised on purpose by one of the schema's functions, with a wakeful SQLSTATE
+  (class ``WK``) and a JSON ``DETAIL``: mapped to the contract's error (``StaleClaim``,
+  ``ThreadBusy``, ...). The transaction rolled back, so nothing changed;
+- a transient conflict (serialization failure, deadlock, a unique violation lost to a
+  concurrent insert): the transaction rolled back and the same call may simply run again;
+  ``Database.run`` retries those a bounded number of times;
+- the server could not be reached or dropped the connection (``OperationalError``,
+  ``InterfaceError``, a pool timeout): ``StoreUnavailable``, retryable by the caller. A write
+  that failed this way may or may not have been applied; a commit is safe to retry with the
+  same operation id.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg.errors
+import psycopg_pool
+
+from wakeful.errors import (
+    InvalidCommit,
+    InvalidState,
+    NotFound,
+    OperationConflict,
+    StaleClaim,
+    StoreUnavailable,
+    TenantMismatch,
+    ThreadBusy,
+    VersionConflict,
+    WakefulError,
+    WorkerSuperseded,
+)
+
+TRANSIENT = (
+    psycopg.errors.SerializationFailure,
+    psycopg.errors.DeadlockDetected,
+    psycopg.errors.LockNotAvailable,
+    psycopg.errors.UniqueViolation,
+)
+"""Errors after which the transaction rolled back and running it again is safe."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    return isinstance(exc, TRANSIENT)
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """The connection or the server is gone (as opposed to a refused statement)."""
+    if isinstance(exc, psycopg_pool.PoolTimeout | psycopg.InterfaceError):
+        return True
+    if isinstance(exc, psycopg.OperationalError):
+        return True
+    return isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith(("08", "57P"))
+
+
+def refusal(exc: psycopg.Error) -> WakefulError | None:
+    """The contract error for a refusal raised by a schema function, else ``None``."""
+    code = exc.sqlstate or ""
+    if not code.startswith("WK"):
+        return None
+    raw = exc.diag.message_detail or "{}"
+    try:
+        detail: dict[str, Any] = json.loads(raw)
+    except ValueError:
+        detail = {}
+    tid = str(detail.get("thread_id", ""))
+    match code:
+        case "WK001":
+            return StaleClaim(tid, detail.get("token"), detail.get("current"))
+        case "WK002":
+            return OperationConflict(tid, str(detail.get("operation_id")))
+        case "WK003":
+            return VersionConflict(
+                tid, detail.get("expected"), detail.get("actual"), str(detail.get("what"))
+            )
+        case "WK004":
+            return InvalidCommit(tid, str(detail.get("problem")))
+        case "WK005":
+            return TenantMismatch(tid)
+        case "WK006":
+            return NotFound(str(detail.get("what")), str(detail.get("ident")))
+        case "WK007":
+            return InvalidState(
+                str(detail.get("what")),
+                str(detail.get("ident")),
+                str(detail.get("state")),
+                str(detail.get("problem")),
+            )
+        case "WK008":
+            return WorkerSuperseded(
+                str(detail.get("worker_id")),
+                int(detail.get("generation", 0)),
+                int(detail.get("current", 0)),
+            )
+        case "WK010":
+            return ThreadBusy(tid, detail.get("holder"), detail.get("checkpoint_id"), _time(detail))
+    return None
+
+
+def unavailable(exc: BaseException) -> StoreUnavailable:
+    """``StoreUnavailable`` naming what the driver said, without connection secrets."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return StoreUnavailable(f"PostgreSQL: {type(exc).__name__}: {text}")
+
+
+def _time(detail: dict[str, Any]) -> datetime | None:
+    value = detail.get("expires_at")
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        return None
