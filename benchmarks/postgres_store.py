@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import psycopg
 import psycopg_pool
@@ -173,7 +173,7 @@ def langgraph_rates(dsn: str, n: int) -> tuple[dict[str, float], str]:
         open=True,
         kwargs={"autocommit": True, "prepare_threshold": 0},
     ) as pool:
-        saver = PostgresSaver(pool)  # type: ignore[arg-type]
+        saver = PostgresSaver(cast(Any, pool))
         saver.setup()
         for k in (1, CLIENTS):
             start = time.perf_counter()
