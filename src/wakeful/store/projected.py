@@ -80,7 +80,14 @@ from wakeful.store.projection import (
     payload_hash,
     settled_record,
 )
-from wakeful.store.validate import canonical, check_commit, check_dispatch, check_text
+from wakeful.store.validate import (
+    canonical,
+    check_commit,
+    check_dispatch,
+    check_policy,
+    check_text,
+    check_token,
+)
 
 CANCEL_PRIORITY = 2**31 - 1
 """Cancellation dispatches outrank all other work."""
@@ -168,7 +175,7 @@ class ProjectedStore:
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
         check_id("thread_id", thread_id)
-        _check_token(token)
+        check_token(token)
         ttl = check_seconds("ttl", ttl)
         state, now = self._open(), self._now()
         current = _current_claim(state, thread_id)
@@ -180,7 +187,7 @@ class ProjectedStore:
 
     async def release(self, thread_id: str, token: int) -> None:
         check_id("thread_id", thread_id)
-        _check_token(token)
+        check_token(token)
         current = _current_claim(self._open(), thread_id)
         if current is not None and current.token == token:
             await self._record(Released(thread_id, token))
@@ -345,20 +352,7 @@ class ProjectedStore:
         self._notify(thread_id)
 
     async def prune(self, policy: RetentionPolicy) -> PruneReport:
-        if not isinstance(policy, RetentionPolicy):
-            raise InvalidInput("policy", "must be a RetentionPolicy")
-        for name in ("checkpoint_max_age", "event_max_age", "receipt_max_age"):
-            value = getattr(policy, name)
-            if value is not None:
-                check_seconds(name, value, allow_zero=True)
-        if policy.settled_dispatch_max_age is not None:
-            check_seconds(
-                "settled_dispatch_max_age", policy.settled_dispatch_max_age, allow_zero=True
-            )
-        for name in ("keep_checkpoints", "keep_events"):
-            value = getattr(policy, name)
-            if value is not None:
-                check_count(name, value, maximum=2**62)
+        check_policy(policy)
         self._open()
         report = await self._record(Pruned(policy, self._now()))
         assert report is not None
@@ -433,7 +427,7 @@ class ProjectedStore:
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         check_id("dispatch_id", dispatch_id)
-        _check_token(token)
+        check_token(token)
         retry: Retry | None = None
         if isinstance(outcome, Retry):
             check_seconds("retry delay", outcome.delay, allow_zero=True)
@@ -642,11 +636,6 @@ def message_dispatch_id(target_thread: str, message_id: str) -> str:
 
     digest = hashlib.sha256(f"{target_thread}\x00{message_id}".encode()).hexdigest()[:40]
     return f"msg-{digest}"
-
-
-def _check_token(token: object) -> None:
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise InvalidInput("token", "must be a non-negative integer")
 
 
 def _latest_id(t: ThreadState | None) -> str | None:

@@ -13,8 +13,8 @@ from typing import Any, TypeVar
 import msgspec
 
 from wakeful.errors import InvalidInput
-from wakeful.ids import check_aware, check_id, check_optional_id
-from wakeful.records import Commit, Dispatch, StreamCheckpoint
+from wakeful.ids import check_aware, check_count, check_id, check_optional_id, check_seconds
+from wakeful.records import Commit, Dispatch, RetentionPolicy, StreamCheckpoint
 
 MAX_COMMIT_BYTES = 16 * 1024 * 1024
 MAX_DISPATCH_BYTES = 1024 * 1024
@@ -120,3 +120,30 @@ def check_text(field: str, value: Any, limit: int = MAX_TEXT) -> str:
 def canonical(value: Any) -> bytes:
     """JSON with sorted keys: equal JSON values give equal bytes."""
     return msgspec.json.encode(value, order="sorted")
+
+
+def check_token(token: object) -> int:
+    """A claim token: a non-negative integer."""
+    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
+        raise InvalidInput("token", "must be a non-negative integer")
+    return token
+
+
+def check_policy(policy: object) -> RetentionPolicy:
+    """A retention policy with finite, non-negative ages and counts."""
+    if not isinstance(policy, RetentionPolicy):
+        raise InvalidInput("policy", "must be a RetentionPolicy")
+    for name in (
+        "checkpoint_max_age",
+        "event_max_age",
+        "receipt_max_age",
+        "settled_dispatch_max_age",
+    ):
+        value = getattr(policy, name)
+        if value is not None:
+            check_seconds(name, value, allow_zero=True)
+    for name in ("keep_checkpoints", "keep_events"):
+        value = getattr(policy, name)
+        if value is not None:
+            check_count(name, value, maximum=2**62)
+    return policy

@@ -29,9 +29,8 @@ from wakeful.records import (
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.codec import DISPATCH_COLUMNS
 from wakeful.store.postgres.connection import Database, big, utc
-from wakeful.store.postgres.threads import check_token
 from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS, DISPATCH_STATUSES
-from wakeful.store.validate import canonical, check_dispatch, check_text
+from wakeful.store.validate import canonical, check_dispatch, check_text, check_token
 
 _ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)"
 _CLAIM_NEXT = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.claim_next(%s, %s, %s)"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import TypeVar
 
-from wakeful.errors import InvalidInput, ReplayUnavailable
+from wakeful.errors import ReplayUnavailable
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
     Checkpoint,
@@ -29,7 +29,7 @@ from wakeful.records import (
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.connection import Database, big, utc
 from wakeful.store.projection import payload_hash
-from wakeful.store.validate import check_commit
+from wakeful.store.validate import check_commit, check_policy, check_token
 
 T = TypeVar("T")
 
@@ -101,12 +101,6 @@ def _column(items: Sequence[T], part: Callable[[T], object]) -> list[object] | N
 
 def _columns(items: Sequence[T], *parts: Callable[[T], object]) -> tuple[list[object] | None, ...]:
     return tuple(_column(items, part) for part in parts)
-
-
-def check_token(token: object) -> int:
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise InvalidInput("token", "must be a non-negative integer")
-    return token
 
 
 class ThreadOps:
@@ -272,7 +266,7 @@ class ThreadOps:
         """Retention in bounded batches: one transaction per ``PRUNE_BATCH`` threads, then
         settled dispatches ``PRUNE_BATCH`` at a time. Safe while workers run; each batch is
         judged at its own transaction's time."""
-        _check_policy(policy)
+        check_policy(policy)
         checkpoints = events = receipts = dispatches = 0
         thread_work = any(
             value is not None
@@ -313,21 +307,3 @@ class ThreadOps:
         return PruneReport(
             checkpoints=checkpoints, events=events, receipts=receipts, dispatches=dispatches
         )
-
-
-def _check_policy(policy: object) -> None:
-    if not isinstance(policy, RetentionPolicy):
-        raise InvalidInput("policy", "must be a RetentionPolicy")
-    for name in (
-        "checkpoint_max_age",
-        "event_max_age",
-        "receipt_max_age",
-        "settled_dispatch_max_age",
-    ):
-        value = getattr(policy, name)
-        if value is not None:
-            check_seconds(name, value, allow_zero=True)
-    for name in ("keep_checkpoints", "keep_events"):
-        value = getattr(policy, name)
-        if value is not None:
-            check_count(name, value, maximum=2**62)

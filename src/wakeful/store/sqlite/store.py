@@ -55,8 +55,10 @@ from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
     check_commit,
     check_dispatch,
+    check_policy,
     check_stream_checkpoint,
     check_text,
+    check_token,
 )
 
 T = TypeVar("T")
@@ -124,13 +126,13 @@ class SqliteStore:
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
         check_id("thread_id", thread_id)
-        _check_token(token)
+        check_token(token)
         ttl = check_seconds("ttl", ttl)
         return await self._write(lambda c, now: threads.renew(c, now, thread_id, token, ttl))
 
     async def release(self, thread_id: str, token: int) -> None:
         check_id("thread_id", thread_id)
-        _check_token(token)
+        check_token(token)
         await self._write(lambda c, _: threads.release(c, thread_id, token))
 
     # ------------------------------------------------------------ commits
@@ -210,7 +212,7 @@ class SqliteStore:
             self._watcher.notify(thread_id)
 
     async def prune(self, policy: RetentionPolicy) -> PruneReport:
-        _check_policy(policy)
+        check_policy(policy)
         if self._closed:
             raise StoreClosed()
         now = self._clock.now()
@@ -253,7 +255,7 @@ class SqliteStore:
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         check_id("dispatch_id", dispatch_id)
-        _check_token(token)
+        check_token(token)
         delay: float | None = None
         error: str | None = None
         if isinstance(outcome, Retry):
@@ -391,26 +393,3 @@ def _checked_run_id(run_id: str) -> str:
         return check_id("run_id", run_id)
     except WakefulError as exc:
         raise StreamCheckpointError(str(run_id)[:40], "invalid", str(exc)) from exc
-
-
-def _check_token(token: object) -> None:
-    if isinstance(token, bool) or not isinstance(token, int) or token < 0:
-        raise InvalidInput("token", "must be a non-negative integer")
-
-
-def _check_policy(policy: RetentionPolicy) -> None:
-    if not isinstance(policy, RetentionPolicy):
-        raise InvalidInput("policy", "must be a RetentionPolicy")
-    for name in (
-        "checkpoint_max_age",
-        "event_max_age",
-        "receipt_max_age",
-        "settled_dispatch_max_age",
-    ):
-        value = getattr(policy, name)
-        if value is not None:
-            check_seconds(name, value, allow_zero=True)
-    for name in ("keep_checkpoints", "keep_events"):
-        value = getattr(policy, name)
-        if value is not None:
-            check_count(name, value, maximum=2**62)
