@@ -72,3 +72,26 @@ async def eventually(
         if time.monotonic() > end:
             raise AssertionError("condition not reached before the deadline")
         await asyncio.sleep(0.005)
+
+
+def kill_when_ready(argv: list[str], ready: list[Path], deadline: float = 30.0) -> None:
+    """Run ``python -m argv...`` from the repository root until every ``ready`` file exists,
+    then SIGKILL it (blocking: call it through ``asyncio.to_thread``)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    child = subprocess.Popen([sys.executable, "-m", *argv], cwd=root, stderr=subprocess.PIPE)
+    try:
+        end = time.monotonic() + deadline
+        while not all(path.exists() for path in ready):
+            assert child.poll() is None, child.stderr.read() if child.stderr else ""
+            assert time.monotonic() < end, f"{argv[0]} never got ready"
+            time.sleep(0.01)
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(timeout=30)
+        if child.stderr:
+            child.stderr.close()

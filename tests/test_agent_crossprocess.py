@@ -5,42 +5,18 @@ the thread ends with exactly one complete assistant turn."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.provider_server import ProviderServer, Reply, openai_text
-from tests.runtime_support import store_url
+from tests.runtime_support import kill_when_ready, store_url
 from tests.stream_child import writer
 from wakeful import ManualClock, open_store
 from wakeful.runtime import ClaimPolicy, Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_child_until_partial(url: str, server_url: str, ready: Path) -> None:
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.stream_child", url, server_url, str(ready)],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert child.poll() is None, child.stderr.read() if child.stderr else ""
-            assert time.monotonic() < deadline, "no stream checkpoint with partial output"
-            time.sleep(0.01)
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-        if child.stderr:
-            child.stderr.close()
 
 
 @pytest.mark.asyncio
@@ -52,7 +28,8 @@ async def test_a_replacement_process_finishes_the_interrupted_turn(
     ready = tmp_path / "ready"
     with ProviderServer() as server:
         server.push(Reply(events=openai_text("Once ", "upon ", "a "), stall_after=4))
-        await asyncio.to_thread(run_child_until_partial, url, server.url, ready)
+        argv = ["tests.stream_child", url, server.url, str(ready)]
+        await asyncio.to_thread(kill_when_ready, argv, [ready])
         run_id = ready.read_text()
         server.push(Reply(events=openai_text("time.")))
 

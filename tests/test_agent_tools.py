@@ -4,11 +4,8 @@ a tool's start and its recorded result, approvals across a process restart."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -16,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.agent_child import approval_agent, tools_agent
-from tests.runtime_support import store_url
+from tests.runtime_support import kill_when_ready, store_url
 from wakeful import ManualClock, open_store
 from wakeful.agent import INDETERMINATE, Agent, tool
 from wakeful.providers.scripted import Scripted, calls, reply
@@ -122,29 +119,15 @@ def start_child(mode: str, url: str, directory: Path) -> subprocess.Popen[bytes]
     )
 
 
-def kill_when(child: subprocess.Popen[bytes], ready: list[Path]) -> None:
-    try:
-        deadline = time.monotonic() + 30
-        while not all(p.exists() for p in ready):
-            assert child.poll() is None, child.stderr.read() if child.stderr else ""
-            assert time.monotonic() < deadline, "the child did not reach the tools"
-            time.sleep(0.01)
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-        if child.stderr:
-            child.stderr.close()
-
-
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["file", "sqlite"])
 async def test_replay_policies_after_a_sigkill_between_start_and_result(
     kind: str, tmp_path: Path
 ) -> None:
     url = store_url(kind, tmp_path)
-    child = start_child("tools", url, tmp_path)
     ready = [tmp_path / f"{name}.started" for name in ("safe", "keyed", "never")]
-    await asyncio.to_thread(kill_when, child, ready)
+    argv = ["tests.agent_child", "tools", url, str(tmp_path)]
+    await asyncio.to_thread(kill_when_ready, argv, ready)
 
     clock = ManualClock(datetime.now(UTC) + timedelta(seconds=60))
     store = await open_store(url, clock=clock)

@@ -4,42 +4,17 @@ and the side effects show finished tasks ran exactly once."""
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from tests.runtime_child import build
-from tests.runtime_support import store_url
+from tests.runtime_support import kill_when_ready, store_url
 from wakeful import ManualClock, open_store
 from wakeful.runtime import ClaimPolicy, Runtime
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def crash_child_when_ready(url: str, counter: Path, ready: Path) -> None:
-    """Start the child, wait until node a's result is durable and b is running, SIGKILL it."""
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.runtime_child", url, str(counter), str(ready)],
-        cwd=ROOT,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while not ready.exists():
-            assert child.poll() is None, child.stderr.read() if child.stderr else ""
-            assert time.monotonic() < deadline, "the child never got a durable result for a"
-            time.sleep(0.01)
-    finally:
-        os.kill(child.pid, signal.SIGKILL)
-        child.wait(timeout=30)
-        if child.stderr:
-            child.stderr.close()
 
 
 @pytest.mark.asyncio
@@ -49,7 +24,8 @@ async def test_sigkill_mid_superstep_then_recover_runs_finished_tasks_once(
 ) -> None:
     url = store_url(kind, tmp_path)
     counter, ready = tmp_path / "calls.txt", tmp_path / "ready"
-    await asyncio.to_thread(crash_child_when_ready, url, counter, ready)
+    argv = ["tests.runtime_child", url, str(counter), str(ready)]
+    await asyncio.to_thread(kill_when_ready, argv, [ready])
     assert counter.read_text().split() == ["a", "b"]
 
     # the parent's clock is past the dead child's claim expiry
