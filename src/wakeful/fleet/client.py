@@ -100,6 +100,7 @@ async def send_message(
     target: str | None = None,
     correlation_id: str | None = None,
     priority: int = 0,
+    tenant: str | None = None,
     wake: Wake | None = None,
 ) -> Dispatch:
     """Deliver a message from outside to ``thread_id``: it starts a run of the thread's
@@ -108,6 +109,7 @@ async def send_message(
     message_id = check_id("message_id", message_id or f"msg-{uuid.uuid4().hex}")
     check_optional_id("target", target)
     check_optional_id("correlation_id", correlation_id)
+    check_optional_id("tenant", tenant)
     dispatch_id = f"ext-{message_id}"[:200]
     return await _enqueue(
         store,
@@ -121,6 +123,7 @@ async def send_message(
                 "target": target,
                 "correlation_id": correlation_id,
                 "external": True,
+                "tenant": tenant,
             },
             priority=priority,
             dedupe_key=dispatch_id,

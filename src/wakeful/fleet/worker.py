@@ -273,12 +273,15 @@ class Worker:
         else:
             target, input = self.registry.get(str(payload.get("target"))), payload.get("input")
         state, messages = target.prepare(input, run_id)
+        tenant = payload.get("tenant")
+        if kind == "message" and not payload.get("external") and latest is not None:
+            tenant = latest.tenant  # relayed between threads: the target thread's tenant
         try:
             handle = await self._runtime.start(
                 claim.thread_id,
                 target.graph,
                 state,
-                tenant=payload.get("tenant"),
+                tenant=tenant,
                 run_id=run_id,
                 messages=messages,
                 consume=consume,

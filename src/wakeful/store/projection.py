@@ -261,6 +261,8 @@ class State:
             case Pruned(policy=policy, at=at):
                 return self.prune(policy, at)
             case Enqueued(dispatch=d):
+                if d.kind == "resume":
+                    self._retire_awaiting(d.thread_id, d.created_at)
                 self.dispatch_seq += 1
                 self.dispatch_order[d.dispatch_id] = self.dispatch_seq
                 if d.dedupe_key is not None:
@@ -399,6 +401,13 @@ class State:
                 updated_at=record.at,
             )
         self._put_dispatch(d)
+
+    def _retire_awaiting(self, thread_id: str, at: datetime | None) -> None:
+        """A resume takes over from the dispatches parked while the run waited for input."""
+        for did in list(self.open_by_thread.get(thread_id, ())):
+            d = self.dispatches[did]
+            if d.status == "awaiting":
+                self._put_dispatch(msgspec.structs.replace(d, status="done", updated_at=at))
 
     def _put_dispatch(self, d: Dispatch) -> None:
         self.dispatches[d.dispatch_id] = d

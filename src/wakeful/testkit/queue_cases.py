@@ -129,6 +129,26 @@ class QueueCases(Harness):
         assert (await kit.claimed("t1", "resumer")).holder == "resumer"
 
     @case
+    async def test_a_resume_retires_the_dispatches_parked_awaiting_input(self, kit: Kit) -> None:
+        await kit.store.enqueue(kit.dispatch("t1", dispatch_id="d-start"))
+        await kit.store.enqueue(kit.dispatch("t2", dispatch_id="d-other"))
+        leases = await kit.store.claim_next("worker-a", 30, limit=2)
+        for lease in leases:
+            await kit.store.settle(lease.dispatch.dispatch_id, lease.claim.token, Awaiting())
+        resumed = await kit.store.enqueue(
+            kit.dispatch("t1", dispatch_id="d-resume", kind="resume", payload={"answers": {}})
+        )
+        assert resumed.status == "pending"
+        parked = await kit.store.get_dispatch("d-start")
+        assert parked is not None and parked.status == "done"
+        other = await kit.store.get_dispatch("d-other")
+        assert other is not None and other.status == "awaiting", "only that thread's"
+        again = await kit.store.enqueue(
+            kit.dispatch("t1", dispatch_id="d-resume", kind="resume", payload={"answers": {}})
+        )
+        assert again == resumed
+
+    @case
     async def test_settle_retry_keeps_the_error_and_delays(self, kit: Kit) -> None:
         await kit.store.enqueue(kit.dispatch("t1", dispatch_id="d-1"))
         lease = await _lease_one(kit)

@@ -97,6 +97,13 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         updated_at=now,
     )
     insert(conn, stored)
+    if stored.kind == "resume":
+        # a resume takes over from the dispatches parked while the run waited for input
+        conn.execute(
+            "UPDATE dispatches SET status = 'done', updated_at = ? "
+            "WHERE thread_id = ? AND status = 'awaiting'",
+            (to_us(now), stored.thread_id),
+        )
     return stored
 
 

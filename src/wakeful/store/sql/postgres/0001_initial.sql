@@ -615,6 +615,7 @@ LANGUAGE plpgsql AS $fn$
 DECLARE
     n timestamptz := @schema@.store_now();
     d @schema@.dispatches%ROWTYPE;
+    inserted boolean;
 BEGIN
     -- claim_next locks thread rows with SKIP LOCKED and never creates them: every dispatch
     -- has its thread row from the start.
@@ -628,7 +629,13 @@ BEGIN
             p_max_attempts, p_dedupe, 'pending', 0, n, n)
     ON CONFLICT DO NOTHING
     RETURNING * INTO d;
-    IF NOT FOUND THEN
+    inserted := FOUND;
+    IF inserted AND p_kind = 'resume' THEN
+        -- a resume takes over from the dispatches parked while the run waited for input
+        UPDATE @schema@.dispatches SET status = 'done', updated_at = n
+         WHERE thread_id = p_thread AND status = 'awaiting';
+    END IF;
+    IF NOT inserted THEN
         SELECT * INTO d FROM @schema@.dispatches WHERE dispatch_id = p_dispatch;
         IF NOT FOUND AND p_dedupe IS NOT NULL THEN
             SELECT * INTO d FROM @schema@.dispatches WHERE dedupe_key = p_dedupe;

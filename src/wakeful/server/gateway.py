@@ -1,0 +1,189 @@
+"""The ASGI middleware every request passes, in this order: metrics (outermost, so every
+answer is counted), authentication (before any body is read), the body bound (413), and a
+last-resort guard that turns an unhandled error into a generic 500 problem."""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable
+
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from wakeful.server.auth import Authenticator, Caller
+from wakeful.server.metrics import Metrics
+from wakeful.server.problems import problem, problem_for
+
+log = logging.getLogger("wakeful.server")
+
+CALLER_KEY = "wakeful.caller"
+DRAIN_FACTOR = 4
+METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"))
+PROTECTED_PREFIX = "/v1/"
+"""Paths under it need a bearer token; ``/healthz``, ``/readyz``, ``/metrics`` and the
+OpenAPI document do not."""
+
+
+class Gateway:
+    """Pure ASGI middleware (it does not buffer responses, so SSE streams pass through)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        authenticator: Authenticator,
+        metrics: Metrics,
+        max_body_bytes: int,
+        templates: Callable[[], list[str]],
+    ) -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self.templates = templates
+        self._patterns: list[tuple[re.Pattern[str], str]] | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = [0]
+
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = int(message["status"])
+            await send(message)
+
+        try:
+            await self._handle(scope, receive, sending, status)
+        finally:
+            route = self._route(scope)
+            method = str(scope.get("method", ""))
+            method = method if method in METHODS else "OTHER"  # bounded label values
+            code = str(status[0] or 500)
+            self.metrics.http_requests.inc(route=route, method=method, status=code)
+            self.metrics.http_seconds.observe(
+                time.perf_counter() - started, route=route, method=method
+            )
+            if status[0] == 409:
+                self.metrics.conflicts.inc(route=route)
+
+    async def _handle(self, scope: Scope, receive: Receive, send: Send, status: list[int]) -> None:
+        path = str(scope.get("path", ""))
+        if path.startswith(PROTECTED_PREFIX):
+            caller = self._authenticate(scope)
+            if isinstance(caller, Response):
+                await caller(scope, receive, send)
+                return
+            scope[CALLER_KEY] = caller
+        buffered = await self._read_body(scope, receive)
+        if isinstance(buffered, Response):
+            await buffered(scope, receive, send)
+            return
+        try:
+            await self.app(scope, buffered, send)
+        except Exception as exc:
+            if status[0]:
+                log.error("error after the response started on %s", path, exc_info=exc)
+                return
+            await problem_for(exc, path)(scope, receive, send)
+
+    def _authenticate(self, scope: Scope) -> Caller | Response:
+        header = None
+        for name, value in scope.get("headers", ()):
+            if name == b"authorization":
+                header = value.decode("latin-1")
+                break
+        caller = self.authenticator.resolve(header)
+        if isinstance(caller, Caller):
+            return caller
+        path = str(scope.get("path", ""))
+        if caller == "missing":
+            return problem(
+                401,
+                "unauthenticated",
+                "send Authorization: Bearer <token>",
+                instance=path,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return problem(
+            401,
+            "unauthenticated",
+            "the bearer token is not valid",
+            instance=path,
+            headers={"WWW-Authenticate": 'Bearer error="invalid_token"'},
+        )
+
+    async def _read_body(self, scope: Scope, receive: Receive) -> Receive | Response:
+        """Read the whole body (at most ``max_body_bytes``) and return a ``receive`` that
+        replays it, then passes on (so a stream still sees the client disconnect).
+
+        A body over the limit is answered 413. Up to ``DRAIN_FACTOR`` times the limit is read
+        and discarded first, so a client still sending gets the answer rather than a reset
+        connection; a larger declared body is refused at once."""
+        limit = self.max_body_bytes
+        drain = limit * DRAIN_FACTOR
+        path = str(scope.get("path", ""))
+        too_large = problem(
+            413,
+            "too-large",
+            f"the request body is larger than {limit} bytes",
+            title="Body too large",
+            instance=path,
+            headers={"Connection": "close"},
+            limit=limit,
+        )
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length" and value.isdigit() and int(value) > drain:
+                return too_large
+        chunks: list[bytes] = []
+        size = 0
+        first: Message | None = None
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                first = message
+                break
+            body = message.get("body", b"")
+            size += len(body)
+            if size <= limit:
+                chunks.append(body)
+            elif not message.get("more_body", False) or size > drain:
+                return too_large
+            if not message.get("more_body", False):
+                break
+        replay: list[Message] = [
+            first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+        ]
+
+        async def replaying() -> Message:
+            if replay:
+                return replay.pop()
+            return await receive()
+
+        return replaying
+
+    def _route(self, scope: Scope) -> str:
+        """The route template (bounded label values), also for answers given before routing
+        (401, 413)."""
+        path = getattr(scope.get("route"), "path", None)
+        if isinstance(path, str):
+            return path
+        if self._patterns is None:
+            self._patterns = [(_compile(t), t) for t in self.templates()]
+        raw = str(scope.get("path", ""))
+        for pattern, template in self._patterns:
+            if pattern.fullmatch(raw):
+                return template
+        return "unmatched"
+
+
+def _compile(template: str) -> re.Pattern[str]:
+    parts = re.split(r"\{[^}]+\}", template)
+    return re.compile("[^/]+".join(re.escape(p) for p in parts))
+
+
+__all__ = ["CALLER_KEY", "Gateway"]

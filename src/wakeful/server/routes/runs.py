@@ -1,0 +1,281 @@
+"""Submitting work (start, resume, cancel, message) and listing a thread's runs.
+
+Every write persists a dispatch and answers 202: a worker acts on it. The thread's tenant is
+checked first; a thread of another tenant is 404.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Query, Response
+
+from wakeful.errors import DispatchConflict, InvalidInput, NotFound, NotSuspended, UnknownTicket
+from wakeful.fleet import client
+from wakeful.ids import new_id
+from wakeful.records import Checkpoint, Dispatch
+from wakeful.server.access import (
+    CallerDep,
+    ServerState,
+    StateDep,
+    acting_tenant,
+    json_field,
+    visible_thread,
+    writable_thread,
+)
+from wakeful.server.routes.params import IdempotencyKey, ThreadId
+from wakeful.server.schemas import (
+    ID_PATTERN,
+    MAX_ID,
+    Accepted,
+    CancelRun,
+    ResumeRun,
+    RunPage,
+    RunView,
+    SendMessage,
+    SubmitRun,
+)
+from wakeful.server.views import accepted, errors
+
+router = APIRouter(prefix="/v1", tags=["runs"])
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+HISTORY_PAGE = 200
+HISTORY_SCAN = 10_000
+"""Checkpoints read per ``GET .../runs`` request at most; a longer history continues on the
+next page (a run cut there shows up again with its older part)."""
+
+
+def _check_target(state: ServerState, field: str, target: str | None) -> None:
+    if state.registry is None or target is None:
+        return
+    try:
+        state.registry.get(target)
+    except NotFound:
+        known = ", ".join(state.registry.names()) or "none"
+        raise InvalidInput(field, f"unknown target {target!r}; registered: {known}") from None
+
+
+def _location(response: Response, d: Dispatch) -> None:
+    response.headers["Location"] = f"/v1/dispatches/{d.dispatch_id}"
+
+
+@router.post("/threads/{thread_id}/runs", status_code=202, responses=errors(404, 409, 413, 422))
+async def submit_run(
+    thread_id: ThreadId,
+    body: SubmitRun,
+    state: StateDep,
+    caller: CallerDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> Accepted:
+    """Start a run of ``target`` on the thread (new or the caller's). The run id is
+    ``run-<dispatch_id>``; with an ``Idempotency-Key`` the dispatch id is the key."""
+    _check_target(state, "target", body.target)
+    owner = await writable_thread(state.store, caller, thread_id)
+    d = await client.submit(
+        state.store,
+        thread_id,
+        body.target,
+        body.input,
+        dispatch_id=idempotency_key,
+        priority=body.priority,
+        max_attempts=body.max_attempts,
+        tenant=acting_tenant(caller, owner),
+        wake=state.wake,
+    )
+    if (d.priority, d.max_attempts) != (body.priority, body.max_attempts):
+        raise DispatchConflict(d.dispatch_id, d.dispatch_id, "Idempotency-Key")
+    state.metrics.submits.inc(kind="start")
+    _location(response, d)
+    return accepted(d, str(json_field(d.payload, "run_id") or f"run-{d.dispatch_id}"))
+
+
+@router.post("/threads/{thread_id}/resume", status_code=202, responses=errors(404, 409, 413, 422))
+async def resume_run(
+    thread_id: ThreadId,
+    body: ResumeRun,
+    state: StateDep,
+    caller: CallerDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> Accepted:
+    """Answer open tickets of the suspended run (409 if it is not suspended, 422 for a
+    ticket it does not have open)."""
+    owner = await visible_thread(state.store, caller, thread_id)
+    cp = owner.snapshot.checkpoint if owner.snapshot is not None else None
+    replay = idempotency_key is not None and (
+        await state.store.get_dispatch(idempotency_key) is not None
+    )
+    if not replay:  # a replay is judged by the store: same body, same dispatch
+        if cp is None or cp.status != "suspended":
+            raise NotSuspended(thread_id, cp.status if cp is not None else None)
+        open_ids = {t.get("id") for t in cp.metadata.get("tickets", []) if isinstance(t, dict)}
+        unknown = sorted(set(body.answers) - open_ids)
+        if unknown:
+            raise UnknownTicket(thread_id, unknown)
+    d = await client.resume(
+        state.store,
+        thread_id,
+        body.answers,
+        dispatch_id=idempotency_key,
+        tenant=owner.tenant,
+        wake=state.wake,
+    )
+    state.metrics.submits.inc(kind="resume")
+    _location(response, d)
+    return accepted(d, cp.run_id if cp is not None else None)
+
+
+@router.post("/threads/{thread_id}/cancel", status_code=202, responses=errors(404, 409, 413, 422))
+async def cancel_run(
+    thread_id: ThreadId,
+    state: StateDep,
+    caller: CallerDep,
+    response: Response,
+    body: Annotated[CancelRun | None, Body()] = None,
+) -> Accepted:
+    """Persist the intent to cancel the thread's work: its running owner is fenced at its
+    next commit or renewal and the next claimant records ``cancelled``. A cancel still
+    pending for the thread is answered instead of a second one."""
+    owner = await visible_thread(state.store, caller, thread_id)
+    reason = body.reason if body is not None else "cancelled"
+    d = await client.cancel(state.store, thread_id, reason, wake=state.wake)
+    state.metrics.submits.inc(kind="cancel")
+    _location(response, d)
+    cp = owner.snapshot.checkpoint if owner.snapshot is not None else None
+    return accepted(d, cp.run_id if cp is not None else None)
+
+
+@router.post("/threads/{thread_id}/messages", status_code=202, responses=errors(404, 409, 413, 422))
+async def send_message(
+    thread_id: ThreadId,
+    body: SendMessage,
+    state: StateDep,
+    caller: CallerDep,
+    response: Response,
+    idempotency_key: IdempotencyKey = None,
+) -> Accepted:
+    """Deliver a message to the thread (new or the caller's): a run of the thread's graph
+    (or ``target``) handles it, once per ``message_id``."""
+    _check_target(state, "target", body.target)
+    owner = await writable_thread(state.store, caller, thread_id)
+    message_id = body.message_id or idempotency_key or new_id("msg-")
+    d = await _send(state, thread_id, body, message_id, acting_tenant(caller, owner))
+    state.metrics.submits.inc(kind="message")
+    _location(response, d)
+    return accepted(d, f"run-{d.dispatch_id}", message_id)
+
+
+async def _send(
+    state: ServerState, thread_id: str, body: SendMessage, message_id: str, tenant: str | None
+) -> Dispatch:
+    return await client.send_message(
+        state.store,
+        thread_id,
+        body.payload,
+        message_id=message_id,
+        target=body.target,
+        correlation_id=body.correlation_id,
+        tenant=tenant,
+        wake=state.wake,
+    )
+
+
+class _Run:
+    def __init__(self, cp: Checkpoint, at: datetime) -> None:
+        self.run_id = cp.run_id
+        self.latest = cp
+        self.updated_at = at
+        self.started_at = at
+        self.oldest_id = cp.id
+        self.count = 1
+
+    def absorb(self, cp: Checkpoint, at: datetime) -> None:
+        self.started_at = at
+        self.oldest_id = cp.id
+        self.count += 1
+
+    def view(self) -> RunView:
+        graph = self.latest.metadata.get("graph")
+        return RunView(
+            run_id=self.run_id,
+            status=self.latest.status,
+            graph=graph if isinstance(graph, str) else None,
+            checkpoint_id=self.latest.id,
+            started_at=self.started_at,
+            updated_at=self.updated_at,
+            checkpoints=self.count,
+        )
+
+
+async def _queued(state: ServerState, thread_id: str, seen: set[str]) -> list[RunView]:
+    """Submitted runs no checkpoint records yet (newest first)."""
+    queued: list[RunView] = []
+    for status in ("pending", "leased"):
+        for d in await state.store.list_dispatches(status=status, thread_id=thread_id, limit=100):
+            if d.kind not in ("start", "message"):
+                continue
+            run_id = str(json_field(d.payload, "run_id") or f"run-{d.dispatch_id}")
+            if run_id in seen:
+                continue
+            seen.add(run_id)
+            queued.append(
+                RunView(
+                    run_id=run_id,
+                    status="queued",
+                    graph=None,
+                    checkpoint_id=None,
+                    started_at=None,
+                    updated_at=d.created_at,
+                    checkpoints=0,
+                    dispatch_id=d.dispatch_id,
+                )
+            )
+    queued.sort(key=lambda r: r.updated_at or EPOCH, reverse=True)
+    return queued
+
+
+@router.get("/threads/{thread_id}/runs", responses=errors(404))
+async def list_runs(
+    thread_id: ThreadId,
+    state: StateDep,
+    caller: CallerDep,
+    before: Annotated[
+        str | None,
+        Query(
+            pattern=ID_PATTERN,
+            max_length=MAX_ID,
+            description="A checkpoint id from ``next_before``: runs older than it.",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100, description="Runs per page.")] = 20,
+) -> RunPage:
+    """The thread's runs, newest first, derived from its checkpoint history (grouped by run
+    id, each with its latest status), preceded on the first page by submitted runs that have
+    not started yet (status ``queued``)."""
+    await visible_thread(state.store, caller, thread_id)
+    runs: list[_Run] = []
+    cursor, scanned, more = before, 0, False
+    while not more and scanned < HISTORY_SCAN:
+        page = await state.store.checkpoints(thread_id, before=cursor, limit=HISTORY_PAGE)
+        for cp, at in page:
+            if runs and runs[-1].run_id == cp.run_id:
+                runs[-1].absorb(cp, at)
+            elif len(runs) == limit:
+                more = True
+                break
+            else:
+                runs.append(_Run(cp, at))
+            scanned += 1
+        if len(page) < HISTORY_PAGE:
+            break
+        cursor = page[-1][0].id
+    if scanned >= HISTORY_SCAN and runs:
+        more = True
+    views: list[Any] = []
+    if before is None:
+        views.extend(await _queued(state, thread_id, {r.run_id for r in runs}))
+    views.extend(r.view() for r in runs)
+    return RunPage(runs=views, next_before=runs[-1].oldest_id if more and runs else None)

@@ -1,0 +1,118 @@
+"""Running the API with uvicorn: ``serve`` (blocking, for the command line) and
+``run_server`` (a coroutine)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Callable, Mapping
+
+import uvicorn
+
+from wakeful.fleet.registry import Registry
+from wakeful.fleet.wake import Wake
+from wakeful.server.app import close_streams, create_app, open_streams
+from wakeful.server.auth import load_tokens
+from wakeful.store import open_store
+
+TokenSource = Mapping[str, str] | str | os.PathLike[str] | None
+
+
+class Server(uvicorn.Server):
+    """A uvicorn server that ends the app's event streams when it shuts down (otherwise an
+    open SSE connection would hold the shutdown until the graceful timeout)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = asyncio.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        open_streams(self.config.app)
+        await super().startup(sockets)
+        self.ready.set()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        close_streams(self.config.app)
+        await super().shutdown(sockets)
+
+    @property
+    def port(self) -> int:
+        return int(self.servers[0].sockets[0].getsockname()[1])
+
+
+def resolve_tokens(tokens: TokenSource) -> dict[str, str]:
+    """A mapping as given; a path: a JSON token file; ``None``: ``WAKEFUL_TOKENS``."""
+    if isinstance(tokens, Mapping):
+        return dict(tokens)
+    return load_tokens(tokens)
+
+
+async def run_server(
+    store_url: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    tokens: TokenSource = None,
+    registry: Registry | None = None,
+    wake: Wake | None = None,
+    log_level: str = "info",
+    graceful_seconds: int = 10,
+    on_ready: Callable[[str, int], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Open the store, serve the API until uvicorn stops (SIGINT / SIGTERM, or ``stop`` is
+    set), close the store. ``port=0`` picks a free port; ``on_ready(host, port)`` is called
+    once listening. Open event streams end at shutdown (clients resume with
+    ``Last-Event-ID``)."""
+    table = resolve_tokens(tokens)
+    async with open_store(store_url) as store:
+        app = create_app(store, registry, table, wake=wake)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="off",
+            timeout_graceful_shutdown=graceful_seconds,
+        )
+        server = Server(config)
+        serving = asyncio.create_task(server.serve())
+        ready = asyncio.create_task(server.ready.wait())
+        await asyncio.wait({serving, ready}, return_when=asyncio.FIRST_COMPLETED)
+        ready.cancel()
+        if server.started and on_ready is not None:
+            on_ready(host, server.port)
+        if stop is not None:
+            stopping = asyncio.create_task(stop.wait())
+            await asyncio.wait({serving, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            stopping.cancel()
+            server.should_exit = True
+        await serving
+
+
+def serve(
+    store_url: str,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    tokens: TokenSource = None,
+    registry: Registry | None = None,
+    log_level: str = "info",
+    on_ready: Callable[[str, int], None] | None = None,
+) -> None:
+    """Blocking: serve the API over the store at ``store_url`` (``wakeful serve``)."""
+    asyncio.run(
+        run_server(
+            store_url,
+            host=host,
+            port=port,
+            tokens=tokens,
+            registry=registry,
+            log_level=log_level,
+            on_ready=on_ready,
+        )
+    )
+
+
+__all__ = ["Server", "resolve_tokens", "run_server", "serve"]

@@ -1,0 +1,251 @@
+"""Pydantic models of the HTTP API. They exist only at the HTTP boundary: routes convert the
+store's records (``wakeful.records``) into these views, and request bodies are validated
+here before anything reaches the store. Request models reject unknown fields."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$"
+"""The identifier alphabet of ``wakeful.ids`` (letters, digits, ``. _ - : @ + =``; the first
+character a letter or a digit)."""
+
+MAX_ID = 200
+MAX_KEY = 190
+"""Idempotency keys and message ids: short enough that the run id derived from them
+(``run-<dispatch id>``, ``run-ext-<message id>``) is still a valid identifier."""
+
+MAX_PRIORITY = 1000
+"""Priorities of submitted work are within +-1000; the store reserves higher values (a
+cancel jumps the queue at 2**31-1)."""
+
+Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID)]
+Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_KEY)]
+
+RunStatus = Literal["running", "suspended", "completed", "failed", "cancelled", "indeterminate"]
+DispatchStatus = Literal["pending", "leased", "awaiting", "done", "quarantined"]
+DispatchKind = Literal["start", "resume", "cancel", "message"]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _View(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class SubmitRun(_Request):
+    """Start a run of a registered agent or graph on the thread."""
+
+    target: Id = Field(description="The registered agent or graph to run.")
+    input: Any = Field(default=None, description="The run's input (any JSON value).")
+    priority: int = Field(
+        default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY, description="Higher runs first."
+    )
+    max_attempts: int = Field(
+        default=5, ge=1, le=100, description="Claims before the work counts as exhausted."
+    )
+
+
+class ResumeRun(_Request):
+    """Answer open tickets of the thread's suspended run."""
+
+    answers: dict[Id, Any] = Field(description="Answers by ticket id.")
+
+
+class CancelRun(_Request):
+    """Cancel the thread's work."""
+
+    reason: str = Field(default="cancelled", max_length=1000)
+
+
+class SendMessage(_Request):
+    """Deliver a message from outside to the thread: it starts a run of the thread's graph
+    (or ``target``) with the message as input, once per ``message_id``."""
+
+    payload: Any = Field(description="The message (any JSON value).")
+    message_id: Key | None = Field(
+        default=None,
+        description="Deduplicates the delivery; defaults to the Idempotency-Key header, else "
+        "a fresh id.",
+    )
+    target: Id | None = Field(default=None, description="The agent or graph to run it with.")
+    correlation_id: Id | None = None
+
+
+# --------------------------------------------------------------------------- views
+
+
+class Accepted(BaseModel):
+    """Work persisted as a dispatch; a worker will act on it."""
+
+    dispatch_id: str
+    thread_id: str
+    kind: DispatchKind
+    status: DispatchStatus = Field(description="The dispatch's delivery status.")
+    run_id: str | None = Field(description="The run the work belongs to, when known.")
+    message_id: str | None = None
+
+
+class ClaimView(_View):
+    holder: str
+    token: int = Field(description="The fencing token of the claim.")
+    expires_at: datetime
+
+
+class ThreadView(BaseModel):
+    """One thread. ``version`` 0 and ``status`` null: work was submitted but no run has
+    recorded anything yet."""
+
+    thread_id: str
+    tenant: str | None
+    version: int
+    status: RunStatus | None = Field(description="The latest run's status.")
+    run_id: str | None
+    checkpoint_id: str | None
+    graph: str | None
+    updated_at: datetime | None = Field(description="When the latest checkpoint was made.")
+    claim: ClaimView | None = Field(description="The current claim; it may have expired.")
+    state: Any = Field(description="The latest checkpoint's state.")
+    message_count: int
+    last_seq: int = Field(description="The latest event number (0: none yet).")
+    event_floor: int = Field(description="The earliest event number still readable.")
+    tickets: list[dict[str, Any]] = Field(
+        description="Open tickets of a suspended run (id, task_id, node, question, schema)."
+    )
+
+
+class ThreadSummaryView(_View):
+    thread_id: str
+    tenant: str | None
+    version: int
+    checkpoint_id: str | None
+    status: RunStatus | None
+    message_count: int
+    last_seq: int
+    updated_at: datetime
+
+
+class ThreadPage(BaseModel):
+    threads: list[ThreadSummaryView]
+    next_after: str | None = Field(description="Cursor of the next page; null at the end.")
+
+
+class MessageView(_View):
+    id: str
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Any = None
+    tool_calls: list[Any] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    run_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class MessagePage(BaseModel):
+    messages: list[MessageView]
+    next_after: int = Field(description="Pass as ``after`` for the next page (a count).")
+
+
+class EventView(_View):
+    thread_id: str
+    seq: int
+    at: datetime
+    type: str
+    data: Any = None
+    run_id: str | None = None
+    checkpoint_id: str | None = None
+    task_id: str | None = None
+
+
+class EventPage(BaseModel):
+    events: list[EventView]
+    next_after: int = Field(description="Pass as ``after`` for the next page (a seq).")
+
+
+class RunView(BaseModel):
+    """A run, derived from the thread's checkpoint history (or its queued dispatch)."""
+
+    run_id: str
+    status: str = Field(description="The run's latest status, or ``queued`` before it starts.")
+    graph: str | None
+    checkpoint_id: str | None = Field(description="The run's latest checkpoint.")
+    started_at: datetime | None = Field(description="Its oldest checkpoint still kept.")
+    updated_at: datetime | None
+    checkpoints: int = Field(description="How many of its checkpoints are kept.")
+    dispatch_id: str | None = None
+
+
+class RunPage(BaseModel):
+    runs: list[RunView]
+    next_before: str | None = Field(
+        description="Pass as ``before`` for older runs; null at the end."
+    )
+
+
+class DispatchView(_View):
+    dispatch_id: str
+    thread_id: str
+    kind: DispatchKind
+    payload: Any = None
+    priority: int
+    available_at: datetime | None
+    max_attempts: int
+    dedupe_key: str | None
+    status: DispatchStatus
+    attempts: int
+    exhausted: bool
+    token: int | None
+    holder: str | None
+    lease_until: datetime | None
+    last_error: str | None
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+class DispatchPage(BaseModel):
+    dispatches: list[DispatchView]
+    next_after: str | None = Field(description="Cursor of the next page; null at the end.")
+
+
+class Inspection(BaseModel):
+    """A quarantined dispatch and the thread it would act on."""
+
+    dispatch: DispatchView
+    thread: ThreadView | None
+
+
+class WorkerView(_View):
+    worker_id: str
+    incarnation_id: str
+    generation: int
+    registered_at: datetime
+    last_heartbeat: datetime
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerView]
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Problem(BaseModel):
+    """An RFC 7807 problem document (``application/problem+json``). Domain fields
+    (``thread_id``, ``dispatch_id``, ``field``, ``earliest_seq``, ``errors`` ...) appear where
+    they apply."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: str = Field(description="A URI naming the kind of problem (urn:wakeful:problem:*).")
+    title: str
+    status: int
+    detail: str
+    instance: str | None = Field(default=None, description="The request path.")
