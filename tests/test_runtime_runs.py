@@ -113,7 +113,8 @@ async def test_async_durability_applies_backpressure_and_keeps_order() -> None:
     assert seqs == list(range(1, len(seqs) + 1))
     history = [cp.id for cp, _ in await store.checkpoints("t", limit=100)]
     assert (
-        len(history) == 31 and history == sorted(history, key=lambda i: int(i.rsplit("-c", 1)[1]))[::-1]
+        len(history) == 31
+        and history == sorted(history, key=lambda i: int(i.rsplit("-c", 1)[1]))[::-1]
     )
 
 
