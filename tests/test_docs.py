@@ -1,4 +1,4 @@
-"""The examples in the docs run as written."""
+"""The README's quick start and its runnable examples work as written."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
 
 
-def python_blocks(path: Path) -> list[str]:
-    return re.findall(r"```python\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
+def blocks(path: Path, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
 
 
-@pytest.mark.parametrize("doc", ["README.md"])
-def test_python_examples_run(doc: str, tmp_path: Path) -> None:
-    blocks = python_blocks(ROOT / doc)
-    assert blocks, f"{doc} has no python example"
-    for i, block in enumerate(blocks):
+def test_runnable_python_examples_run(tmp_path: Path) -> None:
+    runnable = [b for b in blocks(README, "python") if "asyncio.run(" in b]
+    assert runnable, "the README has no runnable example"
+    for i, block in enumerate(runnable):
         script = tmp_path / f"example_{i}.py"
         script.write_text(block, encoding="utf-8")
         done = subprocess.run(
@@ -29,3 +29,19 @@ def test_python_examples_run(doc: str, tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
         if "# 1 (1,)" in block:
             assert done.stdout.strip() == "1 (1,)"
+
+
+def test_every_quick_start_command_is_a_make_target() -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([a-z]+):", makefile, flags=re.M))
+    commands = [line.split("#")[0].split() for b in blocks(README, "sh") for line in b.splitlines()]
+    makes = [c[1] for c in commands if len(c) == 2 and c[0] == "make"]
+    assert {"demo", "test"} <= set(makes)
+    assert set(makes) <= targets, set(makes) - targets
+
+
+@pytest.mark.slow
+def test_make_demo_runs_as_the_readme_says() -> None:
+    done = subprocess.run(["make", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FAIL" not in done.stdout and "the tool ran exactly once" in done.stdout
