@@ -19,6 +19,7 @@ from wakeful.agent.recovery import StreamPolicy, StreamRecovery
 from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
+from wakeful.metrics import Metrics
 from wakeful.providers.base import ModelRequest, Provider
 from wakeful.records import Event, Message
 from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime, Send
@@ -88,6 +89,8 @@ class Agent:
         self.stream_policy = stream_policy or StreamPolicy()
         self.sleep = sleep
         self.counters: dict[str, int] = {}
+        self.metrics: Metrics | None = None
+        """Set (by a worker, or by you) to count stream-checkpoint failures in metrics."""
         self.graph = self._compile()
 
     # ---------------------------------------------------------------- graph
@@ -126,6 +129,7 @@ class Agent:
             sleep=self.sleep,
             live=ctx.emit_live,
             counters=self.counters,
+            on_checkpoint_failure=self._checkpoint_failed,
         )
         turn = await recovery.turn(request)
         ctx.append_message(
@@ -150,6 +154,10 @@ class Agent:
             "turns": int(state.get("turns") or 0) + 1,
             "final": None if turn.tool_calls else turn.text,
         }
+
+    def _checkpoint_failed(self) -> None:
+        if self.metrics is not None:
+            self.metrics.stream_checkpoint_failures.inc()
 
     async def _tool(self, call: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         name = str(call.get("name"))

@@ -158,6 +158,7 @@ class StreamRecovery:
     sleep: Sleep = asyncio.sleep
     live: Live | None = None
     counters: dict[str, int] = field(default_factory=dict)
+    on_checkpoint_failure: Callable[[], None] | None = None
     _saving: asyncio.Task[None] | None = field(default=None, init=False)
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
 
@@ -354,6 +355,8 @@ class StreamRecovery:
 
     def _checkpoint_failed(self, exc: BaseException) -> None:
         self.counters["checkpoint_failures"] = self.counters.get("checkpoint_failures", 0) + 1
+        if self.on_checkpoint_failure is not None:
+            self.on_checkpoint_failure()
         log.warning("stream checkpoint of run %s failed (the turn goes on): %s", self.run_id, exc)
         self._emit("stream.checkpoint_failed", {"error": str(exc)})
 

@@ -71,6 +71,7 @@ async def _until_signalled() -> None:
 @click.option("--wake", type=click.Choice(["none", "local", "postgres", "nats"]), default="none")
 @click.option("--wake-url", default=None)
 @click.option("--grace", default=10.0, show_default=True, help="Shutdown grace in seconds.")
+@click.option("--metrics-port", default=None, type=int, help="Serve /metrics on this port.")
 @run_async
 async def worker(
     store: str | None,
@@ -82,6 +83,7 @@ async def worker(
     wake: str,
     wake_url: str | None,
     grace: float,
+    metrics_port: int | None,
 ) -> None:
     """Claim and run dispatches until SIGTERM (then stop gracefully)."""
     from wakeful import open_store
@@ -100,10 +102,18 @@ async def worker(
             poll_interval=poll,
         )
         running = asyncio.create_task(w.run())
+        exporter = None
+        if metrics_port is not None:
+            from wakeful.metrics import serve_metrics
+
+            exporter = await serve_metrics(w.metrics, "0.0.0.0", metrics_port)
         console.print(f"worker {w.worker_id} running on {store_url(store)}; SIGTERM stops it")
         await _until_signalled()
         await w.stop(grace)
         await running
+        if exporter is not None:
+            exporter.close()
+            await exporter.wait_closed()
         console.print(f"stopped: {w.stats}")
 
 

@@ -69,3 +69,6 @@ class Registry:
 
     def names(self) -> list[str]:
         return sorted(self._targets)
+
+    def targets(self) -> list[Target]:
+        return [self._targets[name] for name in self.names()]

@@ -32,6 +32,7 @@ from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.wake import NoWake, Wake
 from wakeful.ids import check_id
+from wakeful.metrics import Metrics
 from wakeful.records import (
     Awaiting,
     Checkpoint,
@@ -88,6 +89,7 @@ class Worker:
     retention: RetentionPolicy | None = None
     clock: Clock = field(default_factory=SystemClock)
     stats: WorkerStats = field(default_factory=WorkerStats)
+    metrics: Metrics = field(default_factory=Metrics)
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
@@ -100,6 +102,9 @@ class Worker:
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
         self._ready = asyncio.Event()
+        for target in self.registry.targets():
+            if target.agent is not None and target.agent.metrics is None:
+                target.agent.metrics = self.metrics
 
     async def started(self) -> Runtime:
         """Wait until the worker has registered; its runtime (for subscriptions to this
@@ -171,6 +176,7 @@ class Worker:
                 self.stats.polls += 1
             for lease in leases:
                 self.stats.claimed += 1
+                self.metrics.leases.inc()
                 did = lease.dispatch.dispatch_id
                 task = asyncio.create_task(self._handle(lease), name=f"dispatch:{did}")
                 self._running[did] = (task, None)
@@ -202,6 +208,7 @@ class Worker:
             outcome = await self._execute(lease)
         except (CheckpointWriteFailed, StaleClaim) as exc:
             self.stats.fenced += 1
+            self.metrics.stale_claims.inc()
             log.info("dispatch %s was fenced (%s); a newer owner has it", d.dispatch_id, exc)
             return
         except RunYielded:
@@ -213,13 +220,18 @@ class Worker:
             await self.store.settle(d.dispatch_id, claim.token, outcome)
         except StaleClaim:
             self.stats.fenced += 1
+            self.metrics.stale_claims.inc()
             return
         if isinstance(outcome, Retry):
             self.stats.retried += 1
+            self.metrics.retries.inc()
+            self.metrics.settles.inc(outcome="retry")
         elif isinstance(outcome, Awaiting):
             self.stats.awaiting += 1
+            self.metrics.settles.inc(outcome="awaiting")
         else:
             self.stats.done += 1
+            self.metrics.settles.inc(outcome="done")
 
     def _backoff(self, attempts: int) -> float:
         base = min(self.retry_backoff * 2 ** max(attempts - 1, 0), self.max_retry_backoff)
@@ -233,6 +245,7 @@ class Worker:
         owned_run = _owned_run(d.dispatch_id, d.kind, payload, latest)
         if lease.exhausted:
             self.stats.exhausted += 1
+            self.metrics.exhausted.inc()
             await self._terminate(
                 claim,
                 latest if owned_run else None,

@@ -1,6 +1,6 @@
 """The HTTP API (FastAPI): ``create_app``, ``serve``, ``load_tokens`` and ``Metrics``.
 
-Importing this package does not import FastAPI; ``wakeful.server.metrics`` stays usable
+Importing this package does not import FastAPI; ``wakeful.metrics`` stays usable
 without the ``server`` extra (a worker counts into the same ``Metrics``).
 """
 
@@ -9,15 +9,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from wakeful.metrics import Metrics
     from wakeful.server.app import create_app
     from wakeful.server.auth import load_tokens
-    from wakeful.server.metrics import Metrics
     from wakeful.server.runner import Server, run_server, serve
 
 _LAZY = {
     "create_app": "wakeful.server.app",
     "load_tokens": "wakeful.server.auth",
-    "Metrics": "wakeful.server.metrics",
+    "Metrics": "wakeful.metrics",
     "Server": "wakeful.server.runner",
     "run_server": "wakeful.server.runner",
     "serve": "wakeful.server.runner",

@@ -18,10 +18,10 @@ from fastapi import Depends, Request
 from wakeful.errors import NotFound
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
+from wakeful.metrics import Metrics
 from wakeful.records import Dispatch, ThreadSnapshot
 from wakeful.server.auth import Caller
 from wakeful.server.gateway import CALLER_KEY
-from wakeful.server.metrics import Metrics
 from wakeful.server.problems import Forbidden
 from wakeful.store.contract import Store
 

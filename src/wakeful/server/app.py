@@ -15,10 +15,10 @@ from fastapi.security import HTTPBearer
 
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
+from wakeful.metrics import Metrics
 from wakeful.server.access import ServerState
 from wakeful.server.auth import Authenticator
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
-from wakeful.server.metrics import Metrics
 from wakeful.server.problems import HANDLERS, MEDIA_TYPE
 from wakeful.server.routes import events, health, operators, runs, threads
 from wakeful.store.contract import Store

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from wakeful.metrics import Metrics
 from wakeful.server.auth import Authenticator, Caller
-from wakeful.server.metrics import Metrics
 from wakeful.server.problems import problem, problem_for
 
 log = logging.getLogger("wakeful.server")

@@ -8,9 +8,9 @@ import logging
 from fastapi import APIRouter, Response
 
 from wakeful.errors import StoreUnavailable
+from wakeful.metrics import CONTENT_TYPE, Gauge
 from wakeful.records import DispatchStatus
 from wakeful.server.access import ServerState, StateDep
-from wakeful.server.metrics import CONTENT_TYPE, Gauge
 from wakeful.server.schemas import Health
 from wakeful.server.views import errors
 

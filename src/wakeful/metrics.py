@@ -5,11 +5,12 @@ exposition format (version 0.0.4).
 conflicts and fenced writes; a worker holding the same object counts leases, retries and
 stream-checkpoint failures. Gauges (queue depth) are computed at scrape time by the caller
 and passed to ``render``. This module imports nothing from the web stack, so a worker can
-use it without FastAPI installed.
+use it without FastAPI installed; ``serve_metrics`` exposes it from a worker process.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import threading
 from collections.abc import Iterable, Mapping
@@ -145,6 +146,12 @@ class Metrics:
             "wakeful_stream_checkpoint_failures_total",
             "Stream checkpoints that could not be read, written or deleted.",
         )
+        self.settles = self.counter(
+            "wakeful_settles_total", "Dispatches settled by workers, by outcome.", ("outcome",)
+        )
+        self.exhausted = self.counter(
+            "wakeful_exhausted_total", "Exhausted dispatches terminalised as indeterminate."
+        )
 
     def counter(self, name: str, help: str, labels: Iterable[str] = ()) -> Counter:
         """Register (or return the registered) counter ``name``."""
@@ -179,4 +186,36 @@ class Metrics:
         return "\n".join(lines) + "\n"
 
 
-__all__ = ["CONTENT_TYPE", "Counter", "Gauge", "Metrics", "Summary"]
+async def serve_metrics(metrics: Metrics, host: str, port: int) -> asyncio.Server:
+    """A minimal HTTP endpoint answering ``GET /metrics`` (for worker processes, which run
+    no web framework). Close the returned server to stop it."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request = await asyncio.wait_for(reader.readline(), 5)
+            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
+                pass
+            ok = request.split(b" ")[:2] == [b"GET", b"/metrics"]
+            body = metrics.render().encode() if ok else b"not found\n"
+            status = b"200 OK" if ok else b"404 Not Found"
+            kind = CONTENT_TYPE.encode() if ok else b"text/plain"
+            writer.write(
+                b"HTTP/1.0 "
+                + status
+                + b"\r\nContent-Type: "
+                + kind
+                + b"\r\nContent-Length: "
+                + str(len(body)).encode()
+                + b"\r\n\r\n"
+                + body
+            )
+            await writer.drain()
+        except (TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port)
+
+
+__all__ = ["CONTENT_TYPE", "Counter", "Gauge", "Metrics", "Summary", "serve_metrics"]
