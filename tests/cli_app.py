@@ -11,3 +11,10 @@ from wakeful.providers.scripted import Scripted, reply
 def registry() -> Registry:
     model = Scripted.of(reply("Hello from the command line.", chunk=5))
     return Registry().add("greeter", Agent("greeter", model, "Greet."))
+
+
+def hand_tools() -> dict[str, object]:
+    def echo(text: str) -> str:
+        return text
+
+    return {"echo": echo}

@@ -170,3 +170,100 @@ def test_migrate_and_demo(tmp_path: Path) -> None:
     assert done.returncode == 0 and "migrated" in done.stdout
     claims = cli("demo", "--claims")
     assert claims.returncode == 0 and "refused" in claims.stdout
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_until_healthy(args: list[str], port: int, path: str, env_store: str | None) -> str:
+    """Start a long-running CLI command, wait until it answers ``path``, SIGTERM it; returns
+    the body it answered."""
+    import httpx
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    if env_store is not None:
+        env["WAKEFUL_STORE"] = env_store
+    proc = subprocess.Popen(
+        [WAKEFUL, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+            try:
+                answer = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=2)
+                if answer.status_code == 200:
+                    return answer.text
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"{args[0]} never answered {path}"
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 0
+
+
+def test_serve_answers_until_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    body = serve_until_healthy(["serve", "--port", str(port)], port, "/readyz", url)
+    assert "ok" in body or "ready" in body
+
+
+def test_hand_serve_answers_until_sigterm(tmp_path: Path) -> None:
+    port = free_port()
+    args = [
+        "hand",
+        "serve",
+        "--ledger",
+        str(tmp_path / "hand.db"),
+        "--tools",
+        "tests.cli_app:hand_tools",
+        "--port",
+        str(port),
+    ]
+    serve_until_healthy(args, port, "/healthz", None)
+
+
+def test_relay_stops_on_sigterm(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    env = {**os.environ, "WAKEFUL_STORE": url, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [WAKEFUL, "relay"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # the relay claims the well-known relay thread once it runs
+            shown = cli("threads", "show", "wakeful.relay", "--json", store=url)
+            if shown.returncode == 0 and json.loads(shown.stdout)["claim"] is not None:
+                break
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.05)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "relay stopped" in out
+
+
+@pytest.mark.slow
+def test_the_full_demo_through_the_cli() -> None:
+    done = cli("demo")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "FAIL" not in done.stdout and "the stream continued from its checkpoint" in done.stdout

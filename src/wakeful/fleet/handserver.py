@@ -18,10 +18,8 @@ Errors are RFC 9457 problem documents (``application/problem+json``) with ``type
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import socket
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from starlette.exceptions import HTTPException
 from wakeful.errors import InvalidInput, InvalidState, NotFound, WakefulError
 from wakeful.fleet.hand import HandConflict, HandService, UnknownTool
 from wakeful.ids import check_id
+from wakeful.serving import ReadyServer
 
 log = logging.getLogger("wakeful.fleet.handserver")
 
@@ -170,31 +169,6 @@ def _summary(errors: Any) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-class _Server(uvicorn.Server):
-    """A uvicorn server that says when it listens, and on which port."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        self.ready.set()
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        """uvicorn's, except that a SIGINT / SIGTERM ends ``run_hand`` normally: uvicorn
-        re-raises the signal once it has shut down, which would end the process before the
-        ledger is closed (and with a signal's exit status rather than 0)."""
-        with super().capture_signals():
-            yield
-            self._captured_signals.clear()
-
-    @property
-    def port(self) -> int:
-        return int(self.servers[0].sockets[0].getsockname()[1])
-
-
 async def run_hand(
     ledger_path: str | Path,
     tools: Mapping[str, Callable[..., Any]],
@@ -212,7 +186,7 @@ async def run_hand(
         config = uvicorn.Config(
             create_app(service), host=host, port=port, log_level=log_level, lifespan="off"
         )
-        server = _Server(config)
+        server = ReadyServer(config)
         serving = asyncio.create_task(server.serve())
         ready = asyncio.create_task(server.ready.wait())
         await asyncio.wait({serving, ready}, return_when=asyncio.FIRST_COMPLETED)

@@ -14,31 +14,23 @@ from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
 from wakeful.server.app import close_streams, create_app, open_streams
 from wakeful.server.auth import load_tokens
+from wakeful.serving import ReadyServer
 from wakeful.store import open_store
 
 TokenSource = Mapping[str, str] | str | os.PathLike[str] | None
 
 
-class Server(uvicorn.Server):
-    """A uvicorn server that ends the app's event streams when it shuts down (otherwise an
-    open SSE connection would hold the shutdown until the graceful timeout)."""
-
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = asyncio.Event()
+class Server(ReadyServer):
+    """Ends the app's event streams when it shuts down (otherwise an open SSE connection
+    would hold the shutdown until the graceful timeout)."""
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         open_streams(self.config.app)
         await super().startup(sockets)
-        self.ready.set()
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         close_streams(self.config.app)
         await super().shutdown(sockets)
-
-    @property
-    def port(self) -> int:
-        return int(self.servers[0].sockets[0].getsockname()[1])
 
 
 def resolve_tokens(tokens: TokenSource) -> dict[str, str]:
