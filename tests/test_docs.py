@@ -45,3 +45,18 @@ def test_make_demo_runs_as_the_readme_says() -> None:
     done = subprocess.run(["make", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "FAIL" not in done.stdout and "the tool ran exactly once" in done.stdout
+
+
+def test_the_http_api_reference_lists_every_route_of_the_openapi_document() -> None:
+    from wakeful.server import create_app
+    from wakeful.store.memory import MemoryStore
+
+    spec = create_app(MemoryStore()).openapi()
+    doc = (ROOT / "docs" / "http-api.md").read_text(encoding="utf-8")
+    missing = [
+        f"{method.upper()} {path}"
+        for path, operations in spec["paths"].items()
+        for method in operations
+        if f"`{method.upper()} {path}`" not in doc
+    ]
+    assert not missing, f"docs/http-api.md does not list {missing}"
