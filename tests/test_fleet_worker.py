@@ -305,3 +305,15 @@ async def test_settle_with_a_stale_token_after_cancel_is_refused(env: Env) -> No
     await cancel(env.store, "t1")
     with pytest.raises(StaleClaim):
         await env.store.settle("d1", lease.claim.token, Done())
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_target_is_refused_once_not_retried(env: Env) -> None:
+    env.worker("w1")
+    await submit(env.store, "t1", "no-such-target", {}, dispatch_id="d1", wake=env.wake)
+    await dispatch_status(env, "d1", "done")
+    d = await env.dispatch("d1")
+    assert d.attempts == 1
+    events = await env.store.events_after("t1", 0, 100)
+    assert [e.type for e in events] == ["dispatch.refused"]
+    assert "no-such-target" in str(events[0].data)

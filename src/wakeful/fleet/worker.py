@@ -279,13 +279,19 @@ class Worker:
         latest = snap.checkpoint if snap is not None else None
         run_id = str(payload.get("run_id") or f"run-{dispatch_id}")
         consume: tuple[str, ...] = ()
-        if kind == "message":
-            target, input, consume = await self._message_input(claim, latest, payload)
-            if target is None:
-                return Done()  # already consumed by an earlier delivery
-        else:
-            target, input = self.registry.get(str(payload.get("target"))), payload.get("input")
-        state, messages = target.prepare(input, run_id)
+        try:
+            if kind == "message":
+                target, input, consume = await self._message_input(claim, latest, payload)
+                if target is None:
+                    return Done()  # already consumed by an earlier delivery
+            else:
+                target = self.registry.get(str(payload.get("target")))
+                input = payload.get("input")
+            state, messages = target.prepare(input, run_id)
+        except (NotFound, TypeError, ValueError) as refused:
+            # an unknown target or an input the target cannot take: retrying cannot help
+            await self._note(claim, "dispatch.refused", {"reason": str(refused)})
+            return Done()
         tenant = payload.get("tenant")
         if kind == "message" and not payload.get("external") and latest is not None:
             tenant = latest.tenant  # relayed between threads: the target thread's tenant
@@ -422,4 +428,4 @@ def _owned_run(
     return None
 
 
-__all__ = ["NotFound", "Worker", "WorkerStats"]
+__all__ = ["Worker", "WorkerStats"]
