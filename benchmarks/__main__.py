@@ -1,31 +1,235 @@
-"""``make bench``: run benchmarks by name (default: all). ``python -m benchmarks memory_store``."""
+"""``make bench``: run the benchmarks, judge them against their targets, write the report.
+
+``python -m benchmarks`` runs every module, each in its own subprocess (a crash or a hang
+ends that module only), within a total time budget; each module repeats its measurements
+(``--rounds``, default 3) and reports medians. Then it writes ``benchmarks/results.json``,
+prints one table of ratios with PASS/MISS against each target, and renders
+``docs/benchmarks.md`` with ``docs/benchmarks.png``.
+
+``python -m benchmarks dispatch scale`` runs only those modules and prints their tables;
+the results file and the docs are rewritten only with ``--write``. A module runs on its own,
+with its options, as ``python -m benchmarks.dispatch --help``.
+"""
 
 from __future__ import annotations
 
+import argparse
 import importlib
+import json
+import os
+import signal
+import subprocess
 import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
-ALL = [
-    "memory_store",
-    "file_store",
-    "sqlite_store",
-    "postgres_store",
-    "runtime_graph",
-    "streaming",
-]
+from benchmarks.common import DEFAULT_DSN, Result
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results.json"
+
+
+@dataclass(frozen=True)
+class Module:
+    name: str
+    timeout: float
+    """Seconds before the module is killed (it reports as timed out)."""
+    args: tuple[str, ...] = ()
+    postgres: bool = False
+    """Takes ``--dsn``."""
+
+
+PLAN = (
+    # Sizes are cut from the modules' own defaults where needed to keep the whole run under
+    # ten minutes on a loaded 2-CPU machine; every measurement still runs --rounds times.
+    Module("memory_store", 60),
+    Module("file_store", 120),
+    Module("sqlite_store", 150, ("--n", "1000")),
+    Module("postgres_store", 200, ("--n", "1000"), postgres=True),
+    Module("runtime_graph", 120, ("--runs", "150")),
+    Module("streaming", 90),
+    Module("dispatch", 300, ("--n", "1000", "--n-single", "300"), postgres=True),
+    Module("scale", 150, postgres=True),
+)
+ALL = [m.name for m in PLAN]
+SKIPPED_EXIT = 3
+"""A child's exit status when its module cannot be imported (an optional extra is missing)."""
+
+
+# ---------------------------------------------------------------- one module (the child)
+
+
+def child(name: str, out: Path, argv: list[str]) -> int:
+    try:
+        module = importlib.import_module(f"benchmarks.{name}")
+    except ModuleNotFoundError as exc:
+        out.write_text(json.dumps({"skipped": f"{exc.name} is not installed"}))
+        print(f"{name}: not available ({exc})", file=sys.stderr)
+        return SKIPPED_EXIT
+    results: list[Result] = module.main(argv)
+    out.write_text(json.dumps({"results": [r.to_json() for r in results]}))
+    return 0
+
+
+# ---------------------------------------------------------------- the orchestrator
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str
+    """ok, failed, timeout, skipped or not run."""
+    seconds: float
+    detail: str = ""
+    results: tuple[Result, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "seconds": round(self.seconds, 1),
+            "detail": self.detail,
+        }
+
+
+def run_module(module: Module, rounds: int, dsn: str, timeout: float) -> Outcome:
+    args = [*module.args, "--rounds", str(rounds)]
+    if module.postgres:
+        args += ["--dsn", dsn]
+    print(f"\n== {module.name} {' '.join(args)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="wakeful-bench-run-") as tmp:
+        out = Path(tmp) / "results.json"
+        command = [sys.executable, "-m", "benchmarks", "--child", module.name, str(out), *args]
+        start = time.monotonic()
+        # A session of its own: on timeout the module and every process it started go.
+        proc = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return Outcome(module.name, "timeout", time.monotonic() - start, f"{timeout:.0f} s")
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        seconds = time.monotonic() - start
+        data = json.loads(out.read_text()) if out.exists() else {}
+    if code == SKIPPED_EXIT:
+        return Outcome(module.name, "skipped", seconds, str(data.get("skipped", "")))
+    if code != 0:
+        return Outcome(module.name, "failed", seconds, f"exit status {code}")
+    results = tuple(Result.from_json(r) for r in data["results"])
+    return Outcome(module.name, "ok", seconds, results=results)
+
+
+def summary_rows(results: list[Result]) -> list[list[str]]:
+    from benchmarks.common import format_ratio, format_target, format_value
+
+    rows = []
+    for r in results:
+        if r.anchor is None and not r.skipped:
+            continue
+        anchor = r.anchor or ""
+        if r.anchor_value is not None:
+            anchor += f" ({format_value(r.anchor_value, r.unit)})"
+        rows.append(
+            [
+                r.benchmark,
+                r.name,
+                format_value(r.value, r.unit),
+                anchor,
+                format_ratio(r),
+                format_target(r),
+                r.verdict or "-",
+            ]
+        )
+    return rows
+
+
+def print_table(headers: list[str], rows: list[list[str]]) -> None:
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    from benchmarks import report
+
+    names = args.names or ALL
+    unknown = sorted(set(names) - set(ALL))
+    if unknown:
+        print(f"unknown benchmarks {unknown}; known: {', '.join(ALL)}", file=sys.stderr)
+        return 2
+    started = time.time()
+    deadline = time.monotonic() + args.budget
+    machine = report.machine_facts(args.dsn)
+    outcomes: list[Outcome] = []
+    for module in PLAN:
+        if module.name not in names:
+            continue
+        left = deadline - time.monotonic()
+        if left < 15:
+            outcomes.append(Outcome(module.name, "not run", 0.0, "over the time budget"))
+            continue
+        outcomes.append(run_module(module, args.rounds, args.dsn, min(module.timeout, left)))
+    results = [r for o in outcomes for r in o.results]
+    elapsed = time.time() - started
+    print(f"\n== summary: ratios against each anchor ({args.rounds} rounds, medians)")
+    rows = summary_rows(results)
+    if rows:
+        print_table(
+            ["benchmark", "measurement", "ours", "anchor", "ratio", "target", "verdict"], rows
+        )
+    verdicts = [r.verdict for r in results]
+    print(
+        f"\n{verdicts.count('PASS')} PASS, {verdicts.count('MISS')} MISS, "
+        f"{verdicts.count('SKIP')} SKIP; {elapsed:.0f} s"
+    )
+    for o in outcomes:
+        if o.status != "ok":
+            print(f"{o.name}: {o.status} {o.detail}".rstrip())
+    if args.write or not args.names:
+        data = {
+            "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "seconds": round(elapsed, 1),
+            "rounds": args.rounds,
+            "machine": machine,
+            "modules": {o.name: o.to_json() for o in outcomes},
+            "results": [r.to_json() for r in results],
+        }
+        RESULTS.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        report.render(data, ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks.png")
+        print(f"wrote {RESULTS.relative_to(ROOT)}, docs/benchmarks.md, docs/benchmarks.png")
+    failed = [o for o in outcomes if o.status in ("failed", "timeout")]
+    return 1 if failed else 0
 
 
 def main(argv: list[str]) -> int:
-    names = argv or ALL
-    for name in names:
+    if argv[:1] == ["--child"]:
         try:
-            module = importlib.import_module(f"benchmarks.{name}")
-        except ModuleNotFoundError as exc:
-            print(f"== {name}: not available ({exc})")
-            continue
-        print(f"== {name}")
-        module.main()
-    return 0
+            return child(argv[1], Path(argv[2]), argv[3:])
+        except Exception:
+            traceback.print_exc()
+            return 1
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.splitlines()[0] if __doc__ else None
+    )
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all): {ALL}")
+    parser.add_argument("--rounds", type=int, default=3, help="repeats per measurement")
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL server (admin DSN)")
+    parser.add_argument(
+        "--budget", type=float, default=570, help="seconds for the whole run (default 570)"
+    )
+    parser.add_argument(
+        "--write", action="store_true", help="write results.json and the docs for a partial run"
+    )
+    return orchestrate(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

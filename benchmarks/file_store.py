@@ -25,9 +25,11 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from benchmarks.common import Collector, Result
 from wakeful.clock import SystemClock
 from wakeful.records import Checkpoint, Commit, EventDraft, RetentionPolicy
 from wakeful.store.file import FileStore, open_file_store
@@ -179,7 +181,33 @@ async def build_log(root: Path, megabytes: int) -> int:
     return records
 
 
-async def replay(root: Path, megabytes: int) -> list[tuple[str, str]]:
+@dataclass(frozen=True)
+class Replay:
+    megabytes: float
+    records: int
+    seconds: float
+    snapshot_kb: float
+    reopen_ms: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.megabytes / self.seconds
+
+    def rows(self) -> list[tuple[str, str]]:
+        return [
+            (
+                f"replay {self.megabytes:.1f} MB log ({self.records:,} records)",
+                f"{self.seconds:.2f} s = {self.mb_per_s:.0f} MB/s, "
+                f"{self.records / self.seconds:,.0f} rec/s",
+            ),
+            (
+                f"open after compaction ({self.snapshot_kb:.0f} kB snapshot)",
+                f"{self.reopen_ms:.1f} ms",
+            ),
+        ]
+
+
+async def replay(root: Path, megabytes: int) -> Replay:
     records = await build_log(root, megabytes)
     size = (root / "commits.ndjson").stat().st_size
     start = time.perf_counter()
@@ -192,23 +220,36 @@ async def replay(root: Path, megabytes: int) -> list[tuple[str, str]]:
     store = await open_file_store(root.as_uri())
     reopened = time.perf_counter() - start
     await store.close()
-    return [
-        (
-            f"replay {size / 1e6:.1f} MB log ({records:,} records)",
-            f"{elapsed:.2f} s = {size / 1e6 / elapsed:.0f} MB/s, {records / elapsed:,.0f} rec/s",
-        ),
-        (f"open after compaction ({snapshot / 1e3:.0f} kB snapshot)", f"{reopened * 1e3:.1f} ms"),
-    ]
+    return Replay(size / 1e6, records, elapsed, snapshot / 1e3, reopened * 1e3)
 
 
 def median_of(rounds: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in rounds)
 
 
-async def run(directory: Path, n: int, rounds: int, replay_mb: int) -> None:
+async def run(directory: Path, n: int, rounds: int, replay_mb: int) -> list[Result]:
     size = await record_size(directory)
     results = [await measure_round(directory, n, round(size), 5) for _ in range(rounds)]
     raw, seq, conc = (median_of(results, k) for k in ("raw", "seq", "conc"))
+    out = Collector("file_store")
+    out.add(f"raw append+fsync ({size:.0f} B)", [r["raw"] for r in results], "/s")
+    out.add(
+        "sequential commits",
+        [r["seq"] for r in results],
+        "/s",
+        anchor="raw append+fsync",
+        anchor_samples=[r["raw"] for r in results],
+        target=0.8,
+    )
+    out.add(
+        f"{WRITERS} concurrent writers",
+        [r["conc"] for r in results],
+        "/s",
+        anchor="sequential commits",
+        anchor_samples=[r["seq"] for r in results],
+        target=5.0,
+    )
+    out.add(f"records per fsync ({WRITERS} writers)", [r["batch"] for r in results], "")
     rows: list[tuple[str, str]] = [
         (f"raw append+fsync ({size:.0f} B)", f"{raw:,.0f} /s"),
         ("sequential commits", f"{seq:,.0f} /s = {seq / raw:.2f}x raw (target >= 0.8x)"),
@@ -218,7 +259,21 @@ async def run(directory: Path, n: int, rounds: int, replay_mb: int) -> None:
         ),
         ("  records per fsync", f"{median_of(results, 'batch'):.1f}"),
     ]
-    rows += await replay(directory / "replay", replay_mb)
+    if replay_mb > 0:
+        replayed = await replay(directory / "replay", replay_mb)
+        rows += replayed.rows()
+        out.add(
+            f"replay of a {replayed.megabytes:.0f} MB log",
+            replayed.mb_per_s,
+            "MB/s",
+            note=f"{replayed.records:,} records in {replayed.seconds:.2f} s",
+        )
+        out.add(
+            f"open after compaction ({replayed.snapshot_kb:.0f} kB snapshot)",
+            replayed.reopen_ms,
+            "ms",
+            higher_is_better=False,
+        )
     width = max(len(name) for name, _ in rows)
     print(f"file store, {rounds} rounds of {n} (medians), in {directory}")
     for name, value in rows:
@@ -228,9 +283,10 @@ async def run(directory: Path, n: int, rounds: int, replay_mb: int) -> None:
         return ", ".join(f"{r[key]:,.0f}" for r in results)
 
     print(f"  per round: raw {each('raw')}; sequential {each('seq')}; concurrent {each('conc')}")
+    return out.results
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.file_store")
     parser.add_argument("--dir", type=Path, default=None, help="a directory on the disk to test")
     parser.add_argument("--n", type=int, default=2000, help="sequential commits per round")
@@ -239,7 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv if argv is not None else [])
     directory = Path(tempfile.mkdtemp(prefix="wakeful-bench-", dir=args.dir))
     try:
-        asyncio.run(run(directory, args.n, args.rounds, args.replay_mb))
+        return asyncio.run(run(directory, args.n, args.rounds, args.replay_mb))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 

@@ -3,9 +3,12 @@ overhead, a ceiling for the others)."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import sys
 import time
 
+from benchmarks.common import Collector, Result, rounds_argument
 from wakeful import Checkpoint, Commit, EventDraft, ManualClock
 from wakeful.store.memory import MemoryStore
 
@@ -45,12 +48,23 @@ async def cycles(n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-def main() -> None:
-    c = asyncio.run(commits(20_000))
-    k = asyncio.run(cycles(20_000))
-    print(f"{'memory commit (checkpoint + event)':<45} {c:>10,.0f} /s")
-    print(f"{'memory claim+commit+release':<45} {k:>10,.0f} /s")
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.memory_store")
+    parser.add_argument("--n", type=int, default=20_000, help="operations per measurement")
+    rounds_argument(parser)
+    args = parser.parse_args(argv if argv is not None else [])
+    commit_rates, cycle_rates = [], []
+    for _ in range(args.rounds):
+        commit_rates.append(asyncio.run(commits(args.n)))
+        cycle_rates.append(asyncio.run(cycles(args.n)))
+    out = Collector("memory_store")
+    c = out.add("commit (checkpoint + event)", commit_rates, "/s")
+    k = out.add("claim + commit + release", cycle_rates, "/s")
+    print(f"memory store, {args.rounds} rounds of {args.n} (medians)")
+    print(f"{'memory commit (checkpoint + event)':<45} {c.value:>10,.0f} /s")
+    print(f"{'memory claim+commit+release':<45} {k.value:>10,.0f} /s")
+    return out.results
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

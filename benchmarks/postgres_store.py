@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import os
 import statistics
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -40,6 +41,7 @@ import psycopg
 import psycopg_pool
 from psycopg import sql
 
+from benchmarks.common import Collector, Result
 from wakeful.records import Checkpoint, Commit, Dispatch, Done, EventDraft
 from wakeful.store.postgres import PostgresStore, open_postgres_store
 from wakeful.store.postgres.codec import text
@@ -102,6 +104,24 @@ async def _cycles(store: PostgresStore, count: int, w: int) -> None:
         done += 1
 
 
+async def _enqueue(store: PostgresStore, n: int) -> None:
+    """``n`` pending dispatches for the claim cycles (setup, not timed: 16 at a time)."""
+    gate = asyncio.Semaphore(CLIENTS)
+
+    async def one(i: int) -> None:
+        async with gate:
+            await store.enqueue(
+                Dispatch(
+                    dispatch_id=uuid.uuid4().hex,
+                    thread_id=f"q-{uuid.uuid4().hex}",
+                    kind="start",
+                    payload={"i": i},
+                )
+            )
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
 async def _raw_client(
     pool: psycopg_pool.AsyncConnectionPool[Any], count: int, body: str, w: int
 ) -> None:
@@ -131,15 +151,7 @@ async def wakeful_and_raw_rates(dsn: str, n: int) -> dict[str, float]:
             per = n // k
             rates[f"raw x{k}"] = await _timed(partial(_raw_client, pool, per, body), n, k)
             rates[f"commit x{k}"] = await _timed(partial(_commits, store, per, state), n, k)
-            for i in range(n):
-                await store.enqueue(
-                    Dispatch(
-                        dispatch_id=uuid.uuid4().hex,
-                        thread_id=f"q-{uuid.uuid4().hex}",
-                        kind="start",
-                        payload={"i": i},
-                    )
-                )
+            await _enqueue(store, n)
             rates[f"cycle x{k}"] = await _timed(partial(_cycles, store, per), n, k)
     finally:
         await store.close()
@@ -242,13 +254,49 @@ def _drop(admin_dsn: str, name: str) -> None:
         )
 
 
-def main(argv: list[str] | None = None) -> None:
+def results(samples: dict[str, list[float]], skipped: str | None) -> list[Result]:
+    out = Collector("postgres_store")
+    out.add("raw one-row INSERT, 1 client", samples["raw x1"], "/s")
+    out.add(f"raw one-row INSERT, {CLIENTS} clients", samples[f"raw x{CLIENTS}"], "/s")
+    for k, target_raw, target_lg in ((1, 0.7, 3.0), (CLIENTS, None, None)):
+        label = "commit, sequential" if k == 1 else f"commit, {CLIENTS} concurrent"
+        clients = "1 client" if k == 1 else f"{CLIENTS} clients"
+        threads = "1 thread" if k == 1 else f"{CLIENTS} threads"
+        out.add(
+            f"{label} (vs raw INSERT)",
+            samples[f"commit x{k}"],
+            "/s",
+            anchor=f"raw one-row INSERT, {clients}",
+            anchor_samples=samples[f"raw x{k}"],
+            target=target_raw,
+        )
+        out.add(
+            f"{label} (vs LangGraph)",
+            samples[f"commit x{k}"],
+            "/s",
+            anchor=f"LangGraph PostgresSaver.put, {threads}",
+            anchor_samples=samples.get(f"put x{k}"),
+            target=target_lg,
+            skipped=skipped,
+        )
+    out.add("claim_next + settle, sequential", samples["cycle x1"], "/s")
+    out.add(f"claim_next + settle, {CLIENTS} concurrent", samples[f"cycle x{CLIENTS}"], "/s")
+    for key, label in (
+        ("put x1", "LangGraph PostgresSaver.put, 1 thread"),
+        (f"put x{CLIENTS}", f"LangGraph PostgresSaver.put, {CLIENTS} threads"),
+        (f"aput x{CLIENTS}", f"LangGraph AsyncPostgresSaver.aput, {CLIENTS} tasks"),
+    ):
+        if key in samples:
+            out.add(label, samples[key], "/s")
+    return out.results
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="server to benchmark (admin DSN)")
     parser.add_argument("--n", type=int, default=2000, help="operations per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported")
-    # parse_known_args: ``python -m benchmarks postgres_store`` leaves the name in sys.argv
-    args, _ = parser.parse_known_args(argv)
+    args = parser.parse_args(argv if argv is not None else [])
     name, dsn = _bench_database(args.dsn)
     samples: dict[str, list[float]] = {}
     note = ""
@@ -292,7 +340,8 @@ def main(argv: list[str] | None = None) -> None:
         vs_lg = f"{med[key] / med[their_key]:.2f}x" if their_key in med else ""
         print(f"{label:<50}{med[key]:>12,.0f}{vs_raw:>9}{vs_lg:>14}")
     print(note)
+    return results(samples, None if "put x1" in samples else note)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -24,6 +24,7 @@ import asyncio
 import os
 import sqlite3
 import statistics
+import sys
 import tempfile
 import time
 import uuid
@@ -33,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common import Collector, Result
 from wakeful.records import Checkpoint, Commit
 from wakeful.store import open_store
 from wakeful.store.contract import Store
@@ -179,12 +181,53 @@ async def langgraph_async_rates(directory: Path, n: int) -> dict[str, float]:
     return rates
 
 
-def main(argv: list[str] | None = None) -> None:
+def results(samples: dict[str, list[float]], skipped: str | None) -> list[Result]:
+    out = Collector("sqlite_store")
+    out.add("append+fsync (200 B), one writer", samples["floor"], "/s")
+    for label, key, anchor, target in (
+        ("commit, sequential", "commit x1", "put x1", 3.0),
+        (f"commit, {WRITERS} concurrent writers", f"commit x{WRITERS}", f"put x{WRITERS}", 3.0),
+        ("claim+commit+release, sequential", "cycle x1", "put x1", None),
+        (f"claim+commit+release, {WRITERS} concurrent", f"cycle x{WRITERS}", f"put x{WRITERS}",
+         None),
+    ):  # fmt: skip
+        threads = anchor.split("x")[1]
+        out.add(
+            label,
+            samples[key],
+            "/s",
+            anchor=f"LangGraph SqliteSaver.put, {threads} thread(s)",
+            anchor_samples=samples.get(anchor),
+            target=target,
+            skipped=skipped,
+        )
+    for key, anchor in (("commit x1", "aput x1"), (f"commit x{WRITERS}", f"aput x{WRITERS}")):
+        if anchor in samples:
+            tasks = anchor.split("x")[1]
+            out.add(
+                f"commit x{key.split('x')[1]} (vs the async saver)",
+                samples[key],
+                "/s",
+                anchor=f"LangGraph AsyncSqliteSaver.aput, {tasks} task(s)",
+                anchor_samples=samples[anchor],
+            )
+    for key, label in (
+        ("put x1", "LangGraph SqliteSaver.put, 1 thread"),
+        (f"put x{WRITERS}", f"LangGraph SqliteSaver.put, {WRITERS} threads"),
+        ("aput x1", "LangGraph AsyncSqliteSaver.aput, 1 task"),
+        (f"aput x{WRITERS}", f"LangGraph AsyncSqliteSaver.aput, {WRITERS} tasks"),
+    ):
+        if key in samples:
+            out.add(label, samples[key], "/s")
+    return out.results
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--n", type=int, default=2000, help="operations per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="rounds; medians are reported")
     parser.add_argument("--dir", type=Path, default=None, help="directory on the disk to test")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(argv if argv is not None else [])
     samples: dict[str, list[float]] = {}
     note = ""
     with tempfile.TemporaryDirectory(prefix="wakeful-bench-", dir=args.dir) as tmp:
@@ -230,7 +273,8 @@ def main(argv: list[str] | None = None) -> None:
             f"{WRITERS} concurrent {med[f'commit x{WRITERS}'] / med[f'aput x{WRITERS}']:.2f}x"
         )
     print(note)
+    return results(samples, None if "put x1" in samples else note)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

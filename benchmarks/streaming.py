@@ -4,12 +4,16 @@ Target: <= 5% overhead."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import statistics
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+from benchmarks.common import Collector, Result, rounds_argument
 from wakeful import open_store
 from wakeful.agent import Agent, StreamPolicy
 from wakeful.providers.base import ModelRequest, StreamEnd, StreamItem, TextDelta, Usage
@@ -50,20 +54,52 @@ async def rate(url: str, checkpoints: bool) -> float:
         return DELTAS / elapsed
 
 
-def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
-        rows = []
-        for name, url in (("file", f"file://{root / 'fs'}"), ("sqlite", f"sqlite:///{root}/s.db")):
-            off = asyncio.run(rate(url.replace("fs", "fs-off").replace("s.db", "off.db"), False))
-            on = asyncio.run(rate(url, True))
-            rows.append((name, off, on))
+LIMIT = 5.0
+"""Percent: the target's ceiling on checkpoint overhead."""
+
+
+def one_round(root: Path) -> dict[str, tuple[float, float]]:
+    rows = {}
+    for name, url in (("file", f"file://{root / 'fs'}"), ("sqlite", f"sqlite:///{root}/s.db")):
+        off = asyncio.run(rate(url.replace("fs", "fs-off").replace("s.db", "off.db"), False))
+        on = asyncio.run(rate(url, True))
+        rows[name] = (off, on)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.streaming")
+    rounds_argument(parser)
+    args = parser.parse_args(argv if argv is not None else [])
+    offs: dict[str, list[float]] = {}
+    ons: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, (off, on) in one_round(Path(tmp)).items():
+                offs.setdefault(name, []).append(off)
+                ons.setdefault(name, []).append(on)
     print(
-        f"{'store':<8} {'off /s':>10} {'on /s':>10} {'overhead':>9}   (provider pace {RATE:,.0f}/s)"
+        f"{'store':<8} {'off /s':>10} {'on /s':>10} {'overhead':>9}   (provider pace {RATE:,.0f}/s,"
+        f" {args.rounds} rounds, medians)"
     )
-    for name, off, on in rows:
-        print(f"{name:<8} {off:>10,.0f} {on:>10,.0f} {100 * (1 - on / off):>8.1f}%")
+    out = Collector("streaming")
+    for name in offs:
+        # each round's on/off pair ran back to back: the overhead is judged per round
+        overheads = [100 * (1 - on / off) for off, on in zip(offs[name], ons[name], strict=True)]
+        off, on = statistics.median(offs[name]), statistics.median(ons[name])
+        result = out.add(
+            f"stream checkpoint overhead ({name})",
+            overheads,
+            "%",
+            higher_is_better=False,
+            anchor="limit",
+            anchor_samples=LIMIT,
+            target=1.0,
+            note=f"deltas/s off {off:,.0f}, on {on:,.0f}",
+        )
+        print(f"{name:<8} {off:>10,.0f} {on:>10,.0f} {result.value:>8.1f}%")
+    return out.results
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])
