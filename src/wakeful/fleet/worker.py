@@ -262,9 +262,9 @@ class Worker:
             )
             return Done()
         if owned_run is not None:
-            return await self._continue(d.dispatch_id, claim, owned_run, payload)
+            return await self._continue(d.dispatch_id, claim, owned_run, snap)
         if d.kind == "resume":
-            return await self._resume(d.dispatch_id, claim, latest, payload)
+            return await self._resume(d.dispatch_id, claim, snap, payload)
         return await self._start(d.dispatch_id, d.kind, claim, snap, payload)
 
     async def _start(
@@ -305,6 +305,7 @@ class Worker:
                 messages=messages,
                 consume=consume,
                 claim=claim,
+                snapshot=snap,
             )
         except RunInProgress as busy:
             if kind == "message":
@@ -328,9 +329,14 @@ class Worker:
         return target, waiting[message_id].payload, (message_id,)
 
     async def _resume(
-        self, dispatch_id: str, claim: Claim, latest: Checkpoint | None, payload: dict[str, Any]
+        self,
+        dispatch_id: str,
+        claim: Claim,
+        snap: ThreadSnapshot | None,
+        payload: dict[str, Any],
     ) -> Outcome:
         assert self._runtime is not None
+        latest = snap.checkpoint if snap is not None else None
         if latest is None or latest.status != "suspended":
             await self._note(claim, "dispatch.refused", {"reason": "the thread is not suspended"})
             return Done()
@@ -342,11 +348,12 @@ class Worker:
             tenant=payload.get("tenant"),
             claim=claim,
             resumed_by=dispatch_id,
+            snapshot=snap,
         )
         return await self._follow(dispatch_id, handle)
 
     async def _continue(
-        self, dispatch_id: str, claim: Claim, latest: Checkpoint, payload: dict[str, Any]
+        self, dispatch_id: str, claim: Claim, latest: Checkpoint, snap: ThreadSnapshot | None
     ) -> Outcome:
         """The dispatch's run was admitted before (this is a redelivery)."""
         if latest.status == "suspended":
@@ -356,7 +363,7 @@ class Worker:
         assert self._runtime is not None
         target = self.registry.for_graph(latest.metadata.get("graph"))
         handle = await self._runtime.recover(
-            claim.thread_id, target.graph, tenant=latest.tenant, claim=claim
+            claim.thread_id, target.graph, tenant=latest.tenant, claim=claim, snapshot=snap
         )
         return await self._follow(dispatch_id, handle)
 

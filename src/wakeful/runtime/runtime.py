@@ -120,21 +120,26 @@ class Runtime:
     # ---------------------------------------------------------------- admission
 
     async def _admit(
-        self, thread_id: str, tenant: str | None, claim: Claim | None = None
+        self,
+        thread_id: str,
+        tenant: str | None,
+        claim: Claim | None = None,
+        snapshot: ThreadSnapshot | None = None,
     ) -> tuple[Claim, ThreadSnapshot | None]:
         """Check the tenant, claim the thread (unless the caller passes the claim it holds,
-        as a worker does with a lease), and read the thread under the claim."""
+        as a worker does with a lease), and read the thread under the claim (unless the
+        caller passes the snapshot it read under that claim)."""
         check_id("thread_id", thread_id)
         check_optional_id("tenant", tenant)
         if claim is not None and claim.thread_id != thread_id:
             raise InvalidInput("claim", f"is a claim on {claim.thread_id!r}, not {thread_id!r}")
-        before = await self.store.read(thread_id)
-        _check_tenant(thread_id, before, tenant)
         owned = claim is None
         if claim is None:
+            # the tenant is checked before anything else, and before claiming
+            _check_tenant(thread_id, await self.store.read(thread_id), tenant)
             claim = await self.store.claim(thread_id, self.holder, self.claims.ttl)
         try:
-            snap = await self.store.read(thread_id)
+            snap = snapshot if snapshot is not None else await self.store.read(thread_id)
             _check_tenant(thread_id, snap, tenant)
         except BaseException:
             await self._give_back(thread_id, claim, owned)
@@ -187,6 +192,7 @@ class Runtime:
         messages: Sequence[Message] = (),
         consume: Sequence[str] = (),
         claim: Claim | None = None,
+        snapshot: ThreadSnapshot | None = None,
     ) -> RunHandle:
         """Claim the thread and start a new run with ``input`` applied to the thread's state
         through the reducers; ``messages`` are appended to the thread in the run's first
@@ -195,12 +201,13 @@ class Runtime:
         run is unfinished.
 
         ``claim``: run under a claim the caller already holds (a worker's lease); the caller
-        then keeps it at the end (and settles) instead of the runtime releasing it."""
+        then keeps it at the end (and settles) instead of the runtime releasing it.
+        ``snapshot``: with ``claim``, the thread as the caller read it under that claim."""
         if durability not in DURABILITIES:
             raise InvalidInput("durability", f"must be one of {DURABILITIES}")
         run_id = check_id("run_id", run_id) if run_id else f"run-{uuid.uuid4().hex}"
         owned = claim is None
-        claim, snap = await self._admit(thread_id, tenant, claim)
+        claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
         try:
             latest = snap.checkpoint if snap is not None else None
             if latest is not None and latest.status in ("running", "suspended"):
@@ -251,12 +258,13 @@ class Runtime:
         tenant: str | None = None,
         allow_graph_change: bool = False,
         claim: Claim | None = None,
+        snapshot: ThreadSnapshot | None = None,
     ) -> RunHandle:
         """Continue a running run whose process died, once its claim has expired (until
         then ``ThreadBusy``). Pending writes are read after the claim is granted and every
-        finished task's result is reused. ``claim`` as for ``start``."""
+        finished task's result is reused. ``claim`` and ``snapshot`` as for ``start``."""
         owned = claim is None
-        claim, snap = await self._admit(thread_id, tenant, claim)
+        claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
         try:
             latest = snap.checkpoint if snap is not None else None
             if latest is None or latest.status != "running":
@@ -294,13 +302,14 @@ class Runtime:
         allow_graph_change: bool = False,
         claim: Claim | None = None,
         resumed_by: str | None = None,
+        snapshot: ThreadSnapshot | None = None,
     ) -> RunHandle:
         """Answer some or all open tickets of a suspended run and continue it. Tasks that
         finished before the suspension are not run again. ``claim`` as for ``start``;
         ``resumed_by`` (a dispatch id) is recorded in the run's checkpoints so a redelivered
         resume can tell it was already applied."""
         owned = claim is None
-        claim, snap = await self._admit(thread_id, tenant, claim)
+        claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
         try:
             latest = snap.checkpoint if snap is not None else None
             if latest is None or latest.status != "suspended":
