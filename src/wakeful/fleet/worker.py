@@ -243,15 +243,20 @@ class Worker:
         snap = await self.store.read(d.thread_id)
         latest = snap.checkpoint if snap is not None else None
         owned_run = _owned_run(d.dispatch_id, d.kind, payload, latest)
+        if owned_run is not None and owned_run.status != "running":
+            # The run ended or suspended before an earlier owner could settle: the thread says
+            # what happened, whatever the budget (a redelivery never records a second ending).
+            return Awaiting() if owned_run.status == "suspended" else Done()
         if lease.exhausted:
             self.stats.exhausted += 1
             self.metrics.exhausted.inc()
             await self._terminate(
                 claim,
-                latest if owned_run else None,
+                owned_run,
                 "indeterminate",
                 "run.indeterminate",
-                {"dispatch_id": d.dispatch_id, "attempts": d.attempts},
+                {"dispatch_id": d.dispatch_id, "max_attempts": d.max_attempts},
+                operation_id=f"{d.dispatch_id}:exhausted",
             )
             return Done()
         if d.kind == "cancel":
@@ -355,11 +360,7 @@ class Worker:
     async def _continue(
         self, dispatch_id: str, claim: Claim, latest: Checkpoint, snap: ThreadSnapshot | None
     ) -> Outcome:
-        """The dispatch's run was admitted before (this is a redelivery)."""
-        if latest.status == "suspended":
-            return Awaiting()
-        if latest.status != "running":
-            return Done()  # it finished; only the settle was lost
+        """The dispatch's running run was admitted before (this is a redelivery)."""
         assert self._runtime is not None
         target = self.registry.for_graph(latest.metadata.get("graph"))
         handle = await self._runtime.recover(
@@ -384,9 +385,12 @@ class Worker:
         status: Any,
         event_type: str,
         data: dict[str, Any],
+        operation_id: str | None = None,
     ) -> None:
         """Record a terminal status for the thread's unfinished run (if any) with an event
-        for observers, under the lease's claim."""
+        for observers, under the lease's claim. With only an event to record, ``operation_id``
+        makes a redelivered attempt return the first one's receipt instead of a second
+        event."""
         checkpoint = None
         if latest is not None and latest.status in UNFINISHED:
             ordinal = int(latest.metadata.get("ordinal", 0)) + 1
@@ -408,7 +412,7 @@ class Worker:
                 token=claim.token,
                 checkpoint=checkpoint,
                 events=(EventDraft(type=event_type, data=data, run_id=run_id),),
-                operation_id=f"{checkpoint.id}:end" if checkpoint else None,
+                operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
             ),
         )
 
