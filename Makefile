@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test lint demo bench clean
+.PHONY: venv test lint demo bench chaos clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,11 @@ $(BENCH_STAMP): $(STAMP)
 
 bench: $(BENCH_STAMP)
 	$(BIN)/python -m benchmarks $(BENCH_ARGS)
+
+# The full chaos matrix (>= 500 fault trials); writes docs/reliability.md.
+CHAOS_TRIALS ?= 40
+chaos: $(STAMP)
+	CHAOS_TRIALS=$(CHAOS_TRIALS) CHAOS_JOBS=2 $(BIN)/python -m tests.chaos --report docs/reliability.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
