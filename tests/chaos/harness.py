@@ -21,6 +21,7 @@ from typing import Any
 
 from tests import services
 from wakeful import open_store
+from wakeful.errors import StoreUnavailable
 from wakeful.records import (
     Checkpoint,
     Dispatch,
@@ -185,7 +186,8 @@ class Stores:
             if self._template is None:
                 self._template = self._make_template()
         name = f"wakeful_chaos_{uuid.uuid4().hex[:16]}"
-        for attempt in range(50):
+        deadline = time.monotonic() + 90
+        while True:
             try:
                 with psycopg.connect(postgres_url("postgres"), autocommit=True) as admin:
                     admin.execute(
@@ -194,10 +196,14 @@ class Stores:
                         )
                     )
                 break
-            except psycopg.errors.ObjectInUse:  # another clone is being made from it
-                if attempt == 49:
+            except psycopg.errors.DuplicateDatabase:
+                break  # an earlier attempt did create it before its connection was lost
+            except (psycopg.errors.ObjectInUse, psycopg.OperationalError):
+                # another clone is being made from the template, or the server is restarting
+                # (a pg_restart trial, or another user of the server)
+                if time.monotonic() > deadline:
                     raise
-                time.sleep(0.1)
+                time.sleep(0.2)
         with self._lock:
             self._databases.append(name)
         return postgres_url(name)
@@ -306,5 +312,14 @@ async def dump_store(store: Store, extra: tuple[str, ...] = ()) -> Dump:
 
 
 async def read_dump(url: str, extra: tuple[str, ...] = ()) -> Dump:
-    async with open_store(url, **store_options(url)) as store:
-        return await dump_store(store, extra)
+    """Everything the store holds. Retried while the store is unavailable (a PostgreSQL
+    restart by someone else, a SQLite lock held by a process about to be woken)."""
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            async with open_store(url, **store_options(url)) as store:
+                return await dump_store(store, extra)
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)

@@ -28,6 +28,7 @@ class CellFigures:
     takeovers: int = 0
     fenced: int = 0
     stalled: int = 0
+    locked_out: int = 0
     second: int = 0
     wakes: Counter[str] = field(default_factory=Counter)
     commits: int = 0
@@ -51,6 +52,7 @@ def figures(results: list[TrialResult]) -> dict[tuple[str, str], CellFigures]:
         c.takeovers += int(r.notes.get("takeovers") or 0)
         c.fenced += int(r.notes.get("stale_refusals") or 0)
         c.stalled += bool(r.notes.get("stalled"))
+        c.locked_out += int(r.notes.get("locked_out") or 0)
         c.second += bool(r.notes.get("second"))
         if r.kind == "writer_kill":
             c.commits += int(r.notes.get("commits") or 0)
@@ -163,7 +165,7 @@ def markdown(results: list[TrialResult], command: str, duration: float, skipped:
     recoveries: Counter[str] = Counter()
     outcomes: Counter[str] = Counter()
     faults: dict[str, Counter[str]] = defaultdict(Counter)
-    takeovers = fenced = stalled = second = commits = claims = 0
+    takeovers = fenced = stalled = locked_out = second = commits = claims = 0
     wakes: Counter[str] = Counter()
     for (kind, _), c in cells.items():
         recoveries += c.recoveries
@@ -172,6 +174,7 @@ def markdown(results: list[TrialResult], command: str, duration: float, skipped:
         takeovers += c.takeovers
         fenced += c.fenced
         stalled += c.stalled
+        locked_out += c.locked_out
         second += c.second
         wakes += c.wakes
         commits += c.commits
@@ -211,7 +214,8 @@ def markdown(results: list[TrialResult], command: str, duration: float, skipped:
     if stalled:
         add(
             f"- {stalled} SIGSTOP trials on SQLite stopped the worker while it held the "
-            "database's write lock: every other process waited until SIGCONT (see the limits)."
+            "database's write lock: every other process waited until SIGCONT, and "
+            f"{locked_out} workers started meanwhile gave up opening the store (see the limits)."
         )
     add("")
     add("## Violations in this run")
@@ -410,9 +414,12 @@ LIMITS = """## Limits and what is not covered
 - **SIGSTOP on SQLite can stall everyone.** A worker stopped inside a write transaction (its
   writer thread was committing when the signal came) keeps the database's write lock: no
   other process can write until it is continued. That is liveness, not safety (the woken
-  worker is then fenced like any other), and it is inherent to SQLite's single writer. The
-  trials detect it (they try `BEGIN IMMEDIATE` when the successors stall) and count it
-  separately. PostgreSQL has no such stall: a statement runs to its end on the server
+  worker is then fenced like any other), and it is inherent to SQLite's single writer.
+  Opening a SQLite store takes the write lock too (for its migration check), so a worker
+  started meanwhile fails to open with `StoreUnavailable` after `busy_timeout` (5 s). The
+  trials detect the stall (`BEGIN IMMEDIATE` fails while the successors are stuck or gone),
+  wake the worker, replace the workers that could not open, and count it apart; safety is
+  still checked. PostgreSQL has no such stall: a statement runs to its end on the server
   whatever happens to the client.
 - The file store is one process at a time, so it has no SIGSTOP or concurrent-relay trials;
   its crash points are the store's own `crash_at` hooks plus SIGKILL.

@@ -29,7 +29,7 @@ from tests.chaos import checks, ledger
 from tests.chaos.checks import Violation
 from tests.chaos.harness import Child, Dump, Stores, read_dump, store_options, wait_until
 from wakeful import open_store
-from wakeful.errors import CorruptStore
+from wakeful.errors import CorruptStore, StoreUnavailable
 from wakeful.fleet import RELAY_THREAD, submit
 from wakeful.records import Commit, OutboxEntry
 from wakeful.store.file.root import COMPACTION_STEPS
@@ -193,28 +193,34 @@ def make_workload(rng: random.Random, scale: int = 1) -> Workload:
 
 
 async def submit_workload(url: str, work: Workload, acks: Path) -> None:
-    async with open_store(url, **store_options(url)) as store:
-        for thread, plan in work.agents.items():
-            d = await submit(
-                store,
-                thread,
-                "agent",
-                {"chaos": plan},
-                dispatch_id=f"d-{thread}",
-                max_attempts=work.attempts[thread],
-            )
-            ledger.append(acks, {"op": "enqueue", "dispatch": d.dispatch_id, "pid": 0})
-        for thread, width in work.pipelines.items():
-            graph_input = {"log": [], "inbox": work.inbox, "width": width}
-            d = await submit(
-                store,
-                thread,
-                "pipeline",
-                graph_input,
-                dispatch_id=f"d-{thread}",
-                max_attempts=work.attempts[thread],
-            )
-            ledger.append(acks, {"op": "enqueue", "dispatch": d.dispatch_id, "pid": 0})
+    """Submit every dispatch (idempotent by dispatch id: retried while the store is
+    unavailable, e.g. PostgreSQL restarted by another user of the server)."""
+    requests: list[tuple[str, str, Any]] = [
+        (thread, "agent", {"chaos": plan}) for thread, plan in work.agents.items()
+    ]
+    requests += [
+        (thread, "pipeline", {"log": [], "inbox": work.inbox, "width": width})
+        for thread, width in work.pipelines.items()
+    ]
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            async with open_store(url, **store_options(url)) as store:
+                for thread, target, graph_input in requests:
+                    d = await submit(
+                        store,
+                        thread,
+                        target,
+                        graph_input,
+                        dispatch_id=f"d-{thread}",
+                        max_attempts=work.attempts[thread],
+                    )
+                    ledger.append(acks, {"op": "enqueue", "dispatch": d.dispatch_id, "pid": 0})
+            return
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 def worker_fault(t: Trial, work: Workload, action: str) -> dict[str, Any]:
@@ -327,15 +333,38 @@ def held_lock(url: str, alone: bool) -> bool:
     return alone or all(sqlite_locked(url) for _ in range(3))
 
 
+LOCKED_OUT = "stayed locked by another connection"
+
+
 def finish_all(t: Trial, children: list[Child], deadline: float) -> bool:
+    """Wait for the children to exit by themselves (workers drain, then stop). One that is
+    still running at the deadline is a liveness failure (it is then terminated); one that
+    failed is a harness failure, except a worker that could not open a SQLite store because
+    a paused worker held its write lock (opening takes it): counted as ``locked_out``."""
     end = time.monotonic() + deadline
     ok = True
     for child in children:
-        if not child.finish(max(0.1, end - time.monotonic())):
+        if not child.wait(max(0.1, end - time.monotonic())):
+            child.finish(0)
+            t.fail("liveness", f"{child.name} did not finish within {deadline:.0f} s")
             ok = False
-            if child.proc.returncode not in (0, -signal.SIGTERM):
+        elif child.proc.returncode != 0:
+            ok = False
+            if child.proc.returncode == 1 and LOCKED_OUT in child.tail(4000):
+                t.notes["locked_out"] = t.notes.get("locked_out", 0) + 1
+            else:
                 t.fail("harness", f"{child.name} exited {child.proc.returncode}: {child.tail()}")
     return ok
+
+
+def drain(t: Trial, work: Workload, children: list[Child]) -> None:
+    """Let every child finish; if some were locked out of the store, a fresh worker drains
+    what they left. Then check."""
+    locked = t.notes.get("locked_out", 0)
+    finish_all(t, children, 90)
+    if t.notes.get("locked_out", 0) > locked:
+        finish_all(t, [t.spawn("worker", worker_cfg(t, "w9", None))], 90)
+    check_workers(t, work, asyncio.run(read_dump(t.url, tuple(work.threads))))
 
 
 def check_workers(t: Trial, work: Workload, dump: Dump) -> None:
@@ -426,9 +455,7 @@ def worker_trial(t: Trial, action: str) -> None:
         others.append(t.spawn("worker", worker_cfg(t, "w4", None)))
     others = [c for c in others if c.alive() or c.proc.returncode != -signal.SIGKILL]
     if action == "kill":
-        if not finish_all(t, others + ([first] if first.alive() else []), 90):
-            t.fail("liveness", "the replacement workers did not drain the queue in time")
-        check_workers(t, work, asyncio.run(read_dump(t.url, tuple(work.threads))))
+        drain(t, work, others + ([first] if first.alive() else []))
         return
     paused = first.stopped()
     if paused and t.rng.random() < 0.5:
@@ -436,9 +463,7 @@ def worker_trial(t: Trial, action: str) -> None:
         t.notes["wake"] = f"SIGCONT {awake:.2f}s after the stop, successors running"
         wait_until(lambda: all(not c.alive() for c in others), awake)
         first.send(signal.SIGCONT)
-        if not finish_all(t, [*others, first], 90):
-            t.fail("liveness", "the workers did not drain the queue in time")
-        check_workers(t, work, asyncio.run(read_dump(t.url, tuple(work.threads))))
+        drain(t, work, [*others, first])
         return
 
     def successors_done() -> bool:
@@ -447,25 +472,21 @@ def worker_trial(t: Trial, action: str) -> None:
     done = wait_until(successors_done, 15)
     if t.store == "sqlite" and paused and held_lock(t.url, done):
         # Stopped inside a write transaction: nobody can write (nor open the store) until
-        # it runs again. Liveness, counted apart; safety is still checked below.
+        # it runs again. Liveness, counted apart; safety is still checked.
         t.notes["stalled"] = "the paused worker holds the SQLite write lock"
         first.send(signal.SIGCONT)
-        if not finish_all(t, [*others, first], 90):
-            t.fail("liveness", "the workers did not drain the queue in time")
-        check_workers(t, work, asyncio.run(read_dump(t.url, tuple(work.threads))))
+        drain(t, work, [*others, first])
         return
     if not done and not wait_until(successors_done, 45):
         t.fail("liveness", "the successors did not finish while the first worker was paused")
         first.send(signal.SIGCONT)
-        finish_all(t, [*others, first], 60)
-        check_workers(t, work, asyncio.run(read_dump(t.url, tuple(work.threads))))
+        drain(t, work, [*others, first])
         return
     finish_all(t, others, 10)
     before = asyncio.run(read_dump(t.url, tuple(work.threads)))
     t.notes["wake"] = "SIGCONT after the successors finished"
     first.send(signal.SIGCONT)
-    if not finish_all(t, [first], 60):
-        t.fail("liveness", "the woken worker did not stop by itself")
+    finish_all(t, [first], 60)
     after = asyncio.run(read_dump(t.url, tuple(work.threads)))
     if paused:
         t.violations += checks.unchanged(before, after, skip=(RELAY_THREAD,))
@@ -504,8 +525,7 @@ def pg_restart(t: Trial) -> None:
         )
     finally:
         ensure_server_up()
-    if not finish_all(t, workers, 120):
-        t.fail("liveness", "the workers did not drain the queue after the restart")
+    finish_all(t, workers, 120)
     check_workers(t, work, asyncio.run(read_dump(t.url, tuple(work.threads))))
 
 
@@ -594,9 +614,8 @@ def relay_kill(t: Trial) -> None:
             wait_until(lambda: not other.alive(), t.rng.uniform(0.0, 0.3))  # noqa: B023
             other.kill()
     t.notes["hit"] = any(hits)
-    drain = t.spawn("relay", relay_cfg(t, "drain", None, drain=True))
-    if not finish_all(t, [drain], 60):
-        t.fail("liveness", "the draining relay did not finish")
+    drainer = t.spawn("relay", relay_cfg(t, "drain", None, drain=True))
+    finish_all(t, [drainer], 60)
     staged = {(tgt, mid) for a in ledger.read(acks) for tgt, mid in a["outbox"]}
     dump, left = asyncio.run(relay_dump(t.url))
     t.violations += checks.delivered(dump, staged, consumed=False) + checks.events_unique(dump)
@@ -606,9 +625,17 @@ def relay_kill(t: Trial) -> None:
 
 
 async def relay_dump(url: str) -> tuple[Dump, int]:
+    """The store, and how many staged entries a last relay call still finds."""
     dump = await read_dump(url)
-    async with open_store(url, **store_options(url)) as store:
-        return dump, await store.relay_outbox(100)
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            async with open_store(url, **store_options(url)) as store:
+                return dump, await store.relay_outbox(100)
+        except StoreUnavailable:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 # ---------------------------------------------------------------- writer kill
