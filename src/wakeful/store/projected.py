@@ -84,6 +84,7 @@ from wakeful.store.validate import (
     canonical,
     check_commit,
     check_dispatch,
+    check_listing,
     check_policy,
     check_text,
     check_token,
@@ -93,7 +94,6 @@ CANCEL_PRIORITY = 2**31 - 1
 """Cancellation dispatches outrank all other work."""
 
 DISPATCH_KINDS = frozenset(("start", "resume", "cancel", "message"))
-DISPATCH_STATUSES = frozenset(("pending", "leased", "awaiting", "done", "quarantined"))
 
 
 class ProjectedStore:
@@ -485,11 +485,7 @@ class ProjectedStore:
         after: str | None = None,
         limit: int = 100,
     ) -> list[Dispatch]:
-        if status is not None and status not in DISPATCH_STATUSES:
-            raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
-        check_optional_id("thread_id", thread_id)
-        check_optional_id("after", after)
-        limit = check_count("limit", limit, minimum=1)
+        limit = check_listing(status, thread_id, after, limit)
         state = self._open()
         floor = state.dispatch_order.get(after, 0) if after is not None else 0
         if after is not None and after not in state.dispatch_order:

@@ -147,3 +147,15 @@ def check_policy(policy: object) -> RetentionPolicy:
         if value is not None:
             check_count(name, value, maximum=2**62)
     return policy
+
+
+DISPATCH_STATUSES = frozenset(("pending", "leased", "awaiting", "done", "quarantined"))
+
+
+def check_listing(status: object, thread_id: object, after: object, limit: object) -> int:
+    """The arguments of ``list_dispatches``; returns the page size."""
+    if status is not None and status not in DISPATCH_STATUSES:
+        raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
+    check_optional_id("thread_id", thread_id)
+    check_optional_id("after", after)
+    return check_count("limit", limit, minimum=1)

@@ -13,7 +13,7 @@ import uuid
 from typing import Any
 
 from wakeful.errors import DispatchConflict, InvalidInput, NotFound, StoreUnavailable
-from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
+from wakeful.ids import check_count, check_id, check_seconds
 from wakeful.records import (
     Awaiting,
     Claim,
@@ -29,8 +29,14 @@ from wakeful.records import (
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.codec import DISPATCH_COLUMNS
 from wakeful.store.postgres.connection import Database, big, utc
-from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS, DISPATCH_STATUSES
-from wakeful.store.validate import canonical, check_dispatch, check_text, check_token
+from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS
+from wakeful.store.validate import (
+    canonical,
+    check_dispatch,
+    check_listing,
+    check_text,
+    check_token,
+)
 
 _ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)"
 _CLAIM_NEXT = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.claim_next(%s, %s, %s)"
@@ -150,11 +156,7 @@ class QueueOps:
         after: str | None = None,
         limit: int = 100,
     ) -> list[Dispatch]:
-        if status is not None and status not in DISPATCH_STATUSES:
-            raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
-        check_optional_id("thread_id", thread_id)
-        check_optional_id("after", after)
-        limit = check_count("limit", limit, minimum=1)
+        limit = check_listing(status, thread_id, after, limit)
         floor = 0
         if after is not None:
             found = await self._db.fetchone(_CURSOR, (after,), idempotent=True)

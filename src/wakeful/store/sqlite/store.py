@@ -48,13 +48,14 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
-from wakeful.store.projected import DISPATCH_KINDS, DISPATCH_STATUSES
+from wakeful.store.projected import DISPATCH_KINDS
 from wakeful.store.sqlite import messaging, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
 from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
     check_commit,
     check_dispatch,
+    check_listing,
     check_policy,
     check_stream_checkpoint,
     check_text,
@@ -289,11 +290,7 @@ class SqliteStore:
         after: str | None = None,
         limit: int = 100,
     ) -> list[Dispatch]:
-        if status is not None and status not in DISPATCH_STATUSES:
-            raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
-        check_optional_id("thread_id", thread_id)
-        check_optional_id("after", after)
-        limit = check_count("limit", limit, minimum=1)
+        limit = check_listing(status, thread_id, after, limit)
         return await self._read(lambda c: queue.list_dispatches(c, status, thread_id, after, limit))
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:
