@@ -15,7 +15,7 @@ from wakeful.testkit import StoreConformance
 
 
 class TestFileStore(StoreConformance):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"relay_crash_injection"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"relay_crash_injection", "folded_writes"})
 
     @pytest.fixture(autouse=True)
     def _roots(self, tmp_path: Path) -> None:

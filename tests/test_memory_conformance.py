@@ -11,7 +11,7 @@ from wakeful.testkit import StoreConformance
 
 
 class TestMemoryStore(StoreConformance):
-    capabilities: ClassVar[frozenset[str]] = frozenset({"relay_crash_injection"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"relay_crash_injection", "folded_writes"})
 
     async def new_store(self, clock: ManualClock) -> Store:
         return MemoryStore(clock)

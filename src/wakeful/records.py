@@ -140,6 +140,11 @@ class Commit(msgspec.Struct, frozen=True, kw_only=True):
     expected_version: int | None = None
     outbox: tuple[OutboxEntry, ...] = ()
     consume: tuple[str, ...] = ()
+    release: bool = False
+    """End the claim with this commit, as ``release`` would right after it."""
+    settle: Settle | None = None
+    """Settle the thread's leased dispatch in the same atomic step (which also ends the
+    claim), as ``settle(dispatch_id, token, outcome)`` would right after it."""
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -260,6 +265,14 @@ class Retry(msgspec.Struct, frozen=True, tag="retry"):
 
 
 Outcome: TypeAlias = Done | Awaiting | Retry
+
+
+class Settle(msgspec.Struct, frozen=True, kw_only=True):
+    """A settle carried by a ``Commit``: the run's last commit and the end of its lease
+    become one atomic step (one transaction, one fsync)."""
+
+    dispatch_id: str
+    outcome: Outcome
 
 
 class WorkerIdentity(msgspec.Struct, frozen=True, kw_only=True):

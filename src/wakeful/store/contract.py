@@ -62,7 +62,9 @@ class ThreadStore(Protocol):
         """Apply ``commit`` atomically, or nothing. Checks, in this order:
 
         1. ``commit.token`` is the current claim (live, or expired and not replaced), else
-           ``StaleClaim``;
+           ``StaleClaim`` -- except that a recorded ``operation_id`` with the same payload
+           still returns its receipt while no claim was granted after ``token`` (so a commit
+           that ended its own claim with ``release`` or ``settle`` answers its retries);
         2. a recorded ``operation_id``: the same payload (everything but the token) returns
            the original receipt and changes nothing; another payload is ``OperationConflict``;
         3. ``expected_version`` not the thread's version, or ``checkpoint.parent`` not the
@@ -70,13 +72,29 @@ class ThreadStore(Protocol):
         4. writes naming any checkpoint but the one latest after this commit, a duplicate
            task write, a message id already on the thread, a checkpoint id used before,
            consuming an id not in the inbox: ``InvalidCommit``; a checkpoint whose tenant
-           differs from the thread's: ``TenantMismatch``.
+           differs from the thread's: ``TenantMismatch``;
+        5. ``settle``: the dispatch must exist (``NotFound``), belong to this thread
+           (``InvalidCommit``) and be leased with ``commit.token`` (``StaleClaim``), exactly
+           as ``settle`` checks it.
 
         Then everything applies: a new checkpoint replaces the latest and drops its pending
         writes; events get the next contiguous numbers (never reused, not after a refusal,
         a compaction or a restart); messages append in order; outbox entries are staged;
         consumed inbox entries are removed; the version increases by one. A thread's tenant
-        is fixed by its first applied commit (its checkpoint's tenant, else none)."""
+        is fixed by its first applied commit (its checkpoint's tenant, else none). Last,
+        ``settle`` settles the dispatch as ``settle`` would (ending the claim), and
+        ``release`` ends the claim as ``release`` would: both in the same atomic step."""
+        ...
+
+    async def claim_and_commit(
+        self, thread_id: str, holder: str, ttl: float, commit: Commit
+    ) -> tuple[Claim, Receipt]:
+        """``claim`` then ``commit`` under the granted token, as one atomic step (one
+        transaction, one fsync): a run's admission without a separate claim write.
+        ``commit.token`` is ignored. Refusals are those of ``claim`` (``ThreadBusy``) and of
+        ``commit`` (step 2 on); any refusal changes nothing: no claim is granted and no token
+        is spent. A recorded ``operation_id`` with the same payload returns its receipt
+        beside the new claim."""
         ...
 
     async def read(self, thread_id: str) -> ThreadSnapshot | None:

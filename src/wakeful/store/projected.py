@@ -34,13 +34,11 @@ from wakeful.errors import (
 )
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
-    Awaiting,
     Checkpoint,
     Claim,
     Commit,
     Dispatch,
     DispatchStatus,
-    Done,
     Event,
     InboxMessage,
     Lease,
@@ -85,9 +83,11 @@ from wakeful.store.validate import (
     check_commit,
     check_dispatch,
     check_listing,
+    check_outcome,
     check_policy,
     check_text,
     check_token,
+    outcome_fields,
 )
 
 CANCEL_PRIORITY = 2**31 - 1
@@ -200,11 +200,64 @@ class ProjectedStore:
         t = state.threads.get(thread_id)
         # 1. fencing, always first
         current = t.claim if t is not None else None
+        digest = payload_hash(commit)
         if current is None or current.token != commit.token:
+            replayed = _released_replay(state, thread_id, commit, digest)
+            if replayed is not None:
+                return replayed
             raise StaleClaim(thread_id, commit.token, current.token if current else None)
         assert t is not None
-        # 2. a retried operation
+        prepared = self._prepare(state, t, commit, digest, now)
+        if isinstance(prepared, Receipt):
+            return prepared
+        await self._record(prepared)
+        if commit.events:
+            self._notify(thread_id)
+        return prepared.receipt
+
+    async def claim_and_commit(
+        self, thread_id: str, holder: str, ttl: float, commit: Commit
+    ) -> tuple[Claim, Receipt]:
+        check_id("holder", holder)
+        ttl = check_seconds("ttl", ttl)
+        commit, _ = check_commit(thread_id, commit)
+        state, now = self._open(), self._now()
+        existing = state.threads.get(thread_id)
+        if existing is not None and existing.claim is not None and existing.claim.is_live(now):
+            raise ThreadBusy(
+                thread_id, existing.claim.holder, _latest_id(existing), existing.claim.expires_at
+            )
+        claim = Claim(
+            thread_id=thread_id,
+            holder=holder,
+            token=state.epochs.get(thread_id, 0) + 1,
+            expires_at=now + timedelta(seconds=ttl),
+        )
+        commit = msgspec.structs.replace(commit, token=claim.token)
         digest = payload_hash(commit)
+        t = existing if existing is not None else ThreadState(thread_id)
+        prepared = self._prepare(state, t, commit, digest, now, claimed=claim)
+        if isinstance(prepared, Receipt):
+            await self._record(Claimed(claim))
+            return claim, prepared
+        await self._record(prepared)
+        if commit.events:
+            self._notify(thread_id)
+        return claim, prepared.receipt
+
+    def _prepare(
+        self,
+        state: State,
+        t: ThreadState,
+        commit: Commit,
+        digest: str,
+        now: datetime,
+        claimed: Claim | None = None,
+    ) -> Committed | Receipt:
+        """Steps 2-5 of ``commit`` for the claim holder: the recorded receipt of a retried
+        operation, or the record to apply. Raises the refusal; changes nothing."""
+        thread_id = t.thread_id
+        # 2. a retried operation
         if commit.operation_id is not None and commit.operation_id in t.receipts:
             recorded_hash, receipt, _ = t.receipts[commit.operation_id]
             if recorded_hash != digest:
@@ -218,6 +271,24 @@ class ProjectedStore:
             raise VersionConflict(thread_id, commit.checkpoint.parent, latest, "parent checkpoint")
         # 4. consistency with the thread
         _check_commit_against(t, commit)
+        # 5. the dispatch it settles
+        settled = None
+        if commit.settle is not None:
+            d = state.dispatches.get(commit.settle.dispatch_id)
+            if d is None:
+                raise NotFound("dispatch", commit.settle.dispatch_id)
+            if d.thread_id != thread_id:
+                raise InvalidCommit(
+                    thread_id,
+                    f"it settles dispatch {d.dispatch_id!r}, which belongs to thread "
+                    f"{d.thread_id!r}",
+                )
+            epoch = claimed.token if claimed is not None else state.epochs.get(thread_id, 0)
+            if d.status != "leased" or d.token != commit.token or epoch != commit.token:
+                raise StaleClaim(thread_id, commit.token, epoch)
+            status, delay, error = outcome_fields(commit.settle.outcome)
+            retry = Retry(delay, error) if status == "pending" else None
+            settled = settled_record(d, commit.token, status, retry, now)
         resulting = commit.checkpoint.id if commit.checkpoint is not None else latest
         first = t.next_seq
         receipt = Receipt(
@@ -227,10 +298,7 @@ class ProjectedStore:
             events=tuple(range(first, first + len(commit.events))),
             operation_id=commit.operation_id,
         )
-        await self._record(Committed(thread_id, commit, receipt, digest, now))
-        if commit.events:
-            self._notify(thread_id)
-        return receipt
+        return Committed(thread_id, commit, receipt, digest, now, claim=claimed, settled=settled)
 
     # ------------------------------------------------------------ reads
 
@@ -428,19 +496,9 @@ class ProjectedStore:
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         check_id("dispatch_id", dispatch_id)
         check_token(token)
-        retry: Retry | None = None
-        if isinstance(outcome, Retry):
-            check_seconds("retry delay", outcome.delay, allow_zero=True)
-            if outcome.error is not None:
-                check_text("retry error", outcome.error)
-            retry = outcome
-            status = "pending"
-        elif isinstance(outcome, Done):
-            status = "done"
-        elif isinstance(outcome, Awaiting):
-            status = "awaiting"
-        else:
-            raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
+        check_outcome(outcome)
+        status, delay, error = outcome_fields(outcome)
+        retry = Retry(delay, error) if status == "pending" else None
         state, now = self._open(), self._now()
         d = state.dispatches.get(dispatch_id)
         if d is None:
@@ -639,6 +697,20 @@ def _latest_id(t: ThreadState | None) -> str | None:
         return None
     latest = t.latest
     return latest.id if latest is not None else None
+
+
+def _released_replay(state: State, thread_id: str, commit: Commit, digest: str) -> Receipt | None:
+    """The receipt of a retried operation whose commit ended its own claim: no claim was
+    granted after ``commit.token`` and the operation is recorded with the same payload."""
+    t = state.threads.get(thread_id)
+    if t is None or commit.operation_id is None or t.claim is not None:
+        return None
+    if state.epochs.get(thread_id, 0) != commit.token:
+        return None
+    recorded = t.receipts.get(commit.operation_id)
+    if recorded is None or recorded[0] != digest:
+        return None
+    return recorded[1]
 
 
 def _current_claim(state: State, thread_id: str) -> Claim | None:

@@ -57,6 +57,10 @@ class Committed(msgspec.Struct, frozen=True, tag="committed"):
     receipt: Receipt
     payload_hash: str
     at: datetime
+    claim: Claim | None = None
+    """Granted just before the commit applied (``claim_and_commit``)."""
+    settled: Settled | None = None
+    """The settle the commit carried, resolved at commit time."""
 
 
 class Compacted(msgspec.Struct, frozen=True, tag="compacted"):
@@ -247,8 +251,14 @@ class State:
                         self._put_dispatch(msgspec.structs.replace(d, lease_until=expires))
             case Released(thread_id=tid):
                 self.threads[tid].claim = None
-            case Committed():
+            case Committed(thread_id=tid, claim=claim, settled=settled, commit=commit):
+                if claim is not None:
+                    self.apply(Claimed(claim))
                 self._apply_commit(record)
+                if settled is not None:
+                    self._apply_settle(settled)
+                if commit.release:
+                    self.threads[tid].claim = None
             case Compacted(thread_id=tid, floor=floor):
                 t = self.threads[tid]
                 del t.events[: floor - t.floor]

@@ -14,7 +14,16 @@ import msgspec
 
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_aware, check_count, check_id, check_optional_id, check_seconds
-from wakeful.records import Commit, Dispatch, RetentionPolicy, StreamCheckpoint
+from wakeful.records import (
+    Awaiting,
+    Commit,
+    Dispatch,
+    Done,
+    Outcome,
+    RetentionPolicy,
+    Retry,
+    StreamCheckpoint,
+)
 
 MAX_COMMIT_BYTES = 16 * 1024 * 1024
 MAX_DISPATCH_BYTES = 1024 * 1024
@@ -73,7 +82,31 @@ def check_commit(thread_id: str, commit: Commit) -> tuple[Commit, bytes]:
         check_optional_id("outbox.correlation_id", entry.correlation_id)
     for message_id in copy.consume:
         check_id("consume", message_id)
+    if copy.settle is not None:
+        check_id("settle.dispatch_id", copy.settle.dispatch_id)
+        check_outcome(copy.settle.outcome)
     return copy, body
+
+
+def check_outcome(outcome: object) -> str:
+    """A settle outcome; returns the dispatch status it leads to (``pending`` for a retry)."""
+    if isinstance(outcome, Retry):
+        check_seconds("retry delay", outcome.delay, allow_zero=True)
+        if outcome.error is not None:
+            check_text("retry error", outcome.error)
+        return "pending"
+    if isinstance(outcome, Done):
+        return "done"
+    if isinstance(outcome, Awaiting):
+        return "awaiting"
+    raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
+
+
+def outcome_fields(outcome: Outcome) -> tuple[str, float, str | None]:
+    """(status, retry delay, retry error) of a checked outcome."""
+    if isinstance(outcome, Retry):
+        return "pending", outcome.delay, outcome.error
+    return check_outcome(outcome), 0.0, None
 
 
 def check_dispatch(dispatch: Dispatch) -> Dispatch:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from wakeful.testkit.claim_cases import ClaimCases
 from wakeful.testkit.commit_cases import CommitCases
+from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.queue_cases import QueueCases
@@ -32,7 +33,9 @@ class StatefulCases(Harness):
         run_stateful(self, max_examples=self.stateful_examples)
 
 
-class StoreConformance(CommitCases, ClaimCases, QueueCases, MessagingCases, StatefulCases):
+class StoreConformance(
+    CommitCases, ClaimCases, FoldCases, QueueCases, MessagingCases, StatefulCases
+):
     """Every conformance case. Subclass it with a ``Test`` name and implement ``new_store``."""
 
 
@@ -40,6 +43,7 @@ __all__ = [
     "CAPABILITIES",
     "ClaimCases",
     "CommitCases",
+    "FoldCases",
     "Harness",
     "Kit",
     "MessagingCases",

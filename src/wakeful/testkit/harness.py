@@ -19,6 +19,10 @@ CAPABILITIES: dict[str, str] = {
         "the store can be made to crash between a relay's inbox append and the deletion of "
         "the staged entry (stores whose relay is one transaction cannot and do not need to)"
     ),
+    "folded_writes": (
+        "Commit.release, Commit.settle and claim_and_commit (stores written before they "
+        "existed lack them)"
+    ),
 }
 """Capabilities a store may declare; a case needing an undeclared one is skipped, saying so."""
 
