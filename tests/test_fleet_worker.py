@@ -12,11 +12,11 @@ import pytest
 import pytest_asyncio
 
 from tests.runtime_support import eventually
-from wakeful import Done, ManualClock, StaleClaim
+from wakeful import Commit, Done, ManualClock, StaleClaim, StoreUnavailable
 from wakeful.fleet import LocalWake, Registry, Worker, cancel, resume, send_message, submit
 from wakeful.providers.base import ProviderError
 from wakeful.records import Dispatch
-from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, append
+from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, append
 from wakeful.store.memory import MemoryStore
 
 POLICY = ClaimPolicy(ttl=30, renew_every=10)
@@ -121,23 +121,64 @@ async def test_a_submitted_run_completes_and_its_dispatch_is_done(env: Env) -> N
 
 
 @pytest.mark.asyncio
-async def test_crash_after_commit_before_settle_runs_nothing_again(env: Env) -> None:
+async def test_the_ending_commit_settles_the_dispatch_in_the_same_write(env: Env) -> None:
+    settles: list[str] = []
     original_settle = env.store.settle
-    lost: list[str] = []
 
-    async def lose_first_settle(dispatch_id: str, token: int, outcome: Any) -> Any:
-        if not lost:
-            lost.append(dispatch_id)
-            raise ConnectionError("the settle response was lost")
+    async def counting_settle(dispatch_id: str, token: int, outcome: Any) -> Any:
+        settles.append(dispatch_id)
         return await original_settle(dispatch_id, token, outcome)
 
-    env.store.settle = lose_first_settle  # type: ignore[method-assign]
+    env.store.settle = counting_settle  # type: ignore[method-assign]
     env.worker("w1")
     await submit(env.store, "t1", "echo", {}, dispatch_id="d1", wake=env.wake)
-    await eventually(lambda: bool(lost))
+    await dispatch_status(env, "d1", "done")
+    assert settles == [], "the run's last commit settled it; no separate settle"
+    snap = await env.store.read("t1")
+    assert snap is not None and snap.claim is None and snap.checkpoint is not None
+    assert snap.checkpoint.status == "completed"
+
+
+@pytest.mark.asyncio
+async def test_a_lost_response_to_the_ending_commit_is_answered_by_its_receipt(env: Env) -> None:
+    original_commit = env.store.commit
+    lost: list[str] = []
+
+    async def lose_ending_response(thread_id: str, commit: Commit) -> Any:
+        receipt = await original_commit(thread_id, commit)
+        if commit.settle is not None and not lost:
+            lost.append(commit.settle.dispatch_id)
+            raise StoreUnavailable("the response of the ending commit was lost")
+        return receipt
+
+    env.store.commit = lose_ending_response  # type: ignore[method-assign]
+    env.worker("w1")
+    await submit(env.store, "t1", "echo", {}, dispatch_id="d1", wake=env.wake)
+    await dispatch_status(env, "d1", "done")
+    assert lost == ["d1"]
+    assert env.calls == {"a": 1, "b": 1}
+    assert (await env.dispatch("d1")).attempts == 1
+    events = await env.store.events_after("t1", 0, 1000)
+    assert [e.type for e in events].count("run.completed") == 1
+    await eventually(lambda: env.workers[0][0].stats.done == 1)
+    assert env.workers[0][0].stats.fenced == 0
+
+
+@pytest.mark.asyncio
+async def test_crash_after_commit_before_settle_runs_nothing_again(env: Env) -> None:
+    # A run that ended without settling its lease (its process died in between): the
+    # thread says completed while the dispatch is still leased to the dead holder.
+    await submit(env.store, "t1", "echo", {}, dispatch_id="d1")
+    (lease,) = await env.store.claim_next("dead-worker", 30)
+    runtime = Runtime(env.store, POLICY, env.clock)
+    handle = await runtime.start(
+        "t1", env.registry.get("echo").graph, {}, run_id="run-d1", claim=lease.claim
+    )
+    await handle.result()
     assert (await env.status("t1")) == "completed"
     assert (await env.dispatch("d1")).status == "leased"
     env.clock.advance(31)
+    env.worker("w1")
     await env.wake.notify()
     await dispatch_status(env, "d1", "done")
     assert env.calls == {"a": 1, "b": 1}, "the finished run was not run again"

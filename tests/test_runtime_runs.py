@@ -23,6 +23,7 @@ from wakeful.errors import (
 from wakeful.runtime import START, Graph, NodeContext, RetryPolicy, Runtime, append
 from wakeful.runtime.context import idempotency_key
 from wakeful.store.memory import MemoryStore
+from wakeful.store.projection import Committed, Mutation
 
 
 class State(TypedDict):
@@ -71,6 +72,57 @@ async def test_each_durability_mode_completes_with_the_same_state(durability: st
         )
     history = await store.checkpoints("t")
     assert len(history) == (2 if durability == "exit" else 4)
+
+
+class RecordingStore(MemoryStore):
+    """A memory store that keeps the kind of every durable write it makes."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.kinds: list[str] = []
+
+    async def _persist(self, record: Mutation) -> None:
+        kind = type(record).__name__
+        if isinstance(record, Committed):
+            kind += "+claim" if record.claim is not None else ""
+            kind += "+release" if record.commit.release else ""
+        self.kinds.append(kind)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("durability", ["sync", "exit"])
+async def test_a_run_claims_with_its_first_commit_and_releases_with_its_last(
+    durability: str,
+) -> None:
+    store = RecordingStore(ManualClock())
+    handle = await Runtime(store).start("t", linear("a", "b", "c"), {}, durability=durability)
+    await handle.result()
+    middle = ["Committed"] * (2 if durability == "sync" else 0)
+    assert store.kinds == ["Committed+claim", *middle, "Committed+release"]
+    snap = await store.read("t")
+    assert snap is not None and snap.claim is None and snap.version == len(store.kinds)
+
+
+@pytest.mark.asyncio
+async def test_a_suspended_run_releases_with_its_suspension_and_resume_reclaims() -> None:
+    async def ask(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        return {"log": [str(ctx.interrupt("ok?"))]}
+
+    g = Graph(State)
+    g.node("ask", ask)
+    g.edge(START, "ask")
+    graph = g.compile()
+    store = RecordingStore(ManualClock())
+    runtime = Runtime(store)
+    outcome = await (await runtime.start("t", graph, {})).result()
+    assert outcome.status == "suspended"
+    assert store.kinds == ["Committed+claim", "Committed+release"]
+    snap = await store.read("t")
+    assert snap is not None and snap.claim is None
+    (ticket,) = outcome.tickets
+    done = await (await runtime.resume("t", graph, {ticket.id: "yes"})).result()
+    assert done.state == {"log": ["yes"]}
+    assert store.kinds[2:] == ["Claimed", "Committed", "Committed+release"]
 
 
 @pytest.mark.asyncio

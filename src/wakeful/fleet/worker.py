@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import (
     CheckpointWriteFailed,
@@ -44,6 +46,7 @@ from wakeful.records import (
     Outcome,
     RetentionPolicy,
     Retry,
+    Settle,
     ThreadSnapshot,
 )
 from wakeful.runtime.claims import ClaimPolicy
@@ -217,7 +220,10 @@ class Worker:
             log.warning("dispatch %s failed: %s", d.dispatch_id, exc)
             outcome = Retry(self._backoff(d.attempts), f"{type(exc).__name__}: {exc}")
         try:
-            await self.store.settle(d.dispatch_id, claim.token, outcome)
+            if isinstance(outcome, Settled):
+                outcome = outcome.outcome  # the run's last commit settled it
+            else:
+                await self.store.settle(d.dispatch_id, claim.token, outcome)
         except StaleClaim:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
@@ -237,7 +243,7 @@ class Worker:
         base = min(self.retry_backoff * 2 ** max(attempts - 1, 0), self.max_retry_backoff)
         return float(base * random.uniform(0.75, 1.25))
 
-    async def _execute(self, lease: Lease) -> Outcome:
+    async def _execute(self, lease: Lease) -> Outcome | Settled:
         d, claim = lease.dispatch, lease.claim
         payload = d.payload if isinstance(d.payload, dict) else {}
         snap = await self.store.read(d.thread_id)
@@ -257,15 +263,21 @@ class Worker:
                 "run.indeterminate",
                 {"dispatch_id": d.dispatch_id, "max_attempts": d.max_attempts},
                 operation_id=f"{d.dispatch_id}:exhausted",
+                settle=d.dispatch_id,
             )
-            return Done()
+            return Settled(Done())
         if d.kind == "cancel":
             reason = str(payload.get("reason", "cancelled"))
             unfinished = latest if latest is not None and latest.status in UNFINISHED else None
             await self._terminate(
-                claim, unfinished, "cancelled", "run.cancelled", {"reason": reason}
+                claim,
+                unfinished,
+                "cancelled",
+                "run.cancelled",
+                {"reason": reason},
+                settle=d.dispatch_id,
             )
-            return Done()
+            return Settled(Done())
         if owned_run is not None:
             return await self._continue(d.dispatch_id, claim, owned_run, snap)
         if d.kind == "resume":
@@ -279,7 +291,7 @@ class Worker:
         claim: Claim,
         snap: ThreadSnapshot | None,
         payload: dict[str, Any],
-    ) -> Outcome:
+    ) -> Outcome | Settled:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
         run_id = str(payload.get("run_id") or f"run-{dispatch_id}")
@@ -295,8 +307,8 @@ class Worker:
             state, messages = target.prepare(input, run_id)
         except (NotFound, TypeError, ValueError) as refused:
             # an unknown target or an input the target cannot take: retrying cannot help
-            await self._note(claim, "dispatch.refused", {"reason": str(refused)})
-            return Done()
+            await self._note(claim, "dispatch.refused", {"reason": str(refused)}, dispatch_id)
+            return Settled(Done())
         tenant = payload.get("tenant")
         if kind == "message" and not payload.get("external") and latest is not None:
             tenant = latest.tenant  # relayed between threads: the target thread's tenant
@@ -311,12 +323,13 @@ class Worker:
                 consume=consume,
                 claim=claim,
                 snapshot=snap,
+                dispatch_id=dispatch_id,
             )
         except RunInProgress as busy:
             if kind == "message":
                 return Retry(self._backoff(1), str(busy))  # the message waits in the inbox
-            await self._note(claim, "dispatch.refused", {"reason": str(busy)})
-            return Done()
+            await self._note(claim, "dispatch.refused", {"reason": str(busy)}, dispatch_id)
+            return Settled(Done())
         return await self._follow(dispatch_id, handle)
 
     async def _message_input(
@@ -339,12 +352,13 @@ class Worker:
         claim: Claim,
         snap: ThreadSnapshot | None,
         payload: dict[str, Any],
-    ) -> Outcome:
+    ) -> Outcome | Settled:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
         if latest is None or latest.status != "suspended":
-            await self._note(claim, "dispatch.refused", {"reason": "the thread is not suspended"})
-            return Done()
+            reason = {"reason": "the thread is not suspended"}
+            await self._note(claim, "dispatch.refused", reason, dispatch_id)
+            return Settled(Done())
         target = self.registry.for_graph(latest.metadata.get("graph"))
         handle = await self._runtime.resume(
             claim.thread_id,
@@ -354,29 +368,37 @@ class Worker:
             claim=claim,
             resumed_by=dispatch_id,
             snapshot=snap,
+            dispatch_id=dispatch_id,
         )
         return await self._follow(dispatch_id, handle)
 
     async def _continue(
         self, dispatch_id: str, claim: Claim, latest: Checkpoint, snap: ThreadSnapshot | None
-    ) -> Outcome:
+    ) -> Outcome | Settled:
         """The dispatch's running run was admitted before (this is a redelivery)."""
         assert self._runtime is not None
         target = self.registry.for_graph(latest.metadata.get("graph"))
         handle = await self._runtime.recover(
-            claim.thread_id, target.graph, tenant=latest.tenant, claim=claim, snapshot=snap
+            claim.thread_id,
+            target.graph,
+            tenant=latest.tenant,
+            claim=claim,
+            snapshot=snap,
+            dispatch_id=dispatch_id,
         )
         return await self._follow(dispatch_id, handle)
 
-    async def _follow(self, dispatch_id: str, handle: RunHandle) -> Outcome:
+    async def _follow(self, dispatch_id: str, handle: RunHandle) -> Outcome | Settled:
         self._handles[dispatch_id] = handle
+        ending: Outcome
         try:
             outcome: RunOutcome = await handle.result()
+            ending = Awaiting() if outcome.status == "suspended" else Done()
         except RunFailed:
-            return Done()  # recorded as failed on the thread
+            ending = Done()  # recorded as failed on the thread
         except RunInterrupted as exc:
             return Retry(self._backoff(1), str(exc))
-        return Awaiting() if outcome.status == "suspended" else Done()
+        return Settled(ending) if handle.settled else ending
 
     async def _terminate(
         self,
@@ -386,11 +408,12 @@ class Worker:
         event_type: str,
         data: dict[str, Any],
         operation_id: str | None = None,
+        settle: str | None = None,
     ) -> None:
         """Record a terminal status for the thread's unfinished run (if any) with an event
         for observers, under the lease's claim. With only an event to record, ``operation_id``
         makes a redelivered attempt return the first one's receipt instead of a second
-        event."""
+        event. ``settle``: the dispatch settled ``Done`` by the same commit."""
         checkpoint = None
         if latest is not None and latest.status in UNFINISHED:
             ordinal = int(latest.metadata.get("ordinal", 0)) + 1
@@ -413,14 +436,32 @@ class Worker:
                 checkpoint=checkpoint,
                 events=(EventDraft(type=event_type, data=data, run_id=run_id),),
                 operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
+                settle=_done(settle),
             ),
         )
 
-    async def _note(self, claim: Claim, event_type: str, data: dict[str, Any]) -> None:
+    async def _note(
+        self, claim: Claim, event_type: str, data: dict[str, Any], settle: str | None = None
+    ) -> None:
+        """An event for observers; ``settle``: the dispatch settled ``Done`` with it."""
         await self.store.commit(
             claim.thread_id,
-            Commit(token=claim.token, events=(EventDraft(type=event_type, data=data),)),
+            Commit(
+                token=claim.token,
+                events=(EventDraft(type=event_type, data=data),),
+                settle=_done(settle),
+            ),
         )
+
+
+class Settled(msgspec.Struct, frozen=True):
+    """An outcome already recorded by the commit that ended the work."""
+
+    outcome: Outcome
+
+
+def _done(dispatch_id: str | None) -> Settle | None:
+    return None if dispatch_id is None else Settle(dispatch_id=dispatch_id, outcome=Done())
 
 
 def _owned_run(

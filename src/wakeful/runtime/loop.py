@@ -28,14 +28,17 @@ from wakeful.errors import (
     WakefulError,
 )
 from wakeful.records import (
+    Awaiting,
     Checkpoint,
     Claim,
     Commit,
+    Done,
     EventDraft,
     Message,
     OutboxEntry,
     PendingWrite,
     RunStatus,
+    Settle,
 )
 from wakeful.runtime.claims import ClaimPolicy, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
@@ -94,6 +97,10 @@ class Execution:
     renew_sleep: Sleep
     publish_live: Any
     release_claim: bool = True
+    settle_dispatch: str | None = None
+    """The leased dispatch this run settles with its ending commit (a worker's run)."""
+    claim_ended: bool = False
+    """The ending commit also ended the claim (``release`` or ``settle``)."""
     status: str = "running"
     yield_requested: bool = False
     fence: BaseException | None = None
@@ -196,7 +203,7 @@ class Execution:
         finally:
             await self._renewer.stop()
             await self._writer.close()
-            if release:
+            if release and not self.claim_ended:
                 try:
                     await self.store.release(self.thread_id, self.claim.token)
                 except Exception as exc:  # the claim expires on its own
@@ -248,6 +255,7 @@ class Execution:
                     events=carried,
                     messages=messages,
                     outbox=outbox,
+                    ending=Done(),
                 )
                 await self._run_callbacks(callbacks)
                 self.status = "completed"
@@ -436,14 +444,26 @@ class Execution:
         events: tuple[EventDraft, ...] = (),
         messages: tuple[Message, ...] = (),
         outbox: tuple[OutboxEntry, ...] = (),
+        ending: Done | Awaiting | None = None,
     ) -> None:
+        """A synchronous commit. ``ending``: the run ends (or suspends) with it, so it also
+        ends the claim in the same atomic step: settling the worker's dispatch with
+        ``ending``, or releasing a claim this runtime took."""
+        commit = self._commit(checkpoint, (*events, event), writes, messages, outbox)
+        ends_claim = ending is not None and (self.settle_dispatch is not None or self.release_claim)
+        if ending is not None and self.settle_dispatch is not None:
+            settle = Settle(dispatch_id=self.settle_dispatch, outcome=ending)
+            commit = msgspec.structs.replace(commit, settle=settle)
+        elif ends_claim:
+            commit = msgspec.structs.replace(commit, release=True)
+        if ends_claim:
+            await self._renewer.stop()  # no renewal may race the end of the claim
         try:
-            await self._writer.commit_now(
-                self._commit(checkpoint, (*events, event), writes, messages, outbox)
-            )
+            await self._writer.commit_now(commit)
         except Exception as exc:
             self._fenced(exc)
             self._check()
+        self.claim_ended = self.claim_ended or ends_claim
         self._recorded(messages)
         self.checkpoint = checkpoint
 
@@ -473,7 +493,7 @@ class Execution:
             data={"tickets": [t.id for t in tickets]},
             run_id=self.run_id,
         )
-        await self._commit_now(suspended, event, carried)
+        await self._commit_now(suspended, event, carried, ending=Awaiting())
         self.status = "suspended"
         return RunOutcome(
             thread_id=self.thread_id,
@@ -486,7 +506,11 @@ class Execution:
     async def _end(self, status: RunStatus, event_type: str, data: dict[str, Any]) -> None:
         cp = self.checkpoint
         final = self._next_checkpoint(cp, status, cp.state, list(cp.frontier), **data)
-        await self._commit_now(final, EventDraft(type=event_type, data=data, run_id=self.run_id))
+        # a failed run is settled done; a cancelled one leaves its dispatch to the canceller
+        ending = Done() if status == "failed" else None
+        await self._commit_now(
+            final, EventDraft(type=event_type, data=data, run_id=self.run_id), ending=ending
+        )
         self.status = status
 
 

@@ -18,8 +18,10 @@ from wakeful.errors import (
     NothingToRecover,
     NotSuspended,
     RunInProgress,
+    StoreUnavailable,
     TenantMismatch,
     UnknownTicket,
+    VersionConflict,
 )
 from wakeful.ids import check_id, check_optional_id
 from wakeful.records import (
@@ -71,6 +73,11 @@ class RunHandle:
     def renewals(self) -> int:
         return self._execution.renewals
 
+    @property
+    def settled(self) -> bool:
+        """The run's ending commit also settled its dispatch (see ``dispatch_id``)."""
+        return self._execution.claim_ended and self._execution.settle_dispatch is not None
+
     async def result(self) -> RunOutcome:
         """The outcome (``completed`` or ``suspended``); raises ``RunFailed``,
         ``RunCancelled`` or ``CheckpointWriteFailed`` for the other endings."""
@@ -90,6 +97,71 @@ class RunHandle:
         """Ask the run to stop at its next superstep boundary without recording an ending
         (``result()`` then raises ``RunYielded``): for a process shutting down gracefully."""
         self._execution.yield_requested = True
+
+
+ADMISSION_ATTEMPTS = 5
+"""How often ``start`` re-reads a thread that changed between its read and its claim."""
+
+
+class _Admission:
+    """A new run's first checkpoint and commit, built from the thread as read."""
+
+    def __init__(
+        self,
+        graph: CompiledGraph,
+        input: Mapping[str, Any] | None,
+        durability: str,
+        tenant: str | None,
+        run_id: str,
+        messages: Sequence[Message],
+        consume: Sequence[str],
+    ) -> None:
+        self.graph = graph
+        self.input = dict(input or {})
+        self.durability = durability
+        self.tenant = tenant
+        self.run_id = run_id
+        self.messages = tuple(messages)
+        self.consume = tuple(consume)
+
+    def build(
+        self, thread_id: str, snap: ThreadSnapshot | None, clock: Clock
+    ) -> tuple[Checkpoint, Commit]:
+        """Raises ``RunInProgress`` while the thread's last run is unfinished. The commit's
+        token is 0: the caller puts its claim's token in."""
+        latest = snap.checkpoint if snap is not None else None
+        if latest is not None and latest.status in ("running", "suspended"):
+            raise RunInProgress(thread_id, latest.run_id, latest.status)
+        graph = self.graph
+        state = graph.apply(dict(latest.state or {}) if latest else {}, dict(self.input))
+        tasks = graph.next_tasks(START, state)
+        first = Checkpoint(
+            id=f"{self.run_id}-c0",
+            parent=latest.id if latest is not None else None,
+            run_id=self.run_id,
+            status="running",
+            state=state,
+            created_at=clock.now(),
+            tenant=self.tenant,
+            frontier=frontier_entries(0, tasks),
+            metadata={
+                "step": 0,
+                "ordinal": 0,
+                "graph": graph.name,
+                "fingerprint": graph.fingerprint,
+                "durability": self.durability,
+            },
+        )
+        event = EventDraft(type="run.started", data={"graph": graph.name}, run_id=self.run_id)
+        commit = Commit(
+            token=0,
+            checkpoint=first,
+            events=(event,),
+            messages=self.messages,
+            consume=self.consume,
+            operation_id=first.id,
+        )
+        return first, commit
 
 
 class Runtime:
@@ -161,6 +233,7 @@ class Runtime:
         writes: tuple[PendingWrite, ...],
         durability: str,
         release: bool,
+        dispatch_id: str | None = None,
     ) -> RunHandle:
         return RunHandle(
             Execution(
@@ -177,6 +250,7 @@ class Runtime:
                 renew_sleep=self.renew_sleep,
                 publish_live=self.live.publish,
                 release_claim=release,
+                settle_dispatch=None if release else dispatch_id,
             )
         )
 
@@ -193,6 +267,7 @@ class Runtime:
         consume: Sequence[str] = (),
         claim: Claim | None = None,
         snapshot: ThreadSnapshot | None = None,
+        dispatch_id: str | None = None,
     ) -> RunHandle:
         """Claim the thread and start a new run with ``input`` applied to the thread's state
         through the reducers; ``messages`` are appended to the thread in the run's first
@@ -200,54 +275,54 @@ class Runtime:
         ``ThreadBusy`` while another claim is live and with ``RunInProgress`` while the last
         run is unfinished.
 
+        Without ``claim``, the claim and the run's first commit are one atomic write
+        (``claim_and_commit``) checked against the thread as read just before it, and the
+        run's ending commit releases the claim.
+
         ``claim``: run under a claim the caller already holds (a worker's lease); the caller
         then keeps it at the end (and settles) instead of the runtime releasing it.
-        ``snapshot``: with ``claim``, the thread as the caller read it under that claim."""
+        ``snapshot``: with ``claim``, the thread as the caller read it under that claim.
+        ``dispatch_id``: with ``claim``, the leased dispatch that the run's ending commit
+        settles in the same atomic step (``Done`` when the run completes or fails,
+        ``Awaiting`` when it suspends; ``RunHandle.settled`` tells whether it did)."""
         if durability not in DURABILITIES:
             raise InvalidInput("durability", f"must be one of {DURABILITIES}")
         run_id = check_id("run_id", run_id) if run_id else f"run-{uuid.uuid4().hex}"
-        owned = claim is None
+        check_optional_id("dispatch_id", dispatch_id)
+        admission = _Admission(graph, input, durability, tenant, run_id, messages, consume)
+        if claim is None:
+            check_id("thread_id", thread_id)
+            check_optional_id("tenant", tenant)
+            for _attempt in range(ADMISSION_ATTEMPTS):
+                snap = await self.store.read(thread_id)
+                _check_tenant(thread_id, snap, tenant)
+                try:
+                    first, commit = admission.build(thread_id, snap, self.clock)
+                except RunInProgress:
+                    # a live run's claim is the answer (ThreadBusy); an abandoned run's is
+                    # RunInProgress, judged under a claim like every admission
+                    probe = await self.store.claim(thread_id, self.holder, self.claims.ttl)
+                    await self.store.release(thread_id, probe.token)
+                    raise
+                commit = msgspec.structs.replace(
+                    commit, expected_version=snap.version if snap is not None else 0
+                )
+                try:
+                    claim, _ = await self.store.claim_and_commit(
+                        thread_id, self.holder, self.claims.ttl, commit
+                    )
+                except VersionConflict:
+                    continue  # the thread moved between the read and the claim: read again
+                return self._execute(graph, thread_id, claim, first, (), durability, True)
+            raise StoreUnavailable(
+                f"thread {thread_id!r} changed under {ADMISSION_ATTEMPTS} admissions in a row"
+            )
         claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
-        try:
-            latest = snap.checkpoint if snap is not None else None
-            if latest is not None and latest.status in ("running", "suspended"):
-                raise RunInProgress(thread_id, latest.run_id, latest.status)
-            state = graph.apply(dict(latest.state or {}) if latest else {}, dict(input or {}))
-            tasks = graph.next_tasks(START, state)
-            first = Checkpoint(
-                id=f"{run_id}-c0",
-                parent=latest.id if latest is not None else None,
-                run_id=run_id,
-                status="running",
-                state=state,
-                created_at=self.clock.now(),
-                tenant=tenant,
-                frontier=frontier_entries(0, tasks),
-                metadata={
-                    "step": 0,
-                    "ordinal": 0,
-                    "graph": graph.name,
-                    "fingerprint": graph.fingerprint,
-                    "durability": durability,
-                },
-            )
-            event = EventDraft(type="run.started", data={"graph": graph.name}, run_id=run_id)
-            await commit_retrying(
-                self.store,
-                thread_id,
-                Commit(
-                    token=claim.token,
-                    checkpoint=first,
-                    events=(event,),
-                    messages=tuple(messages),
-                    consume=tuple(consume),
-                    operation_id=first.id,
-                ),
-            )
-        except BaseException:
-            await self._give_back(thread_id, claim, owned)
-            raise
-        return self._execute(graph, thread_id, claim, first, (), durability, owned)
+        first, commit = admission.build(thread_id, snap, self.clock)
+        await commit_retrying(
+            self.store, thread_id, msgspec.structs.replace(commit, token=claim.token)
+        )
+        return self._execute(graph, thread_id, claim, first, (), durability, False, dispatch_id)
 
     async def recover(
         self,
@@ -259,10 +334,12 @@ class Runtime:
         allow_graph_change: bool = False,
         claim: Claim | None = None,
         snapshot: ThreadSnapshot | None = None,
+        dispatch_id: str | None = None,
     ) -> RunHandle:
         """Continue a running run whose process died, once its claim has expired (until
         then ``ThreadBusy``). Pending writes are read after the claim is granted and every
-        finished task's result is reused. ``claim`` and ``snapshot`` as for ``start``."""
+        finished task's result is reused. ``claim``, ``snapshot`` and ``dispatch_id`` as for
+        ``start``."""
         owned = claim is None
         claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
         try:
@@ -289,7 +366,7 @@ class Runtime:
             await self._give_back(thread_id, claim, owned)
             raise
         assert snap is not None
-        return self._execute(graph, thread_id, claim, latest, snap.writes, mode, owned)
+        return self._execute(graph, thread_id, claim, latest, snap.writes, mode, owned, dispatch_id)
 
     async def resume(
         self,
@@ -303,11 +380,12 @@ class Runtime:
         claim: Claim | None = None,
         resumed_by: str | None = None,
         snapshot: ThreadSnapshot | None = None,
+        dispatch_id: str | None = None,
     ) -> RunHandle:
         """Answer some or all open tickets of a suspended run and continue it. Tasks that
         finished before the suspension are not run again. ``claim`` as for ``start``;
         ``resumed_by`` (a dispatch id) is recorded in the run's checkpoints so a redelivered
-        resume can tell it was already applied."""
+        resume can tell it was already applied. ``dispatch_id`` as for ``start``."""
         owned = claim is None
         claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
         try:
@@ -357,7 +435,7 @@ class Runtime:
             await self._give_back(thread_id, claim, owned)
             raise
         mode = durability or str(latest.metadata.get("durability", "sync"))
-        return self._execute(graph, thread_id, claim, resumed, carried, mode, owned)
+        return self._execute(graph, thread_id, claim, resumed, carried, mode, owned, dispatch_id)
 
     async def delete_thread(self, thread_id: str, *, tenant: str | None = None) -> None:
         """Delete the thread and everything in it; refused with ``ThreadBusy`` while a run
