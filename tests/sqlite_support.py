@@ -102,6 +102,11 @@ class Alternating:
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
         return await self.next().commit(thread_id, commit)
 
+    async def claim_and_commit(
+        self, thread_id: str, holder: str, ttl: float, commit: Commit
+    ) -> tuple[Claim, Receipt]:
+        return await self.next().claim_and_commit(thread_id, holder, ttl, commit)
+
     async def read(self, thread_id: str) -> ThreadSnapshot | None:
         return await self.next().read(thread_id)
 

@@ -5,6 +5,7 @@ file), and a variant whose store alternates every call between two store objects
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import ClassVar
 
 import pytest
 
@@ -32,6 +33,8 @@ def _url_of(store: Store) -> str:
 
 
 class TestSqliteStore(StoreConformance):
+    capabilities: ClassVar[frozenset[str]] = frozenset({"folded_writes"})
+
     async def new_store(self, clock: ManualClock) -> Store:
         return await open_store(sqlite_url(_files.new_path()), clock=clock)
 
@@ -46,6 +49,8 @@ class TestSqliteStore(StoreConformance):
 
 class TestSqliteAlternatingStores(TestSqliteStore):
     """Every call goes to the other of two store objects on the same file."""
+
+    capabilities: ClassVar[frozenset[str]] = frozenset({"folded_writes"})
 
     async def new_store(self, clock: ManualClock) -> Store:
         url = sqlite_url(_files.new_path())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +23,20 @@ from wakeful.errors import (
     StoreUnavailable,
     ThreadBusy,
     UnsupportedStore,
+    VersionConflict,
 )
-from wakeful.records import Checkpoint, Commit, EventDraft, Message, Receipt, RetentionPolicy
+from wakeful.records import (
+    Checkpoint,
+    Commit,
+    Dispatch,
+    Done,
+    EventDraft,
+    Message,
+    Receipt,
+    RetentionPolicy,
+    Retry,
+    Settle,
+)
 from wakeful.store import open_store
 from wakeful.store.contract import Store
 from wakeful.store.memory import MemoryStore
@@ -420,3 +432,68 @@ async def test_group_commit_isolates_each_write(
         snap = await store.read("t1")
         assert snap is not None and snap.version == 4 and snap.message_count == 4
         assert [e.type for e in await store.events_after("t1")] == ["e0", "e3", "e6", "e9"]
+
+
+@case
+async def test_folded_writes_in_one_group_roll_back_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refused folded write rolls back its own savepoint whole (the claim it granted
+    included), and the writes after it in the same transaction see the state without it."""
+    sizes: list[int] = []
+    original = connection._Writer._run_batch
+
+    def recording(self: connection._Writer, batch: list[connection._Job]) -> None:
+        sizes.append(len(batch))
+        original(self, batch)
+
+    monkeypatch.setattr(connection._Writer, "_run_batch", recording)
+    async with open_store(sqlite_url(tmp_path / "folded.db")) as store:
+        await store.enqueue(Dispatch(dispatch_id="d-2", thread_id="t2", kind="start", payload={}))
+        [lease] = await store.claim_next("w", 30)
+        token = lease.claim.token
+        cp = Checkpoint(
+            id="c1",
+            parent=None,
+            run_id="r",
+            status="running",
+            state={},
+            created_at=datetime.now(UTC),
+        )
+        results = await asyncio.gather(
+            store.claim_and_commit("t1", "h", 30, Commit(token=0, expected_version=3)),
+            store.claim_and_commit("t1", "h", 30, Commit(token=0, checkpoint=cp)),
+            store.claim_and_commit("t1", "h", 30, Commit(token=0)),
+            store.commit(
+                "t2",
+                Commit(
+                    token=token, consume=("none",), settle=Settle(dispatch_id="d-2", outcome=Done())
+                ),
+            ),
+            store.commit(
+                "t2",
+                Commit(
+                    token=token,
+                    events=(EventDraft(type="retry"),),
+                    settle=Settle(dispatch_id="d-2", outcome=Retry(0, "again")),
+                ),
+            ),
+            store.commit("t2", Commit(token=token, events=(EventDraft(type="x"),), release=True)),
+            return_exceptions=True,
+        )
+        assert max(sizes) == 6, f"the writes were not grouped: {sizes}"
+        expected = [VersionConflict, tuple, ThreadBusy, InvalidCommit, Receipt, StaleClaim]
+        for result, kind in zip(results, expected, strict=True):
+            assert isinstance(result, kind), (kind, result)
+        admitted = results[1]
+        assert isinstance(admitted, tuple)
+        granted, receipt = admitted
+        assert granted.token == 1, "the refused claim_and_commit spent a token"
+        assert receipt.version == 1
+        one = await store.read("t1")
+        assert one is not None and one.version == 1 and one.claim is not None
+        assert one.claim.token == 1
+        two = await store.read("t2")
+        assert two is not None and two.version == 1 and two.claim is None and two.last_seq == 1
+        d = await store.get_dispatch("d-2")
+        assert d is not None and d.status == "pending" and d.last_error == "again"

@@ -13,16 +13,23 @@ from datetime import datetime, timedelta
 
 from wakeful.errors import (
     DispatchConflict,
+    InvalidCommit,
     InvalidState,
     NotFound,
     StaleClaim,
     WorkerSuperseded,
 )
-from wakeful.records import Dispatch, Lease, WorkerIdentity, WorkerInfo
+from wakeful.records import Dispatch, Lease, Outcome, WorkerIdentity, WorkerInfo
 from wakeful.store.projected import CANCEL_PRIORITY
+from wakeful.store.sqlite.claims import (
+    advance_epoch,
+    current_token,
+    end_claim,
+    epoch_of,
+    grant_claim,
+)
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
-from wakeful.store.sqlite.threads import advance_epoch, current_token, epoch_of, grant_claim
-from wakeful.store.validate import canonical
+from wakeful.store.validate import canonical, outcome_fields
 
 _BY_ID = f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE dispatch_id = ?"
 
@@ -151,26 +158,53 @@ def claim_next(
     return leases
 
 
+def settleable(status: str, leased_token: int | None, token: int, epoch: int) -> bool:
+    """Whether ``token`` may settle a dispatch: the dispatch is leased with it and no claim
+    was granted on its thread since (takeover, cancel and delete advance the epoch)."""
+    return status == "leased" and leased_token == token and epoch == token
+
+
 def settle(
-    conn: sqlite3.Connection,
-    now: datetime,
-    dispatch_id: str,
-    token: int,
-    status: str,
-    delay: float | None,
-    error: str | None,
+    conn: sqlite3.Connection, now: datetime, dispatch_id: str, token: int, outcome: Outcome
 ) -> Dispatch:
-    """``status`` is ``done``, ``awaiting``, or ``pending`` with ``delay`` (a retry)."""
+    """``settle``: fenced, ends the thread's claim, records the (checked) outcome."""
     d = _existing(conn, dispatch_id)
-    if d.status != "leased" or d.token != token or epoch_of(conn, d.thread_id) != token:
+    if not settleable(d.status, d.token, token, epoch_of(conn, d.thread_id)):
         raise StaleClaim(d.thread_id, token, current_token(conn, d.thread_id))
-    conn.execute(
-        "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL "
-        "WHERE thread_id = ? AND token = ?",
-        (d.thread_id, token),
-    )
-    if delay is not None:
-        row = conn.execute(
+    end_claim(conn, d.thread_id, token)
+    return dispatch_of(settle_lease(conn, now, dispatch_id, outcome))
+
+
+def check_commit_settle(
+    conn: sqlite3.Connection, thread_id: str, token: int, dispatch_id: str
+) -> None:
+    """Step 5 of a commit that carries a settle, for the holder of claim ``token``: the
+    dispatch exists, is this thread's, and ``settleable``. The commit's fencing (or the claim
+    ``claim_and_commit`` just granted) already established that the thread's epoch is
+    ``token``, so that is not read again."""
+    row = conn.execute(
+        "SELECT thread_id, status, token FROM dispatches WHERE dispatch_id = ?", (dispatch_id,)
+    ).fetchone()
+    if row is None:
+        raise NotFound("dispatch", dispatch_id)
+    owner, status, leased_token = row
+    if owner != thread_id:
+        raise InvalidCommit(
+            thread_id,
+            f"it settles dispatch {dispatch_id!r}, which belongs to thread {owner!r}",
+        )
+    if not settleable(status, leased_token, token, token):
+        raise StaleClaim(thread_id, token, token)
+
+
+def settle_lease(
+    conn: sqlite3.Connection, now: datetime, dispatch_id: str, outcome: Outcome
+) -> tuple[object, ...]:
+    """Record ``outcome`` on a dispatch that ``settleable`` admitted (the caller ends the
+    thread's claim in the same transaction); returns the dispatch's new row."""
+    status, delay, error = outcome_fields(outcome)
+    if status == "pending":
+        row: tuple[object, ...] = conn.execute(
             f"UPDATE dispatches SET status = 'pending', token = NULL, holder = NULL, "
             f"lease_until = NULL, available_at = ?, last_error = ?, updated_at = ? "
             f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
@@ -182,7 +216,7 @@ def settle(
             f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
             (status, to_us(now), dispatch_id),
         ).fetchone()
-    return dispatch_of(row)
+    return row
 
 
 def cancel(conn: sqlite3.Connection, now: datetime, thread_id: str, reason: str) -> Dispatch:

@@ -26,13 +26,11 @@ from wakeful.errors import (
 )
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
-    Awaiting,
     Checkpoint,
     Claim,
     Commit,
     Dispatch,
     DispatchStatus,
-    Done,
     Event,
     InboxMessage,
     Lease,
@@ -41,7 +39,6 @@ from wakeful.records import (
     PruneReport,
     Receipt,
     RetentionPolicy,
-    Retry,
     StreamCheckpoint,
     ThreadSnapshot,
     ThreadSummary,
@@ -56,6 +53,7 @@ from wakeful.store.validate import (
     check_commit,
     check_dispatch,
     check_listing,
+    check_outcome,
     check_policy,
     check_stream_checkpoint,
     check_text,
@@ -144,6 +142,19 @@ class SqliteStore:
         if commit.events:
             self._watcher.notify(thread_id)
         return receipt
+
+    async def claim_and_commit(
+        self, thread_id: str, holder: str, ttl: float, commit: Commit
+    ) -> tuple[Claim, Receipt]:
+        check_id("holder", holder)
+        ttl = check_seconds("ttl", ttl)
+        commit, _ = check_commit(thread_id, commit)
+        claim, receipt = await self._write(
+            lambda c, now: threads.claim_and_commit(c, now, thread_id, holder, ttl, commit)
+        )
+        if commit.events:
+            self._watcher.notify(thread_id)
+        return claim, receipt
 
     # ------------------------------------------------------------ reads
 
@@ -257,22 +268,8 @@ class SqliteStore:
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         check_id("dispatch_id", dispatch_id)
         check_token(token)
-        delay: float | None = None
-        error: str | None = None
-        if isinstance(outcome, Retry):
-            delay = check_seconds("retry delay", outcome.delay, allow_zero=True)
-            if outcome.error is not None:
-                error = check_text("retry error", outcome.error)
-            status = "pending"
-        elif isinstance(outcome, Done):
-            status = "done"
-        elif isinstance(outcome, Awaiting):
-            status = "awaiting"
-        else:
-            raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
-        return await self._write(
-            lambda c, now: queue.settle(c, now, dispatch_id, token, status, delay, error)
-        )
+        check_outcome(outcome)
+        return await self._write(lambda c, now: queue.settle(c, now, dispatch_id, token, outcome))
 
     async def cancel(self, thread_id: str, reason: str) -> Dispatch:
         check_id("thread_id", thread_id)

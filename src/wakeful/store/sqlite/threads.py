@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import sqlite3
 from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
 
 from wakeful.errors import (
     InvalidCommit,
@@ -21,40 +24,23 @@ from wakeful.errors import (
 )
 from wakeful.records import Claim, Commit, Receipt
 from wakeful.store.projection import payload_hash
+from wakeful.store.sqlite import queue
+from wakeful.store.sqlite.claims import advance_epoch, end_claim, grant_claim
 from wakeful.store.sqlite.codec import RECEIPT, dumps, from_us, to_us
 
 
-def advance_epoch(conn: sqlite3.Connection, thread_id: str) -> int:
-    """Raise the thread's epoch by one and return it: the next token, or the epoch that
-    fences every token issued before (delete, cancel)."""
-    row = conn.execute(
-        "INSERT INTO epochs (thread_id, epoch) VALUES (?, 1) "
-        "ON CONFLICT (thread_id) DO UPDATE SET epoch = epoch + 1 RETURNING epoch",
-        (thread_id,),
-    ).fetchone()
-    return int(row[0])
-
-
-def epoch_of(conn: sqlite3.Connection, thread_id: str) -> int:
-    row = conn.execute("SELECT epoch FROM epochs WHERE thread_id = ?", (thread_id,)).fetchone()
-    return 0 if row is None else int(row[0])
-
-
-def current_token(conn: sqlite3.Connection, thread_id: str) -> int | None:
-    row = conn.execute("SELECT token FROM threads WHERE thread_id = ?", (thread_id,)).fetchone()
-    return None if row is None else row[0]
-
-
-def grant_claim(conn: sqlite3.Connection, thread_id: str, holder: str, expires: datetime) -> Claim:
-    """Issue a new token and make it the thread's claim (creating the thread row)."""
-    token = advance_epoch(conn, thread_id)
-    conn.execute(
-        "INSERT INTO threads (thread_id, holder, token, expires_at) VALUES (?, ?, ?, ?) "
-        "ON CONFLICT (thread_id) DO UPDATE SET holder = excluded.holder, "
-        "token = excluded.token, expires_at = excluded.expires_at",
-        (thread_id, holder, token, to_us(expires)),
-    )
-    return Claim(thread_id=thread_id, holder=holder, token=token, expires_at=expires)
+def _check_free(
+    thread_id: str,
+    now: datetime,
+    holder: str | None,
+    token: int | None,
+    expires: int | None,
+    latest: str | None,
+) -> None:
+    """``ThreadBusy`` while the thread's claim record is live."""
+    if token is not None and expires is not None and expires >= to_us(now):
+        assert holder is not None
+        raise ThreadBusy(thread_id, holder, latest, from_us(expires))
 
 
 def claim(
@@ -64,8 +50,8 @@ def claim(
         "SELECT holder, token, expires_at, latest_id FROM threads WHERE thread_id = ?",
         (thread_id,),
     ).fetchone()
-    if row is not None and row[1] is not None and row[2] >= to_us(now):
-        raise ThreadBusy(thread_id, row[0], row[3], from_us(row[2]))
+    if row is not None:
+        _check_free(thread_id, now, *row)
     return grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
 
 
@@ -90,20 +76,28 @@ def renew(conn: sqlite3.Connection, now: datetime, thread_id: str, token: int, t
 
 
 def release(conn: sqlite3.Connection, thread_id: str, token: int) -> None:
-    current = current_token(conn, thread_id)
-    if current is not None and current == token:
-        conn.execute(
-            "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?",
-            (thread_id,),
-        )
+    end_claim(conn, thread_id, token)
 
 
-# One round trip reads the thread and whether the commit's checkpoint id was used before
-# (the latter is only acted on in step 4, in the contract's order).
+# One round trip reads the thread, its claim record, and whether the commit's checkpoint id
+# was used before (the latter is only acted on in step 4, in the contract's order).
 _THREAD_FOR_COMMIT = (
     "SELECT token, version, tenant, latest_id, latest_pos, next_seq, message_count, "
-    "write_count, (SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2) "
-    "FROM threads WHERE thread_id = ?1"
+    "write_count, (SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2), "
+    "holder, expires_at FROM threads WHERE thread_id = ?1"
+)
+
+# What ``_apply`` reads of a thread that has no row yet: the schema's defaults (0001).
+_NEW_THREAD = (None, 0, None, None, 0, 1, 0, 0, None)
+
+_RECORDED = "SELECT payload_hash, receipt FROM receipts WHERE thread_id = ? AND operation_id = ?"
+
+# A receipt is replayed to a stale token only while the thread's epoch is still that token:
+# the claim was ended (release, settle) but no claim was granted after it.
+_RECORDED_UNDER_EPOCH = (
+    "SELECT r.payload_hash, r.receipt FROM receipts AS r "
+    "JOIN epochs AS e ON e.thread_id = r.thread_id "
+    "WHERE r.thread_id = ? AND r.operation_id = ? AND e.epoch = ?"
 )
 
 
@@ -114,16 +108,42 @@ def commit(conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit) -
     # 1. fencing, always first
     current = None if row is None else row[0]
     if current is None or current != c.token:
+        if current is None and c.operation_id is not None:
+            recorded = conn.execute(
+                _RECORDED_UNDER_EPOCH, (thread_id, c.operation_id, c.token)
+            ).fetchone()
+            if recorded is not None and recorded[0] == payload_hash(c):
+                return RECEIPT.decode(recorded[1])
         raise StaleClaim(thread_id, c.token, current)
-    _, version, tenant, latest, latest_pos, next_seq, message_count, write_count, used = row
+    return _apply(conn, now, thread_id, c, row)
+
+
+def claim_and_commit(
+    conn: sqlite3.Connection, now: datetime, thread_id: str, holder: str, ttl: float, c: Commit
+) -> tuple[Claim, Receipt]:
+    """``claim``, then ``commit`` under the granted token (``c.token`` is ignored). Runs as
+    one write job: a refused commit raises, which rolls the claim back with it."""
+    new_id = c.checkpoint.id if c.checkpoint is not None else None
+    row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id)).fetchone()
+    if row is not None:
+        _check_free(thread_id, now, row[9], row[0], row[10], row[3])
+    granted = grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
+    c = msgspec.structs.replace(c, token=granted.token)
+    # The row as the grant left it: the new token, everything else unchanged.
+    thread = (granted.token, *(_NEW_THREAD if row is None else row)[1:9])
+    return granted, _apply(conn, now, thread_id, c, thread)
+
+
+def _apply(
+    conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit, row: tuple[Any, ...]
+) -> Receipt:
+    """Steps 2-5 of ``commit`` for the holder of ``c.token``, then everything applies."""
+    _, version, tenant, latest, latest_pos, next_seq, message_count, write_count, used = row[:9]
     # 2. a retried operation
     digest = ""
     if c.operation_id is not None:
         digest = payload_hash(c)
-        recorded = conn.execute(
-            "SELECT payload_hash, receipt FROM receipts WHERE thread_id = ? AND operation_id = ?",
-            (thread_id, c.operation_id),
-        ).fetchone()
+        recorded = conn.execute(_RECORDED, (thread_id, c.operation_id)).fetchone()
         if recorded is not None:
             if recorded[0] != digest:
                 raise OperationConflict(thread_id, c.operation_id)
@@ -135,7 +155,10 @@ def commit(conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit) -
         raise VersionConflict(thread_id, c.checkpoint.parent, latest, "parent checkpoint")
     # 4. consistency with the thread
     _check_consistency(conn, thread_id, c, version, tenant, latest, used is not None)
-    # 5. apply everything
+    # 5. the dispatch it settles
+    if c.settle is not None:
+        queue.check_commit_settle(conn, thread_id, c.token, c.settle.dispatch_id)
+    # then everything applies
     at = to_us(now)
     resulting = c.checkpoint.id if c.checkpoint is not None else latest
     status = None
@@ -195,12 +218,14 @@ def commit(conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit) -
             "VALUES (?, ?, ?, ?, ?)",
             (thread_id, c.operation_id, digest, dumps(receipt), at),
         )
+    if c.settle is not None:
+        queue.settle_lease(conn, now, c.settle.dispatch_id, c.settle.outcome)
     if version == 0:
         tenant = c.checkpoint.tenant if c.checkpoint is not None else None
+    # A settle ends the claim as ``settle`` does, ``release`` as ``release`` does: both
+    # in the thread's update (the token is current, fencing checked it).
     conn.execute(
-        "UPDATE threads SET version = ?, tenant = ?, latest_pos = ?, latest_id = ?, "
-        "latest_status = coalesce(?, latest_status), next_seq = ?, message_count = ?, "
-        "write_count = ?, updated_at = ? WHERE thread_id = ?",
+        _UPDATE_ENDING_CLAIM if c.release or c.settle is not None else _UPDATE,
         (
             version + 1,
             tenant,
@@ -215,6 +240,17 @@ def commit(conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit) -
         ),
     )
     return receipt
+
+
+_UPDATE_SET = (
+    "UPDATE threads SET version = ?, tenant = ?, latest_pos = ?, latest_id = ?, "
+    "latest_status = coalesce(?, latest_status), next_seq = ?, message_count = ?, "
+    "write_count = ?, updated_at = ?"
+)
+_UPDATE = f"{_UPDATE_SET} WHERE thread_id = ?"
+_UPDATE_ENDING_CLAIM = (
+    f"{_UPDATE_SET}, holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?"
+)
 
 
 def _check_consistency(
