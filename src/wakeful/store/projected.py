@@ -200,7 +200,8 @@ class ProjectedStore:
         t = state.threads.get(thread_id)
         # 1. fencing, always first
         current = t.claim if t is not None else None
-        digest = payload_hash(commit)
+        # only a keyed operation is ever compared by its payload's hash
+        digest = payload_hash(commit) if commit.operation_id is not None else ""
         if current is None or current.token != commit.token:
             replayed = _released_replay(state, thread_id, commit, digest)
             if replayed is not None:
@@ -234,7 +235,7 @@ class ProjectedStore:
             expires_at=now + timedelta(seconds=ttl),
         )
         commit = msgspec.structs.replace(commit, token=claim.token)
-        digest = payload_hash(commit)
+        digest = payload_hash(commit) if commit.operation_id is not None else ""
         t = existing if existing is not None else ThreadState(thread_id)
         prepared = self._prepare(state, t, commit, digest, now, claimed=claim)
         if isinstance(prepared, Receipt):
