@@ -12,6 +12,7 @@ not crash durability (the process and fault tests keep the server's default).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import ClassVar
 
 import pytest
 from psycopg.conninfo import make_conninfo
@@ -38,6 +39,7 @@ def _pg(store: Store) -> PostgresStore:
 
 
 class TestPostgresStore(StoreConformance):
+    capabilities: ClassVar[frozenset[str]] = frozenset({"folded_writes"})
     exact_expiry = False
 
     @pytest.fixture(autouse=True)

@@ -19,7 +19,15 @@ from wakeful.errors import (
     ThreadBusy,
     UnsupportedStore,
 )
-from wakeful.records import Checkpoint, Commit, Dispatch, Done, EventDraft, RetentionPolicy
+from wakeful.records import (
+    Checkpoint,
+    Commit,
+    Dispatch,
+    Done,
+    EventDraft,
+    RetentionPolicy,
+    Settle,
+)
 from wakeful.store import open_store
 from wakeful.store.contract import Store
 from wakeful.store.memory import MemoryStore
@@ -28,7 +36,9 @@ from wakeful.store.postgres import (
     SchemaVersionError,
     latest_version,
     migrate,
+    migrations,
 )
+from wakeful.store.postgres.connection import render
 
 pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -72,6 +82,50 @@ async def test_a_newer_schema_is_refused_and_left_alone(pg_databases: Databases)
             await attempt
         assert "999" in str(refused.value) and "upgrade wakeful" in str(refused.value)
     assert (await _versions(dsn))[-1] == 999
+
+
+async def test_a_version_1_database_upgrades_in_place(pg_databases: Databases) -> None:
+    dsn = await _empty_database(pg_databases)
+    _, name, text = migrations.migrations()[0]
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        async with conn.transaction():
+            await conn.execute("CREATE SCHEMA wakeful")
+            await conn.execute(render(text, conn, "wakeful"))
+            await conn.execute(
+                "CREATE TABLE wakeful.schema_migrations (version integer PRIMARY KEY,"
+                " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            await conn.execute(
+                "INSERT INTO wakeful.schema_migrations (version, name) VALUES (1, %s)", (name,)
+            )
+        # work in flight under version 1: a leased dispatch and its claim
+        await conn.execute(
+            "SELECT dispatch_id FROM wakeful.enqueue('d-1', 't1', 'start', '{}', 0, NULL, 5, NULL)"
+        )
+        cur = await conn.execute("SELECT token FROM wakeful.claim_next('w', 60, 1)")
+        row = await cur.fetchone()
+        assert row is not None
+        token = row[0]
+    with pytest.raises(SchemaVersionError, match="version 1"):
+        await open_test_store(dsn, migrate=False)
+    store = await open_test_store(dsn)
+    try:
+        assert await _versions(dsn) == list(range(1, latest_version() + 1))
+        receipt = await store.commit(
+            "t1",
+            Commit(
+                token=token,
+                events=(EventDraft(type="done"),),
+                settle=Settle(dispatch_id="d-1", outcome=Done()),
+            ),
+        )
+        assert receipt.events == (1,)
+        settled = await store.get_dispatch("d-1")
+        assert settled is not None and settled.status == "done"
+        snap = await store.read("t1")
+        assert snap is not None and snap.claim is None
+    finally:
+        await store.close()
 
 
 async def test_without_migrate_an_unmigrated_schema_is_refused(pg_databases: Databases) -> None:

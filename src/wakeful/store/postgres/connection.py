@@ -57,6 +57,14 @@ def render(template: str, conn: Conn | None, schema: str) -> str:
     return template.replace("@schema@", ident).replace("@channel@", channel)
 
 
+def no_nul(field: str, value: str) -> str:
+    """``value``, refused if it holds NUL: free text is stored in a ``text`` column as is,
+    and PostgreSQL text cannot hold NUL characters (JSON escapes them)."""
+    if "\x00" in value:
+        raise InvalidInput(field, "must not contain NUL characters")
+    return value
+
+
 def utc(value: datetime) -> datetime:
     """A timestamptz from the driver (in the session's time zone) as UTC."""
     return value.astimezone(UTC)

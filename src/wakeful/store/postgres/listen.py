@@ -1,8 +1,9 @@
 """Wake-ups for ``wait_events`` from PostgreSQL ``LISTEN/NOTIFY``.
 
-A commit that adds events (and ``delete_thread``) runs ``pg_notify(channel, thread_id)``
-inside its transaction, so the notification is sent if and only if the commit is. The store
-owns one dedicated connection that ``LISTEN``s on the schema's channel, opened on first use.
+After a commit that added events (and a ``delete_thread``) returned, the store sends
+``pg_notify(channel, thread_id)`` in a transaction of its own (``notify.py``) and wakes its
+own waiters at once (``wake``). The store owns one dedicated connection that ``LISTEN``s on
+the schema's channel, opened on first use.
 
 Notifications are hints, never the source of truth: a woken waiter re-reads events by
 sequence number. That makes a lost connection harmless: while it is down waiters fall back to
@@ -83,6 +84,10 @@ class Listener:
         if self._listening is None:
             self._listening = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="wakeful-listen")
+
+    def wake(self, thread_id: str) -> None:
+        """Complete the waiters of ``thread_id`` now (a write through this store)."""
+        self._wake(thread_id)
 
     def _wake(self, thread_id: str) -> None:
         for waiter in self._waiters.pop(thread_id, ()):

@@ -15,27 +15,26 @@ from typing import Any
 from wakeful.errors import DispatchConflict, InvalidInput, NotFound, StoreUnavailable
 from wakeful.ids import check_count, check_id, check_seconds
 from wakeful.records import (
-    Awaiting,
     Claim,
     Dispatch,
     DispatchStatus,
-    Done,
     Lease,
     Outcome,
-    Retry,
     WorkerIdentity,
     WorkerInfo,
 )
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.codec import DISPATCH_COLUMNS
-from wakeful.store.postgres.connection import Database, big, utc
+from wakeful.store.postgres.connection import Database, big, no_nul, utc
 from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.validate import (
     canonical,
     check_dispatch,
     check_listing,
+    check_outcome,
     check_text,
     check_token,
+    outcome_fields,
 )
 
 _ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)"
@@ -112,25 +111,18 @@ class QueueOps:
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         check_id("dispatch_id", dispatch_id)
         check_token(token)
-        delay: float | None = None
-        error: str | None = None
-        if isinstance(outcome, Retry):
-            delay = check_seconds("retry delay", outcome.delay, allow_zero=True)
-            if outcome.error is not None:
-                error = _no_nul("retry error", check_text("retry error", outcome.error))
-            status = "pending"
-        elif isinstance(outcome, Done):
-            status = "done"
-        elif isinstance(outcome, Awaiting):
-            status = "awaiting"
-        else:
-            raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
-        row = await self._db.fetchone(_SETTLE, (dispatch_id, big(token), status, delay, error))
+        check_outcome(outcome)
+        status, delay, error = outcome_fields(outcome)
+        if error is not None:
+            no_nul("retry error", error)
+        row = await self._db.fetchone(
+            _SETTLE, (dispatch_id, big(token), status, float(delay), error)
+        )
         return codec.dispatch(row)
 
     async def cancel(self, thread_id: str, reason: str) -> Dispatch:
         check_id("thread_id", thread_id)
-        _no_nul("reason", check_text("reason", reason))
+        no_nul("reason", check_text("reason", reason))
         row = await self._db.fetchone(
             _CANCEL,
             (
@@ -225,10 +217,3 @@ def _same_request(a: Dispatch, b: Dispatch) -> bool:
     return (a.thread_id, a.kind, a.dedupe_key) == (b.thread_id, b.kind, b.dedupe_key) and canonical(
         a.payload
     ) == canonical(b.payload)
-
-
-def _no_nul(field: str, value: str) -> str:
-    # Stored in a text column as is; PostgreSQL text cannot hold NUL characters.
-    if "\x00" in value:
-        raise InvalidInput(field, "must not contain NUL characters")
-    return value

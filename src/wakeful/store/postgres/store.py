@@ -28,6 +28,7 @@ from wakeful.store.postgres.connection import (
 )
 from wakeful.store.postgres.listen import Listener
 from wakeful.store.postgres.messaging import MessagingOps, PostgresStreamCheckpoints
+from wakeful.store.postgres.notify import Notifier
 from wakeful.store.postgres.queue import QueueOps
 from wakeful.store.postgres.threads import ThreadOps
 
@@ -53,6 +54,7 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
         self._db = db
         self._poll_interval = poll_interval
         self._listener = Listener(db.conninfo, channel_name(db.schema))
+        self._notifier = Notifier(db, channel_name(db.schema), local=self._listener.wake)
         self._stream = PostgresStreamCheckpoints(db)
 
     @property
@@ -77,6 +79,11 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
         """The LISTEN connection behind ``wait_events`` (for operations and tests)."""
         return self._listener
 
+    @property
+    def notifier(self) -> Notifier:
+        """The task that sends this store's notifications (for operations and tests)."""
+        return self._notifier
+
     async def clock_now(self) -> datetime:
         """The store's clock: what ``store_now()`` reads on the server right now."""
         row = await self._db.fetchone("SELECT @schema@.store_now()", None, idempotent=True)
@@ -86,7 +93,8 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
         self, thread_id: str, after_seq: int = 0, limit: int = 100, timeout: float = 30.0
     ) -> list[Event]:
         """``events_after``, or wait for a commit through any store on this database
-        (LISTEN/NOTIFY), re-checking by seq at least every ``poll_interval`` seconds."""
+        (LISTEN/NOTIFY, sent after each commit; a commit through this store wakes at once),
+        re-checking by seq at least every ``poll_interval`` seconds."""
         timeout = check_seconds("timeout", timeout, allow_zero=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -109,7 +117,9 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
                 self._listener.unsubscribe(thread_id, waiter)
 
     async def close(self) -> None:
-        """Stop listening and close the pool (unless the caller passed it in). Idempotent."""
+        """Send what is still to be notified (best effort, bounded), stop listening and close
+        the pool (unless the caller passed it in). Idempotent."""
+        await self._notifier.close()
         await self._listener.close()
         await self._db.close()
 

@@ -1,9 +1,13 @@
 """Threads on PostgreSQL: claims, fenced commits, reads and maintenance (DESIGN §3.1-§3.2).
 
-Each write is one call of a schema function (see ``sql/postgres/0001_initial.sql``) that
-locks the thread row with ``SELECT ... FOR UPDATE`` and does every check of the contract, in
-the contract's order, inside the same transaction; writes by an owner carry its token in
-their ``WHERE``. Reads are single statements, so each sees one consistent snapshot.
+Each write is one call of a schema function (see ``sql/postgres/``) that locks the thread
+row with ``SELECT ... FOR UPDATE`` and does every check of the contract, in the contract's
+order, inside the same transaction; writes by an owner carry its token in their ``WHERE``.
+A folded write (``Commit.release``, ``Commit.settle``, ``claim_and_commit``) is still one
+call. Reads are single statements, so each sees one consistent snapshot.
+
+Writes that waiters care about (a commit that added events, a deleted thread) are announced
+after they returned, through the store's ``Notifier``: never inside the write's transaction.
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ from wakeful.records import (
     ThreadSummary,
 )
 from wakeful.store.postgres import codec
-from wakeful.store.postgres.connection import Database, big, utc
+from wakeful.store.postgres.connection import Database, big, no_nul, utc
+from wakeful.store.postgres.notify import Notifier
 from wakeful.store.projection import payload_hash
-from wakeful.store.validate import check_commit, check_policy, check_token
+from wakeful.store.validate import check_commit, check_policy, check_token, outcome_fields
 
 T = TypeVar("T")
 
@@ -40,11 +45,18 @@ _CLAIM = "SELECT o_token, o_expires FROM @schema@.claim(%s, %s, %s)"
 _RENEW = "SELECT o_holder, o_expires FROM @schema@.renew(%s, %s, %s)"
 _RELEASE = "SELECT @schema@.release(%s, %s)"
 # Binary parameters (%b): text-format arrays of JSON cost an escape per quote character.
-_COMMIT = """
+# The commit's own parameters, after the thread and the token (or holder and ttl).
+_COMMIT_ARGS = """%b, %b, %b, %b, %b, %b, %b, %b,
+       %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
+       %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
+       %b, %b, %b, %b::float8, %b"""
+_COMMIT = f"""
 SELECT o_replayed, o_version, o_checkpoint, o_first_seq, o_event_count
-  FROM @schema@.commit(%b, %b, %b, %b, %b, %b, %b, %b, %b, %b,
-                       %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
-                       %b::text[], %b::text[], %b::text[], %b::text[], %b::text[])
+  FROM @schema@.commit(%b, %b, {_COMMIT_ARGS})
+"""
+_CLAIM_AND_COMMIT = f"""
+SELECT o_token, o_expires, o_replayed, o_version, o_checkpoint, o_first_seq, o_event_count
+  FROM @schema@.claim_and_commit(%b, %b, %b::float8, {_COMMIT_ARGS})
 """
 _READ = """
 SELECT t.version, t.tenant, t.claim_holder, t.claim_token, t.claim_expires, t.message_count,
@@ -103,10 +115,62 @@ def _columns(items: Sequence[T], *parts: Callable[[T], object]) -> tuple[list[ob
     return tuple(_column(items, part) for part in parts)
 
 
+def _commit_params(commit: Commit) -> tuple[object, ...]:
+    """The parameters of a checked commit after its thread and token (``_COMMIT_ARGS``)."""
+    cp = commit.checkpoint
+    status: str | None = None
+    delay: float | None = None
+    error: str | None = None
+    if commit.settle is not None:
+        status, delay, error = outcome_fields(commit.settle.outcome)
+        if error is not None:
+            no_nul("retry error", error)
+    return (
+        commit.operation_id,
+        # only a keyed operation is ever compared by its payload's hash
+        payload_hash(commit) if commit.operation_id is not None else None,
+        None if commit.expected_version is None else big(commit.expected_version),
+        cp.id if cp else None,
+        cp.parent if cp else None,
+        cp.tenant if cp else None,
+        cp.status if cp else None,
+        codec.text(cp) if cp else None,
+        *_columns(commit.writes, lambda w: w.task_id, lambda w: w.checkpoint_id, codec.text),
+        _column(commit.events, codec.text),
+        *_columns(commit.messages, lambda m: m.id, codec.text),
+        *_columns(
+            commit.outbox,
+            lambda o: o.message_id,
+            lambda o: o.target_thread,
+            lambda o: o.correlation_id,
+            lambda o: codec.text(o.payload),
+        ),
+        list(commit.consume) or None,
+        commit.release,
+        commit.settle.dispatch_id if commit.settle is not None else None,
+        status,
+        delay,
+        error,
+    )
+
+
+def _receipt(
+    thread_id: str, commit: Commit, version: int, checkpoint_id: str | None, first: int, count: int
+) -> Receipt:
+    return Receipt(
+        thread_id=thread_id,
+        version=version,
+        checkpoint_id=checkpoint_id,
+        events=tuple(range(first, first + count)),
+        operation_id=commit.operation_id,
+    )
+
+
 class ThreadOps:
     """The thread half of ``PostgresStore``."""
 
     _db: Database
+    _notifier: Notifier
 
     # ------------------------------------------------------------ claims
 
@@ -133,38 +197,26 @@ class ThreadOps:
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
         commit, _ = check_commit(thread_id, commit)
-        cp = commit.checkpoint
-        params = (
-            thread_id,
-            big(commit.token),
-            commit.operation_id,
-            payload_hash(commit),
-            None if commit.expected_version is None else big(commit.expected_version),
-            cp.id if cp else None,
-            cp.parent if cp else None,
-            cp.tenant if cp else None,
-            cp.status if cp else None,
-            codec.text(cp) if cp else None,
-            *_columns(commit.writes, lambda w: w.task_id, lambda w: w.checkpoint_id, codec.text),
-            _column(commit.events, codec.text),
-            *_columns(commit.messages, lambda m: m.id, codec.text),
-            *_columns(
-                commit.outbox,
-                lambda o: o.message_id,
-                lambda o: o.target_thread,
-                lambda o: o.correlation_id,
-                lambda o: codec.text(o.payload),
-            ),
-            list(commit.consume) or None,
-        )
-        _, version, checkpoint_id, first, count = await self._db.fetchone(_COMMIT, params)
-        return Receipt(
-            thread_id=thread_id,
-            version=version,
-            checkpoint_id=checkpoint_id,
-            events=tuple(range(first, first + count)),
-            operation_id=commit.operation_id,
-        )
+        params = (thread_id, big(commit.token), *_commit_params(commit))
+        replayed, version, checkpoint_id, first, count = await self._db.fetchone(_COMMIT, params)
+        if count and not replayed:
+            self._notifier.notify(thread_id)
+        return _receipt(thread_id, commit, version, checkpoint_id, first, count)
+
+    async def claim_and_commit(
+        self, thread_id: str, holder: str, ttl: float, commit: Commit
+    ) -> tuple[Claim, Receipt]:
+        check_id("holder", holder)
+        ttl = check_seconds("ttl", ttl)
+        # commit.token is ignored; the payload hash never covers the token
+        commit, _ = check_commit(thread_id, commit)
+        params = (thread_id, holder, ttl, *_commit_params(commit))
+        row = await self._db.fetchone(_CLAIM_AND_COMMIT, params)
+        token, expires, replayed, version, checkpoint_id, first, count = row
+        if count and not replayed:
+            self._notifier.notify(thread_id)
+        claim = Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
+        return claim, _receipt(thread_id, commit, version, checkpoint_id, first, count)
 
     # ------------------------------------------------------------ reads
 
@@ -260,7 +312,9 @@ class ThreadOps:
 
     async def delete_thread(self, thread_id: str) -> None:
         check_id("thread_id", thread_id)
-        await self._db.fetchone(_DELETE, (thread_id,))
+        (deleted,) = await self._db.fetchone(_DELETE, (thread_id,))
+        if deleted:
+            self._notifier.notify(thread_id)
 
     async def prune(self, policy: RetentionPolicy) -> PruneReport:
         """Retention in bounded batches: one transaction per ``PRUNE_BATCH`` threads, then
