@@ -77,9 +77,7 @@ class Worker:
 
     ``poll_interval`` is the floor: the queue is polled at least that often whatever the
     wake signal does. ``relay`` runs the outbox relay and the sweeper in this worker when it
-    wins the election (a claim on a well-known thread). ``claim_batch_wait``: when a slot
-    frees while at least half the others are still busy, wait up to this many seconds for
-    more to free so that one ``claim_next`` leases several dispatches (0: claim at once)."""
+    wins the election (a claim on a well-known thread)."""
 
     store: Store
     registry: Registry
@@ -88,7 +86,6 @@ class Worker:
     wake: Wake = field(default_factory=NoWake)
     worker_id: str = field(default_factory=lambda: f"worker-{uuid.uuid4().hex[:12]}")
     poll_interval: float = 1.0
-    claim_batch_wait: float = 0.0
     retry_backoff: float = 1.0
     max_retry_backoff: float = 60.0
     relay: bool = True
@@ -101,10 +98,7 @@ class Worker:
         check_id("worker_id", self.worker_id)
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if not 0 <= self.claim_batch_wait <= 1:
-            raise ValueError("claim_batch_wait must be between 0 and 1 second")
         self._stopping = asyncio.Event()
-        self._slot_freed = asyncio.Event()
         self._running: dict[str, tuple[asyncio.Task[None], RunHandle | None]] = {}
         self._handles: dict[str, RunHandle] = {}
         self.identity: Any = None
@@ -175,7 +169,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
-            free = await self._free_slots()
+            free = self.concurrency - len(self._running)
             leases: list[Lease] = []
             if free > 0:
                 try:
@@ -196,28 +190,12 @@ class Worker:
         if self._running:
             await asyncio.wait([t for t, _ in self._running.values()])
 
-    async def _free_slots(self) -> int:
-        """The number of free slots, after waiting (``claim_batch_wait`` at most) while only
-        a few are free and the rest busy."""
-        half = self.concurrency // 2
-        if self.claim_batch_wait > 0 and 0 < self.concurrency - len(self._running) < half:
-            deadline = asyncio.get_running_loop().time() + self.claim_batch_wait
-            while self.concurrency - len(self._running) < half and not self._stopping.is_set():
-                remaining = deadline - asyncio.get_running_loop().time()
-                if remaining <= 0:
-                    break
-                self._slot_freed.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._slot_freed.wait(), remaining)
-        return self.concurrency - len(self._running)
-
     def _on_done(self, dispatch_id: str) -> Callable[[asyncio.Task[None]], None]:
         return lambda _task: self._finished(dispatch_id)
 
     def _finished(self, dispatch_id: str) -> None:
         self._running.pop(dispatch_id, None)
         self._handles.pop(dispatch_id, None)
-        self._slot_freed.set()
         if not self._stopping.is_set():
             self.wake_local()
 
