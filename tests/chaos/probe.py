@@ -143,16 +143,47 @@ class Recording:
         return claim
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
-        self._faults.reach("commit.before")
+        self._reach_before(commit)
         t0 = time.monotonic()
         receipt = await self._call(self._store.commit(thread_id, commit))
+        self._log_commit(thread_id, commit, commit.token, receipt, t0)
+        self._reach_after(commit)
+        return receipt
+
+    async def claim_and_commit(
+        self, thread_id: str, holder: str, ttl: float, commit: Commit
+    ) -> tuple[Claim, Receipt]:
+        self._reach_before(commit)
+        t0 = time.monotonic()
+        claim, receipt = await self._call(
+            self._store.claim_and_commit(thread_id, holder, ttl, commit)
+        )
+        self.log({"op": "grant", "thread": thread_id, "token": claim.token, "t1": time.monotonic()})
+        self._log_commit(thread_id, commit, claim.token, receipt, t0)
+        self._reach_after(commit)
+        return claim, receipt
+
+    def _reach_before(self, commit: Commit) -> None:
+        self._faults.reach("commit.before")
+        if commit.settle is not None:
+            self._faults.reach("settle.before")
+
+    def _reach_after(self, commit: Commit) -> None:
+        self._faults.reach("commit.after")
+        if commit.settle is not None:
+            self._faults.reach("settle.after")
+
+    def _log_commit(
+        self, thread_id: str, commit: Commit, token: int, receipt: Receipt, t0: float
+    ) -> None:
+        t1 = time.monotonic()
         self.log(
             {
                 "op": "commit",
                 "thread": thread_id,
-                "token": commit.token,
+                "token": token,
                 "t0": t0,
-                "t1": time.monotonic(),
+                "t1": t1,
                 "version": receipt.version,
                 "checkpoint": receipt.checkpoint_id,
                 "seqs": list(receipt.events),
@@ -167,13 +198,12 @@ class Recording:
                 "operation": commit.operation_id,
             }
         )
-        self._faults.reach("commit.after")
-        return receipt
+        if commit.settle is not None:
+            self._log_settle(thread_id, commit.settle.dispatch_id, token, commit.settle.outcome, t0)
 
-    async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
-        self._faults.reach("settle.before")
-        t0 = time.monotonic()
-        settled = await self._call(self._store.settle(dispatch_id, token, outcome))
+    def _log_settle(
+        self, thread_id: str, dispatch_id: str, token: int, outcome: Outcome, t0: float
+    ) -> None:
         kind = (
             "done"
             if isinstance(outcome, Done)
@@ -184,7 +214,7 @@ class Recording:
         self.log(
             {
                 "op": "settle",
-                "thread": settled.thread_id,
+                "thread": thread_id,
                 "dispatch": dispatch_id,
                 "token": token,
                 "outcome": kind,
@@ -192,6 +222,12 @@ class Recording:
                 "t1": time.monotonic(),
             }
         )
+
+    async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
+        self._faults.reach("settle.before")
+        t0 = time.monotonic()
+        settled = await self._call(self._store.settle(dispatch_id, token, outcome))
+        self._log_settle(settled.thread_id, dispatch_id, token, outcome, t0)
         self._faults.reach("settle.after")
         return settled
 

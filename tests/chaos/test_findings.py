@@ -21,7 +21,7 @@ import pytest
 from wakeful import ManualClock
 from wakeful.errors import RunYielded
 from wakeful.fleet import Registry, Worker, submit
-from wakeful.records import Dispatch, Outcome
+from wakeful.records import Commit, Dispatch, Outcome, Receipt
 from wakeful.runtime import START, ClaimPolicy, CompiledGraph, Graph, Runtime, append
 from wakeful.store.memory import MemoryStore
 
@@ -35,7 +35,9 @@ def graph() -> CompiledGraph:
 
 
 class SettleDies(MemoryStore):
-    """The first settle never happens: its worker dies after committing, before settling."""
+    """The worker dies at its first settle: a separate ``settle`` never happens (it died
+    after committing, before settling); a settle folded into a commit is applied with the
+    commit and the worker dies before it learns so (decision 0004)."""
 
     died = False
 
@@ -44,6 +46,13 @@ class SettleDies(MemoryStore):
             self.died = True
             raise RuntimeError("the worker died here")
         return await super().settle(dispatch_id, token, outcome)
+
+    async def commit(self, thread_id: str, commit: Commit) -> Receipt:
+        receipt = await super().commit(thread_id, commit)
+        if commit.settle is not None and not self.died:
+            self.died = True
+            raise RuntimeError("the worker died here, after its settling commit")
+        return receipt
 
 
 async def work(store: MemoryStore, clock: ManualClock, until: str) -> None:
