@@ -247,6 +247,9 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True):
     dispatch: Dispatch
     claim: Claim
     exhausted: bool
+    snapshot: ThreadSnapshot | None = None
+    """The thread as read in the same atomic step that granted ``claim`` (so it includes
+    the claim), or ``None`` from a store that does not read it there."""
 
 
 class Done(msgspec.Struct, frozen=True, tag="done"):

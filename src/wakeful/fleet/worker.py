@@ -246,7 +246,8 @@ class Worker:
     async def _execute(self, lease: Lease) -> Outcome | Settled:
         d, claim = lease.dispatch, lease.claim
         payload = d.payload if isinstance(d.payload, dict) else {}
-        snap = await self.store.read(d.thread_id)
+        # the thread as read when the lease was granted, else (an older store) read it now
+        snap = lease.snapshot if lease.snapshot is not None else await self.store.read(d.thread_id)
         latest = snap.checkpoint if snap is not None else None
         owned_run = _owned_run(d.dispatch_id, d.kind, payload, latest)
         if owned_run is not None and owned_run.status != "running":

@@ -175,7 +175,9 @@ class DispatchQueue(Protocol):
         then oldest first, at most one per thread and only on threads without a live claim.
         Each lease grants the thread's claim in the same step; the dispatch's token is that
         claim's token. Every claim counts one attempt; a dispatch claimed past its
-        ``max_attempts`` comes with ``exhausted=True``."""
+        ``max_attempts`` comes with ``exhausted=True``. Each lease carries the thread's
+        ``snapshot`` read in the same atomic step, after the grant (saving the claimant a
+        read)."""
         ...
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:

@@ -306,19 +306,7 @@ class ProjectedStore:
     async def read(self, thread_id: str) -> ThreadSnapshot | None:
         check_id("thread_id", thread_id)
         t = self._open().threads.get(thread_id)
-        if t is None:
-            return None
-        return ThreadSnapshot(
-            thread_id=thread_id,
-            version=t.version,
-            checkpoint=t.latest,
-            writes=tuple(t.writes.values()),
-            claim=t.claim,
-            tenant=t.tenant,
-            message_count=len(t.messages),
-            last_seq=t.next_seq - 1,
-            event_floor=t.floor,
-        )
+        return None if t is None else _snapshot(t)
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
         check_id("thread_id", thread_id)
@@ -490,7 +478,12 @@ class ProjectedStore:
         for grant in grants:
             d = state.dispatches[grant.dispatch_id]
             leases.append(
-                Lease(dispatch=d, claim=grant.claim, exhausted=d.attempts > d.max_attempts)
+                Lease(
+                    dispatch=d,
+                    claim=grant.claim,
+                    exhausted=d.attempts > d.max_attempts,
+                    snapshot=_snapshot(state.threads[d.thread_id]),
+                )
             )
         return leases
 
@@ -712,6 +705,20 @@ def _released_replay(state: State, thread_id: str, commit: Commit, digest: str) 
     if recorded is None or recorded[0] != digest:
         return None
     return recorded[1]
+
+
+def _snapshot(t: ThreadState) -> ThreadSnapshot:
+    return ThreadSnapshot(
+        thread_id=t.thread_id,
+        version=t.version,
+        checkpoint=t.latest,
+        writes=tuple(t.writes.values()),
+        claim=t.claim,
+        tenant=t.tenant,
+        message_count=len(t.messages),
+        last_seq=t.next_seq - 1,
+        event_floor=t.floor,
+    )
 
 
 def _current_claim(state: State, thread_id: str) -> Claim | None:

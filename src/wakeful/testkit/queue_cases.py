@@ -15,7 +15,16 @@ from wakeful.errors import (
     ThreadBusy,
     WorkerSuperseded,
 )
-from wakeful.records import Awaiting, Commit, Dispatch, Done, EventDraft, Lease, Retry
+from wakeful.records import (
+    Awaiting,
+    Commit,
+    Dispatch,
+    Done,
+    EventDraft,
+    Lease,
+    PendingWrite,
+    Retry,
+)
 from wakeful.testkit.harness import Harness, Kit
 
 case = pytest.mark.asyncio
@@ -28,6 +37,27 @@ async def _lease_one(kit: Kit, holder: str = "worker-a", ttl: float = 30) -> Lea
 
 
 class QueueCases(Harness):
+    @case
+    async def test_a_lease_carries_its_thread_as_read_after_the_grant(self, kit: Kit) -> None:
+        claim, first = await kit.started("t1")
+        assert first.checkpoint_id is not None
+        write = PendingWrite(checkpoint_id=first.checkpoint_id, task_id="a", node="n", value=1)
+        await kit.store.commit("t1", Commit(token=claim.token, writes=(write,)))
+        await kit.store.release("t1", claim.token)
+        await kit.store.enqueue(kit.dispatch("t1", dispatch_id="d-old"))
+        await kit.store.enqueue(kit.dispatch("t2", dispatch_id="d-new"))
+        leases = await kit.store.claim_next("worker-a", 30, limit=2)
+        assert [x.dispatch.dispatch_id for x in leases] == ["d-old", "d-new"]
+        for lease in leases:
+            assert lease.snapshot is not None
+            assert lease.snapshot == await kit.store.read(lease.dispatch.thread_id)
+            assert lease.snapshot.claim == lease.claim
+        old = leases[0].snapshot
+        assert old is not None and old.version == 2 and old.writes == (write,)
+        assert old.checkpoint is not None and old.checkpoint.id == first.checkpoint_id
+        new = leases[1].snapshot
+        assert new is not None and new.version == 0 and new.checkpoint is None
+
     @case
     async def test_enqueue_and_list(self, kit: Kit) -> None:
         first = await kit.store.enqueue(kit.dispatch("t1", dispatch_id="d-1", payload={"a": 1}))

@@ -20,6 +20,7 @@ from wakeful.records import (
     DispatchStatus,
     Lease,
     Outcome,
+    ThreadSnapshot,
     WorkerIdentity,
     WorkerInfo,
 )
@@ -38,7 +39,13 @@ from wakeful.store.validate import (
 )
 
 _ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)"
-_CLAIM_NEXT = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.claim_next(%s, %s, %s)"
+_LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMNS.split(","))
+# The dispatches leased, each with its thread as read right after the grants.
+_CLAIM_NEXT = f"""
+SELECT {_LEASED_COLUMNS}, o_version, o_tenant, o_message_count, o_next_seq, o_event_floor,
+       o_checkpoint, o_writes
+  FROM @schema@.claim_next_read(%s, %s, %s)
+"""
 _SETTLE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.settle(%s, %s, %s, %s, %s)"
 _CANCEL = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.cancel(%s, %s, %s, %s, %s, %s)"
 _QUARANTINE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.quarantine(%s)"
@@ -99,13 +106,33 @@ class QueueOps:
         limit = check_count("limit", limit, minimum=1, maximum=1000)
         rows = await self._db.fetchall(_CLAIM_NEXT, (holder, ttl, limit))
         leases = []
+        width = len(DISPATCH_COLUMNS.split(","))
         for row in rows:
-            d = codec.dispatch(row)
+            d = codec.dispatch(row[:width])
             assert d.token is not None and d.holder is not None and d.lease_until is not None
             claim = Claim(
                 thread_id=d.thread_id, holder=d.holder, token=d.token, expires_at=d.lease_until
             )
-            leases.append(Lease(dispatch=d, claim=claim, exhausted=d.attempts > d.max_attempts))
+            version, tenant, count, next_seq, floor, body, writes = row[width:]
+            snapshot = ThreadSnapshot(
+                thread_id=d.thread_id,
+                version=version,
+                checkpoint=None if body is None else codec.CHECKPOINT.decode(body),
+                writes=tuple(codec.WRITE.decode(w) for w in writes),
+                claim=claim,
+                tenant=tenant,
+                message_count=count,
+                last_seq=next_seq - 1,
+                event_floor=floor,
+            )
+            leases.append(
+                Lease(
+                    dispatch=d,
+                    claim=claim,
+                    exhausted=d.attempts > d.max_attempts,
+                    snapshot=snapshot,
+                )
+            )
         return leases
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:

@@ -21,6 +21,7 @@ from wakeful.errors import (
 )
 from wakeful.records import Dispatch, Lease, Outcome, WorkerIdentity, WorkerInfo
 from wakeful.store.projected import CANCEL_PRIORITY
+from wakeful.store.sqlite import reads
 from wakeful.store.sqlite.claims import (
     advance_epoch,
     current_token,
@@ -154,7 +155,14 @@ def claim_next(
             (claim.token, holder, to_us(expires), to_us(now), seq),
         ).fetchone()
         d = dispatch_of(row)
-        leases.append(Lease(dispatch=d, claim=claim, exhausted=d.attempts > d.max_attempts))
+        leases.append(
+            Lease(
+                dispatch=d,
+                claim=claim,
+                exhausted=d.attempts > d.max_attempts,
+                snapshot=reads.read(conn, thread_id),  # in the granting transaction
+            )
+        )
     return leases
 
 
