@@ -233,7 +233,9 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
         "## Targets",
         "",
         "Each target compares our figure with an anchor measured in the same run on the same "
-        "machine (or a fixed limit): ratio = ours / anchor.",
+        "machine (or a fixed limit): ratio = ours / anchor. Several targets are bounded by "
+        "the number of durable writes each side makes (fsyncs, WAL flushes) rather than by "
+        "our code: [decision 0005](decisions/0005-benchmark-bounds.md) counts them.",
         "",
     ]
     targeted = [r for r in results if r.target is not None or r.skipped]
