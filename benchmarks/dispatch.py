@@ -8,8 +8,10 @@ Throughput: ``--n`` dispatches (``--n-single`` at one run per worker) of a trivi
 graph are submitted (untimed), then two worker processes (``Worker(..., concurrency=C,
 wake=LocalWake())``, relay off) are told to go at the same instant and drain the queue;
 dispatches/s = n / (go -> the later worker's drain returned). A dispatch is ``claim_next``
-(leasing the dispatch and claiming its fresh thread), the admission commit, the commit of
-the node's result with the final checkpoint, and ``settle(Done)``: every step durable. C is
+(leasing the dispatch, claiming its fresh thread and reading it, for up to the free slots
+at once), the admission commit, and the commit of the node's result with the final
+checkpoint that also settles the dispatch ``Done`` (decision 0004): every step durable.
+The node is an ``async def`` no-op, as are the pgqueuer and procrastinate jobs. C is
 1 and 10 runs per worker, on SQLite (a fresh file) and PostgreSQL (a fresh database). In the
 same run, on the same server, the same number of no-op jobs is drained by two pgqueuer
 processes (asyncpg driver, ``QueueManager.run(mode=drain)``) and two procrastinate processes
@@ -89,7 +91,9 @@ async def _go() -> None:
 
 
 def _noop_registry(counter: list[int]) -> Registry:
-    def noop(state: dict[str, Any]) -> dict[str, Any]:
+    # async, like the pgqueuer and procrastinate no-op jobs (a sync node would run in a
+    # worker thread, which costs a thread hand-off per task)
+    async def noop(state: dict[str, Any]) -> dict[str, Any]:
         counter[0] += 1
         return {"n": 1}
 

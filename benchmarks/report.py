@@ -62,17 +62,20 @@ METHOD = {
         "sequential and 16 concurrent clients, `synchronous_commit=on`."
     ),
     "runtime_graph": (
-        "A 3-node linear graph with durability `sync` (each run: claim, admission commit, "
-        "three tasks, three checkpoints, release) on the memory, file and SQLite stores, beside "
-        "LangGraph's `InMemorySaver` and `SqliteSaver` running the same graph."
+        "A 3-node linear graph with durability `sync` (each run: 4 durable writes: the claim "
+        "with the admission commit, the checkpoints after steps 1 and 2, the final checkpoint "
+        "with the release; LangGraph's `SqliteSaver` makes 9 SQLite commits per run) on the "
+        "memory, file and SQLite stores, beside LangGraph's `InMemorySaver` and `SqliteSaver` "
+        "running the same graph."
     ),
     "streaming": (
         "Deltas per second through the agent's model node from a provider pacing 10,000 "
         "deltas/s, with stream checkpoints on vs off (file and SQLite stores)."
     ),
     "dispatch": (
-        "Two worker processes drain pre-submitted dispatches of a one-node graph (claim, "
-        "admission commit, result + checkpoint commit, settle: all durable) at 1 and 10 runs "
+        "Two worker processes drain pre-submitted dispatches of a one-node graph with an async "
+        "no-op node (claim with the thread's snapshot, admission commit, result + checkpoint "
+        "commit that also settles: all durable) at 1 and 10 runs "
         "per worker, on SQLite and PostgreSQL; two pgqueuer processes (asyncpg driver) and two "
         "procrastinate processes drain the same number of no-op jobs from the same server, "
         "each system in a fresh database. Time: from the go signal to the later worker's "

@@ -16,18 +16,21 @@ RETURNS TABLE (o_dispatch @schema@.dispatches, o_version bigint, o_tenant text,
                o_checkpoint text, o_writes text[])
 LANGUAGE plpgsql AS $fn$
 DECLARE
-    granted @schema@.dispatches[];
+    d @schema@.dispatches;
 BEGIN
-    granted := ARRAY(SELECT d FROM @schema@.claim_next(p_holder, p_ttl, p_limit) d);
-    RETURN QUERY
-        SELECT granted[i], t.version, t.tenant, t.message_count, t.next_seq, t.event_floor,
-               c.body,
+    -- claim_next() runs to the end first (all grants), then each thread is read by its key
+    FOR d IN SELECT * FROM @schema@.claim_next(p_holder, p_ttl, p_limit) LOOP
+        o_dispatch := d;
+        SELECT t.version, t.tenant, t.message_count, t.next_seq, t.event_floor, c.body,
                ARRAY(SELECT w.body FROM @schema@.writes w WHERE w.thread_id = t.thread_id
                       ORDER BY w.version, w.idx)
-          FROM generate_subscripts(granted, 1) AS i
-          JOIN @schema@.threads t ON t.thread_id = (granted[i]).thread_id
+          INTO o_version, o_tenant, o_message_count, o_next_seq, o_event_floor,
+               o_checkpoint, o_writes
+          FROM @schema@.threads t
           LEFT JOIN @schema@.checkpoints c
             ON c.thread_id = t.thread_id AND c.checkpoint_id = t.latest_checkpoint
-         ORDER BY i;
+         WHERE t.thread_id = d.thread_id;
+        RETURN NEXT;
+    END LOOP;
 END
 $fn$;
