@@ -15,7 +15,7 @@ from wakeful.runtime import ClaimPolicy, Runtime
 
 def writer(server_url: str) -> Agent:
     model = OpenAIChat("gpt-test", base_url=server_url, api_key="test-key")
-    policy = StreamPolicy(checkpoint_every_deltas=1, idle_timeout=30)
+    policy = StreamPolicy(checkpoint_every_deltas=1, checkpoint_min_interval=0, idle_timeout=30)
     return Agent("writer", model, "Tell stories.", stream_policy=policy)
 
 

@@ -16,7 +16,7 @@ from wakeful.providers.scripted import Drop, Fail, Scripted, Stall, calls, reply
 from wakeful.runtime import Runtime
 from wakeful.store.memory import MemoryStore
 
-POLICY = StreamPolicy(checkpoint_every_deltas=1, idle_timeout=0.2)
+POLICY = StreamPolicy(checkpoint_every_deltas=1, checkpoint_min_interval=0, idle_timeout=0.2)
 
 
 class FakeSleep:

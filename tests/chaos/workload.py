@@ -273,6 +273,7 @@ def registry(directory: Path, faults: Faults, seed: int) -> Registry:
             idle_timeout=20,
             checkpoint_every_deltas=4,
             checkpoint_every_seconds=0.05,
+            checkpoint_min_interval=0,
         ),
     )
     return (

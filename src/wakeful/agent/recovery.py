@@ -67,6 +67,9 @@ class StreamPolicy:
     idle_timeout: float = 60.0
     checkpoint_every_deltas: int = 32
     checkpoint_every_seconds: float = 0.5
+    checkpoint_min_interval: float = 0.05
+    """Seconds at least between two checkpoints: bounds their cost when deltas arrive
+    faster than a checkpoint can be written (a crash then loses at most this much)."""
     checkpoints: bool = True
     """Write stream checkpoints (when the store has them)."""
     continuation_prompt: str = CONTINUATION_PROMPT
@@ -244,9 +247,10 @@ class StreamRecovery:
                     self._emit("text.delta", {"text": item.text})
                 since_save += 1
                 now = time.monotonic()
-                if (
+                elapsed = now - last_save
+                if elapsed >= self.policy.checkpoint_min_interval and (
                     since_save >= self.policy.checkpoint_every_deltas
-                    or now - last_save >= self.policy.checkpoint_every_seconds
+                    or elapsed >= self.policy.checkpoint_every_seconds
                 ):
                     self._save_in_background(acc, attempts)
                     since_save, last_save = 0, now

@@ -55,7 +55,9 @@ def agent(directory: Path) -> Agent:
         )
     else:
         model = DemoModel()
-    policy = StreamPolicy(checkpoint_every_deltas=1, checkpoint_every_seconds=0.05)
+    policy = StreamPolicy(
+        checkpoint_every_deltas=1, checkpoint_every_seconds=0.05, checkpoint_min_interval=0
+    )
     return Agent(
         "support",
         model,
