@@ -4,6 +4,7 @@ against an independent statement of the rules."""
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -65,9 +66,18 @@ class ReferenceModel:
 
     def commit(self, tid: str, commit: Commit) -> Outcome:
         t = self.threads.get(tid)
-        if t is None or t.token is None or t.token != commit.token:
-            return ("StaleClaim",)
         body = msgspec.json.encode(msgspec.structs.replace(commit, token=0), order="sorted")
+        if t is None or t.token is None or t.token != commit.token:
+            # a commit that ended its own claim answers its retries until a newer claim
+            if (
+                t is not None
+                and t.token is None
+                and self.epochs.get(tid, 0) == commit.token
+                and commit.operation_id is not None
+                and t.receipts.get(commit.operation_id, (None,))[0] == body
+            ):
+                return t.receipts[commit.operation_id][1]
+            return ("StaleClaim",)
         if commit.operation_id is not None and commit.operation_id in t.receipts:
             recorded, replayed = t.receipts[commit.operation_id]
             return replayed if recorded == body else ("OperationConflict",)
@@ -97,7 +107,29 @@ class ReferenceModel:
         outcome: Outcome = ("ok", t.version, resulting, seqs)
         if commit.operation_id is not None:
             t.receipts[commit.operation_id] = (body, outcome)
+        if commit.release:
+            t.holder = t.token = t.expires_at = None
         return outcome
+
+    def claim_and_commit(self, tid: str, holder: str, ttl: float, commit: Commit) -> Outcome:
+        """``claim`` then ``commit`` as one step: a refused commit leaves no trace."""
+        before = (copy.deepcopy(self.threads.get(tid)), self.epochs.get(tid))
+        claimed = self.claim(tid, holder, ttl)
+        if claimed[0] != "ok":
+            return claimed
+        committed = self.commit(tid, msgspec.structs.replace(commit, token=claimed[1]))
+        if committed[0] != "ok":
+            thread, epoch = before
+            if thread is None:
+                self.threads.pop(tid, None)
+            else:
+                self.threads[tid] = thread
+            if epoch is None:
+                self.epochs.pop(tid, None)
+            else:
+                self.epochs[tid] = epoch
+            return committed
+        return ("ok", claimed[1], claimed[2], *committed[1:])
 
     def compact(self, tid: str, before_seq: int) -> Outcome:
         t = self.threads.get(tid)

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+import msgspec
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
@@ -35,7 +36,10 @@ def _outcome_of(value: Any) -> Outcome:
 
 
 def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> None:
-    """Run the machine against ``harness``'s store; raises on the first divergence."""
+    """Run the machine against ``harness``'s store; raises on the first divergence.
+    Releasing commits and ``claim_and_commit`` join in when the store declares
+    ``folded_writes``."""
+    folded = "folded_writes" in harness.capabilities
 
     class StoreVersusModel(RuleBasedStateMachine):
         def __init__(self) -> None:
@@ -45,6 +49,7 @@ def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> N
             self.model = ReferenceModel(now=self.clock.now())
             self.store: Store = self.run(harness.new_store(self.clock))
             self.tokens: dict[str, list[int]] = {}
+            self.sent: dict[str, Commit] = {}
             self.counter = 0
 
         def run(self, coro: Coroutine[Any, Any, T]) -> T:
@@ -54,11 +59,15 @@ def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> N
             try:
                 return _outcome_of(self.run(coro))
             except WakefulError as exc:
-                if type(exc).__name__ == "ThreadBusy":
-                    return ("ThreadBusy", getattr(exc, "holder", None))
-                if type(exc).__name__ == "ReplayUnavailable":
-                    return ("ReplayUnavailable", getattr(exc, "earliest_seq", None))
-                return (type(exc).__name__,)
+                return self.error(exc)
+
+        @staticmethod
+        def error(exc: WakefulError) -> Outcome:
+            if type(exc).__name__ == "ThreadBusy":
+                return ("ThreadBusy", getattr(exc, "holder", None))
+            if type(exc).__name__ == "ReplayUnavailable":
+                return ("ReplayUnavailable", getattr(exc, "earliest_seq", None))
+            return (type(exc).__name__,)
 
         def token_for(self, tid: str, choice: str) -> int:
             issued = self.tokens.get(tid, [])
@@ -103,6 +112,7 @@ def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> N
             message_id=st.sampled_from([None, "m1", "m2", "m3"]),
             operation=st.sampled_from([None, None, "op-1", "op-2"]),
             expected_version=st.sampled_from([None, None, 0, 1, 2, 3]),
+            release=st.sampled_from([False, False, False, True]),
         )
         def commit(
             self,
@@ -115,7 +125,99 @@ def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> N
             message_id: str | None,
             operation: str | None,
             expected_version: int | None,
+            release: bool,
         ) -> None:
+            release = release and folded
+            commit = self.build_commit(
+                tid,
+                self.token_for(tid, choice),
+                new_checkpoint,
+                stale_parent,
+                events,
+                write_task,
+                message_id,
+                operation,
+                expected_version,
+                release,
+            )
+            got = self.call(self.store.commit(tid, commit))
+            expected = self.model.commit(tid, commit)
+            assert got == expected, (got, expected)
+            self.sent[tid] = commit
+
+        @rule(tid=THREADS)
+        def retry(self, tid: str) -> None:
+            """Send the thread's last commit again, as after a lost acknowledgement."""
+            commit = self.sent.get(tid)
+            if commit is None:
+                return
+            got = self.call(self.store.commit(tid, commit))
+            expected = self.model.commit(tid, commit)
+            assert got == expected, (got, expected)
+
+        @rule(
+            tid=THREADS,
+            holder=HOLDERS,
+            ttl=TTLS,
+            new_checkpoint=st.booleans(),
+            stale_parent=st.booleans(),
+            events=st.integers(0, 2),
+            operation=st.sampled_from([None, "op-1", "op-3"]),
+            expected_version=st.sampled_from([None, None, 0, 1, 2]),
+            release=st.sampled_from([False, False, True]),
+        )
+        def claim_and_commit(
+            self,
+            tid: str,
+            holder: str,
+            ttl: float,
+            new_checkpoint: bool,
+            stale_parent: bool,
+            events: int,
+            operation: str | None,
+            expected_version: int | None,
+            release: bool,
+        ) -> None:
+            if not folded:
+                return
+            commit = self.build_commit(
+                tid,
+                0,
+                new_checkpoint,
+                stale_parent,
+                events,
+                None,
+                None,
+                operation,
+                expected_version,
+                release,
+            )
+            got: Outcome
+            try:
+                claim, receipt = self.run(self.store.claim_and_commit(tid, holder, ttl, commit))
+                got = ("ok", claim.token, claim.holder, receipt.version, receipt.checkpoint_id,
+                       receipt.events)  # fmt: skip
+            except WakefulError as exc:
+                got = self.error(exc)
+            expected = self.model.claim_and_commit(tid, holder, ttl, commit)
+            assert got == expected, (got, expected)
+            if got[0] == "ok":
+                self.tokens.setdefault(tid, []).append(got[1])
+                self.sent[tid] = msgspec.structs.replace(commit, token=got[1])
+
+        def build_commit(
+            self,
+            tid: str,
+            token: int,
+            new_checkpoint: bool,
+            stale_parent: bool,
+            events: int,
+            write_task: str | None,
+            message_id: str | None,
+            operation: str | None,
+            expected_version: int | None,
+            release: bool,
+        ) -> Commit:
             self.counter += 1
             mt = self.model.threads.get(tid)
             latest = mt.latest if mt is not None else None
@@ -137,18 +239,16 @@ def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> N
                 writes = (
                     PendingWrite(checkpoint_id=target, task_id=write_task, node="n", value=1),
                 )
-            commit = Commit(
-                token=self.token_for(tid, choice),
+            return Commit(
+                token=token,
                 checkpoint=checkpoint,
                 writes=writes,
                 events=tuple(EventDraft(type=f"e{i}") for i in range(events)),
                 messages=(Message(id=message_id, role="user"),) if message_id else (),
                 operation_id=operation,
                 expected_version=expected_version,
+                release=release,
             )
-            got = self.call(self.store.commit(tid, commit))
-            expected = self.model.commit(tid, commit)
-            assert got == expected, (got, expected)
 
         @rule(tid=THREADS, before=st.integers(0, 12))
         def compact(self, tid: str, before: int) -> None:
