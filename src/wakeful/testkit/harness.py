@@ -20,8 +20,8 @@ CAPABILITIES: dict[str, str] = {
         "the staged entry (stores whose relay is one transaction cannot and do not need to)"
     ),
     "folded_writes": (
-        "Commit.release, Commit.settle and claim_and_commit (stores written before they "
-        "existed lack them)"
+        "Commit.release, Commit.settle and claim_and_commit (decision 0004); the runtime and "
+        "the worker need them, the gate only lets an older store adopt them step by step"
     ),
 }
 """Capabilities a store may declare; a case needing an undeclared one is skipped, saying so."""
