@@ -452,15 +452,12 @@ class ProjectedStore:
         limit = check_count("limit", limit, minimum=1, maximum=1000)
         state, now = self._open(), self._now()
         expires = now + timedelta(seconds=ttl)
-        candidates = sorted(
-            (state.dispatches[did] for ids in state.open_by_thread.values() for did in ids),
-            key=lambda d: (-d.priority, state.dispatch_order[d.dispatch_id]),
-        )
         grants: list[LeaseGrant] = []
         taken: set[str] = set()
-        for d in candidates:
+        for _, _, did in state.claimable:  # already in claim order
             if len(grants) == limit:
                 break
+            d = state.dispatches[did]
             if d.thread_id in taken or not _available(state, d, now):
                 continue
             taken.add(d.thread_id)

@@ -9,6 +9,7 @@ clock and never fails on a record that was planned against the same state.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -177,6 +178,9 @@ def payload_hash(commit: Commit) -> str:
 
 # ------------------------------------------------------------------------ state
 
+CLAIMABLE = frozenset(("pending", "leased"))
+"""Statuses ``claim_next`` may lease from (pending once due, leased once the lease lapsed)."""
+
 
 @dataclass
 class StagedEntry:
@@ -226,6 +230,17 @@ class State:
     outbox: dict[int, StagedEntry] = field(default_factory=dict)
     stage_seq: int = 0
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
+    claimable: list[tuple[int, int, str]] = field(default_factory=list)
+    """Derived (never persisted): the pending and leased dispatches in claim order, as
+    ``(-priority, enqueue order, dispatch_id)``, so ``claim_next`` never sorts the queue."""
+
+    def __post_init__(self) -> None:
+        self.claimable = sorted(
+            self._claim_key(d) for d in self.dispatches.values() if d.status in CLAIMABLE
+        )
+
+    def _claim_key(self, d: Dispatch) -> tuple[int, int, str]:
+        return (-d.priority, self.dispatch_order[d.dispatch_id], d.dispatch_id)
 
     def thread(self, thread_id: str) -> ThreadState:
         found = self.threads.get(thread_id)
@@ -420,6 +435,12 @@ class State:
                 self._put_dispatch(msgspec.structs.replace(d, status="done", updated_at=at))
 
     def _put_dispatch(self, d: Dispatch) -> None:
+        before = self.dispatches.get(d.dispatch_id)
+        was = before is not None and before.status in CLAIMABLE
+        if d.status in CLAIMABLE and not was:
+            bisect.insort(self.claimable, self._claim_key(d))
+        elif was and d.status not in CLAIMABLE:
+            self._unclaimable(d)
         self.dispatches[d.dispatch_id] = d
         open_ids = self.open_by_thread.setdefault(d.thread_id, set())
         if d.status in ("pending", "leased", "awaiting"):
@@ -429,8 +450,16 @@ class State:
             if not open_ids:
                 del self.open_by_thread[d.thread_id]
 
+    def _unclaimable(self, d: Dispatch) -> None:
+        key = self._claim_key(d)
+        at = bisect.bisect_left(self.claimable, key)
+        if at < len(self.claimable) and self.claimable[at] == key:
+            del self.claimable[at]
+
     def _drop_dispatch(self, dispatch_id: str) -> None:
         d = self.dispatches.pop(dispatch_id)
+        if d.status in CLAIMABLE:
+            self._unclaimable(d)
         self.dispatch_order.pop(dispatch_id, None)
         if d.dedupe_key is not None and self.dedupe.get(d.dedupe_key) == dispatch_id:
             del self.dedupe[d.dedupe_key]
