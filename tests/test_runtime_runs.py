@@ -104,7 +104,7 @@ async def test_a_run_claims_with_its_first_commit_and_releases_with_its_last(
 
 
 @pytest.mark.asyncio
-async def test_a_suspended_run_releases_with_its_suspension_and_resume_reclaims() -> None:
+async def test_a_suspension_releases_and_a_resume_claims_with_its_commit() -> None:
     async def ask(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         return {"log": [str(ctx.interrupt("ok?"))]}
 
@@ -122,7 +122,7 @@ async def test_a_suspended_run_releases_with_its_suspension_and_resume_reclaims(
     (ticket,) = outcome.tickets
     done = await (await runtime.resume("t", graph, {ticket.id: "yes"})).result()
     assert done.state == {"log": ["yes"]}
-    assert store.kinds[2:] == ["Claimed", "Committed", "Committed+release"]
+    assert store.kinds[2:] == ["Committed+claim", "Committed+release"]
 
 
 @pytest.mark.asyncio

@@ -299,10 +299,7 @@ class Runtime:
                 try:
                     first, commit = admission.build(thread_id, snap, self.clock)
                 except RunInProgress:
-                    # a live run's claim is the answer (ThreadBusy); an abandoned run's is
-                    # RunInProgress, judged under a claim like every admission
-                    probe = await self.store.claim(thread_id, self.holder, self.claims.ttl)
-                    await self.store.release(thread_id, probe.token)
+                    await self._busy_first(thread_id)
                     raise
                 commit = msgspec.structs.replace(
                     commit, expected_version=snap.version if snap is not None else 0
@@ -383,59 +380,97 @@ class Runtime:
         dispatch_id: str | None = None,
     ) -> RunHandle:
         """Answer some or all open tickets of a suspended run and continue it. Tasks that
-        finished before the suspension are not run again. ``claim`` as for ``start``;
+        finished before the suspension are not run again. ``claim`` as for ``start`` (without
+        it, the claim and the resuming commit are one atomic write, as in ``start``);
         ``resumed_by`` (a dispatch id) is recorded in the run's checkpoints so a redelivered
         resume can tell it was already applied. ``dispatch_id`` as for ``start``."""
-        owned = claim is None
+        if claim is None:
+            check_id("thread_id", thread_id)
+            check_optional_id("tenant", tenant)
+            for _attempt in range(ADMISSION_ATTEMPTS):
+                snap = await self.store.read(thread_id)
+                _check_tenant(thread_id, snap, tenant)
+                try:
+                    latest, resumed, carried, commit = self._resumption(
+                        thread_id, snap, graph, answers, allow_graph_change, resumed_by
+                    )
+                except (NotSuspended, UnknownTicket, GraphChanged):
+                    await self._busy_first(thread_id)
+                    raise
+                assert snap is not None
+                try:
+                    claim, _ = await self.store.claim_and_commit(
+                        thread_id,
+                        self.holder,
+                        self.claims.ttl,
+                        msgspec.structs.replace(commit, expected_version=snap.version),
+                    )
+                except VersionConflict:
+                    continue  # the thread moved between the read and the claim: read again
+                mode = durability or str(latest.metadata.get("durability", "sync"))
+                return self._execute(graph, thread_id, claim, resumed, carried, mode, True)
+            raise StoreUnavailable(
+                f"thread {thread_id!r} changed under {ADMISSION_ATTEMPTS} admissions in a row"
+            )
         claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
-        try:
-            latest = snap.checkpoint if snap is not None else None
-            if latest is None or latest.status != "suspended":
-                raise NotSuspended(thread_id, latest.status if latest else None)
-            self._check_graph(thread_id, latest, graph, allow_graph_change)
-            open_ids = {t["id"] for t in latest.metadata.get("tickets", [])}
-            unknown = sorted(set(answers) - open_ids)
-            if unknown:
-                raise UnknownTicket(thread_id, unknown)
-            ordinal = int(latest.metadata.get("ordinal", 0)) + 1
-            merged = {**latest.metadata.get("answers", {}), **dict(answers)}
-            resumed = msgspec.structs.replace(
-                latest,
-                id=f"{latest.run_id}-c{ordinal}",
-                parent=latest.id,
-                status="running",
-                created_at=self.clock.now(),
-                metadata={
-                    **latest.metadata,
-                    "ordinal": ordinal,
-                    "answers": merged,
-                    "tickets": [],
-                    **({"resumed_by": resumed_by} if resumed_by else {}),
-                },
-            )
-            assert snap is not None
-            carried = tuple(
-                msgspec.structs.replace(w, checkpoint_id=resumed.id) for w in snap.writes
-            )
-            event = EventDraft(
-                type="run.resumed", data={"answered": sorted(answers)}, run_id=latest.run_id
-            )
-            await commit_retrying(
-                self.store,
-                thread_id,
-                Commit(
-                    token=claim.token,
-                    checkpoint=resumed,
-                    writes=carried,
-                    events=(event,),
-                    operation_id=resumed.id,
-                ),
-            )
-        except BaseException:
-            await self._give_back(thread_id, claim, owned)
-            raise
+        latest, resumed, carried, commit = self._resumption(
+            thread_id, snap, graph, answers, allow_graph_change, resumed_by
+        )
+        await commit_retrying(
+            self.store, thread_id, msgspec.structs.replace(commit, token=claim.token)
+        )
         mode = durability or str(latest.metadata.get("durability", "sync"))
-        return self._execute(graph, thread_id, claim, resumed, carried, mode, owned, dispatch_id)
+        return self._execute(graph, thread_id, claim, resumed, carried, mode, False, dispatch_id)
+
+    def _resumption(
+        self,
+        thread_id: str,
+        snap: ThreadSnapshot | None,
+        graph: CompiledGraph,
+        answers: Mapping[str, Any],
+        allow_graph_change: bool,
+        resumed_by: str | None,
+    ) -> tuple[Checkpoint, Checkpoint, tuple[PendingWrite, ...], Commit]:
+        """The suspended checkpoint, the resuming one, the carried writes and the commit
+        (token 0) that resumes the run, from the thread as read. Raises the refusals."""
+        latest = snap.checkpoint if snap is not None else None
+        if snap is None or latest is None or latest.status != "suspended":
+            raise NotSuspended(thread_id, latest.status if latest else None)
+        self._check_graph(thread_id, latest, graph, allow_graph_change)
+        open_ids = {t["id"] for t in latest.metadata.get("tickets", [])}
+        unknown = sorted(set(answers) - open_ids)
+        if unknown:
+            raise UnknownTicket(thread_id, unknown)
+        ordinal = int(latest.metadata.get("ordinal", 0)) + 1
+        merged = {**latest.metadata.get("answers", {}), **dict(answers)}
+        resumed = msgspec.structs.replace(
+            latest,
+            id=f"{latest.run_id}-c{ordinal}",
+            parent=latest.id,
+            status="running",
+            created_at=self.clock.now(),
+            metadata={
+                **latest.metadata,
+                "ordinal": ordinal,
+                "answers": merged,
+                "tickets": [],
+                **({"resumed_by": resumed_by} if resumed_by else {}),
+            },
+        )
+        carried = tuple(msgspec.structs.replace(w, checkpoint_id=resumed.id) for w in snap.writes)
+        event = EventDraft(
+            type="run.resumed", data={"answered": sorted(answers)}, run_id=latest.run_id
+        )
+        commit = Commit(
+            token=0, checkpoint=resumed, writes=carried, events=(event,), operation_id=resumed.id
+        )
+        return latest, resumed, carried, commit
+
+    async def _busy_first(self, thread_id: str) -> None:
+        """Before a refusal judged from a read without a claim: a live claim's refusal
+        (``ThreadBusy``) comes first, as it would for an admission that claims first."""
+        probe = await self.store.claim(thread_id, self.holder, self.claims.ttl)
+        await self.store.release(thread_id, probe.token)
 
     async def delete_thread(self, thread_id: str, *, tenant: str | None = None) -> None:
         """Delete the thread and everything in it; refused with ``ThreadBusy`` while a run
