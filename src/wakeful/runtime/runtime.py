@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -98,6 +98,10 @@ class RunHandle:
         (``result()`` then raises ``RunYielded``): for a process shutting down gracefully."""
         self._execution.yield_requested = True
 
+
+T = TypeVar("T")
+_Resumption = tuple[Checkpoint, Checkpoint, tuple[PendingWrite, ...]]
+"""The suspended checkpoint, the resuming checkpoint and the writes carried into it."""
 
 ADMISSION_ATTEMPTS = 5
 """How often ``start`` re-reads a thread that changed between its read and its claim."""
@@ -291,29 +295,12 @@ class Runtime:
         check_optional_id("dispatch_id", dispatch_id)
         admission = _Admission(graph, input, durability, tenant, run_id, messages, consume)
         if claim is None:
-            check_id("thread_id", thread_id)
-            check_optional_id("tenant", tenant)
-            for _attempt in range(ADMISSION_ATTEMPTS):
-                snap = await self.store.read(thread_id)
-                _check_tenant(thread_id, snap, tenant)
-                try:
-                    first, commit = admission.build(thread_id, snap, self.clock)
-                except RunInProgress:
-                    await self._busy_first(thread_id)
-                    raise
-                commit = msgspec.structs.replace(
-                    commit, expected_version=snap.version if snap is not None else 0
-                )
-                try:
-                    claim, _ = await self.store.claim_and_commit(
-                        thread_id, self.holder, self.claims.ttl, commit
-                    )
-                except VersionConflict:
-                    continue  # the thread moved between the read and the claim: read again
-                return self._execute(graph, thread_id, claim, first, (), durability, True)
-            raise StoreUnavailable(
-                f"thread {thread_id!r} changed under {ADMISSION_ATTEMPTS} admissions in a row"
-            )
+
+            def build(snap: ThreadSnapshot | None) -> tuple[Checkpoint, Commit]:
+                return admission.build(thread_id, snap, self.clock)
+
+            claim, (first, _) = await self._claim_with_commit(thread_id, tenant, build)
+            return self._execute(graph, thread_id, claim, first, (), durability, True)
         claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
         first, commit = admission.build(thread_id, snap, self.clock)
         await commit_retrying(
@@ -385,35 +372,19 @@ class Runtime:
         ``resumed_by`` (a dispatch id) is recorded in the run's checkpoints so a redelivered
         resume can tell it was already applied. ``dispatch_id`` as for ``start``."""
         if claim is None:
-            check_id("thread_id", thread_id)
-            check_optional_id("tenant", tenant)
-            for _attempt in range(ADMISSION_ATTEMPTS):
-                snap = await self.store.read(thread_id)
-                _check_tenant(thread_id, snap, tenant)
-                try:
-                    latest, resumed, carried, commit = self._resumption(
-                        thread_id, snap, graph, answers, allow_graph_change, resumed_by
-                    )
-                except (NotSuspended, UnknownTicket, GraphChanged):
-                    await self._busy_first(thread_id)
-                    raise
-                assert snap is not None
-                try:
-                    claim, _ = await self.store.claim_and_commit(
-                        thread_id,
-                        self.holder,
-                        self.claims.ttl,
-                        msgspec.structs.replace(commit, expected_version=snap.version),
-                    )
-                except VersionConflict:
-                    continue  # the thread moved between the read and the claim: read again
-                mode = durability or str(latest.metadata.get("durability", "sync"))
-                return self._execute(graph, thread_id, claim, resumed, carried, mode, True)
-            raise StoreUnavailable(
-                f"thread {thread_id!r} changed under {ADMISSION_ATTEMPTS} admissions in a row"
+
+            def build(snap: ThreadSnapshot | None) -> tuple[_Resumption, Commit]:
+                return self._resumption(
+                    thread_id, snap, graph, answers, allow_graph_change, resumed_by
+                )
+
+            claim, ((latest, resumed, carried), _) = await self._claim_with_commit(
+                thread_id, tenant, build
             )
+            mode = durability or str(latest.metadata.get("durability", "sync"))
+            return self._execute(graph, thread_id, claim, resumed, carried, mode, True)
         claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
-        latest, resumed, carried, commit = self._resumption(
+        (latest, resumed, carried), commit = self._resumption(
             thread_id, snap, graph, answers, allow_graph_change, resumed_by
         )
         await commit_retrying(
@@ -430,8 +401,8 @@ class Runtime:
         answers: Mapping[str, Any],
         allow_graph_change: bool,
         resumed_by: str | None,
-    ) -> tuple[Checkpoint, Checkpoint, tuple[PendingWrite, ...], Commit]:
-        """The suspended checkpoint, the resuming one, the carried writes and the commit
+    ) -> tuple[_Resumption, Commit]:
+        """The suspended checkpoint, the resuming one and the carried writes, and the commit
         (token 0) that resumes the run, from the thread as read. Raises the refusals."""
         latest = snap.checkpoint if snap is not None else None
         if snap is None or latest is None or latest.status != "suspended":
@@ -464,13 +435,43 @@ class Runtime:
         commit = Commit(
             token=0, checkpoint=resumed, writes=carried, events=(event,), operation_id=resumed.id
         )
-        return latest, resumed, carried, commit
+        return (latest, resumed, carried), commit
 
-    async def _busy_first(self, thread_id: str) -> None:
-        """Before a refusal judged from a read without a claim: a live claim's refusal
-        (``ThreadBusy``) comes first, as it would for an admission that claims first."""
-        probe = await self.store.claim(thread_id, self.holder, self.claims.ttl)
-        await self.store.release(thread_id, probe.token)
+    async def _claim_with_commit(
+        self,
+        thread_id: str,
+        tenant: str | None,
+        build: Callable[[ThreadSnapshot | None], tuple[T, Commit]],
+    ) -> tuple[Claim, tuple[T, Commit]]:
+        """An admission as one write: read the thread, ``build`` the first commit from it
+        (token 0; ``build`` raises the refusals), then ``claim_and_commit`` it checked against
+        the version read, reading again if the thread moved in between.
+
+        A refusal judged from the read first tries a claim, so that a live claim's
+        ``ThreadBusy`` comes first, as it would for an admission that claims first."""
+        check_id("thread_id", thread_id)
+        check_optional_id("tenant", tenant)
+        for _attempt in range(ADMISSION_ATTEMPTS):
+            snap = await self.store.read(thread_id)
+            _check_tenant(thread_id, snap, tenant)
+            try:
+                built, commit = build(snap)
+            except (RunInProgress, NotSuspended, UnknownTicket, GraphChanged):
+                probe = await self.store.claim(thread_id, self.holder, self.claims.ttl)
+                await self.store.release(thread_id, probe.token)
+                raise
+            version = snap.version if snap is not None else 0
+            commit = msgspec.structs.replace(commit, expected_version=version)
+            try:
+                claim, _ = await self.store.claim_and_commit(
+                    thread_id, self.holder, self.claims.ttl, commit
+                )
+            except VersionConflict:
+                continue  # the thread moved between the read and the claim: read again
+            return claim, (built, commit)
+        raise StoreUnavailable(
+            f"thread {thread_id!r} changed under {ADMISSION_ATTEMPTS} admissions in a row"
+        )
 
     async def delete_thread(self, thread_id: str, *, tenant: str | None = None) -> None:
         """Delete the thread and everything in it; refused with ``ThreadBusy`` while a run
