@@ -47,7 +47,6 @@ from wakeful.records import (
     PruneReport,
     Receipt,
     RetentionPolicy,
-    Retry,
     ThreadSnapshot,
     ThreadSummary,
     WorkerIdentity,
@@ -87,7 +86,6 @@ from wakeful.store.validate import (
     check_policy,
     check_text,
     check_token,
-    outcome_fields,
 )
 
 CANCEL_PRIORITY = 2**31 - 1
@@ -161,15 +159,7 @@ class ProjectedStore:
         check_id("holder", holder)
         ttl = check_seconds("ttl", ttl)
         state, now = self._open(), self._now()
-        t = state.threads.get(thread_id)
-        if t is not None and t.claim is not None and t.claim.is_live(now):
-            raise ThreadBusy(thread_id, t.claim.holder, _latest_id(t), t.claim.expires_at)
-        claim = Claim(
-            thread_id=thread_id,
-            holder=holder,
-            token=state.epochs.get(thread_id, 0) + 1,
-            expires_at=now + timedelta(seconds=ttl),
-        )
+        claim = _grant(state, thread_id, holder, ttl, now)
         await self._record(Claimed(claim))
         return claim
 
@@ -223,20 +213,10 @@ class ProjectedStore:
         ttl = check_seconds("ttl", ttl)
         commit, _ = check_commit(thread_id, commit)
         state, now = self._open(), self._now()
-        existing = state.threads.get(thread_id)
-        if existing is not None and existing.claim is not None and existing.claim.is_live(now):
-            raise ThreadBusy(
-                thread_id, existing.claim.holder, _latest_id(existing), existing.claim.expires_at
-            )
-        claim = Claim(
-            thread_id=thread_id,
-            holder=holder,
-            token=state.epochs.get(thread_id, 0) + 1,
-            expires_at=now + timedelta(seconds=ttl),
-        )
+        claim = _grant(state, thread_id, holder, ttl, now)
         commit = msgspec.structs.replace(commit, token=claim.token)
         digest = payload_hash(commit) if commit.operation_id is not None else ""
-        t = existing if existing is not None else ThreadState(thread_id)
+        t = state.threads.get(thread_id) or ThreadState(thread_id)
         prepared = self._prepare(state, t, commit, digest, now, claimed=claim)
         if isinstance(prepared, Receipt):
             await self._record(Claimed(claim))
@@ -287,9 +267,7 @@ class ProjectedStore:
             epoch = claimed.token if claimed is not None else state.epochs.get(thread_id, 0)
             if d.status != "leased" or d.token != commit.token or epoch != commit.token:
                 raise StaleClaim(thread_id, commit.token, epoch)
-            status, delay, error = outcome_fields(commit.settle.outcome)
-            retry = Retry(delay, error) if status == "pending" else None
-            settled = settled_record(d, commit.token, status, retry, now)
+            settled = settled_record(d, commit.token, commit.settle.outcome, now)
         resulting = commit.checkpoint.id if commit.checkpoint is not None else latest
         first = t.next_seq
         receipt = Receipt(
@@ -488,8 +466,6 @@ class ProjectedStore:
         check_id("dispatch_id", dispatch_id)
         check_token(token)
         check_outcome(outcome)
-        status, delay, error = outcome_fields(outcome)
-        retry = Retry(delay, error) if status == "pending" else None
         state, now = self._open(), self._now()
         d = state.dispatches.get(dispatch_id)
         if d is None:
@@ -498,7 +474,7 @@ class ProjectedStore:
         if d.status != "leased" or d.token != token or epoch != token:
             current = _current_claim(state, d.thread_id)
             raise StaleClaim(d.thread_id, token, current.token if current else None)
-        await self._record(settled_record(d, token, status, retry, now))
+        await self._record(settled_record(d, token, outcome, now))
         return state.dispatches[dispatch_id]
 
     async def cancel(self, thread_id: str, reason: str) -> Dispatch:
@@ -688,6 +664,20 @@ def _latest_id(t: ThreadState | None) -> str | None:
         return None
     latest = t.latest
     return latest.id if latest is not None else None
+
+
+def _grant(state: State, thread_id: str, holder: str, ttl: float, now: datetime) -> Claim:
+    """The claim ``claim`` would grant now (not yet recorded); ``ThreadBusy`` while a live
+    claim exists."""
+    t = state.threads.get(thread_id)
+    if t is not None and t.claim is not None and t.claim.is_live(now):
+        raise ThreadBusy(thread_id, t.claim.holder, _latest_id(t), t.claim.expires_at)
+    return Claim(
+        thread_id=thread_id,
+        holder=holder,
+        token=state.epochs.get(thread_id, 0) + 1,
+        expires_at=now + timedelta(seconds=ttl),
+    )
 
 
 def _released_replay(state: State, thread_id: str, commit: Commit, digest: str) -> Receipt | None:

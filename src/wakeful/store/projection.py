@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from wakeful.records import (
+    Awaiting,
     Checkpoint,
     Claim,
     Commit,
@@ -26,6 +27,7 @@ from wakeful.records import (
     InboxMessage,
     Message,
     OutboxEntry,
+    Outcome,
     PendingWrite,
     PruneReport,
     Receipt,
@@ -528,19 +530,19 @@ class State:
         )
 
 
-def settled_record(
-    dispatch: Dispatch, token: int, outcome_status: str, retry: Retry | None, now: datetime
-) -> Settled:
-    if retry is not None:
+def settled_record(dispatch: Dispatch, token: int, outcome: Outcome, now: datetime) -> Settled:
+    """The record of settling ``dispatch`` with a checked ``outcome`` at ``now``."""
+    if isinstance(outcome, Retry):
         return Settled(
             dispatch.dispatch_id,
             token,
             "pending",
-            now + timedelta(seconds=retry.delay),
-            retry.error,
+            now + timedelta(seconds=outcome.delay),
+            outcome.error,
             now,
         )
-    return Settled(dispatch.dispatch_id, token, outcome_status, None, dispatch.last_error, now)
+    status = "awaiting" if isinstance(outcome, Awaiting) else "done"
+    return Settled(dispatch.dispatch_id, token, status, None, dispatch.last_error, now)
 
 
 def json_copy(value: Any, type_: Any) -> Any:

@@ -19,7 +19,6 @@ from wakeful.records import (
     Commit,
     Dispatch,
     Done,
-    Outcome,
     RetentionPolicy,
     Retry,
     StreamCheckpoint,
@@ -88,25 +87,19 @@ def check_commit(thread_id: str, commit: Commit) -> tuple[Commit, bytes]:
     return copy, body
 
 
-def check_outcome(outcome: object) -> str:
-    """A settle outcome; returns the dispatch status it leads to (``pending`` for a retry)."""
+def check_outcome(outcome: object) -> tuple[str, float, str | None]:
+    """A settle outcome as ``(status, retry delay, retry error)``: the dispatch status it
+    leads to (``pending`` for a retry), ``0.0`` and ``None`` but for a retry."""
     if isinstance(outcome, Retry):
-        check_seconds("retry delay", outcome.delay, allow_zero=True)
+        delay = check_seconds("retry delay", outcome.delay, allow_zero=True)
         if outcome.error is not None:
             check_text("retry error", outcome.error)
-        return "pending"
+        return "pending", delay, outcome.error
     if isinstance(outcome, Done):
-        return "done"
+        return "done", 0.0, None
     if isinstance(outcome, Awaiting):
-        return "awaiting"
+        return "awaiting", 0.0, None
     raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
-
-
-def outcome_fields(outcome: Outcome) -> tuple[str, float, str | None]:
-    """(status, retry delay, retry error) of a checked outcome."""
-    if isinstance(outcome, Retry):
-        return "pending", outcome.delay, outcome.error
-    return check_outcome(outcome), 0.0, None
 
 
 def check_dispatch(dispatch: Dispatch) -> Dispatch:

@@ -20,6 +20,7 @@ from wakeful.records import (
     Message,
     PendingWrite,
     StreamCheckpoint,
+    ThreadSnapshot,
 )
 from wakeful.store.postgres.connection import utc, utc_or_none
 
@@ -36,6 +37,7 @@ DISPATCH_COLUMNS = (
     "status, attempts, token, holder, lease_until, last_error, created_at, updated_at"
 )
 """The columns ``dispatch`` reads, in its order."""
+DISPATCH_WIDTH = len(DISPATCH_COLUMNS.split(","))
 
 
 def text(value: Any) -> str:
@@ -51,6 +53,31 @@ def claim(thread_id: str, holder: str | None, token: int | None, expires: Any) -
     if token is None or holder is None:
         return None
     return Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
+
+
+def snapshot(
+    thread_id: str,
+    claimed: Claim | None,
+    version: int,
+    tenant: str | None,
+    message_count: int,
+    next_seq: int,
+    floor: int,
+    checkpoint: str | None,
+    writes: list[str],
+) -> ThreadSnapshot:
+    """A thread read from its row, its latest checkpoint's body and its writes' bodies."""
+    return ThreadSnapshot(
+        thread_id=thread_id,
+        version=version,
+        checkpoint=None if checkpoint is None else CHECKPOINT.decode(checkpoint),
+        writes=tuple(WRITE.decode(w) for w in writes),
+        claim=claimed,
+        tenant=tenant,
+        message_count=message_count,
+        last_seq=next_seq - 1,
+        event_floor=floor,
+    )
 
 
 def event(thread_id: str, seq: int, at: Any, body: str) -> Event:

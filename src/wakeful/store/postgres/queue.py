@@ -20,12 +20,11 @@ from wakeful.records import (
     DispatchStatus,
     Lease,
     Outcome,
-    ThreadSnapshot,
     WorkerIdentity,
     WorkerInfo,
 )
 from wakeful.store.postgres import codec
-from wakeful.store.postgres.codec import DISPATCH_COLUMNS
+from wakeful.store.postgres.codec import DISPATCH_COLUMNS, DISPATCH_WIDTH
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
 from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.validate import (
@@ -35,7 +34,6 @@ from wakeful.store.validate import (
     check_outcome,
     check_text,
     check_token,
-    outcome_fields,
 )
 
 _ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)"
@@ -106,31 +104,18 @@ class QueueOps:
         limit = check_count("limit", limit, minimum=1, maximum=1000)
         rows = await self._db.fetchall(_CLAIM_NEXT, (holder, ttl, limit))
         leases = []
-        width = len(DISPATCH_COLUMNS.split(","))
         for row in rows:
-            d = codec.dispatch(row[:width])
+            d = codec.dispatch(row[:DISPATCH_WIDTH])
             assert d.token is not None and d.holder is not None and d.lease_until is not None
             claim = Claim(
                 thread_id=d.thread_id, holder=d.holder, token=d.token, expires_at=d.lease_until
-            )
-            version, tenant, count, next_seq, floor, body, writes = row[width:]
-            snapshot = ThreadSnapshot(
-                thread_id=d.thread_id,
-                version=version,
-                checkpoint=None if body is None else codec.CHECKPOINT.decode(body),
-                writes=tuple(codec.WRITE.decode(w) for w in writes),
-                claim=claim,
-                tenant=tenant,
-                message_count=count,
-                last_seq=next_seq - 1,
-                event_floor=floor,
             )
             leases.append(
                 Lease(
                     dispatch=d,
                     claim=claim,
                     exhausted=d.attempts > d.max_attempts,
-                    snapshot=snapshot,
+                    snapshot=codec.snapshot(d.thread_id, claim, *row[DISPATCH_WIDTH:]),
                 )
             )
         return leases
@@ -138,8 +123,7 @@ class QueueOps:
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         check_id("dispatch_id", dispatch_id)
         check_token(token)
-        check_outcome(outcome)
-        status, delay, error = outcome_fields(outcome)
+        status, delay, error = check_outcome(outcome)
         if error is not None:
             no_nul("retry error", error)
         row = await self._db.fetchone(

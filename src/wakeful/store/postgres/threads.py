@@ -34,7 +34,7 @@ from wakeful.store.postgres import codec
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.projection import payload_hash
-from wakeful.store.validate import check_commit, check_policy, check_token, outcome_fields
+from wakeful.store.validate import check_commit, check_outcome, check_policy, check_token
 
 T = TypeVar("T")
 
@@ -122,7 +122,7 @@ def _commit_params(commit: Commit) -> tuple[object, ...]:
     delay: float | None = None
     error: str | None = None
     if commit.settle is not None:
-        status, delay, error = outcome_fields(commit.settle.outcome)
+        status, delay, error = check_outcome(commit.settle.outcome)
         if error is not None:
             no_nul("retry error", error)
     return (
@@ -225,17 +225,9 @@ class ThreadOps:
         row = await self._db.fetchone(_READ, (thread_id,), idempotent=True)
         if row is None:
             return None
-        version, tenant, holder, token, expires, count, next_seq, floor, body, writes = row
-        return ThreadSnapshot(
-            thread_id=thread_id,
-            version=version,
-            checkpoint=None if body is None else codec.CHECKPOINT.decode(body),
-            writes=tuple(codec.WRITE.decode(w) for w in writes),
-            claim=codec.claim(thread_id, holder, token, expires),
-            tenant=tenant,
-            message_count=count,
-            last_seq=next_seq - 1,
-            event_floor=floor,
+        version, tenant, holder, token, expires, *rest = row
+        return codec.snapshot(
+            thread_id, codec.claim(thread_id, holder, token, expires), version, tenant, *rest
         )
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:

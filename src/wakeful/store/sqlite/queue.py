@@ -30,7 +30,7 @@ from wakeful.store.sqlite.claims import (
     grant_claim,
 )
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
-from wakeful.store.validate import canonical, outcome_fields
+from wakeful.store.validate import canonical, check_outcome
 
 _BY_ID = f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE dispatch_id = ?"
 
@@ -210,7 +210,7 @@ def settle_lease(
 ) -> tuple[object, ...]:
     """Record ``outcome`` on a dispatch that ``settleable`` admitted (the caller ends the
     thread's claim in the same transaction); returns the dispatch's new row."""
-    status, delay, error = outcome_fields(outcome)
+    status, delay, error = check_outcome(outcome)
     if status == "pending":
         row: tuple[object, ...] = conn.execute(
             f"UPDATE dispatches SET status = 'pending', token = NULL, holder = NULL, "
