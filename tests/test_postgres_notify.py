@@ -14,6 +14,7 @@ import pytest
 from psycopg import sql
 
 from tests.postgres_support import Databases, open_test_store
+from tests.runtime_support import eventually
 from wakeful.records import Commit, EventDraft
 from wakeful.store.postgres import notify
 from wakeful.store.postgres.connection import channel_name
@@ -83,7 +84,8 @@ async def test_a_commit_through_another_store_wakes_a_waiter(pg_databases: Datab
         claim = await writer.claim("t1", "w", 60)
         assert await reader.listener.ready(10)
         waiter = asyncio.create_task(reader.wait_events("t1", 0, timeout=60))
-        await asyncio.sleep(0.05)
+        # only a waiter already subscribed proves that the notification woke it
+        await eventually(lambda: reader.listener.waiting("t1") == 1)
         await writer.commit("t1", Commit(token=claim.token, events=(EventDraft(type="a"),)))
         events = await asyncio.wait_for(waiter, 10)
         assert [e.type for e in events] == ["a"]
@@ -128,7 +130,7 @@ async def test_a_failed_notification_is_dropped_and_never_raised(
         monkeypatch.setattr(notify, "NOTIFY_SQL", "SELECT 1 / 0 WHERE %s <> ALL(%s::text[])")
         # a waiter of the same store is woken at once, notification or not
         waiter = asyncio.create_task(store.wait_events("t1", 0, timeout=60))
-        await asyncio.sleep(0.05)
+        await eventually(lambda: store.listener.waiting("t1") == 1)
         with caplog.at_level(logging.WARNING, logger="wakeful.store.postgres.notify"):
             await store.commit("t1", Commit(token=claim.token, events=(EventDraft(type="a"),)))
             assert [e.type for e in await asyncio.wait_for(waiter, 10)] == ["a"]

@@ -60,6 +60,10 @@ class Listener:
         self._waiters.setdefault(thread_id, set()).add(waiter)
         return waiter
 
+    def waiting(self, thread_id: str) -> int:
+        """How many tasks wait for a notification of ``thread_id`` (for tests and metrics)."""
+        return len(self._waiters.get(thread_id, ()))
+
     def unsubscribe(self, thread_id: str, waiter: asyncio.Future[None]) -> None:
         waiters = self._waiters.get(thread_id)
         if waiters is not None:
