@@ -485,16 +485,7 @@ class ProjectedStore:
             d = state.dispatches[did]
             if d.kind == "cancel" and d.status == "pending":
                 return d
-        dispatch = Dispatch(
-            dispatch_id=f"cancel-{uuid.uuid4().hex}",
-            thread_id=thread_id,
-            kind="cancel",
-            payload={"reason": reason},
-            priority=CANCEL_PRIORITY,
-            available_at=now,
-            created_at=now,
-            updated_at=now,
-        )
+        dispatch = cancel_intent(thread_id, reason, now)
         epoch = state.epochs.get(thread_id, 0) + 1
         await self._record(Cancelled(thread_id, reason, epoch, dispatch, now))
         return state.dispatches[dispatch.dispatch_id]
@@ -664,6 +655,20 @@ def _latest_id(t: ThreadState | None) -> str | None:
         return None
     latest = t.latest
     return latest.id if latest is not None else None
+
+
+def cancel_intent(thread_id: str, reason: str, now: datetime) -> Dispatch:
+    """The ``cancel`` dispatch that ``cancel`` persists (every store builds it here)."""
+    return Dispatch(
+        dispatch_id=f"cancel-{uuid.uuid4().hex}",
+        thread_id=thread_id,
+        kind="cancel",
+        payload={"reason": reason},
+        priority=CANCEL_PRIORITY,
+        available_at=now,
+        created_at=now,
+        updated_at=now,
+    )
 
 
 def _grant(state: State, thread_id: str, holder: str, ttl: float, now: datetime) -> Claim:

@@ -20,7 +20,7 @@ from wakeful.errors import (
     WorkerSuperseded,
 )
 from wakeful.records import Dispatch, Lease, Outcome, WorkerIdentity, WorkerInfo
-from wakeful.store.projected import CANCEL_PRIORITY
+from wakeful.store.projected import cancel_intent
 from wakeful.store.sqlite import reads
 from wakeful.store.sqlite.claims import (
     advance_epoch,
@@ -246,16 +246,7 @@ def cancel(conn: sqlite3.Connection, now: datetime, thread_id: str, reason: str)
         "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?",
         (thread_id,),
     )
-    intent = Dispatch(
-        dispatch_id=f"cancel-{uuid.uuid4().hex}",
-        thread_id=thread_id,
-        kind="cancel",
-        payload={"reason": reason},
-        priority=CANCEL_PRIORITY,
-        available_at=now,
-        created_at=now,
-        updated_at=now,
-    )
+    intent = cancel_intent(thread_id, reason, now)
     insert(conn, intent)
     return intent
 
