@@ -16,8 +16,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import (
     CheckpointWriteFailed,
@@ -455,7 +453,8 @@ class Worker:
         )
 
 
-class Settled(msgspec.Struct, frozen=True):
+@dataclass(frozen=True)
+class Settled:
     """An outcome already recorded by the commit that ended the work."""
 
     outcome: Outcome
