@@ -1,6 +1,6 @@
 """The PostgreSQL store's notifications: sent after the write returned (never inside its
-transaction), coalesced by one task per store, dropped on failure without touching the
-writer, flushed on close."""
+transaction), coalesced by one task per store, sent only while a listener announces itself,
+dropped on failure without touching the writer, flushed on close."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ async def _listening(dsn: str) -> AsyncIterator[psycopg.AsyncConnection[tuple[ob
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     try:
         await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+        await conn.execute(notify.LISTENER_PRESENCE_SQL, (CHANNEL,))
         yield conn
     finally:
         await conn.close()
@@ -127,7 +128,9 @@ async def test_a_failed_notification_is_dropped_and_never_raised(
     monkeypatch.setattr(notify, "FAILURE_PAUSE", 0.01)
     try:
         claim = await store.claim("t1", "w", 60)
-        monkeypatch.setattr(notify, "NOTIFY_SQL", "SELECT 1 / 0 WHERE %s <> ALL(%s::text[])")
+        monkeypatch.setattr(
+            notify, "NOTIFY_SQL", "SELECT 1 / 0 WHERE %(channel)s <> ALL(%(ids)s::text[])"
+        )
         # a waiter of the same store is woken at once, notification or not
         waiter = asyncio.create_task(store.wait_events("t1", 0, timeout=60))
         await eventually(lambda: store.listener.waiting("t1") == 1)
@@ -154,3 +157,31 @@ async def test_close_sends_what_is_pending(pg_databases: Databases) -> None:
         await store.close()
         assert await _received(conn, {"t1"}) == {"t1"}
         await store.close()  # idempotent
+
+
+async def test_nothing_is_sent_while_nobody_listens_and_a_new_listener_is_noticed(
+    pg_databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn = await pg_databases.clone()
+    monkeypatch.setattr(notify, "PRESENCE_RECHECK", 3600.0)
+    store = await open_test_store(dsn)
+    try:
+        claim = await store.claim("t1", "w", 60)
+        # a bare LISTEN that does not announce itself: the store finds nobody present
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as bare:
+            await bare.execute(sql.SQL("LISTEN {}").format(sql.Identifier(CHANNEL)))
+            for i in range(20):
+                commit = Commit(token=claim.token, events=(EventDraft(type=f"e{i}"),))
+                await store.commit("t1", commit)
+                await store.notifier.flush()
+            assert store.notifier.rounds == 1, "one round found nobody listening"
+            assert store.notifier.sent == 0 and store.notifier.unheard == 20
+            assert [n async for n in bare.notifies(timeout=0.2)] == []
+        # a listener that announces itself is noticed at the next look
+        monkeypatch.setattr(notify, "PRESENCE_RECHECK", 0.0)
+        async with _listening(dsn) as conn:
+            await store.commit("t1", Commit(token=claim.token, events=(EventDraft(type="x"),)))
+            assert await _received(conn, {"t1"}) == {"t1"}
+            assert store.notifier.sent == 1
+    finally:
+        await store.close()

@@ -3,7 +3,8 @@
 After a commit that added events (and a ``delete_thread``) returned, the store sends
 ``pg_notify(channel, thread_id)`` in a transaction of its own (``notify.py``) and wakes its
 own waiters at once (``wake``). The store owns one dedicated connection that ``LISTEN``s on
-the schema's channel, opened on first use.
+the schema's channel, opened on first use, and announces itself with a session-level
+advisory lock, without which notifiers do not send (``notify.py``).
 
 Notifications are hints, never the source of truth: a woken waiter re-reads events by
 sequence number. That makes a lost connection harmless: while it is down waiters fall back to
@@ -19,6 +20,8 @@ import contextlib
 
 import psycopg
 from psycopg import sql
+
+from wakeful.store.postgres.notify import LISTENER_PRESENCE_SQL
 
 APPLICATION_NAME = "wakeful-listen"
 """The ``application_name`` of the LISTEN connection, to find it in ``pg_stat_activity``."""
@@ -118,6 +121,8 @@ class Listener:
                     application_name=APPLICATION_NAME,
                 )
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                # Notifiers send only while some listener holds this (see notify.py).
+                await conn.execute(LISTENER_PRESENCE_SQL, (self._channel,))
                 self.connects += 1
                 self._listening.set()
                 # Commits made while nobody listened: every waiter re-checks by seq.

@@ -1,16 +1,24 @@
-"""Sending the store's notifications after the write, never inside it.
+"""Sending the store's notifications after the write, never inside it, and only while
+somebody listens.
 
 A PostgreSQL transaction that ``NOTIFY``s takes a cluster-wide lock at commit and holds it
 through its WAL flush, so committers that notify are serialised and lose group commit. The
 store's writes therefore never notify: after a write returned, the store hands the thread id
 to its ``Notifier`` and goes on. One background task per store drains the pending ids, all of
-them per round trip, with one statement on a pooled connection::
+them per round trip, with one statement on a pooled connection (``NOTIFY_SQL``).
+``set_config('synchronous_commit', 'off', true)`` is ``SET LOCAL``: that transaction alone
+commits asynchronously, so it neither waits for a WAL flush nor holds the notification lock
+through one.
 
-    SELECT pg_notify(channel, t)
-      FROM (SELECT set_config('synchronous_commit', 'off', true)) s, unnest(ids) t
-
-``set_config(..., true)`` is ``SET LOCAL``: that transaction alone commits asynchronously, so
-it neither waits for a WAL flush nor holds the notification lock through one.
+**Presence.** A notification nobody receives still costs a round trip, a transaction and the
+server's notification queue, once per commit of a sequential writer. So a listener announces
+itself: its LISTEN connection holds the session-level shared advisory lock
+``hashtextextended(channel, 0)`` (``LISTENER_PRESENCE_SQL``; PostgreSQL drops it with the
+session). Each round also tries that lock exclusively for the length of its own transaction
+and notifies only if the try fails, i.e. only if a listener holds it; the answer is kept, and
+while it is "nobody" the notifier sends nothing for ``PRESENCE_RECHECK`` seconds. A listener
+that appears is therefore noticed within that time; until then its waiters fall back to
+polling, exactly as when a notification is lost.
 
 A notification is a hint. A committer never waits for it; a failed round is logged and
 dropped; a notification still pending when the process dies is lost. Waiters re-check by
@@ -23,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from wakeful.store.postgres.connection import Database
@@ -30,9 +39,18 @@ from wakeful.store.postgres.connection import Database
 log = logging.getLogger("wakeful.store.postgres.notify")
 
 NOTIFY_SQL = """
-SELECT pg_notify(%s, t)
-  FROM (SELECT set_config('synchronous_commit', 'off', true)) s, unnest(%s::text[]) t
+WITH presence AS MATERIALIZED (
+  SELECT set_config('synchronous_commit', 'off', true) AS async_commit,
+         NOT pg_try_advisory_xact_lock(hashtextextended(%(channel)s, 0)) AS listened)
+SELECT listened,
+       (SELECT count(pg_notify(%(channel)s, t)) FROM unnest(%(ids)s::text[]) t WHERE listened)
+  FROM presence
 """
+LISTENER_PRESENCE_SQL = "SELECT pg_advisory_lock_shared(hashtextextended(%s, 0))"
+"""Run on a LISTEN connection (session-level; released when the session ends) so that
+notifiers send to ``%s``, the channel."""
+PRESENCE_RECHECK = 0.25
+"""Seconds a notifier that found no listener sends nothing before it looks again."""
 MAX_BATCH = 1000
 """Thread ids per round trip at most (each is one notification)."""
 FAILURE_PAUSE = 0.5
@@ -59,10 +77,14 @@ class Notifier:
         self._closed = False
         self._sending = False
         self._failing = False
+        self._listened = True  # until a round says otherwise
+        self._listened_at = 0.0
         self.sent = 0
         """Notifications sent (for tests and metrics)."""
         self.rounds = 0
         """Round trips made (for tests and metrics)."""
+        self.unheard = 0
+        """Notifications not sent because no listener was present (for tests and metrics)."""
 
     @property
     def pending(self) -> int:
@@ -74,11 +96,18 @@ class Notifier:
             return
         if self._local is not None:
             self._local(thread_id)
+        if self._nobody_listens():
+            self.unheard += 1
+            return
         self._pending.add(thread_id)
         if self._task is None or self._task.done():
             self._wakeup = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="wakeful-notify")
         self._wakeup.set()
+
+    def _nobody_listens(self) -> bool:
+        """The last round found no listener, recently enough to believe it."""
+        return not self._listened and time.monotonic() - self._listened_at < PRESENCE_RECHECK
 
     async def flush(self) -> None:
         """Wait until nothing is pending or being sent (sent or dropped). For tests."""
@@ -96,6 +125,9 @@ class Notifier:
                     batch, self._pending = self._pending, set()
                 else:
                     batch = {self._pending.pop() for _ in range(MAX_BATCH)}
+                if self._nobody_listens():
+                    self.unheard += len(batch)
+                    continue
                 if not await self._send(sorted(batch)) and not self._closed:
                     await asyncio.sleep(FAILURE_PAUSE)
             if self._closed:
@@ -105,7 +137,10 @@ class Notifier:
         self._sending = True
         try:
             async with self._db.pool.connection(timeout=self._db.timeout) as conn:
-                await conn.execute(self._db.sql(NOTIFY_SQL), (self._channel, batch))
+                cur = await conn.execute(
+                    self._db.sql(NOTIFY_SQL), {"channel": self._channel, "ids": batch}
+                )
+                row = await cur.fetchone()
         except Exception as exc:  # a hint: waiters poll; never raised to a committer
             if not self._failing:
                 log.warning(
@@ -122,7 +157,12 @@ class Notifier:
         if self._failing:
             log.info("postgres store: notifications on %r are sent again", self._channel)
         self._failing = False
-        self.sent += len(batch)
+        self._listened = bool(row[0]) if row is not None else True
+        self._listened_at = time.monotonic()
+        if self._listened:
+            self.sent += len(batch)
+        else:
+            self.unheard += len(batch)
         self.rounds += 1
         return True
 
