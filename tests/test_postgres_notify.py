@@ -182,6 +182,33 @@ async def test_nothing_is_sent_while_nobody_listens_and_a_new_listener_is_notice
         async with _listening(dsn) as conn:
             await store.commit("t1", Commit(token=claim.token, events=(EventDraft(type="x"),)))
             assert await _received(conn, {"t1"}) == {"t1"}
+            await store.notifier.flush()
             assert store.notifier.sent == 1
     finally:
         await store.close()
+
+
+async def test_a_listener_rechecks_commits_made_while_a_notifier_believed_nobody_listened(
+    pg_databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn = await pg_databases.clone()
+    monkeypatch.setattr(notify, "PRESENCE_RECHECK", 1.0)
+    writer = await open_test_store(dsn)
+    # Polling so slow that only the listener's second re-check can wake the waiter in time.
+    reader = await open_test_store(dsn, poll_interval=120)
+    try:
+        claim = await writer.claim("t1", "w", 60)
+        await writer.commit("t1", Commit(token=claim.token, events=(EventDraft(type="a"),)))
+        await writer.notifier.flush()
+        assert (writer.notifier.rounds, writer.notifier.unheard) == (1, 1), "nobody listened"
+        assert await reader.listener.ready(10)
+        waiter = asyncio.create_task(reader.wait_events("t1", 1, timeout=60))
+        await eventually(lambda: reader.listener.waiting("t1") == 1)
+        # the writer still believes nobody listens: no notification goes out for this one
+        await writer.commit("t1", Commit(token=claim.token, events=(EventDraft(type="b"),)))
+        events = await asyncio.wait_for(waiter, 10)
+        assert [e.type for e in events] == ["b"]
+        assert writer.notifier.sent == 0 and writer.notifier.unheard == 2
+    finally:
+        await reader.close()
+        await writer.close()

@@ -9,8 +9,9 @@ advisory lock, without which notifiers do not send (``notify.py``).
 Notifications are hints, never the source of truth: a woken waiter re-reads events by
 sequence number. That makes a lost connection harmless: while it is down waiters fall back to
 polling, and when it comes back (or goes away) every waiter is woken to re-check, so a
-commit made while nobody listened is still seen. The connection is probed every
-``health_interval`` seconds when idle, so a silently dead one is noticed.
+commit made while nobody listened is still seen; once more ``PRESENCE_RECHECK`` later, for
+commits of notifiers that had just found nobody listening (``notify.py``). The connection
+is probed every ``health_interval`` seconds when idle, so a silently dead one is noticed.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import contextlib
 import psycopg
 from psycopg import sql
 
-from wakeful.store.postgres.notify import LISTENER_PRESENCE_SQL
+from wakeful.store.postgres import notify
+
+RECHECK_MARGIN = 0.05
+"""Seconds added to ``notify.PRESENCE_RECHECK`` before the waiters' second re-check."""
 
 APPLICATION_NAME = "wakeful-listen"
 """The ``application_name`` of the LISTEN connection, to find it in ``pg_stat_activity``."""
@@ -48,6 +52,7 @@ class Listener:
         self._task: asyncio.Task[None] | None = None
         self._listening: asyncio.Event | None = None
         self._closed = False
+        self._recheck: asyncio.TimerHandle | None = None
         self.connects = 0
         """How many times LISTEN was (re-)established; for tests and metrics."""
 
@@ -122,11 +127,14 @@ class Listener:
                 )
                 await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
                 # Notifiers send only while some listener holds this (see notify.py).
-                await conn.execute(LISTENER_PRESENCE_SQL, (self._channel,))
+                await conn.execute(notify.LISTENER_PRESENCE_SQL, (self._channel,))
                 self.connects += 1
                 self._listening.set()
-                # Commits made while nobody listened: every waiter re-checks by seq.
+                # Commits made while nobody listened: every waiter re-checks by seq. A
+                # notifier that found nobody just before we announced ourselves skips its
+                # rounds for up to PRESENCE_RECHECK more: re-check once more after that.
                 self._wake_all()
+                self._schedule_recheck(notify.PRESENCE_RECHECK + RECHECK_MARGIN)
                 delay = self._reconnect_delay
                 while not self._closed:
                     async for note in conn.notifies(timeout=self._health_interval):
@@ -145,11 +153,19 @@ class Listener:
             await asyncio.sleep(delay)
             delay = min(delay * 2, self._max_reconnect_delay)
 
+    def _schedule_recheck(self, delay: float) -> None:
+        if self._recheck is not None:
+            self._recheck.cancel()
+        self._recheck = asyncio.get_running_loop().call_later(delay, self._wake_all)
+
     def _stopped(self) -> bool:
         return self._closed
 
     async def close(self) -> None:
         self._closed = True
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -16,9 +16,10 @@ itself: its LISTEN connection holds the session-level shared advisory lock
 ``hashtextextended(channel, 0)`` (``LISTENER_PRESENCE_SQL``; PostgreSQL drops it with the
 session). Each round also tries that lock exclusively for the length of its own transaction
 and notifies only if the try fails, i.e. only if a listener holds it; the answer is kept, and
-while it is "nobody" the notifier sends nothing for ``PRESENCE_RECHECK`` seconds. A listener
-that appears is therefore noticed within that time; until then its waiters fall back to
-polling, exactly as when a notification is lost.
+while it is "nobody" the notifier sends nothing for ``PRESENCE_RECHECK`` seconds (counted
+from before the round was sent). A listener that appears is therefore noticed within that
+time; to cover commits made in between, the listener wakes its waiters to re-check once more
+when that time has passed since it announced itself (``listen.py``).
 
 A notification is a hint. A committer never waits for it; a failed round is logged and
 dropped; a notification still pending when the process dies is lost. Waiters re-check by
@@ -135,6 +136,9 @@ class Notifier:
 
     async def _send(self, batch: list[str]) -> bool:
         self._sending = True
+        # Taken before the round: the "nobody listens" it may return is then trusted until
+        # at most PRESENCE_RECHECK after the server looked (listen.py relies on that bound).
+        started = time.monotonic()
         try:
             async with self._db.pool.connection(timeout=self._db.timeout) as conn:
                 cur = await conn.execute(
@@ -158,7 +162,7 @@ class Notifier:
             log.info("postgres store: notifications on %r are sent again", self._channel)
         self._failing = False
         self._listened = bool(row[0]) if row is not None else True
-        self._listened_at = time.monotonic()
+        self._listened_at = started
         if self._listened:
             self.sent += len(batch)
         else:
