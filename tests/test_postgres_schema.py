@@ -34,6 +34,7 @@ from wakeful.store.memory import MemoryStore
 from wakeful.store.postgres import (
     PostgresStore,
     SchemaVersionError,
+    connection,
     latest_version,
     migrate,
     migrations,
@@ -180,6 +181,38 @@ async def test_a_pool_passed_in_is_used_and_not_closed(pg_databases: Databases) 
             assert await cur.fetchone() == (1,)
     finally:
         await pool.close()
+
+
+async def _backend_pids(store: PostgresStore, calls: int) -> list[int]:
+    db = store._db  # the store's own pool, as every operation uses it
+    return [(await db.fetchone("SELECT pg_backend_pid()", None))[0] for _ in range(calls)]
+
+
+async def test_a_sequential_caller_keeps_the_warm_connection(pg_databases: Databases) -> None:
+    dsn = await pg_databases.clone()
+    store = await open_test_store(dsn, pool_size=4, pool_min_size=4)
+    try:
+        # each fresh connection goes out once (never handed out counts as idle too long)
+        await _backend_pids(store, 4)
+        # then the one used last, again and again
+        assert len(set(await _backend_pids(store, 8))) == 1
+    finally:
+        await store.close()
+
+
+async def test_a_connection_idle_too_long_goes_out_first(
+    pg_databases: Databases, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    dsn = await pg_databases.clone()
+    store = await open_test_store(dsn, pool_size=4, pool_min_size=4)
+    try:
+        await _backend_pids(store, 4)
+        # every idle connection now counts as idle too long: round robin, oldest first
+        monkeypatch.setattr(connection, "ROTATE_AFTER", -1.0)
+        pids = await _backend_pids(store, 8)
+        assert len(set(pids[:4])) == 4 and pids[4:] == pids[:4]
+    finally:
+        await store.close()
 
 
 async def test_both_url_schemes_open_the_store(pg_databases: Databases) -> None:

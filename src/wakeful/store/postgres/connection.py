@@ -10,8 +10,11 @@ own transaction.
 from __future__ import annotations
 
 import asyncio
+import collections
 import random
 import re
+import time
+import weakref
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -31,6 +34,44 @@ Params = Sequence[Any] | Mapping[str, Any] | None
 DEFAULT_SCHEMA = "wakeful"
 MAX_TRANSIENT_RETRIES = 8
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
+
+
+ROTATE_AFTER = 30.0
+"""Seconds an idle pooled connection may go unused before the pool hands it out ahead of the
+most recently used one, so that no connection goes stale behind a busy one."""
+
+
+class WarmPool(psycopg_pool.AsyncConnectionPool[Conn]):
+    """psycopg_pool's pool, handing out the most recently used idle connection first.
+
+    psycopg_pool takes idle connections round robin, so a sequential caller meets a
+    different server process at every call, each with cold caches: with 16 connections a
+    sequential commit measured about 1,150 µs against about 790 µs on the warm one. Here the
+    connection used last goes out again, unless the least recently used one has been idle for
+    more than ``ROTATE_AFTER`` seconds (or was never handed out): that one goes first. So
+    while there is traffic, every connection still carries a call about every
+    ``ROTATE_AFTER`` seconds, and none sits unused for long behind a busy one (where a
+    firewall's idle timeout could cut it unnoticed).
+
+    This overrides ``_get_ready_connection``, an internal of psycopg_pool (3.2 and 3.3: it
+    runs under the pool's lock and takes ``_pool[0]``). Should a later version change that,
+    the override only reorders nothing and the pool keeps its own order."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handed_out: weakref.WeakKeyDictionary[Conn, float] = weakref.WeakKeyDictionary()
+
+    async def _get_ready_connection(self, timeout: float | None) -> Conn | None:
+        idle = getattr(self, "_pool", None)
+        now = time.monotonic()
+        if isinstance(idle, collections.deque) and len(idle) > 1:
+            coldest = self._handed_out.get(idle[0])
+            if coldest is not None and now - coldest <= ROTATE_AFTER:
+                idle.rotate(1)  # the most recently returned connection to the front
+        conn = await super()._get_ready_connection(timeout)
+        if conn is not None:
+            self._handed_out[conn] = now
+        return conn
 
 
 def check_schema(schema: object) -> str:
@@ -116,7 +157,7 @@ class Database:
         if pool is not None:
             return cls(pool, owns_pool=False, schema=schema, conninfo=conninfo, timeout=timeout)
         min_size = pool_size if pool_min_size is None else pool_min_size
-        owned: psycopg_pool.AsyncConnectionPool[Conn] = psycopg_pool.AsyncConnectionPool(
+        owned: psycopg_pool.AsyncConnectionPool[Conn] = WarmPool(
             conninfo,
             min_size=min_size,
             max_size=pool_size,
