@@ -299,7 +299,7 @@ class Runtime:
             def build(snap: ThreadSnapshot | None) -> tuple[Checkpoint, Commit]:
                 return admission.build(thread_id, snap, self.clock)
 
-            claim, (first, _) = await self._claim_with_commit(thread_id, tenant, build)
+            claim, first = await self._claim_with_commit(thread_id, tenant, build)
             return self._execute(graph, thread_id, claim, first, (), durability, True)
         claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
         first, commit = admission.build(thread_id, snap, self.clock)
@@ -378,7 +378,7 @@ class Runtime:
                     thread_id, snap, graph, answers, allow_graph_change, resumed_by
                 )
 
-            claim, ((latest, resumed, carried), _) = await self._claim_with_commit(
+            claim, (latest, resumed, carried) = await self._claim_with_commit(
                 thread_id, tenant, build
             )
             mode = durability or str(latest.metadata.get("durability", "sync"))
@@ -442,7 +442,7 @@ class Runtime:
         thread_id: str,
         tenant: str | None,
         build: Callable[[ThreadSnapshot | None], tuple[T, Commit]],
-    ) -> tuple[Claim, tuple[T, Commit]]:
+    ) -> tuple[Claim, T]:
         """An admission as one write: read the thread, ``build`` the first commit from it
         (token 0; ``build`` raises the refusals), then ``claim_and_commit`` it checked against
         the version read, reading again if the thread moved in between.
@@ -468,7 +468,7 @@ class Runtime:
                 )
             except VersionConflict:
                 continue  # the thread moved between the read and the claim: read again
-            return claim, (built, commit)
+            return claim, built
         raise StoreUnavailable(
             f"thread {thread_id!r} changed under {ADMISSION_ATTEMPTS} admissions in a row"
         )

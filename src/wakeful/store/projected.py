@@ -79,6 +79,7 @@ from wakeful.store.projection import (
 )
 from wakeful.store.validate import (
     canonical,
+    check_claim_and_commit,
     check_commit,
     check_dispatch,
     check_listing,
@@ -185,7 +186,7 @@ class ProjectedStore:
     # ------------------------------------------------------------ commits
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
-        commit, _ = check_commit(thread_id, commit)
+        commit = check_commit(thread_id, commit)
         state, now = self._open(), self._now()
         t = state.threads.get(thread_id)
         # 1. fencing, always first
@@ -209,9 +210,7 @@ class ProjectedStore:
     async def claim_and_commit(
         self, thread_id: str, holder: str, ttl: float, commit: Commit
     ) -> tuple[Claim, Receipt]:
-        check_id("holder", holder)
-        ttl = check_seconds("ttl", ttl)
-        commit, _ = check_commit(thread_id, commit)
+        ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
         state, now = self._open(), self._now()
         claim = _grant(state, thread_id, holder, ttl, now)
         commit = msgspec.structs.replace(commit, token=claim.token)

@@ -32,7 +32,7 @@ MAX_TEXT = 10_000
 T = TypeVar("T")
 
 
-def json_roundtrip(field: str, value: T, type_: type[T], limit: int) -> tuple[T, bytes]:
+def json_roundtrip(field: str, value: T, type_: type[T], limit: int) -> T:
     """Encode ``value`` as JSON, enforce ``limit`` bytes, decode it back as ``type_``."""
     try:
         body = msgspec.json.encode(value)
@@ -41,17 +41,17 @@ def json_roundtrip(field: str, value: T, type_: type[T], limit: int) -> tuple[T,
     if len(body) > limit:
         raise InvalidInput(field, f"is {len(body)} bytes as JSON; the limit is {limit}")
     try:
-        return msgspec.json.decode(body, type=type_), body
+        return msgspec.json.decode(body, type=type_)
     except msgspec.ValidationError as exc:
         raise InvalidInput(field, str(exc)) from None
 
 
-def check_commit(thread_id: str, commit: Commit) -> tuple[Commit, bytes]:
-    """Validate a commit's shape and ids; returns the detached copy and its JSON."""
+def check_commit(thread_id: str, commit: Commit) -> Commit:
+    """Validate a commit's shape and ids; returns the detached copy."""
     check_id("thread_id", thread_id)
     if not isinstance(commit, Commit):
         raise InvalidInput("commit", f"must be a Commit, got {type(commit).__name__}")
-    copy, body = json_roundtrip("commit", commit, Commit, MAX_COMMIT_BYTES)
+    copy = json_roundtrip("commit", commit, Commit, MAX_COMMIT_BYTES)
     check_optional_id("operation_id", copy.operation_id)
     if copy.expected_version is not None and copy.expected_version < 0:
         raise InvalidInput("expected_version", "must be >= 0")
@@ -84,7 +84,16 @@ def check_commit(thread_id: str, commit: Commit) -> tuple[Commit, bytes]:
     if copy.settle is not None:
         check_id("settle.dispatch_id", copy.settle.dispatch_id)
         check_outcome(copy.settle.outcome)
-    return copy, body
+    return copy
+
+
+def check_claim_and_commit(
+    thread_id: str, holder: str, ttl: float, commit: Commit
+) -> tuple[float, Commit]:
+    """``claim_and_commit``'s arguments: the checked ttl and the detached commit (whose
+    token the store ignores: the claim it grants supplies it)."""
+    check_id("holder", holder)
+    return check_seconds("ttl", ttl), check_commit(thread_id, commit)
 
 
 def check_outcome(outcome: object) -> tuple[str, float, str | None]:
@@ -105,7 +114,7 @@ def check_outcome(outcome: object) -> tuple[str, float, str | None]:
 def check_dispatch(dispatch: Dispatch) -> Dispatch:
     if not isinstance(dispatch, Dispatch):
         raise InvalidInput("dispatch", f"must be a Dispatch, got {type(dispatch).__name__}")
-    copy, _ = json_roundtrip("dispatch", dispatch, Dispatch, MAX_DISPATCH_BYTES)
+    copy = json_roundtrip("dispatch", dispatch, Dispatch, MAX_DISPATCH_BYTES)
     check_id("dispatch_id", copy.dispatch_id)
     check_id("thread_id", copy.thread_id)
     check_optional_id("dedupe_key", copy.dedupe_key)
@@ -123,7 +132,7 @@ def check_stream_checkpoint(checkpoint: StreamCheckpoint) -> StreamCheckpoint:
         raise InvalidInput(
             "checkpoint", f"must be a StreamCheckpoint, got {type(checkpoint).__name__}"
         )
-    copy, _ = json_roundtrip(
+    copy = json_roundtrip(
         "stream checkpoint", checkpoint, StreamCheckpoint, MAX_STREAM_CHECKPOINT_BYTES
     )
     check_id("run_id", copy.run_id)

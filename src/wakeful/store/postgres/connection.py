@@ -55,7 +55,7 @@ class WarmPool(psycopg_pool.AsyncConnectionPool[Conn]):
 
     This overrides ``_get_ready_connection``, an internal of psycopg_pool (3.2 and 3.3: it
     runs under the pool's lock and takes ``_pool[0]``). Should a later version change that,
-    the override only reorders nothing and the pool keeps its own order."""
+    the override reorders nothing and the pool keeps its own order."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

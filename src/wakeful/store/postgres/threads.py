@@ -34,7 +34,13 @@ from wakeful.store.postgres import codec
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.projection import payload_hash
-from wakeful.store.validate import check_commit, check_outcome, check_policy, check_token
+from wakeful.store.validate import (
+    check_claim_and_commit,
+    check_commit,
+    check_outcome,
+    check_policy,
+    check_token,
+)
 
 T = TypeVar("T")
 
@@ -196,7 +202,7 @@ class ThreadOps:
     # ------------------------------------------------------------ commits
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
-        commit, _ = check_commit(thread_id, commit)
+        commit = check_commit(thread_id, commit)
         params = (thread_id, big(commit.token), *_commit_params(commit))
         replayed, version, checkpoint_id, first, count = await self._db.fetchone(_COMMIT, params)
         if count and not replayed:
@@ -206,10 +212,8 @@ class ThreadOps:
     async def claim_and_commit(
         self, thread_id: str, holder: str, ttl: float, commit: Commit
     ) -> tuple[Claim, Receipt]:
-        check_id("holder", holder)
-        ttl = check_seconds("ttl", ttl)
         # commit.token is ignored; the payload hash never covers the token
-        commit, _ = check_commit(thread_id, commit)
+        ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
         params = (thread_id, holder, ttl, *_commit_params(commit))
         row = await self._db.fetchone(_CLAIM_AND_COMMIT, params)
         token, expires, replayed, version, checkpoint_id, first, count = row

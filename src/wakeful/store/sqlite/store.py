@@ -50,6 +50,7 @@ from wakeful.store.sqlite import messaging, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
 from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
+    check_claim_and_commit,
     check_commit,
     check_dispatch,
     check_listing,
@@ -137,7 +138,7 @@ class SqliteStore:
     # ------------------------------------------------------------ commits
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
-        commit, _ = check_commit(thread_id, commit)
+        commit = check_commit(thread_id, commit)
         receipt = await self._write(lambda c, now: threads.commit(c, now, thread_id, commit))
         if commit.events:
             self._watcher.notify(thread_id)
@@ -146,9 +147,7 @@ class SqliteStore:
     async def claim_and_commit(
         self, thread_id: str, holder: str, ttl: float, commit: Commit
     ) -> tuple[Claim, Receipt]:
-        check_id("holder", holder)
-        ttl = check_seconds("ttl", ttl)
-        commit, _ = check_commit(thread_id, commit)
+        ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
         claim, receipt = await self._write(
             lambda c, now: threads.claim_and_commit(c, now, thread_id, holder, ttl, commit)
         )
