@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
+from tests.runtime_support import mark_ready
 from wakeful import open_store
 from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
 
@@ -51,7 +52,7 @@ async def main(url: str, counter: Path, ready: Path) -> None:
     while True:
         snap = await store.read("t")
         if snap is not None and [w.node for w in snap.writes] == ["a"]:
-            await asyncio.to_thread(ready.write_text, "ready", encoding="utf-8")
+            await asyncio.to_thread(mark_ready, ready, "ready")
             break
         await asyncio.sleep(0.01)
     await asyncio.Event().wait()

@@ -74,6 +74,14 @@ async def eventually(
         await asyncio.sleep(0.005)
 
 
+def mark_ready(path: Path, text: str) -> None:
+    """Write a ready file for ``kill_when_ready`` in one step (a temporary file renamed into
+    place): the parent acts the moment the file exists, so it must never see it empty."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    partial.replace(path)
+
+
 def kill_when_ready(argv: list[str], ready: list[Path], deadline: float = 30.0) -> None:
     """Run ``python -m argv...`` from the repository root until every ``ready`` file exists,
     then SIGKILL it (blocking: call it through ``asyncio.to_thread``)."""

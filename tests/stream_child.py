@@ -7,6 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from tests.runtime_support import mark_ready
 from wakeful import open_store
 from wakeful.agent import Agent, StreamPolicy
 from wakeful.providers.openai import OpenAIChat
@@ -26,7 +27,7 @@ async def main(url: str, server_url: str, ready: Path) -> None:
     while True:
         saved = await store.stream_checkpoints.get(handle.run_id)
         if saved is not None and saved.partial_text == "Once upon a ":
-            await asyncio.to_thread(ready.write_text, handle.run_id)
+            await asyncio.to_thread(mark_ready, ready, handle.run_id)
             break
         await asyncio.sleep(0.01)
     await asyncio.Event().wait()
