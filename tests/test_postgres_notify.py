@@ -15,8 +15,8 @@ from psycopg import sql
 
 from tests.postgres_support import Databases, open_test_store
 from tests.runtime_support import eventually
-from wakeful.records import Commit, EventDraft
-from wakeful.store.postgres import notify
+from wakeful.records import Commit, Event, EventDraft
+from wakeful.store.postgres import PostgresStore, notify
 from wakeful.store.postgres.connection import channel_name
 
 pytest_plugins = ["tests.postgres_fixtures"]
@@ -43,6 +43,17 @@ async def _received(conn: psycopg.AsyncConnection[tuple[object, ...]], want: set
         if want <= got:
             break
     return got
+
+
+async def _subscribed(
+    reader: PostgresStore, thread_id: str, after: int
+) -> asyncio.Task[list[Event]]:
+    """A ``wait_events`` task of ``reader``, returned once LISTEN is up and the task waits
+    (only a waiter already subscribed proves that a notification or a re-check woke it)."""
+    assert await reader.listener.ready(10)
+    waiter = asyncio.create_task(reader.wait_events(thread_id, after, timeout=60))
+    await eventually(lambda: reader.listener.waiting(thread_id) == 1)
+    return waiter
 
 
 async def test_no_schema_function_notifies(pg_databases: Databases) -> None:
@@ -83,10 +94,7 @@ async def test_a_commit_through_another_store_wakes_a_waiter(pg_databases: Datab
     writer = await open_test_store(dsn)
     try:
         claim = await writer.claim("t1", "w", 60)
-        assert await reader.listener.ready(10)
-        waiter = asyncio.create_task(reader.wait_events("t1", 0, timeout=60))
-        # only a waiter already subscribed proves that the notification woke it
-        await eventually(lambda: reader.listener.waiting("t1") == 1)
+        waiter = await _subscribed(reader, "t1", after=0)
         await writer.commit("t1", Commit(token=claim.token, events=(EventDraft(type="a"),)))
         events = await asyncio.wait_for(waiter, 10)
         assert [e.type for e in events] == ["a"]
@@ -201,9 +209,7 @@ async def test_a_listener_rechecks_commits_made_while_a_notifier_believed_nobody
         await writer.commit("t1", Commit(token=claim.token, events=(EventDraft(type="a"),)))
         await writer.notifier.flush()
         assert (writer.notifier.rounds, writer.notifier.unheard) == (1, 1), "nobody listened"
-        assert await reader.listener.ready(10)
-        waiter = asyncio.create_task(reader.wait_events("t1", 1, timeout=60))
-        await eventually(lambda: reader.listener.waiting("t1") == 1)
+        waiter = await _subscribed(reader, "t1", after=1)
         # the writer still believes nobody listens: no notification goes out for this one
         await writer.commit("t1", Commit(token=claim.token, events=(EventDraft(type="b"),)))
         events = await asyncio.wait_for(waiter, 10)

@@ -22,7 +22,7 @@ from wakeful import ManualClock
 from wakeful.errors import RunYielded
 from wakeful.fleet import Registry, Worker, submit
 from wakeful.records import Commit, Dispatch, Outcome, Receipt
-from wakeful.runtime import START, ClaimPolicy, CompiledGraph, Graph, Runtime, append
+from wakeful.runtime import START, ClaimPolicy, CompiledGraph, Graph, RunHandle, Runtime, append
 from wakeful.store.memory import MemoryStore
 
 
@@ -81,14 +81,19 @@ async def terminal_events(store: MemoryStore) -> list[str]:
     return [e.type for e in await store.events_after("t") if e.type in ends]
 
 
+async def leased_run(store: MemoryStore, clock: ManualClock) -> RunHandle:
+    """Dispatch ``d`` (one attempt allowed), leased by worker 1, its run started."""
+    await submit(store, "t", "g", {}, dispatch_id="d", max_attempts=1)
+    [lease] = await store.claim_next("w1", 1.0)
+    runtime = Runtime(store, ClaimPolicy(ttl=1.0, renew_every=0.25), clock, holder="w1")
+    return await runtime.start("t", graph(), {"log": []}, run_id="run-d", claim=lease.claim)
+
+
 @pytest.mark.asyncio
 async def test_a_completed_run_is_not_marked_indeterminate_by_an_exhausted_redelivery() -> None:
     clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
     store = MemoryStore(clock)
-    await submit(store, "t", "g", {}, dispatch_id="d", max_attempts=1)
-    [lease] = await store.claim_next("w1", 1.0)
-    runtime = Runtime(store, ClaimPolicy(ttl=1.0, renew_every=0.25), clock, holder="w1")
-    handle = await runtime.start("t", graph(), {"log": []}, run_id="run-d", claim=lease.claim)
+    handle = await leased_run(store, clock)
     assert (await handle.result()).status == "completed"
     clock.advance(5)  # worker 1 died before settling; its lease expires
     await work(store, clock, "done")  # attempt 2 of 1: exhausted
@@ -99,10 +104,7 @@ async def test_a_completed_run_is_not_marked_indeterminate_by_an_exhausted_redel
 async def test_an_exhausted_run_is_marked_indeterminate_once() -> None:
     clock = ManualClock(datetime(2026, 1, 1, tzinfo=UTC))
     store = SettleDies(clock)
-    await submit(store, "t", "g", {}, dispatch_id="d", max_attempts=1)
-    [lease] = await store.claim_next("w1", 1.0)
-    runtime = Runtime(store, ClaimPolicy(ttl=1.0, renew_every=0.25), clock, holder="w1")
-    handle = await runtime.start("t", graph(), {"log": []}, run_id="run-d", claim=lease.claim)
+    handle = await leased_run(store, clock)
     handle.yield_run()  # the run is left running, as if its worker died mid-run
     with pytest.raises(RunYielded):
         await handle.result()
