@@ -394,10 +394,8 @@ async def test_sqlite_calls_stay_off_the_event_loop_thread(
     assert any(name.startswith("wakeful-sqlite-read") for name in seen)
 
 
-@case
-async def test_group_commit_isolates_each_write(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _record_batch_sizes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The sizes of the writer's transactions from now on (jobs per group commit)."""
     sizes: list[int] = []
     original = connection._Writer._run_batch
 
@@ -406,6 +404,14 @@ async def test_group_commit_isolates_each_write(
         original(self, batch)
 
     monkeypatch.setattr(connection._Writer, "_run_batch", recording)
+    return sizes
+
+
+@case
+async def test_group_commit_isolates_each_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sizes = _record_batch_sizes(monkeypatch)
     async with open_store(sqlite_url(tmp_path / "group.db")) as store:
         claim = await store.claim("t1", "h", 30)
         writes = []
@@ -440,14 +446,7 @@ async def test_folded_writes_in_one_group_roll_back_alone(
 ) -> None:
     """A refused folded write rolls back its own savepoint whole (the claim it granted
     included), and the writes after it in the same transaction see the state without it."""
-    sizes: list[int] = []
-    original = connection._Writer._run_batch
-
-    def recording(self: connection._Writer, batch: list[connection._Job]) -> None:
-        sizes.append(len(batch))
-        original(self, batch)
-
-    monkeypatch.setattr(connection._Writer, "_run_batch", recording)
+    sizes = _record_batch_sizes(monkeypatch)
     async with open_store(sqlite_url(tmp_path / "folded.db")) as store:
         await store.enqueue(Dispatch(dispatch_id="d-2", thread_id="t2", kind="start", payload={}))
         [lease] = await store.claim_next("w", 30)
