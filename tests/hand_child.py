@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from wakeful.fleet.hand import serve_hand
+from wakeful.fleet.handserver import serve_hand
 
 
 def main(ledger: str, workdir: str, portfile: str) -> None:

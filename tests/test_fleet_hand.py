@@ -33,8 +33,8 @@ from wakeful.fleet.hand import (
     HandService,
     HandUnavailable,
     RemoteHand,
-    create_app,
 )
+from wakeful.fleet.handserver import create_app
 from wakeful.runtime.context import idempotency_key
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -170,7 +170,7 @@ def test_public_names_are_exported() -> None:
 
 def test_demo_tells_the_story() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "wakeful.demo_claims"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "wakeful.demo.claims"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr
     out = done.stdout

@@ -2,19 +2,40 @@
 
 Every run executes under a fenced claim on its thread and records its progress as atomic
 commits to a store, so a crashed or paused process never loses committed work, never records
-it twice, and never lets a stale process write. Start with ``open_store``.
+it twice, and never lets a stale process write.
+
+What a user types first is here: ``open_store``, ``Graph``/``START``/``END``, ``Runtime``
+and ``ClaimPolicy``, ``Agent`` and ``tool``, ``Worker`` and ``Registry``, ``submit``,
+``resume``, ``cancel``, ``send_message`` and every error class. The runtime, agent and fleet
+names are imported on first use, so ``import wakeful`` loads only the records, the errors and
+the store opener; their subpackage paths (``wakeful.runtime.Runtime``...) stay valid.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from wakeful.clock import Clock, ManualClock, SystemClock
 from wakeful.errors import (
+    CheckpointWriteFailed,
     CorruptStore,
     DispatchConflict,
+    GraphChanged,
+    GraphInvalid,
     InvalidCommit,
     InvalidInput,
     InvalidState,
     NotFound,
+    NothingToRecover,
+    NotSuspended,
     OperationConflict,
     ReplayUnavailable,
+    RunCancelled,
+    RunFailed,
+    RunInProgress,
+    RunInterrupted,
+    RunYielded,
     StaleClaim,
     StoreClosed,
     StoreLocked,
@@ -22,6 +43,7 @@ from wakeful.errors import (
     StreamCheckpointError,
     TenantMismatch,
     ThreadBusy,
+    UnknownTicket,
     UnsupportedStore,
     VersionConflict,
     WakefulError,
@@ -55,24 +77,84 @@ from wakeful.records import (
 from wakeful.store import open_store
 from wakeful.store.contract import Store
 
+if TYPE_CHECKING:
+    from wakeful.agent import Agent, AgentReply, tool
+    from wakeful.fleet import Registry, Worker
+    from wakeful.fleet.client import cancel, resume, send_message, submit
+    from wakeful.fleet.hand import (
+        HandConflict,
+        HandError,
+        HandIndeterminate,
+        HandRejected,
+        HandUnavailable,
+        UnknownTool,
+    )
+    from wakeful.providers.base import ProviderError
+    from wakeful.runtime import (
+        END,
+        START,
+        ClaimPolicy,
+        Graph,
+        RunHandle,
+        RunOutcome,
+        Runtime,
+        Send,
+    )
+
 __version__ = "0.1.0"
 
-_FLEET = ("submit", "resume", "cancel", "send_message")
+_LAZY: dict[str, str] = {
+    "END": "wakeful.runtime",
+    "START": "wakeful.runtime",
+    "ClaimPolicy": "wakeful.runtime",
+    "Graph": "wakeful.runtime",
+    "RunHandle": "wakeful.runtime",
+    "RunOutcome": "wakeful.runtime",
+    "Runtime": "wakeful.runtime",
+    "Send": "wakeful.runtime",
+    "Agent": "wakeful.agent",
+    "AgentReply": "wakeful.agent",
+    "tool": "wakeful.agent",
+    "Registry": "wakeful.fleet",
+    "Worker": "wakeful.fleet",
+    "cancel": "wakeful.fleet.client",
+    "resume": "wakeful.fleet.client",
+    "send_message": "wakeful.fleet.client",
+    "submit": "wakeful.fleet.client",
+    "ProviderError": "wakeful.providers.base",
+    "HandConflict": "wakeful.fleet.hand",
+    "HandError": "wakeful.fleet.hand",
+    "HandIndeterminate": "wakeful.fleet.hand",
+    "HandRejected": "wakeful.fleet.hand",
+    "HandUnavailable": "wakeful.fleet.hand",
+    "UnknownTool": "wakeful.fleet.hand",
+}
+"""Names imported on first access, and the module each comes from."""
 
 
-def __getattr__(name: str) -> object:
-    """``wakeful.submit`` and friends, imported on first use (they pull in the fleet)."""
-    if name in _FLEET:
-        from wakeful.fleet import client
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'wakeful' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return getattr(client, name)
-    raise AttributeError(f"module 'wakeful' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 __all__ = [
+    "END",
+    "START",
+    "Agent",
+    "AgentReply",
     "Awaiting",
     "Checkpoint",
+    "CheckpointWriteFailed",
     "Claim",
+    "ClaimPolicy",
     "Clock",
     "Commit",
     "CorruptStore",
@@ -81,6 +163,14 @@ __all__ = [
     "Done",
     "Event",
     "EventDraft",
+    "Graph",
+    "GraphChanged",
+    "GraphInvalid",
+    "HandConflict",
+    "HandError",
+    "HandIndeterminate",
+    "HandRejected",
+    "HandUnavailable",
     "InboxMessage",
     "InvalidCommit",
     "InvalidInput",
@@ -89,14 +179,27 @@ __all__ = [
     "ManualClock",
     "Message",
     "NotFound",
+    "NotSuspended",
+    "NothingToRecover",
     "OperationConflict",
     "OutboxEntry",
     "PendingWrite",
+    "ProviderError",
     "PruneReport",
     "Receipt",
+    "Registry",
     "ReplayUnavailable",
     "RetentionPolicy",
     "Retry",
+    "RunCancelled",
+    "RunFailed",
+    "RunHandle",
+    "RunInProgress",
+    "RunInterrupted",
+    "RunOutcome",
+    "RunYielded",
+    "Runtime",
+    "Send",
     "Settle",
     "StaleClaim",
     "Store",
@@ -110,9 +213,12 @@ __all__ = [
     "ThreadBusy",
     "ThreadSnapshot",
     "ThreadSummary",
+    "UnknownTicket",
+    "UnknownTool",
     "UnsupportedStore",
     "VersionConflict",
     "WakefulError",
+    "Worker",
     "WorkerIdentity",
     "WorkerInfo",
     "WorkerSuperseded",
@@ -122,4 +228,5 @@ __all__ = [
     "resume",
     "send_message",
     "submit",
+    "tool",
 ]

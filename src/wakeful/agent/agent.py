@@ -54,6 +54,13 @@ class Approval(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class AgentReply(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``Agent.run`` and ``Agent.resume`` return.
+
+    - ``status == "completed"``: ``text`` is the final answer.
+    - ``status == "suspended"``: ``approvals`` are the tool calls waiting for a decision;
+      answer them with ``Agent.resume(runtime, thread_id, {approval.ticket_id: "approve"})``.
+    - ``stopped`` names why a run ended without an answer (e.g. the step limit)."""
+
     thread_id: str
     run_id: str
     status: str

@@ -29,7 +29,7 @@ from wakeful.cli.common import (
 def demo(claims: bool) -> None:
     """Crash a worker mid-stream and watch a replacement recover the run."""
     if claims:
-        from wakeful.demo_claims import story
+        from wakeful.demo.claims import story
 
         sys.exit(asyncio.run(story()))
     from wakeful.demo.story import story as crash_story
@@ -221,7 +221,7 @@ def hand() -> None:
 @click.option("--port", default=8100, show_default=True)
 def hand_serve(ledger: str, tools: str, host: str, port: int) -> None:
     """Execute registered tools for remote callers, once per operation id."""
-    from wakeful.fleet.hand import serve_hand
+    from wakeful.fleet.handserver import serve_hand
 
     serve_hand(ledger, load_object(tools), host, port)
 

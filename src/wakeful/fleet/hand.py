@@ -26,8 +26,9 @@ catches ``HandIndeterminate``::
         except HandIndeterminate:
             return INDETERMINATE
 
-``create_app`` and ``serve_hand`` live in ``wakeful.fleet.handserver`` (imported on use, so
-a client does not load FastAPI and uvicorn).
+The service's HTTP face, ``create_app`` and ``serve_hand``, is ``wakeful.fleet.handserver``:
+it imports this module, never the other way round, so a client does not load FastAPI and
+uvicorn.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ from wakeful.fleet.ledger import Ledger, LedgerEntry
 from wakeful.ids import check_id
 
 if TYPE_CHECKING:
-    from fastapi import FastAPI
+    pass
 
 log = logging.getLogger("wakeful.fleet.hand")
 
@@ -400,26 +401,3 @@ def _answer(response: httpx.Response, operation_id: str) -> Any:
         return response.json()
     except ValueError:
         raise HandRejected(200, "the answer is not JSON") from None
-
-
-# --------------------------------------------------------------------------- server
-
-
-def create_app(service: HandService, **options: Any) -> FastAPI:
-    """The hand's FastAPI application (see ``wakeful.fleet.handserver.create_app``)."""
-    from wakeful.fleet.handserver import create_app as make
-
-    return make(service, **options)
-
-
-def serve_hand(
-    ledger_path: str | Path,
-    tools: Mapping[str, Callable[..., Any]],
-    host: str = "127.0.0.1",
-    port: int = 8700,
-    **options: Any,
-) -> None:
-    """Blocking: run the hand service with uvicorn (see ``wakeful.fleet.handserver``)."""
-    from wakeful.fleet.handserver import serve_hand as serve
-
-    serve(ledger_path, tools, host, port, **options)

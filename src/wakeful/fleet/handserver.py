@@ -33,8 +33,8 @@ from starlette.exceptions import HTTPException
 
 from wakeful.errors import InvalidInput, InvalidState, NotFound, WakefulError
 from wakeful.fleet.hand import HandConflict, HandService, UnknownTool
+from wakeful.fleet.serving import ReadyServer
 from wakeful.ids import check_id
-from wakeful.serving import ReadyServer
 
 log = logging.getLogger("wakeful.fleet.handserver")
 

@@ -1,7 +1,8 @@
 """Model providers: the streaming protocol, typed errors and adapters.
 
-The HTTP adapters (``OpenAIChat``, ``AnthropicMessages``) are imported on first access, so
-importing this package does not import httpx."""
+``Scripted`` plays scripted turns for tests and demos (with ``Fail``, ``Drop`` and ``Stall``
+to inject failures). The HTTP adapters (``OpenAIChat``, ``AnthropicMessages``) are imported
+on first access, so importing this package does not import httpx."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from wakeful.providers.base import (
     ToolSpec,
     Usage,
 )
+from wakeful.providers.scripted import Drop, Fail, Scripted, Stall
 
 if TYPE_CHECKING:
     from wakeful.providers.anthropic import AnthropicMessages
@@ -53,11 +55,15 @@ def __dir__() -> list[str]:
 __all__ = [
     "MAX_RETRY_AFTER",
     "AnthropicMessages",
+    "Drop",
     "ErrorKind",
+    "Fail",
     "ModelRequest",
     "OpenAIChat",
     "Provider",
     "ProviderError",
+    "Scripted",
+    "Stall",
     "StreamEnd",
     "StreamItem",
     "TextDelta",

@@ -1,10 +1,19 @@
-"""A deterministic provider for tests and demos that can inject every failure.
+"""``Scripted``: a deterministic provider for tests and demos that can inject every failure.
 
 Each call to ``stream`` plays the next scripted turn. A turn is a list of steps: stream
 items (``TextDelta``, ``ToolCallDelta``, ``StreamEnd``) and controls: ``Fail`` raises a
 ``ProviderError`` at that point (before any output, it is a failed request), ``Drop`` ends
 the stream without its end marker (a dropped connection), ``Stall`` stops sending until the
-consumer gives up (an idle stream)."""
+consumer gives up (an idle stream). Build turns with ``Scripted.reply``, ``Scripted.calls``,
+``Scripted.text`` and ``Scripted.tool_call`` (also module functions)::
+
+    model = Scripted.of(
+        Scripted.calls(("c1", "lookup", {"order": 42})),   # turn 1: one tool call
+        [*Scripted.text("Your ord"), Drop()],              # turn 2: drops mid-reply (R1)
+        Scripted.reply("Your order shipped."),             # turn 3: the continuation
+    )
+    # or, for plain text replies: Scripted.replies("Hello!", "Anything else?")
+"""
 
 from __future__ import annotations
 
@@ -88,7 +97,18 @@ class Scripted:
 
     @classmethod
     def of(cls, *turns: Iterable[Step], **options: Any) -> Scripted:
+        """One turn per argument, each a list of steps."""
         return cls([list(t) for t in turns], **options)
+
+    @classmethod
+    def replies(cls, *answers: str, **options: Any) -> Scripted:
+        """One complete text turn per answer."""
+        return cls([reply(answer) for answer in answers], **options)
+
+    text = staticmethod(text)
+    tool_call = staticmethod(tool_call)
+    reply = staticmethod(reply)
+    calls = staticmethod(calls)
 
     def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
         self.requests.append(request)

@@ -50,14 +50,35 @@ log = logging.getLogger("wakeful.runtime")
 
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """How a run ended (or paused): ``completed`` with its final state, or ``suspended``
-    with the tickets it waits on."""
+    """How a run ended (or paused), as ``await handle.result()`` returns it.
+
+    - ``status == "completed"``: ``state`` is the graph's final state (the state type's JSON
+      form: a dict for a dict or Struct state), e.g. ``outcome.state["answer"]``.
+    - ``status == "suspended"``: ``tickets`` are the questions the run waits on; answer them
+      with ``Runtime.resume(thread_id, graph, {ticket.id: answer})``.
+
+    Failed, cancelled and fenced runs do not return an outcome: ``result()`` raises
+    ``RunFailed``, ``RunCancelled`` or ``CheckpointWriteFailed``. An agent's run returns an
+    ``AgentReply`` instead, whose ``text`` is the final answer."""
 
     thread_id: str
     run_id: str
     status: RunStatus
     state: Any
     tickets: tuple[Ticket, ...] = ()
+
+    def __repr__(self) -> str:
+        # The state can be a whole conversation: show its shape, not its contents.
+        if isinstance(self.state, dict):
+            keys = [f"{k!r}: ..." for k in list(self.state)[:8]]
+            shape = "{" + ", ".join(keys) + (", ...}" if len(self.state) > 8 else "}")
+        else:
+            shape = type(self.state).__name__
+        waits = f", tickets={[t.id for t in self.tickets]!r}" if self.tickets else ""
+        return (
+            f"RunOutcome(status={self.status!r}, thread_id={self.thread_id!r}, "
+            f"run_id={self.run_id!r}, state={shape}{waits})"
+        )
 
 
 def frontier_entries(step: int, tasks: list[TaskSpec]) -> list[dict[str, Any]]:

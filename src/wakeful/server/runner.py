@@ -11,10 +11,10 @@ from collections.abc import Callable, Mapping
 import uvicorn
 
 from wakeful.fleet.registry import Registry
+from wakeful.fleet.serving import ReadyServer
 from wakeful.fleet.wake import Wake
 from wakeful.server.app import close_streams, create_app, open_streams
 from wakeful.server.auth import load_tokens
-from wakeful.serving import ReadyServer
 from wakeful.store import open_store
 
 TokenSource = Mapping[str, str] | str | os.PathLike[str] | None
