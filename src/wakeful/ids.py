@@ -18,6 +18,8 @@ from wakeful.errors import InvalidInput
 
 MAX_ID_LENGTH = 200
 MAX_TTL_SECONDS = 7 * 24 * 3600.0
+MAX_AGE_SECONDS = 100 * 366 * 24 * 3600.0
+"""The longest retention age: a century (ages beyond it would overflow some date types)."""
 MAX_PAGE = 10_000
 
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]*")
@@ -44,15 +46,18 @@ def check_optional_id(field: str, value: object) -> str | None:
     return None if value is None else check_id(field, value)
 
 
-def check_seconds(field: str, value: object, *, allow_zero: bool = False) -> float:
-    """A finite, positive (or zero when allowed) number of seconds, at most a week."""
+def check_seconds(
+    field: str, value: object, *, allow_zero: bool = False, maximum: float = MAX_TTL_SECONDS
+) -> float:
+    """A finite, positive (or zero when allowed) number of seconds, at most ``maximum`` (a
+    week unless told)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise InvalidInput(field, f"must be a number of seconds, got {type(value).__name__}")
     seconds = float(value)
     if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero):
         raise InvalidInput(field, f"must be {'>= 0' if allow_zero else '> 0'} and finite")
-    if seconds > MAX_TTL_SECONDS:
-        raise InvalidInput(field, f"{seconds} s is longer than the limit of {MAX_TTL_SECONDS} s")
+    if seconds > maximum:
+        raise InvalidInput(field, f"{seconds} s is longer than the limit of {maximum} s")
     return seconds
 
 

@@ -13,7 +13,14 @@ from typing import Any, TypeVar
 import msgspec
 
 from wakeful.errors import InvalidInput
-from wakeful.ids import check_aware, check_count, check_id, check_optional_id, check_seconds
+from wakeful.ids import (
+    MAX_AGE_SECONDS,
+    check_aware,
+    check_count,
+    check_id,
+    check_optional_id,
+    check_seconds,
+)
 from wakeful.records import (
     Awaiting,
     Commit,
@@ -165,7 +172,8 @@ def check_token(token: object) -> int:
 
 
 def check_policy(policy: object) -> RetentionPolicy:
-    """A retention policy with finite, non-negative ages and counts."""
+    """A retention policy with finite, non-negative ages (at most ``MAX_AGE_SECONDS``, a
+    century) and counts."""
     if not isinstance(policy, RetentionPolicy):
         raise InvalidInput("policy", "must be a RetentionPolicy")
     for name in (
@@ -176,7 +184,7 @@ def check_policy(policy: object) -> RetentionPolicy:
     ):
         value = getattr(policy, name)
         if value is not None:
-            check_seconds(name, value, allow_zero=True)
+            check_seconds(name, value, allow_zero=True, maximum=MAX_AGE_SECONDS)
     for name in ("keep_checkpoints", "keep_events"):
         value = getattr(policy, name)
         if value is not None:

@@ -17,12 +17,14 @@ from wakeful.errors import (
     TenantMismatch,
     VersionConflict,
 )
+from wakeful.ids import MAX_AGE_SECONDS
 from wakeful.records import (
     Checkpoint,
     Commit,
     EventDraft,
     Message,
     PendingWrite,
+    PruneReport,
     RetentionPolicy,
 )
 from wakeful.testkit.harness import Harness, Kit
@@ -494,6 +496,22 @@ class CommitCases(Harness):
         await kit.store.prune(RetentionPolicy(checkpoint_max_age=1))
         snap = await kit.store.read("t1")
         assert snap is not None and snap.checkpoint == second
+        # Ages of weeks to a century are accepted (the operations guide's policy among them)
+        # and remove nothing younger than they say.
+        month = RetentionPolicy(
+            keep_checkpoints=20,
+            checkpoint_max_age=7 * 86400,
+            event_max_age=30 * 86400,
+            receipt_max_age=7 * 86400,
+            settled_dispatch_max_age=7 * 86400,
+        )
+        assert await kit.store.prune(month) == PruneReport()
+        assert await kit.store.prune(RetentionPolicy(event_max_age=MAX_AGE_SECONDS)) == (
+            PruneReport()
+        )
+        with pytest.raises(InvalidInput):
+            await kit.store.prune(RetentionPolicy(event_max_age=2 * MAX_AGE_SECONDS))
+        assert [e.type for e in await kit.store.events_after("t1", 1)] == ["new"]
 
     @case
     async def test_prune_never_lowers_the_event_floor(self, kit: Kit) -> None:
