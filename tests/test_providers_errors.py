@@ -17,6 +17,7 @@ from tests.provider_server import (
     anthropic_block_start,
     anthropic_delta,
     anthropic_text,
+    fixture,
     openai_text,
     sse,
 )
@@ -96,7 +97,11 @@ async def test_openrouter_error_chunk_is_a_retryable_error_not_a_finished_turn(
 @pytest.mark.asyncio
 @pytest.mark.parametrize(
     ("code", "kind", "retryable"),
-    [(429, "rate_limited", True), (400, "invalid_request", False), ("server_error", "server", True)],
+    [
+        (429, "rate_limited", True),
+        (400, "invalid_request", False),
+        ("server_error", "server", True),
+    ],
 )
 async def test_the_error_code_decides_whether_it_is_retryable(
     server: ProviderServer, code: int | str, kind: str, retryable: bool
@@ -208,20 +213,11 @@ async def test_agent_drops_a_tool_call_cut_by_the_openrouter_error(
 
 # ------------------------------------------------------------------------------ quota
 
-OPENAI_QUOTA = b"""{
-    "error": {
-        "message": "You exceeded your current quota, please check your plan and billing details. For more information on this error, read the docs: https://platform.openai.com/docs/guides/error-codes/api-errors.",
-        "type": "insufficient_quota",
-        "param": null,
-        "code": "insufficient_quota"
-    }
-}
-"""
-
 
 @pytest.mark.asyncio
 async def test_insufficient_quota_is_permanent_and_says_so(server: ProviderServer) -> None:
-    server.push(Reply(status=429, body=OPENAI_QUOTA, headers=[("x-request-id", "req_q1")]))
+    body = fixture("openai/insufficient_quota").body  # OpenAI's bytes
+    server.push(Reply(status=429, body=body, headers=[("x-request-id", "req_q1")]))
     async with openai(server.url) as provider:
         items, error = await collect(provider)
     assert items == []
