@@ -361,7 +361,7 @@ def fixtures() -> list[Fixture]:
     return found
 
 
-def fixture(id: str) -> Fixture:
+def recorded(id: str) -> Fixture:
     """One fixture by ``server/name``."""
     [found] = [f for f in fixtures() if f.id == id]
     return found

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.provider_server import Fixture, ProviderServer, fixtures
+from tests.provider_server import Fixture, ProviderServer, fixtures, recorded
 from wakeful.providers import (
     ModelRequest,
     OpenAIChat,
@@ -20,6 +20,7 @@ from wakeful.providers import (
     StreamItem,
     TextDelta,
     ToolCallDelta,
+    Usage,
 )
 from wakeful.providers.http import Observation
 from wakeful.records import Message
@@ -100,3 +101,22 @@ def test_every_server_is_covered_and_every_quirk_has_a_source() -> None:
     for f in found:
         assert f.meta.get("quirk") and f.meta.get("source"), f.id
         assert "expect" in f.meta, f.id
+
+
+@pytest.mark.asyncio
+async def test_azure_deployment_url_with_api_version_and_api_key_header(
+    server: ProviderServer,
+) -> None:
+    server.push(recorded("azure/content_filter_chunks").reply())
+    base_url = f"{server.url}/openai/deployments/gpt-4o"
+    options: dict[str, Any] = {
+        "headers": {"api-key": "azk"},
+        "params": {"api-version": "2024-10-21"},
+    }
+    async with OpenAIChat("gpt-4o", base_url=base_url, api_key="", **options) as provider:
+        items = [item async for item in provider.stream(HELLO)]
+    received = server.received[-1]
+    assert received.path == "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21"
+    assert received.headers["api-key"] == "azk"
+    assert "authorization" not in received.headers
+    assert items[-1] == StreamEnd("end_turn", Usage(11, 3))

@@ -17,8 +17,8 @@ from tests.provider_server import (
     anthropic_block_start,
     anthropic_delta,
     anthropic_text,
-    fixture,
     openai_text,
+    recorded,
     sse,
 )
 from wakeful import ManualClock
@@ -216,7 +216,7 @@ async def test_agent_drops_a_tool_call_cut_by_the_openrouter_error(
 
 @pytest.mark.asyncio
 async def test_insufficient_quota_is_permanent_and_says_so(server: ProviderServer) -> None:
-    body = fixture("openai/insufficient_quota").body  # OpenAI's bytes
+    body = recorded("openai/insufficient_quota").body  # OpenAI's bytes
     server.push(Reply(status=429, body=body, headers=[("x-request-id", "req_q1")]))
     async with openai(server.url) as provider:
         items, error = await collect(provider)
@@ -241,7 +241,7 @@ async def test_openrouter_402_insufficient_credits_is_permanent(server: Provider
 
 
 def anthropic_usage_turn(start: dict[str, int], delta: dict[str, int]) -> list[bytes]:
-    message = {
+    message: dict[str, Any] = {
         "id": "msg_01",
         "type": "message",
         "role": "assistant",

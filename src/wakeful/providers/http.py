@@ -263,20 +263,16 @@ def error_from_transport(
     closed mid-body, undecodable) is ``connection``. A timeout's detail names the phase
     (connecting, waiting for the first byte, between chunks) and the timeout that fired;
     ``exchange``, the stream as far as it got, adds the request id and the bytes read."""
-    kind: ErrorKind
-    if isinstance(exc, httpx.TimeoutException):
-        kind = "timeout"
-    elif isinstance(exc, httpx.UnsupportedProtocol):
-        kind = "invalid_request"
-    else:
-        kind = "connection"
     request_id = exchange.request_id if exchange is not None else None
-    if kind != "timeout":
-        where = exchange.where() if exchange is not None else None
+    if isinstance(exc, httpx.TimeoutException):
         return ProviderError(
-            kind, _detail(type(exc).__name__, str(exc), where, request_id=request_id)
+            "timeout", _detail(_timeout_text(exc, exchange), request_id=request_id)
         )
-    return ProviderError(kind, _detail(_timeout_text(exc, exchange), request_id=request_id))
+    kind: ErrorKind = (
+        "invalid_request" if isinstance(exc, httpx.UnsupportedProtocol) else "connection"
+    )
+    where = exchange.where() if exchange is not None else None
+    return ProviderError(kind, _detail(type(exc).__name__, str(exc), where, request_id=request_id))
 
 
 def _timeout_text(exc: httpx.TimeoutException, exchange: Exchange | None) -> str:
@@ -434,12 +430,14 @@ class HTTPProvider:
         body: Mapping[str, Any],
         headers: Mapping[str, str],
         observation: Observation | None = None,
+        *,
+        params: Mapping[str, str] | None = None,
     ) -> AsyncIterator[Exchange]:
         """POST ``body`` as JSON and yield the exchange once its status is 2xx; read the
         body with ``exchange.aiter_bytes()``. Error statuses and transport failures, during
         the request or while the caller reads the body, surface as ``ProviderError``; so
         do the caller's own ``ProviderError``s, with the request id added."""
-        options: dict[str, Any] = {}
+        options: dict[str, Any] = {"params": params} if params else {}
         if not self._owns_client and self._timeout is not None:
             options["timeout"] = self._timeout
         request_headers = {

@@ -226,7 +226,8 @@ class OpenAIChat(HTTPProvider):
     ``$OPENAI_API_KEY``; with neither, no ``Authorization`` header is sent (local servers).
     ``headers`` are added to every request and ``extra_body`` is merged into every body
     (``top_p``, ``seed``, ``reasoning_effort`` ...). ``max_tokens_param`` names the limit
-    field: ``"max_completion_tokens"`` for OpenAI's reasoning models. ``client`` is borrowed
+    field: ``"max_completion_tokens"`` for OpenAI's reasoning models. ``params`` are added to
+    the URL's query (Azure's ``api-version``). ``client`` is borrowed
     and never closed; otherwise the adapter owns one: use ``async with`` or ``aclose()``."""
 
     def __init__(
@@ -240,8 +241,10 @@ class OpenAIChat(HTTPProvider):
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         max_tokens_param: str = "max_tokens",
+        params: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(client=client, timeout=timeout)
+        self._params = dict(params or {})
         self.model = model
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
@@ -297,7 +300,11 @@ class OpenAIChat(HTTPProvider):
         url = f"{self.base_url}/chat/completions"
         try:
             async with self._post_stream(
-                url, self.request_body(request), self._request_headers(), observation
+                url,
+                self.request_body(request),
+                self._request_headers(),
+                observation,
+                params=self._params,
             ) as exchange:
                 async for event in aiter_sse(exchange.aiter_bytes()):
                     if observation is not None:
