@@ -106,6 +106,8 @@ class _Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"0\r\n\r\n")
         return None
 
+    do_GET = do_POST  # a GET (``/models``) takes the next scripted reply too
+
     def _send(self, frame: bytes, reply: Reply) -> None:
         size = reply.chunk_size or len(frame)
         for start in range(0, len(frame), size):

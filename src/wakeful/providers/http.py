@@ -271,7 +271,8 @@ def error_from_transport(
     kind: ErrorKind = (
         "invalid_request" if isinstance(exc, httpx.UnsupportedProtocol) else "connection"
     )
-    where = exchange.where() if exchange is not None else None
+    answered = exchange is not None and exchange.response is not None
+    where = exchange.where() if exchange is not None and answered else None
     return ProviderError(kind, _detail(type(exc).__name__, str(exc), where, request_id=request_id))
 
 
