@@ -33,7 +33,7 @@ from wakeful.providers import (
     TextDelta,
     Usage,
 )
-from wakeful.providers.http import error_from_transport
+from wakeful.providers.http import SSEDecoder, SSEEvent, error_from_transport
 from wakeful.records import Message
 from wakeful.runtime import Runtime
 from wakeful.store.memory import MemoryStore
@@ -344,3 +344,13 @@ def test_a_connect_timeout_names_the_phase() -> None:
     error = error_from_transport(httpx.ConnectTimeout("timed out", request=request))
     assert error.kind == "timeout"
     assert "connect" in error.detail and "10 s" in error.detail
+
+
+def test_the_sse_parser_keeps_llama_cpps_error_field() -> None:
+    decoder = SSEDecoder()
+    stream = b'data: {"a":1}\n\nerror: {"code":400,"message":"too long"}\n\ndata: [DONE]\n\n'
+    assert decoder.feed(stream) == [
+        SSEEvent("message", '{"a":1}'),
+        SSEEvent("error", '{"code":400,"message":"too long"}'),
+        SSEEvent("message", "[DONE]"),
+    ]
