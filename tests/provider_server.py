@@ -11,13 +11,16 @@ import json
 import socket
 import struct
 import threading
+import tomllib
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self
 
 SSE_TYPE = "text/event-stream; charset=utf-8"
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "providers"
 
 
 @dataclass
@@ -102,6 +105,8 @@ class _Handler(BaseHTTPRequestHandler):
         if reply.framing == "chunked":
             self.wfile.write(b"0\r\n\r\n")
         return None
+
+    do_GET = do_POST  # a GET (``/models``) takes the next scripted reply too
 
     def _send(self, frame: bytes, reply: Reply) -> None:
         size = reply.chunk_size or len(frame)
@@ -307,3 +312,58 @@ def anthropic_error(type: str, message: str = "error") -> bytes:
 
 def anthropic_error_event(type: str, message: str = "error") -> bytes:
     return sse({"type": "error", "error": {"type": type, "message": message}}, "error")
+
+
+# ------------------------------------------------------------------ replayed fixtures
+
+
+@dataclass(frozen=True)
+class Fixture:
+    """A recorded response of one server: ``<server>/<name>.sse`` (a stream body) or
+    ``<server>/<name>.json`` (a plain body), byte for byte, and ``<name>.toml``: the quirk,
+    its source, the response status and headers, and what the adapter must make of it."""
+
+    server: str
+    name: str
+    body: bytes
+    streamed: bool
+    meta: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return f"{self.server}/{self.name}"
+
+    def reply(self, chunk_size: int | None = None) -> Reply:
+        """The fixture served as recorded; ``chunk_size`` splits the body into chunks of
+        that many bytes."""
+        response = self.meta.get("response", {})
+        headers = [(str(k), str(v)) for k, v in response.get("headers", [])]
+        status = int(response.get("status", 200))
+        if self.streamed:
+            return Reply(status=status, headers=headers, events=[self.body], chunk_size=chunk_size)
+        content_type = str(response.get("content_type", "application/json"))
+        return Reply(status=status, headers=headers, body=self.body, content_type=content_type)
+
+
+def fixtures() -> list[Fixture]:
+    """Every recorded response under ``tests/fixtures/providers``."""
+    found = []
+    for meta_path in sorted(FIXTURES.glob("*/*.toml")):
+        stream_path = meta_path.with_suffix(".sse")
+        body_path = stream_path if stream_path.exists() else meta_path.with_suffix(".json")
+        found.append(
+            Fixture(
+                server=meta_path.parent.name,
+                name=meta_path.stem,
+                body=body_path.read_bytes(),
+                streamed=body_path is stream_path,
+                meta=tomllib.loads(meta_path.read_text()),
+            )
+        )
+    return found
+
+
+def recorded(id: str) -> Fixture:
+    """One fixture by ``server/name``."""
+    [found] = [f for f in fixtures() if f.id == id]
+    return found

@@ -655,7 +655,12 @@ def test_retry_after_ms_wins() -> None:
         (402, "billing_error", None, "auth"),
         (422, None, None, "invalid_request"),
         (404, "invalid_request_error", "model_not_found", "not_found"),
-        (429, "insufficient_quota", "insufficient_quota", "rate_limited"),
+        (429, "insufficient_quota", "insufficient_quota", "auth"),  # retrying buys no credits
+        (402, None, None, "auth"),
+        (None, None, "502", "server"),  # an in-stream code that is an HTTP status
+        (None, None, "429", "rate_limited"),
+        (None, "invalid_request_error", "400", "invalid_request"),
+        (None, "exceed_context_size_error", "400", "context_overflow"),  # llama.cpp
         (None, "overloaded_error", None, "overloaded"),
         (None, "rate_limit_error", None, "rate_limited"),
         (None, "api_error", None, "server"),

@@ -21,12 +21,13 @@ from wakeful.providers.base import (
 )
 from wakeful.providers.http import (
     HTTPProvider,
+    Observation,
     TimeoutLike,
-    aiter_sse,
     decode_json,
     error_from_event,
     truncated,
 )
+from wakeful.providers.sse import aiter_sse
 from wakeful.records import Message
 
 
@@ -107,8 +108,7 @@ class _Events:
         self.tool_arguments: dict[int, bool] = {}  # tool call index -> got argument text
         self.text_blocks: set[int] = set()
         self.stop_reason: str | None = None
-        self.input_tokens = 0
-        self.output_tokens = 0
+        self.usage: dict[str, int] = {}
         self.done = False
 
     def feed(self, kind: str, data: dict[str, Any]) -> list[StreamItem]:
@@ -169,20 +169,23 @@ class _Events:
         return []
 
     def _usage(self, usage: Any) -> None:
+        # Usage fields are cumulative and each is optional: a message_delta that carries
+        # input_tokens but not the cache fields keeps message_start's cache counts.
         if not isinstance(usage, dict):
             return
-        inputs = [
-            usage.get(key)
-            for key in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
-        ]
-        if any(isinstance(n, int) for n in inputs):
-            self.input_tokens = sum(n for n in inputs if isinstance(n, int))
-        if isinstance(usage.get("output_tokens"), int):
-            self.output_tokens = usage["output_tokens"]
+        for key in (*_INPUT_FIELDS, "output_tokens"):
+            value = usage.get(key)
+            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+                self.usage[key] = value
 
     def end(self) -> StreamEnd:
         stop = self.stop_reason or ("tool_use" if self.tool_blocks else "end_turn")
-        return StreamEnd(stop, Usage(self.input_tokens, self.output_tokens))
+        inputs = sum(self.usage.get(key, 0) for key in _INPUT_FIELDS)
+        return StreamEnd(stop, Usage(inputs, self.usage.get("output_tokens", 0)))
+
+
+_INPUT_FIELDS = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+"""Anthropic counts input in three fields; wakeful's ``input_tokens`` is their sum."""
 
 
 class AnthropicMessages(HTTPProvider):
@@ -248,17 +251,21 @@ class AnthropicMessages(HTTPProvider):
             headers["x-api-key"] = self._api_key
         return {**headers, **self._headers}
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+    async def stream(
+        self, request: ModelRequest, *, observation: Observation | None = None
+    ) -> AsyncGenerator[StreamItem, None]:
         """Yield the turn's deltas, then one ``StreamEnd`` at ``message_stop``. An ``error``
         event raises its classified ``ProviderError``; a stream that ends or breaks before
         ``message_stop`` raises ``ProviderError("connection")`` (or ``timeout``) after the
-        deltas that did arrive."""
+        deltas that did arrive. ``observation``, if given, records the exchange."""
         events = _Events()
         url = f"{self.base_url}/v1/messages"
         async with self._post_stream(
-            url, self.request_body(request), self._request_headers()
-        ) as response:
-            async for event in aiter_sse(response.aiter_bytes()):
+            url, self.request_body(request), self._request_headers(), observation
+        ) as exchange:
+            async for event in aiter_sse(exchange.aiter_bytes()):
+                if observation is not None:
+                    observation.events += 1
                 data = decode_json(event.data)
                 if not isinstance(data, dict):
                     raise ProviderError("server", "malformed stream event: not an object")
@@ -267,6 +274,6 @@ class AnthropicMessages(HTTPProvider):
                     yield item
                 if events.done:
                     break
-        if not events.done:
-            raise truncated("message_stop")
+            if not events.done:
+                raise truncated("message_stop")
         yield events.end()

@@ -1,5 +1,6 @@
-"""Shared HTTP plumbing for the provider adapters: the client owner, a server-sent events
-parser, ``Retry-After`` parsing and error classification.
+"""Shared HTTP plumbing for the provider adapters: the client owner, ``Retry-After``
+parsing and error classification (the server-sent events parser is ``providers.sse``, and is
+re-exported here).
 
 Classification reads status codes, the error ``type``/``code`` fields of a JSON error body and
 the retry headers, never the display text. Nothing here retries.
@@ -7,13 +8,12 @@ the retry headers, never the display text. Nothing here retries.
 
 from __future__ import annotations
 
-import codecs
 import email.utils
 import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC
 from types import TracebackType
 from typing import Any, Final, Self
@@ -22,6 +22,9 @@ import httpx
 import msgspec
 
 from wakeful.providers.base import ErrorKind, ProviderError
+from wakeful.providers.sse import SSEDecoder as SSEDecoder  # re-exported: its old home
+from wakeful.providers.sse import SSEEvent as SSEEvent
+from wakeful.providers.sse import aiter_sse as aiter_sse
 
 DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
 """Used by the client an adapter creates itself: 10 s to connect, and 600 s for each read,
@@ -30,105 +33,6 @@ allowed between two bytes (reasoning models can think for minutes before their f
 """
 
 TimeoutLike = float | httpx.Timeout
-
-# ----------------------------------------------------------------------------------- SSE
-
-
-@dataclass(frozen=True, slots=True)
-class SSEEvent:
-    """One dispatched server-sent event. ``event`` defaults to ``"message"``; ``data`` is the
-    event's ``data:`` lines joined by ``"\\n"``; ``id`` is the last event id seen so far."""
-
-    event: str = "message"
-    data: str = ""
-    id: str | None = None
-
-
-class SSEDecoder:
-    """An incremental ``text/event-stream`` parser, following the WHATWG algorithm.
-
-    Feed it bytes (UTF-8, split anywhere) or text; it returns the events completed so far.
-    Lines end with CRLF, LF or CR; a leading byte-order mark is dropped; ``:`` lines are
-    comments; ``data:`` lines accumulate; a blank line dispatches the event unless it has no
-    data. Fields other than ``event``, ``data`` and ``id`` are ignored. An event that the
-    stream does not finish with a blank line is never dispatched."""
-
-    def __init__(self) -> None:
-        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._buffer = ""
-        self._at_start = True
-        self._event = ""
-        self._data: list[str] = []
-        self._last_id: str | None = None
-
-    def feed(self, chunk: bytes | str) -> list[SSEEvent]:
-        text = self._utf8.decode(chunk) if isinstance(chunk, bytes) else chunk
-        if self._at_start and text:
-            self._at_start = False
-            text = text.removeprefix("\ufeff")
-        buf = self._buffer + text
-        events: list[SSEEvent] = []
-        pos, end = 0, len(buf)
-        while pos < end:
-            lf = buf.find("\n", pos)
-            cr = buf.find("\r", pos, lf if lf >= 0 else end)
-            if cr >= 0:
-                if cr + 1 == end:
-                    break  # a CR at the end: wait to see whether an LF follows
-                line, pos = buf[pos:cr], cr + (2 if buf[cr + 1] == "\n" else 1)
-            elif lf >= 0:
-                line, pos = buf[pos:lf], lf + 1
-            else:
-                break
-            event = self._line(line)
-            if event is not None:
-                events.append(event)
-        self._buffer = buf[pos:]
-        return events
-
-    def close(self) -> list[SSEEvent]:
-        """End of stream: a final CR still ends its line; an unfinished event is dropped."""
-        tail = self._utf8.decode(b"", final=True)
-        events = self.feed(tail) if tail else []
-        if self._buffer.endswith("\r"):
-            event = self._line(self._buffer[:-1])
-            events.extend([event] if event is not None else [])
-        self._buffer, self._event, self._data = "", "", []
-        return events
-
-    def _line(self, line: str) -> SSEEvent | None:
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):
-            return None
-        name, colon, value = line.partition(":")
-        if colon and value.startswith(" "):
-            value = value[1:]
-        if name == "data":
-            self._data.append(value)
-        elif name == "event":
-            self._event = value
-        elif name == "id" and "\0" not in value:
-            self._last_id = value
-        return None
-
-    def _dispatch(self) -> SSEEvent | None:
-        event, self._event = self._event or "message", ""
-        if not self._data:
-            return None
-        data, self._data = "\n".join(self._data), []
-        return SSEEvent(event, data, self._last_id)
-
-
-async def aiter_sse(chunks: AsyncIterator[bytes]) -> AsyncIterator[SSEEvent]:
-    """The events of a byte stream, as they complete."""
-    decoder = SSEDecoder()
-    async for chunk in chunks:
-        for event in decoder.feed(chunk):
-            yield event
-    for event in decoder.close():
-        yield event
-
 
 # --------------------------------------------------------------------------- Retry-After
 
@@ -179,38 +83,92 @@ _TYPE_KINDS: Final[Mapping[str, ErrorKind]] = {
     "overloaded_error": "overloaded",
     # OpenAI error types
     "server_error": "server",
+    "insufficient_quota": "auth",
+    # llama.cpp's server
+    "exceed_context_size_error": "context_overflow",
 }
 _CODE_KINDS: Final[Mapping[str, ErrorKind]] = {
     "context_length_exceeded": "context_overflow",
     "rate_limit_exceeded": "rate_limited",
+    "insufficient_quota": "auth",
 }
+_QUOTA_WORDS: Final = frozenset(("insufficient_quota", "billing_error"))
 _PERMANENT: Final = frozenset(("invalid_request", "auth", "not_found", "context_overflow"))
+QUOTA_HINT: Final = (
+    "credits or quota exhausted: add credits or raise the limit with the provider; "
+    "retrying will not help"
+)
+
+
+def reports_error(body: Any) -> bool:
+    """Whether a decoded JSON body or stream chunk reports an error, in any shape
+    ``error_fields`` reads."""
+    if not isinstance(body, dict):
+        return False
+    error = body.get("error")
+    return (error is not None and error != "") or body.get("object") == "error"
 
 
 def error_fields(body: Any) -> tuple[str | None, str | None, str | None]:
-    """``(type, code, message)`` of an error body: OpenAI's ``{"error": {...}}`` or
-    Anthropic's ``{"type": "error", "error": {...}}``. Missing or non-string fields are
-    ``None``."""
-    error = body.get("error") if isinstance(body, dict) else None
-    if not isinstance(error, dict):
+    """``(type, code, message)`` of an error body, in the shapes servers send: OpenAI's
+    ``{"error": {...}}``, Anthropic's ``{"type": "error", "error": {...}}``, a bare string
+    ``{"error": "..."}`` (Ollama, LM Studio) and vLLM's top-level ``{"object": "error",
+    "message", "type", "code"}``. A numeric ``code`` (an HTTP status, as OpenRouter,
+    llama.cpp and vLLM send it) comes back as its decimal text. Missing or unusable fields
+    are ``None``."""
+    if not isinstance(body, dict):
         return None, None, None
-    return _str(error.get("type")), _str(error.get("code")), _str(error.get("message"))
+    error = body.get("error")
+    if isinstance(error, str):
+        return None, None, error or None
+    if not isinstance(error, dict):
+        if body.get("object") != "error":
+            return None, None, None
+        error = body
+    return _str(error.get("type")), _code(error.get("code")), _str(error.get("message"))
 
 
 def _str(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
+def _code(value: Any) -> str | None:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    return _str(value)
+
+
+def _status_code(code: str | None) -> int | None:
+    """An error ``code`` that is an HTTP error status (OpenRouter's ``502``, llama.cpp's
+    ``400``), else ``None``."""
+    if code is None or not code.isdigit() or len(code) != 3:
+        return None
+    status = int(code)
+    return status if 400 <= status < 600 else None
+
+
+def is_quota(status: int | None, error_type: str | None, error_code: str | None) -> bool:
+    """Credits or quota exhausted: HTTP 402, OpenAI's ``insufficient_quota`` (sent with a
+    429), Anthropic's ``billing_error``."""
+    return status == 402 or bool(_QUOTA_WORDS & {error_type, error_code})
+
+
 def classify(status: int | None, error_type: str | None, error_code: str | None) -> ErrorKind:
     """The error kind from an HTTP status and the body's error type and code.
 
-    ``status=None`` is an error reported inside a stream, classified by type alone (unknown
-    types count as ``server``). The status decides except where the body is more precise: a
-    ``context_length_exceeded`` code on a 4xx, an ``overloaded_error`` on a 5xx, and the
-    permanent kinds its type names on an unlisted 4xx."""
+    ``status=None`` is an error reported inside a stream: a ``code`` that is an HTTP error
+    status stands in for the status; otherwise it is classified by type and code alone
+    (unknown ones count as ``server``). The status decides except where the body is more
+    precise: exhausted credits or quota (permanent ``auth``, even on a 429), a context
+    overflow on a 4xx, an ``overloaded_error`` on a 5xx, and the permanent kinds its type
+    names on an unlisted 4xx."""
     typed = _CODE_KINDS.get(error_code or "") or _TYPE_KINDS.get(error_type or "")
     if status is None:
-        return typed or "server"
+        status = _status_code(error_code)
+        if status is None:
+            return typed or "server"
+    if is_quota(status, error_type, error_code):
+        return "auth"
     if typed == "context_overflow" and 400 <= status < 500 and status != 429:
         return typed
     if status == 429:
@@ -232,7 +190,24 @@ def _detail(*parts: str | None, request_id: str | None = None) -> str:
     text = ": ".join(p for p in parts if p) or "no detail"
     if len(text) > 500:
         text = text[:497] + "..."
-    return f"{text} (request id {request_id})" if request_id else text
+    return with_request_id(text, request_id)
+
+
+def with_request_id(detail: str, request_id: str | None) -> str:
+    """``detail`` naming the request, once."""
+    if not request_id or request_id in detail:
+        return detail
+    return f"{detail} (request id {request_id})"
+
+
+def request_id_of(headers: Mapping[str, str]) -> str | None:
+    """The provider's id for the request: ``request-id`` (Anthropic), ``x-request-id``
+    (OpenAI, Groq, most gateways) or ``apim-request-id`` (Azure)."""
+    for name in ("request-id", "x-request-id", "apim-request-id"):
+        value = headers.get(name)
+        if value:
+            return value
+    return None
 
 
 def _json_body(response: httpx.Response) -> Any:
@@ -249,54 +224,104 @@ def error_from_response(response: httpx.Response) -> ProviderError:
     status = response.status_code
     if message is None and body is None:
         message = response.text.strip()[:200] or None
-    request_id = response.headers.get("request-id") or response.headers.get("x-request-id")
+    hint = QUOTA_HINT if is_quota(status, error_type, error_code) else None
     return ProviderError(
         classify(status, error_type, error_code),
-        _detail(error_type or error_code or f"HTTP {status}", message, request_id=request_id),
+        _detail(
+            error_type or error_code or f"HTTP {status}",
+            hint,
+            message,
+            request_id=request_id_of(response.headers),
+        ),
         retry_after=retry_after_from_headers(response.headers),
         status=status,
     )
 
 
-def error_from_event(body: Any) -> ProviderError:
+def error_from_event(body: Any, *, request_id: str | None = None) -> ProviderError:
     """Classify an error reported inside a stream (no HTTP status)."""
     error_type, error_code, message = error_fields(body)
+    hint = QUOTA_HINT if is_quota(None, error_type, error_code) else None
     return ProviderError(
         classify(None, error_type, error_code),
-        _detail(error_type or error_code or "stream error", message),
+        _detail(error_type or error_code or "stream error", hint, message, request_id=request_id),
     )
 
 
-def error_from_transport(exc: httpx.RequestError) -> ProviderError:
+_TIMEOUT_PHASES: Final[Mapping[type[httpx.TimeoutException], tuple[str, str]]] = {
+    httpx.ConnectTimeout: ("connect", "connecting"),
+    httpx.WriteTimeout: ("write", "sending the request"),
+    httpx.PoolTimeout: ("pool", "waiting for a free connection in the client's pool"),
+}
+
+
+def error_from_transport(
+    exc: httpx.RequestError, exchange: Exchange | None = None
+) -> ProviderError:
     """Classify a transport failure: timeouts (connect, read, write, pool) are ``timeout``;
     an unsupported URL scheme is ``invalid_request``; everything else (refused, reset,
-    closed mid-body, undecodable) is ``connection``."""
-    kind: ErrorKind
+    closed mid-body, undecodable) is ``connection``. A timeout's detail names the phase
+    (connecting, waiting for the first byte, between chunks) and the timeout that fired;
+    ``exchange``, the stream as far as it got, adds the request id and the bytes read."""
+    request_id = exchange.request_id if exchange is not None else None
     if isinstance(exc, httpx.TimeoutException):
-        kind = "timeout"
-    elif isinstance(exc, httpx.UnsupportedProtocol):
-        kind = "invalid_request"
-    else:
-        kind = "connection"
-    return ProviderError(kind, _detail(type(exc).__name__, str(exc)))
+        return ProviderError(
+            "timeout", _detail(_timeout_text(exc, exchange), request_id=request_id)
+        )
+    kind: ErrorKind = (
+        "invalid_request" if isinstance(exc, httpx.UnsupportedProtocol) else "connection"
+    )
+    answered = exchange is not None and exchange.response is not None
+    where = exchange.where() if exchange is not None and answered else None
+    return ProviderError(kind, _detail(type(exc).__name__, str(exc), where, request_id=request_id))
+
+
+def _timeout_text(exc: httpx.TimeoutException, exchange: Exchange | None) -> str:
+    setting, phase = _TIMEOUT_PHASES.get(type(exc), ("read", ""))
+    if not phase:  # a read timeout: where in the exchange did it strike?
+        if exchange is None or exchange.body_bytes == 0:
+            phase = "waiting for the first byte"
+            if exchange is not None and exchange.response is not None:
+                phase += " of the body (the headers had arrived)"
+        else:
+            phase = f"between chunks ({exchange.where()})"
+    seconds = _configured_timeout(exc, setting)
+    waited = f"gave up after {seconds:g} s (the {setting} timeout)" if seconds else "timed out"
+    return f"{type(exc).__name__} {phase}: {waited}"
+
+
+def _configured_timeout(exc: httpx.TimeoutException, setting: str) -> float | None:
+    try:
+        timeouts = exc.request.extensions.get("timeout") or {}
+    except RuntimeError:  # an exception built without its request
+        return None
+    value = timeouts.get(setting) if isinstance(timeouts, dict) else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _not_a_stream(response: httpx.Response) -> ProviderError:
-    """A 2xx answer with a JSON body: an error object classified by its type, else a server
-    that does not stream (permanent)."""
+    """A 2xx answer with a JSON body: an error object with a type or code is classified by
+    them; one without (LM Studio's ``{"error": "Unexpected endpoint or method. ..."}``)
+    and a body that is not an error (a server that does not stream) are permanent."""
     body = _json_body(response)
-    if any(error_fields(body)):
-        error = error_from_event(body)
+    error_type, error_code, message = error_fields(body)
+    request_id = request_id_of(response.headers)
+    if error_type or error_code:
+        error = error_from_event(body, request_id=request_id)
         return ProviderError(
             error.kind,
             error.detail,
             retry_after=retry_after_from_headers(response.headers),
             status=response.status_code,
         )
+    what = (
+        f"the server answered with an error instead of an event stream: {message} "
+        "(is the base URL right? OpenAI-compatible servers serve {base_url}/chat/completions)"
+        if message
+        else "the server answered with JSON instead of an event stream (does it support streaming?)"
+    )
     return ProviderError(
-        "invalid_request",
-        "the server answered with JSON instead of an event stream (does it support streaming?)",
-        status=response.status_code,
+        "invalid_request", _detail(what, request_id=request_id), status=response.status_code
     )
 
 
@@ -311,6 +336,56 @@ def decode_json(data: str) -> Any:
         return msgspec.json.decode(data)
     except msgspec.DecodeError as exc:
         raise ProviderError("server", _detail("malformed stream event", str(exc))) from exc
+
+
+@dataclass
+class Observation:
+    """What one streamed exchange showed, for diagnostics (``wakeful providers check``):
+    the response status and headers, how many events arrived, when the first body byte did,
+    and the workarounds the adapter applied to the server's dialect."""
+
+    status: int | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    events: int = 0
+    first_byte_after: float | None = None
+    workarounds: list[str] = field(default_factory=list)
+
+    def worked_around(self, what: str) -> None:
+        if what not in self.workarounds:
+            self.workarounds.append(what)
+
+
+@dataclass
+class Exchange:
+    """One streamed HTTP exchange as far as it got, so that an error can say which request
+    failed and where: the response (once its headers arrived), the provider's request id,
+    and the body bytes read."""
+
+    response: httpx.Response | None = None
+    request_id: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    body_bytes: int = 0
+    observation: Observation | None = None
+
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+        """The response body, counted."""
+        assert self.response is not None
+        async for chunk in self.response.aiter_bytes():
+            if self.body_bytes == 0 and self.observation is not None:
+                self.observation.first_byte_after = time.monotonic() - self.started
+            self.body_bytes += len(chunk)
+            yield chunk
+
+    def where(self) -> str:
+        elapsed = time.monotonic() - self.started
+        return f"after {self.body_bytes} bytes, {elapsed:.1f} s into the exchange"
+
+    def annotate(self, error: ProviderError) -> ProviderError:
+        """``error`` naming this request; the same error if it already does."""
+        detail = with_request_id(error.detail, self.request_id)
+        if detail == error.detail:
+            return error
+        return ProviderError(error.kind, detail, retry_after=error.retry_after, status=error.status)
 
 
 # --------------------------------------------------------------------------- the client
@@ -351,12 +426,19 @@ class HTTPProvider:
 
     @asynccontextmanager
     async def _post_stream(
-        self, url: str, body: Mapping[str, Any], headers: Mapping[str, str]
-    ) -> AsyncIterator[httpx.Response]:
-        """POST ``body`` as JSON and yield the streaming response once its status is 2xx.
-        Error statuses and transport failures, during the request or while the caller reads
-        the body, surface as ``ProviderError``."""
-        options: dict[str, Any] = {}
+        self,
+        url: str,
+        body: Mapping[str, Any],
+        headers: Mapping[str, str],
+        observation: Observation | None = None,
+        *,
+        params: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[Exchange]:
+        """POST ``body`` as JSON and yield the exchange once its status is 2xx; read the
+        body with ``exchange.aiter_bytes()``. Error statuses and transport failures, during
+        the request or while the caller reads the body, surface as ``ProviderError``; so
+        do the caller's own ``ProviderError``s, with the request id added."""
+        options: dict[str, Any] = {"params": params} if params else {}
         if not self._owns_client and self._timeout is not None:
             options["timeout"] = self._timeout
         request_headers = {
@@ -364,16 +446,27 @@ class HTTPProvider:
             "accept": "text/event-stream",
             **headers,
         }
+        exchange = Exchange(observation=observation)
         try:
             async with self._http().stream(
                 "POST", url, content=msgspec.json.encode(body), headers=request_headers, **options
             ) as response:
+                exchange.response = response
+                exchange.request_id = request_id_of(response.headers)
+                if observation is not None:
+                    observation.status = response.status_code
+                    observation.headers = dict(response.headers.items())
                 if not 200 <= response.status_code < 300:
                     await response.aread()
                     raise error_from_response(response)
                 if response.headers.get("content-type", "").startswith("application/json"):
                     await response.aread()
                     raise _not_a_stream(response)
-                yield response
+                yield exchange
         except httpx.RequestError as exc:
-            raise error_from_transport(exc) from exc
+            raise error_from_transport(exc, exchange) from exc
+        except ProviderError as exc:
+            annotated = exchange.annotate(exc)
+            if annotated is exc:
+                raise
+            raise annotated from exc.__cause__

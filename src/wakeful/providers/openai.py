@@ -23,12 +23,14 @@ from wakeful.providers.base import (
 )
 from wakeful.providers.http import (
     HTTPProvider,
+    Observation,
     TimeoutLike,
-    aiter_sse,
     decode_json,
     error_from_event,
+    reports_error,
     truncated,
 )
+from wakeful.providers.sse import aiter_sse
 from wakeful.records import Message
 
 FINISH_REASONS: Final[Mapping[str, str]] = {
@@ -85,51 +87,93 @@ class _Call:
     named: bool
 
 
-class _Chunks:
-    """Turns decoded ``chat.completion.chunk`` objects into stream items."""
+def _count(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
-    def __init__(self) -> None:
+
+class _Chunks:
+    """Turns decoded ``chat.completion.chunk`` objects into stream items, absorbing the
+    dialects of compatible servers (see docs/providers.md, "Servers"). A reported failure is
+    kept in ``error`` for the caller to raise after the chunk's items."""
+
+    def __init__(self, observation: Observation | None = None) -> None:
         self.calls: dict[int, _Call] = {}
         self.count = 0
         self.last_wire_index = 0
         self.finish: str | None = None
         self.usage: Usage | None = None
+        self.error: ProviderError | None = None
+        self._observation = observation
+
+    def note(self, workaround: str) -> None:
+        if self._observation is not None:
+            self._observation.worked_around(workaround)
 
     def feed(self, chunk: Any) -> list[StreamItem]:
         if not isinstance(chunk, dict):
             raise ProviderError("server", "malformed stream chunk: not an object")
-        if chunk.get("error") is not None and not chunk.get("choices"):
-            raise error_from_event(chunk)
-        usage = chunk.get("usage")
-        if isinstance(usage, dict):
-            self.usage = Usage(
-                input_tokens=int(usage.get("prompt_tokens") or 0),
-                output_tokens=int(usage.get("completion_tokens") or 0),
-            )
+        if reports_error(chunk):
+            # OpenRouter sends its error object beside a choice with finish_reason "error";
+            # others (OpenAI, vLLM, SGLang, Ollama) without choices.
+            self.error = error_from_event(chunk)
+        self._usage(chunk)
+        choices = chunk.get("choices")
+        if not choices and ("prompt_filter_results" in chunk or "prompt_annotations" in chunk):
+            self.note("skipped Azure's content-filter chunk with empty choices")
         items: list[StreamItem] = []
-        for choice in chunk.get("choices") or ():
+        for choice in choices if isinstance(choices, list) else ():
             if not isinstance(choice, dict) or choice.get("index", 0) != 0:
                 continue  # wakeful asks for one choice
             delta = choice.get("delta")
             if isinstance(delta, dict):
-                content = delta.get("content")
-                if isinstance(content, str) and content:
-                    items.append(TextDelta(content))
-                for fragment in delta.get("tool_calls") or ():
-                    if isinstance(fragment, dict):
-                        item = self._tool_fragment(fragment)
-                        if item is not None:
-                            items.append(item)
+                items.extend(self._delta(delta))
+            elif "content_filter_results" in choice:
+                self.note("skipped Azure's content-filter annotations without a delta")
             reason = choice.get("finish_reason")
-            if isinstance(reason, str) and reason:
+            if reason == "error":
+                self.error = self.error or ProviderError(
+                    "server", 'the server ended the turn with finish_reason "error"'
+                )
+            elif isinstance(reason, str) and reason:
                 self.finish = FINISH_REASONS.get(reason, reason)
         return items
 
+    def _delta(self, delta: dict[str, Any]) -> list[StreamItem]:
+        items: list[StreamItem] = []
+        content = delta.get("content")
+        if isinstance(content, str) and content:
+            items.append(TextDelta(content))
+        if any(
+            isinstance(delta.get(k), str) and delta[k] for k in ("reasoning", "reasoning_content")
+        ):
+            self.note("left out reasoning text sent beside content (reasoning, reasoning_content)")
+        tool_calls = delta.get("tool_calls")
+        for fragment in tool_calls if isinstance(tool_calls, list) else ():
+            if isinstance(fragment, dict):
+                item = self._tool_fragment(fragment)
+                if item is not None:
+                    items.append(item)
+        return items
+
+    def _usage(self, chunk: dict[str, Any]) -> None:
+        usage = chunk.get("usage")
+        if not isinstance(usage, dict):
+            groq = chunk.get("x_groq")
+            usage = groq.get("usage") if isinstance(groq, dict) else None
+            if isinstance(usage, dict):
+                self.note("read usage from Groq's x_groq.usage")
+        if isinstance(usage, dict):
+            self.usage = Usage(
+                input_tokens=_count(usage.get("prompt_tokens")),
+                output_tokens=_count(usage.get("completion_tokens")),
+            )
+
     def _tool_fragment(self, fragment: dict[str, Any]) -> ToolCallDelta | None:
-        # Calls are told apart by the wire index, or by a new id at the same index (some
-        # compatible servers send every call at index 0). Ours count calls from 0.
+        # Calls are told apart by the wire index, or by a new id at the same index (Ollama
+        # sends every call at index 0; its older versions, and others, send no index).
         wire_index = fragment.get("index")
         if not isinstance(wire_index, int):
+            self.note("numbered tool calls sent without an index")
             wire_index = self.last_wire_index
         self.last_wire_index = wire_index
         function = fragment.get("function")
@@ -137,9 +181,14 @@ class _Chunks:
         call_id = fragment.get("id") if isinstance(fragment.get("id"), str) else None
         name = function.get("name") if isinstance(function.get("name"), str) else None
         arguments = function.get("arguments")
+        if isinstance(arguments, dict):
+            self.note("encoded tool arguments sent as a JSON object instead of text")
+            arguments = msgspec.json.encode(arguments).decode()
         arguments = arguments if isinstance(arguments, str) else ""
         call = self.calls.get(wire_index)
         if call is None or (call_id and call.id and call_id != call.id):
+            if call is not None:
+                self.note("told apart tool calls sharing an index by their ids")
             call = self.calls[wire_index] = _Call(self.count, None, False)
             self.count += 1
         new_id = call_id if call_id and call.id is None else None
@@ -154,7 +203,20 @@ class _Chunks:
 
     def end(self) -> StreamEnd:
         stop = self.finish or ("tool_use" if self.count else "end_turn")
+        if stop == "end_turn" and self.count:
+            self.note('read finish_reason "stop" after tool calls as tool_use')
+            stop = "tool_use"
         return StreamEnd(stop, self.usage)
+
+
+def _error_event(data: str) -> ProviderError:
+    """An SSE event named ``error`` (llama.cpp's ``error:`` field, LM Studio's ``event:
+    error``): its data is an error body, a bare error object or plain text."""
+    try:
+        body = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        body = data
+    return error_from_event(body if reports_error(body) else {"error": body})
 
 
 class OpenAIChat(HTTPProvider):
@@ -164,7 +226,8 @@ class OpenAIChat(HTTPProvider):
     ``$OPENAI_API_KEY``; with neither, no ``Authorization`` header is sent (local servers).
     ``headers`` are added to every request and ``extra_body`` is merged into every body
     (``top_p``, ``seed``, ``reasoning_effort`` ...). ``max_tokens_param`` names the limit
-    field: ``"max_completion_tokens"`` for OpenAI's reasoning models. ``client`` is borrowed
+    field: ``"max_completion_tokens"`` for OpenAI's reasoning models. ``params`` are added to
+    the URL's query (Azure's ``api-version``). ``client`` is borrowed
     and never closed; otherwise the adapter owns one: use ``async with`` or ``aclose()``."""
 
     def __init__(
@@ -178,8 +241,10 @@ class OpenAIChat(HTTPProvider):
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
         max_tokens_param: str = "max_tokens",
+        params: Mapping[str, str] | None = None,
     ) -> None:
         super().__init__(client=client, timeout=timeout)
+        self._params = dict(params or {})
         self.model = model
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
@@ -221,26 +286,44 @@ class OpenAIChat(HTTPProvider):
         headers = {"authorization": f"Bearer {self._api_key}"} if self._api_key else {}
         return {**headers, **self._headers}
 
-    async def stream(self, request: ModelRequest) -> AsyncGenerator[StreamItem, None]:
+    async def stream(
+        self, request: ModelRequest, *, observation: Observation | None = None
+    ) -> AsyncGenerator[StreamItem, None]:
         """Yield the turn's deltas, then one ``StreamEnd``. The turn is complete at
         ``data: [DONE]``, or at the end of the body once a ``finish_reason`` has arrived (the
         usage chunk may then be missing); a stream that ends or breaks before either raises
-        ``ProviderError("connection")`` after the deltas that did arrive."""
-        chunks = _Chunks()
+        ``ProviderError("connection")`` after the deltas that did arrive. An error reported
+        inside the stream (an ``error`` object in any chunk, ``finish_reason: "error"``, an
+        ``error`` event) raises its classified ``ProviderError``, never a ``StreamEnd``.
+        ``observation``, if given, records the exchange for diagnostics."""
+        chunks = _Chunks(observation)
         url = f"{self.base_url}/chat/completions"
         try:
             async with self._post_stream(
-                url, self.request_body(request), self._request_headers()
-            ) as response:
-                async for event in aiter_sse(response.aiter_bytes()):
+                url,
+                self.request_body(request),
+                self._request_headers(),
+                observation,
+                params=self._params,
+            ) as exchange:
+                async for event in aiter_sse(exchange.aiter_bytes()):
+                    if observation is not None:
+                        observation.events += 1
+                    if event.event == "error":
+                        chunks.note("read an SSE error event (event: error, or error:) as an error")
+                        raise _error_event(event.data)
                     if event.data.strip() == "[DONE]":
                         break
                     for item in chunks.feed(decode_json(event.data)):
                         yield item
+                    if chunks.error is not None:
+                        raise chunks.error
                 else:
                     if chunks.finish is None:
                         raise truncated("finish_reason or [DONE]")
+                    chunks.note("took the end of the body after finish_reason as the end")
         except ProviderError as exc:
             if chunks.finish is None or exc.kind not in ("connection", "timeout"):
                 raise
+            chunks.note("took a cut after finish_reason as the end (usage may be missing)")
         yield chunks.end()
