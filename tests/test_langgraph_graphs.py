@@ -242,6 +242,9 @@ async def test_a_write_from_an_outdated_view_is_refused_without_fencing() -> Non
         with pytest.raises(VersionConflict):
             await _put(two, "t", "c3", parent="c1")
         assert await two.aget_tuple({"configurable": {"thread_id": "t"}}) is not None
+        with pytest.raises(VersionConflict):  # the refused run stays refused
+            await _put(two, "t", "c3", parent="c2")
+        await two.release("t")
         await _put(two, "t", "c3", parent="c2")
         snap = await store.read("t")
         assert snap is not None and snap.claim is None, "off releases inside every write"

@@ -57,6 +57,8 @@ from wakeful.store.contract import Store
 
 Fencing = Literal["auto", "hold", "off"]
 PAGE = 100
+RUN_MARKER = "__pregel_runtime"
+"""A configurable key LangGraph sets when a graph run (not an inspection) reads its thread."""
 LOCK_STRIPES = 256
 
 
@@ -100,6 +102,8 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         self.codec = ValueCodec(self.serde, plain_json=serde is None, allow_pickle=allow_pickle)
         self._holds = Holds(store, ttl, renew_every, idle_release)
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
+        self._fenced: dict[str, StaleClaim | VersionConflict] = {}
+        """Threads whose run was fenced: writes raise this until a new run starts."""
         self._cache_threads = max(1, cache_threads)
         self._locks: list[asyncio.Lock] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -175,8 +179,9 @@ class WakefulSaver(BaseCheckpointSaver[str]):
                 current.explicit = True
             else:
                 self._holds.forget(thread)
-                self._holds.start(await self.store.claim(thread, self.holder, self._holds.ttl),
-                                  explicit=True)
+                claim = await self.store.claim(thread, self.holder, self._holds.ttl)
+                self._holds.start(claim, explicit=True)
+                self._fenced.pop(thread, None)
                 await self._view(thread, trust_hold=False)
         try:
             yield
@@ -194,14 +199,20 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             call_on(self._loop, manager.__aexit__(None, None, None))
 
     async def release(self, thread_id: str) -> None:
-        """Release this saver's claim on ``thread_id`` now (a no-op if it holds none)."""
-        await self._holds.release(self._bind(store_thread_id(thread_id)))
+        """Release this saver's claim on ``thread_id`` now (a no-op if it holds none), and
+        end the fenced state of a run refused with ``StaleClaim`` or ``VersionConflict``
+        (its later writes are refused until a new run starts or this is called)."""
+        thread = self._bind(store_thread_id(thread_id))
+        self._fenced.pop(thread, None)
+        await self._holds.release(thread)
 
     # ------------------------------------------------------------ async API
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         conf = config["configurable"]
         thread = self._bind(store_thread_id(conf["thread_id"]))
+        if RUN_MARKER in conf:
+            await self._run_starts(conf["thread_id"], thread)
         idx = await self._view(thread)
         ns = conf.get("checkpoint_ns", "")
         checkpoint_id = get_checkpoint_id(config) or idx.latest.get(ns)
@@ -315,6 +326,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         async with self._lock(thread):
             self._holds.forget(thread)
             self._cache.pop(thread, None)
+            self._fenced.pop(thread, None)
             await self.store.delete_thread(thread)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -413,6 +425,28 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         return f"{number + 1:032}.{random.random():016}"
 
     # ------------------------------------------------------------ internals
+
+    async def _run_starts(self, lg_thread: str, thread: str) -> None:
+        """A graph run reads its thread first: claim it now (``auto``), before any node
+        runs, or refuse the run (``hold`` without a hold)."""
+        async with self._lock(thread):
+            self._fenced.pop(thread, None)
+            hold = self._holds.get(thread)
+            if hold is not None and hold.lost is None:
+                return
+            self._holds.forget(thread)
+            if self.fencing == "hold":
+                raise InvalidState(
+                    "thread",
+                    lg_thread,
+                    "not held",
+                    "this saver runs with fencing='hold': run the graph inside "
+                    "`async with saver.hold(thread_id)`",
+                )
+            if self.fencing == "auto":
+                claim = await self.store.claim(thread, self.holder, self._holds.ttl)
+                self._holds.start(claim, explicit=False)
+                await self._view(thread, trust_hold=False)
 
     def _bind(self, thread: str) -> str:
         if self._loop is None:
@@ -541,8 +575,9 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             hold = self._holds.get(thread)
             if hold is not None and hold.lost is not None:
                 self._holds.forget(thread)
-                self._cache.pop(thread, None)
-                raise hold.lost
+                self._fenced[thread] = hold.lost
+            if thread in self._fenced:
+                raise self._fenced[thread]
             if self.fencing == "hold" and hold is None:
                 raise InvalidState(
                     "thread",
@@ -602,9 +637,12 @@ class WakefulSaver(BaseCheckpointSaver[str]):
                 receipt = await self.store.commit(
                     thread, msgspec.structs.replace(commit, token=hold.token)
                 )
-        except (StaleClaim, VersionConflict):
+        except (StaleClaim, VersionConflict) as exc:
+            # The run that prepared this write is behind the thread: none of its later
+            # writes may land either (a new run, or ``hold``, starts afresh).
             self._holds.forget(thread)
             self._cache.pop(thread, None)
+            self._fenced[thread] = exc
             raise
         return receipt.version
 
