@@ -52,9 +52,7 @@ async def test_every_capability_passes(kind: str, tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 @pytest.mark.postgres
-async def test_every_capability_passes_on_postgres(
-    tmp_path: Path, pg_databases: Databases
-) -> None:
+async def test_every_capability_passes_on_postgres(tmp_path: Path, pg_databases: Databases) -> None:
     await _validate(await url_for("postgres", tmp_path, pg_databases), "auto")
 
 

@@ -101,7 +101,8 @@ async def _scenarios(saver: BaseCheckpointSaver[Any]) -> dict[str, Any]:
     seen["nested"] = await nested.ainvoke({"log": []}, ncfg)
     seen["nested_history"] = len([s async for s in nested.aget_state_history(ncfg)])
 
-    broken, calls = {"now": True}, []
+    broken: dict[str, bool] = {"now": True}
+    calls: list[str] = []
     flaky = flaky_graph(broken, calls).compile(checkpointer=saver)
     fcfg: Any = {"configurable": {"thread_id": "flaky"}}
     with pytest.raises(RuntimeError, match="fragile is broken"):

@@ -106,7 +106,7 @@ async def test_sigstopped_holder_is_fenced_after_takeover(tmp_path: Path) -> Non
             after = [t async for t in saver.alist(CONFIG)]
         assert [t.checkpoint["id"] for t in after] == [t.checkpoint["id"] for t in history]
         # one chain, newest first: each checkpoint's parent is the next one listed
-        parents = [t.parent_config["configurable"]["checkpoint_id"] for t in after[:-1]]
+        parents = [(t.parent_config or {})["configurable"]["checkpoint_id"] for t in after[:-1]]
         assert parents == [t.checkpoint["id"] for t in after[1:]]
         assert after[-1].parent_config is None
     finally:

@@ -99,3 +99,11 @@ def store_thread_id(thread_id: object) -> str:
         pass
     digest = hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
     return (HASHED_PREFIX + digest)[:MAX_ID_LENGTH]
+
+
+def valid_id(value: str) -> bool:
+    try:
+        check_id("run_id", value)
+    except InvalidInput:
+        return False
+    return True

@@ -12,6 +12,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import re
+import socket
+import uuid
 from dataclasses import dataclass, field
 
 from wakeful.errors import StaleClaim, WakefulError
@@ -19,6 +23,12 @@ from wakeful.records import Claim
 from wakeful.store.contract import ThreadStore
 
 log = logging.getLogger("wakeful.langgraph")
+
+
+def default_holder() -> str:
+    """``langgraph-<host>-<pid>-<random>``: names this process in ``ThreadBusy``."""
+    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:60] or "host"
+    return f"langgraph-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 @dataclass

@@ -19,10 +19,15 @@ the special (negative) indexes, exactly as LangGraph's own savers upsert them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from wakeful.records import Checkpoint, ThreadSnapshot
+from wakeful.store.contract import ThreadStore
+
 RECORD_FORMAT = 1
+PAGE = 100
 
 CheckpointKey = tuple[str, str]
 """(checkpoint_ns, checkpoint_id)"""
@@ -122,3 +127,72 @@ class ThreadIndex:
 
     def is_empty(self) -> bool:
         return not self.checkpoints and not self.writes
+
+    def without(
+        self, remove: Callable[[ThreadIndex, CheckpointKey], bool], *, orphans: bool
+    ) -> tuple[list[dict[str, Any]], list[str]] | None:
+        """The record that removes the checkpoints ``remove`` picks (with their writes;
+        with ``orphans`` also writes whose checkpoint was never put): its items are the
+        survivors of every record holding something removed, and it drops those records.
+        ``None`` when nothing is removed."""
+        gone = {k for k in self.checkpoints if remove(self, k)}
+        if orphans:
+            gone |= set(self.writes) - set(self.checkpoints)
+        hit: set[str] = set()
+        for key in gone:
+            if key in self.checkpoints:
+                hit.add(self.checkpoints[key].record)
+            hit.update(e.record for e in self.writes.get(key, {}).values())
+        if not hit:
+            return None
+        survivors = [
+            item
+            for item in self.items()
+            if item_key(item) not in gone and self._record_of(item) in hit
+        ]
+        return survivors, sorted(hit)
+
+    def _record_of(self, item: dict[str, Any]) -> str:
+        key = item_key(item)
+        if item["k"] == "c":
+            return self.checkpoints[key].record
+        return self.writes[key][(item["task"], item["idx"])].record
+
+
+def item_key(item: dict[str, Any]) -> CheckpointKey:
+    """The checkpoint an item is (``c``) or belongs to (``w``)."""
+    return (item["ns"], item["id"] if item["k"] == "c" else item["cid"])
+
+
+async def catch_up(
+    store: ThreadStore,
+    snap: ThreadSnapshot | None,
+    cached: ThreadIndex | None,
+    decode_metadata: Any,
+) -> ThreadIndex:
+    """The index of the thread ``snap`` was read from: ``cached`` advanced by the records
+    committed after its latest one, or (when that record is gone: dropped by a rewrite, or
+    nothing was cached) folded anew from the whole history."""
+    if snap is None or snap.checkpoint is None:
+        return ThreadIndex(version=snap.version if snap else 0)
+    stop = cached.latest_record if cached is not None else None
+    newer: list[Checkpoint] = []
+    found = snap.checkpoint.id == stop
+    if not found:
+        newer.append(snap.checkpoint)
+        before = snap.checkpoint.id
+        while True:
+            page = await store.checkpoints(snap.thread_id, before=before, limit=PAGE)
+            for record, _ in page:
+                if record.id == stop:
+                    found = True
+                    break
+                newer.append(record)
+            if found or len(page) < PAGE:
+                break
+            before = page[-1][0].id
+    idx = cached if cached is not None and found else ThreadIndex()
+    for record in reversed(newer):
+        idx.fold(record.id, record.state, decode_metadata)
+    idx.version = snap.version
+    return idx

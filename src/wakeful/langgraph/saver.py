@@ -17,11 +17,9 @@ processes never interleave.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
-import os
 import random
-import re
-import socket
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -40,32 +38,35 @@ from langgraph.checkpoint.base import (
     CheckpointTuple,
     get_checkpoint_id,
     get_checkpoint_metadata,
-    writes_sort_key,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from wakeful.errors import InvalidInput, InvalidState, StaleClaim, VersionConflict
 from wakeful.ids import check_id
 from wakeful.langgraph.bridge import LoopThread, call_on
-from wakeful.langgraph.codec import ValueCodec, store_thread_id
-from wakeful.langgraph.holds import Holds
-from wakeful.langgraph.index import CheckpointKey, Entry, ThreadIndex, record_state
+from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
+from wakeful.langgraph.holds import Holds, default_holder
+from wakeful.langgraph.index import (
+    PAGE,
+    CheckpointKey,
+    Entry,
+    ThreadIndex,
+    catch_up,
+    record_state,
+)
+from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
 from wakeful.records import Commit
 from wakeful.store import open_store
 from wakeful.store.contract import Store
 
 Fencing = Literal["auto", "hold", "off"]
-PAGE = 100
+Built = tuple[list[dict[str, Any]], list[str]] | None
+"""What a write builds from the thread's index: the new record's items and the records it
+drops, or ``None`` for nothing to write."""
 RUN_MARKER = "__pregel_runtime"
 """A configurable key LangGraph sets when a graph run (not an inspection) reads its thread."""
 LOCK_STRIPES = 256
-
-
-def default_holder() -> str:
-    """``langgraph-<host>-<pid>-<random>``: names this process in ``ThreadBusy``."""
-    host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:60] or "host"
-    return f"langgraph-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
 class WakefulSaver(BaseCheckpointSaver[str]):
@@ -109,10 +110,8 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._owned_store = False
         self._loop_thread: LoopThread | None = None
-        try:
+        with contextlib.suppress(RuntimeError):
             self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            pass
 
     # ------------------------------------------------------------ opening
 
@@ -301,7 +300,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             for i, (channel, value) in enumerate(writes)
         ]
 
-        def build(idx: ThreadIndex) -> tuple[list[dict[str, Any]], list[str]] | None:
+        def build(idx: ThreadIndex) -> Built:
             present = idx.writes.get((ns, cid), {})
             items = [
                 {
@@ -416,12 +415,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions as ``InMemorySaver`` makes them (a counter, then a random tie-break),
         so threads imported from LangGraph's own savers keep comparing correctly."""
-        if current is None:
-            number = 0
-        elif isinstance(current, int):
-            number = current
-        else:
-            number = int(str(current).split(".")[0])
+        number = 0 if current is None else int(str(current).split(".")[0])
         return f"{number + 1:032}.{random.random():016}"
 
     # ------------------------------------------------------------ internals
@@ -480,32 +474,10 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             self._cache.move_to_end(thread)
             return cached
         snap = await self.store.read(thread)
-        if snap is None or snap.checkpoint is None:
-            return self._remember(thread, ThreadIndex(version=snap.version if snap else 0))
-        if cached is not None and cached.version == snap.version:
+        if cached is not None and snap is not None and cached.version == snap.version:
             self._cache.move_to_end(thread)
             return cached
-        stop = cached.latest_record if cached is not None else None
-        newer: list[Record] = []
-        found = snap.checkpoint.id == stop
-        if not found:
-            newer.append(snap.checkpoint)
-            before = snap.checkpoint.id
-            while True:
-                page = await self.store.checkpoints(thread, before=before, limit=PAGE)
-                for record, _ in page:
-                    if record.id == stop:
-                        found = True
-                        break
-                    newer.append(record)
-                if found or len(page) < PAGE:
-                    break
-                before = page[-1][0].id
-        idx = cached if cached is not None and found else ThreadIndex()
-        for record in reversed(newer):
-            idx.fold(record.id, record.state, self._metadata)
-        idx.version = snap.version
-        return self._remember(thread, idx)
+        return self._remember(thread, await catch_up(self.store, snap, cached, self._metadata))
 
     async def _threads(self, lg_thread: str | None) -> AsyncIterator[tuple[str, ThreadIndex]]:
         """(LangGraph thread id, index) of one thread, or of every LangGraph thread."""
@@ -526,46 +498,12 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             after = page[-1].thread_id
 
     def _tuple(self, lg_thread: str, idx: ThreadIndex, entry: Entry) -> CheckpointTuple:
-        item = entry.item
-        ns, cid = item["ns"], item["id"]
-        checkpoint = self.codec.decode(item["checkpoint"], f"checkpoint {cid!r}")
-        checkpoint["channel_values"] = {
-            k: self.codec.decode(v, f"checkpoint {cid!r} channel {k!r}")
-            for k, v in item["values"].items()
-        }
-        slot = idx.writes.get((ns, cid), {})
-        ordered = sorted(slot.values(), key=lambda e: writes_sort_key(
-            e.item["path"], e.item["task"], e.item["idx"]))
-        pending = [
-            (
-                e.item["task"],
-                e.item["channel"],
-                self.codec.decode(e.item["value"], f"write of task {e.item['task']!r}"),
-            )
-            for e in ordered
-        ]
-
-        def config(checkpoint_id: str) -> RunnableConfig:
-            return {
-                "configurable": {
-                    "thread_id": lg_thread,
-                    "checkpoint_ns": ns,
-                    "checkpoint_id": checkpoint_id,
-                }
-            }
-
-        return CheckpointTuple(
-            config=config(cid),
-            checkpoint=checkpoint,
-            metadata=self._metadata(item),  # type: ignore[arg-type]
-            parent_config=config(item["parent"]) if item["parent"] else None,
-            pending_writes=pending,
-        )
+        return checkpoint_tuple(self.codec, lg_thread, idx, entry, self._metadata(entry.item))
 
     async def _write(
         self,
         lg_thread: str,
-        build: Callable[[ThreadIndex], tuple[list[dict[str, Any]], list[str]] | None],
+        build: Callable[[ThreadIndex], Built],
         *,
         run_id: Any = None,
     ) -> None:
@@ -604,7 +542,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             record = Record(
                 id=f"lgr-{uuid.uuid4().hex}",
                 parent=idx.latest_record,
-                run_id=run_id if isinstance(run_id, str) and _valid_id(run_id) else "langgraph",
+                run_id=run_id if isinstance(run_id, str) and valid_id(run_id) else "langgraph",
                 status="suspended",
                 state=state,
                 created_at=datetime.now(UTC),
@@ -657,43 +595,4 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         also writes whose checkpoint was never put): one commit drops every record holding
         any of them and re-adds those records' surviving items."""
         await self._view(self._bind(store_thread_id(lg_thread)))
-
-        def build(idx: ThreadIndex) -> tuple[list[dict[str, Any]], list[str]] | None:
-            gone = {k for k in idx.checkpoints if remove(idx, k)}
-            if orphans:
-                gone |= set(idx.writes) - set(idx.checkpoints)
-            hit: set[str] = set()
-            for key in gone:
-                if key in idx.checkpoints:
-                    hit.add(idx.checkpoints[key].record)
-                hit.update(e.record for e in idx.writes.get(key, {}).values())
-            if not hit:
-                return None
-            survivors = [
-                item
-                for item in idx.items()
-                if _item_key(item) not in gone and _holder_of(idx, item) in hit
-            ]
-            return survivors, sorted(hit)
-
-        await self._write(lg_thread, build)
-
-
-def _item_key(item: dict[str, Any]) -> CheckpointKey:
-    return (item["ns"], item["id"] if item["k"] == "c" else item["cid"])
-
-
-def _holder_of(idx: ThreadIndex, item: dict[str, Any]) -> str | None:
-    """The record holding ``item`` (an effective item of ``idx``)."""
-    key = _item_key(item)
-    if item["k"] == "c":
-        return idx.checkpoints[key].record
-    return idx.writes[key][(item["task"], item["idx"])].record
-
-
-def _valid_id(value: str) -> bool:
-    try:
-        check_id("run_id", value)
-    except InvalidInput:
-        return False
-    return True
+        await self._write(lg_thread, lambda idx: idx.without(remove, orphans=orphans))

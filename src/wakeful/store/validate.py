@@ -95,7 +95,10 @@ def drop_refusal(checkpoint_id: str, resulting: str | None) -> str:
     """Why ``InvalidCommit`` refuses to drop ``checkpoint_id`` (one wording for every
     backend)."""
     if checkpoint_id == resulting:
-        return f"checkpoint {checkpoint_id!r} would be the latest after this commit; it cannot be dropped"
+        return (
+            f"checkpoint {checkpoint_id!r} would be the latest after this commit; "
+            "it cannot be dropped"
+        )
     return f"checkpoint {checkpoint_id!r} is not in the thread's history; nothing to drop"
 
 

@@ -95,17 +95,13 @@ class DropCases(Harness):
         await kit.store.release("t1", claim.token)
         await kit.claimed("t1", holder="holder-b")
         with pytest.raises(StaleClaim):
-            await kit.store.commit(
-                "t1", Commit(token=claim.token, drop_checkpoints=(chain[0].id,))
-            )
+            await kit.store.commit("t1", Commit(token=claim.token, drop_checkpoints=(chain[0].id,)))
         assert await _history(kit, "t1") == [chain[1].id, chain[0].id]
 
     @case
     async def test_a_retried_dropping_operation_returns_its_receipt(self, kit: Kit) -> None:
         claim, chain = await _chain(kit, "t1", 3)
-        commit = Commit(
-            token=claim.token, operation_id="op-drop", drop_checkpoints=(chain[0].id,)
-        )
+        commit = Commit(token=claim.token, operation_id="op-drop", drop_checkpoints=(chain[0].id,))
         first = await kit.store.commit("t1", commit)
         again = await kit.store.commit("t1", commit)
         assert again == first
