@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,nats,server]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,nats,server,langgraph]'
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -28,7 +28,7 @@ demo: $(STAMP)
 BENCH_STAMP := $(VENV)/.installed-bench
 
 $(BENCH_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,nats,server,bench]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,postgres,nats,server,langgraph,bench]'
 	touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -145,6 +145,11 @@ class Commit(msgspec.Struct, frozen=True, kw_only=True):
     settle: Settle | None = None
     """Settle the thread's leased dispatch in the same atomic step (which also ends the
     claim), as ``settle(dispatch_id, token, outcome)`` would right after it."""
+    drop_checkpoints: tuple[str, ...] = ()
+    """Ids of earlier checkpoints to remove from the thread's history in the same atomic
+    step: retention a caller chooses for itself (a LangGraph saver's ``prune`` and
+    ``delete_for_runs``). Each must be in the history and none may be the latest after
+    this commit."""
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):

@@ -87,6 +87,7 @@ from wakeful.store.validate import (
     check_policy,
     check_text,
     check_token,
+    drop_refusal,
 )
 
 CANCEL_PRIORITY = 2**31 - 1
@@ -745,6 +746,9 @@ def _check_commit_against(t: ThreadState, commit: Commit) -> None:
             raise InvalidCommit(tid, f"checkpoint id {commit.checkpoint.id!r} was used before")
         if t.version > 0 and commit.checkpoint.tenant != t.tenant:
             raise TenantMismatch(tid)
+    for dropped in commit.drop_checkpoints:
+        if dropped == resulting or dropped not in t.checkpoint_ids:
+            raise InvalidCommit(tid, drop_refusal(dropped, resulting))
     existing_tasks = set() if commit.checkpoint is not None else set(t.writes)
     for write in commit.writes:
         if write.checkpoint_id != resulting:

@@ -174,7 +174,14 @@ Mutation = (
 def payload_hash(commit: Commit) -> str:
     """The hash that identifies an operation's payload: everything but the token, with
     object keys sorted so equal JSON hashes equal."""
-    body = msgspec.json.encode(msgspec.structs.replace(commit, token=0), order="sorted")
+    if commit.drop_checkpoints:
+        body = msgspec.json.encode(msgspec.structs.replace(commit, token=0), order="sorted")
+    else:
+        # A commit that drops nothing hashes as it did before ``drop_checkpoints`` existed,
+        # so receipts recorded by an older version still answer their retries.
+        fields = msgspec.to_builtins(msgspec.structs.replace(commit, token=0))
+        del fields["drop_checkpoints"]
+        body = msgspec.json.encode(fields, order="sorted")
     return hashlib.sha256(body).hexdigest()
 
 
@@ -376,6 +383,10 @@ class State:
             t.history.append((commit.checkpoint, at))
             t.checkpoint_ids.add(commit.checkpoint.id)
             t.writes = {}
+        if commit.drop_checkpoints:
+            dropped = set(commit.drop_checkpoints)
+            t.history = [entry for entry in t.history if entry[0].id not in dropped]
+            t.checkpoint_ids -= dropped
         for write in commit.writes:
             t.writes[write.task_id] = write
         for seq, draft in zip(receipt.events, commit.events, strict=True):

@@ -91,7 +91,22 @@ def check_commit(thread_id: str, commit: Commit) -> Commit:
     if copy.settle is not None:
         check_id("settle.dispatch_id", copy.settle.dispatch_id)
         check_outcome(copy.settle.outcome)
+    for checkpoint_id in copy.drop_checkpoints:
+        check_id("drop_checkpoints", checkpoint_id)
+    if len(set(copy.drop_checkpoints)) != len(copy.drop_checkpoints):
+        raise InvalidInput("drop_checkpoints", "names a checkpoint more than once")
     return copy
+
+
+def drop_refusal(checkpoint_id: str, resulting: str | None) -> str:
+    """Why ``InvalidCommit`` refuses to drop ``checkpoint_id`` (one wording for every
+    backend)."""
+    if checkpoint_id == resulting:
+        return (
+            f"checkpoint {checkpoint_id!r} would be the latest after this commit; "
+            "it cannot be dropped"
+        )
+    return f"checkpoint {checkpoint_id!r} is not in the thread's history; nothing to drop"
 
 
 def check_claim_and_commit(

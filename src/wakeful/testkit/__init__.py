@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from wakeful.testkit.claim_cases import ClaimCases
 from wakeful.testkit.commit_cases import CommitCases
+from wakeful.testkit.drop_cases import DropCases
 from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.messaging_cases import MessagingCases
@@ -34,7 +35,13 @@ class StatefulCases(Harness):
 
 
 class StoreConformance(
-    CommitCases, ClaimCases, FoldCases, QueueCases, MessagingCases, StatefulCases
+    CommitCases,
+    ClaimCases,
+    DropCases,
+    FoldCases,
+    QueueCases,
+    MessagingCases,
+    StatefulCases,
 ):
     """Every conformance case. Subclass it with a ``Test`` name and implement ``new_store``."""
 
@@ -43,6 +50,7 @@ __all__ = [
     "CAPABILITIES",
     "ClaimCases",
     "CommitCases",
+    "DropCases",
     "FoldCases",
     "Harness",
     "Kit",

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from wakeful.errors import ReplayUnavailable
+from wakeful.errors import InvalidCommit, ReplayUnavailable
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
     Checkpoint,
@@ -31,7 +31,7 @@ from wakeful.records import (
     ThreadSummary,
 )
 from wakeful.store.postgres import codec
-from wakeful.store.postgres.connection import Database, big, no_nul, utc
+from wakeful.store.postgres.connection import Conn, Database, big, no_nul, utc
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.projection import payload_hash
 from wakeful.store.validate import (
@@ -40,6 +40,7 @@ from wakeful.store.validate import (
     check_outcome,
     check_policy,
     check_token,
+    drop_refusal,
 )
 
 T = TypeVar("T")
@@ -102,6 +103,14 @@ SELECT body, at FROM @schema@.checkpoints WHERE thread_id = %(thread)s {before}
 _BEFORE = """
 AND version < (SELECT version FROM @schema@.checkpoints
                 WHERE thread_id = %(thread)s AND checkpoint_id = %(before)s)
+"""
+# ``Commit.drop_checkpoints``: run in the commit's transaction, after its function passed.
+_PRESENT = """
+SELECT checkpoint_id FROM @schema@.checkpoints
+ WHERE thread_id = %(thread)s AND checkpoint_id = ANY(%(drop)s)
+"""
+_DROP = """
+DELETE FROM @schema@.checkpoints WHERE thread_id = %(thread)s AND checkpoint_id = ANY(%(drop)s)
 """
 _COMPACT = "SELECT @schema@.compact_events(%s, %s)"
 _DELETE = "SELECT @schema@.delete_thread(%s)"
@@ -204,7 +213,9 @@ class ThreadOps:
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
         commit = check_commit(thread_id, commit)
         params = (thread_id, big(commit.token), *_commit_params(commit))
-        replayed, version, checkpoint_id, first, count = await self._db.fetchone(_COMMIT, params)
+        replayed, version, checkpoint_id, first, count = await self._write(
+            _COMMIT, params, thread_id, commit
+        )
         if count and not replayed:
             self._notifier.notify(thread_id)
         return _receipt(thread_id, commit, version, checkpoint_id, first, count)
@@ -215,12 +226,37 @@ class ThreadOps:
         # commit.token is ignored; the payload hash never covers the token
         ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
         params = (thread_id, holder, ttl, *_commit_params(commit))
-        row = await self._db.fetchone(_CLAIM_AND_COMMIT, params)
+        row = await self._write(_CLAIM_AND_COMMIT, params, thread_id, commit)
         token, expires, replayed, version, checkpoint_id, first, count = row
         if count and not replayed:
             self._notifier.notify(thread_id)
         claim = Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
         return claim, _receipt(thread_id, commit, version, checkpoint_id, first, count)
+
+    async def _write(
+        self, template: str, params: tuple[object, ...], thread_id: str, commit: Commit
+    ) -> Any:
+        """One commit function call; with ``drop_checkpoints``, in one transaction with the
+        deletion of those checkpoints (a refusal rolls both back)."""
+        if not commit.drop_checkpoints:
+            return await self._db.fetchone(template, params)
+        query, present, delete = (self._db.sql(t) for t in (template, _PRESENT, _DROP))
+        names = {"thread": thread_id, "drop": list(commit.drop_checkpoints)}
+
+        async def op(conn: Conn) -> Any:
+            async with conn.transaction():
+                row = await (await conn.execute(query, params)).fetchone()
+                assert row is not None
+                replayed, latest = row[-5], row[-3]
+                if not replayed:
+                    found = {r[0] for r in await (await conn.execute(present, names)).fetchall()}
+                    for dropped in commit.drop_checkpoints:
+                        if dropped == latest or dropped not in found:
+                            raise InvalidCommit(thread_id, drop_refusal(dropped, latest))
+                    await conn.execute(delete, names)
+                return row
+
+        return await self._db.run(op)
 
     # ------------------------------------------------------------ reads
 

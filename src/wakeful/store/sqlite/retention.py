@@ -72,9 +72,9 @@ def _checkpoints(
 ) -> int:
     if latest_pos == 0 or (policy.keep_checkpoints is None and policy.checkpoint_max_age is None):
         return 0
-    row = conn.execute("SELECT min(pos) FROM checkpoints WHERE thread_id = ?", (thread_id,))
-    first = int(row.fetchone()[0])
-    count = latest_pos - first + 1
+    # Counted, not derived from positions: ``drop_checkpoints`` leaves gaps in them.
+    row = conn.execute("SELECT count(*) FROM checkpoints WHERE thread_id = ?", (thread_id,))
+    count = int(row.fetchone()[0])
     removable = count - 1
     drop = 0
     if policy.keep_checkpoints is not None:
@@ -94,7 +94,9 @@ def _checkpoints(
     if take <= 0:
         return 0
     conn.execute(
-        "DELETE FROM checkpoints WHERE thread_id = ? AND pos < ?", (thread_id, first + take)
+        "DELETE FROM checkpoints WHERE thread_id = ?1 AND pos IN "
+        "(SELECT pos FROM checkpoints WHERE thread_id = ?1 ORDER BY pos LIMIT ?2)",
+        (thread_id, take),
     )
     return take
 

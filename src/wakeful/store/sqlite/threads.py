@@ -27,6 +27,7 @@ from wakeful.store.projection import payload_hash
 from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.claims import advance_epoch, end_claim, grant_claim
 from wakeful.store.sqlite.codec import RECEIPT, dumps, from_us, to_us
+from wakeful.store.validate import drop_refusal
 
 
 def _check_free(
@@ -173,6 +174,11 @@ def _apply(
         if write_count:
             conn.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
         write_count = 0
+    if c.drop_checkpoints:
+        conn.executemany(
+            "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
+            [(thread_id, checkpoint_id) for checkpoint_id in c.drop_checkpoints],
+        )
     if c.writes:
         write_count += len(c.writes)
         conn.executemany(
@@ -268,6 +274,16 @@ def _check_consistency(
             raise InvalidCommit(tid, f"checkpoint id {c.checkpoint.id!r} was used before")
         if version > 0 and c.checkpoint.tenant != tenant:
             raise TenantMismatch(tid)
+    for dropped in c.drop_checkpoints:
+        if (
+            dropped == resulting
+            or conn.execute(
+                "SELECT 1 FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
+                (tid, dropped),
+            ).fetchone()
+            is None
+        ):
+            raise InvalidCommit(tid, drop_refusal(dropped, resulting))
     tasks: set[str] = set()
     for write in c.writes:
         if write.checkpoint_id != resulting:

@@ -1,0 +1,109 @@
+"""How LangGraph values become JSON in a wakeful store, and thread ids become wakeful ids.
+
+A value is stored either as itself (``{"j": value}``, when it is plain JSON and the saver
+uses its default serializer) or through LangGraph's serializer protocol as
+``{"t": type, "b": base64 bytes}``. The ``pickle`` type is refused in both directions unless
+the saver was opened with ``allow_pickle=True``: a pickle read from storage runs code.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+from typing import Any
+
+import msgspec
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from wakeful.errors import InvalidInput, InvalidState
+from wakeful.ids import MAX_ID_LENGTH, check_id
+
+PICKLE = "pickle"
+HASHED_PREFIX = "lgx-"
+
+_INT_RANGE = range(-(2**63), 2**64)
+
+
+def is_plain_json(value: Any, depth: int = 0) -> bool:
+    """True if ``value`` comes back from JSON as an equal value of the same types (no
+    tuples, no subclasses, string keys only, finite floats, 64-bit integers)."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return value in _INT_RANGE
+    if kind is float:
+        return math.isfinite(value)
+    if depth > 64:
+        return False
+    if kind is list:
+        return all(is_plain_json(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(
+            type(key) is str and is_plain_json(item, depth + 1) for key, item in value.items()
+        )
+    return False
+
+
+class ValueCodec:
+    """Encodes values to stored JSON and back. ``plain_json`` lets plain JSON values skip
+    the serializer (only with LangGraph's default one: a custom serializer, an encrypting
+    one say, sees every value)."""
+
+    def __init__(self, serde: SerializerProtocol, *, plain_json: bool, allow_pickle: bool) -> None:
+        self.serde = serde
+        self.plain_json = plain_json
+        self.allow_pickle = allow_pickle
+
+    def encode(self, value: Any, what: str) -> dict[str, Any]:
+        if self.plain_json and is_plain_json(value):
+            return {"j": value}
+        kind, data = self.serde.dumps_typed(value)
+        if kind == PICKLE and not self.allow_pickle:
+            raise InvalidInput(
+                what,
+                f"{type(value).__name__} can only be serialized with pickle, which this saver "
+                "refuses; make the value JSON- or msgpack-serializable, or open the saver "
+                "with allow_pickle=True if every reader of the store is trusted",
+            )
+        return {"t": kind, "b": base64.b64encode(data).decode("ascii")}
+
+    def decode(self, stored: dict[str, Any], what: str) -> Any:
+        if "j" in stored:
+            # A fresh copy: the caller may mutate what it gets; the cached record must not
+            # change with it.
+            return msgspec.json.decode(msgspec.json.encode(stored["j"]))
+        kind = stored["t"]
+        if kind == PICKLE and not self.allow_pickle:
+            raise InvalidState(
+                "stored value",
+                what,
+                "pickled",
+                "this saver refuses to unpickle (it can run code); open it with "
+                "allow_pickle=True only if the store's writers are trusted",
+            )
+        return self.serde.loads_typed((kind, base64.b64decode(stored["b"])))
+
+
+def store_thread_id(thread_id: object) -> str:
+    """The wakeful thread that holds LangGraph thread ``thread_id``: the same id when it
+    fits wakeful's identifier alphabet, else a stable hash of it (the records keep the
+    original, so listing reports it)."""
+    if not isinstance(thread_id, str) or not thread_id:
+        raise InvalidInput("thread_id", "must be a non-empty string (config['configurable'])")
+    try:
+        if not thread_id.startswith(HASHED_PREFIX):
+            return check_id("thread_id", thread_id)
+    except InvalidInput:
+        pass
+    digest = hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
+    return (HASHED_PREFIX + digest)[:MAX_ID_LENGTH]
+
+
+def valid_id(value: str) -> bool:
+    try:
+        check_id("run_id", value)
+    except InvalidInput:
+        return False
+    return True

@@ -1,0 +1,198 @@
+"""One LangGraph thread as a fold of its wakeful records.
+
+Every saver mutation of a LangGraph thread is one wakeful commit that appends one wakeful
+checkpoint, a *record*, to the wakeful thread of the same id. A record's ``state`` is::
+
+    {"langgraph": 1, "thread": <LangGraph thread id>, "items": [...], "drop": [<record ids>]}
+
+with items of two kinds: a checkpoint ``{"k": "c", "ns", "id", "parent", "checkpoint",
+"values", "metadata"}`` and a pending write ``{"k": "w", "ns", "cid", "task", "idx",
+"channel", "value", "path"}`` (values encoded by ``ValueCodec``). ``drop`` names the records
+the same commit removed with ``Commit.drop_checkpoints`` (``prune`` and ``delete_for_runs``
+rewrite the survivors of dropped records into the new one), so an index folded up to an
+older record can catch up by reading only the records after it.
+
+Folding is order-insensitive for the effective data: a checkpoint put twice keeps the later
+item; a pending write keeps the first item for a task's regular index and the later one for
+the special (negative) indexes, exactly as LangGraph's own savers upsert them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from wakeful.records import Checkpoint, ThreadSnapshot
+from wakeful.store.contract import ThreadStore
+
+RECORD_FORMAT = 1
+PAGE = 100
+
+CheckpointKey = tuple[str, str]
+"""(checkpoint_ns, checkpoint_id)"""
+WriteKey = tuple[str, int]
+"""(task_id, idx)"""
+
+
+def is_record(state: Any) -> bool:
+    return isinstance(state, dict) and state.get("langgraph") == RECORD_FORMAT
+
+
+def record_state(thread_id: str, items: list[dict[str, Any]], drop: list[str]) -> dict[str, Any]:
+    return {"langgraph": RECORD_FORMAT, "thread": thread_id, "items": items, "drop": drop}
+
+
+@dataclass
+class Entry:
+    item: dict[str, Any]
+    record: str
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ThreadIndex:
+    """What the saver knows of one thread: checkpoints and writes by key, each with the
+    record that holds it. ``version`` is the store's thread version this view matches
+    (``-1``: unknown, re-read before trusting it)."""
+
+    thread_id: str | None = None
+    version: int = 0
+    latest_record: str | None = None
+    foreign: bool = False
+    """The wakeful thread holds records that are not a LangGraph saver's (a wakeful runtime
+    thread of the same id): the saver reads nothing from it and refuses to write to it."""
+    checkpoints: dict[CheckpointKey, Entry] = field(default_factory=dict)
+    writes: dict[CheckpointKey, dict[WriteKey, Entry]] = field(default_factory=dict)
+    latest: dict[str, str] = field(default_factory=dict)
+    """namespace -> its newest checkpoint id (LangGraph ids sort by creation time)."""
+
+    def fold(self, record_id: str, state: Any, decode_metadata: Any) -> None:
+        """Apply one record, newer than every record folded so far."""
+        self.latest_record = record_id
+        if not is_record(state):
+            self.foreign = True
+            return
+        self.thread_id = state["thread"]
+        if state["drop"]:
+            self.forget(set(state["drop"]))
+        for item in state["items"]:
+            if item["k"] == "c":
+                key = (item["ns"], item["id"])
+                self.checkpoints[key] = Entry(item, record_id, decode_metadata(item))
+                if item["id"] > self.latest.get(item["ns"], ""):
+                    self.latest[item["ns"]] = item["id"]
+            else:
+                slot = self.writes.setdefault((item["ns"], item["cid"]), {})
+                wkey = (item["task"], item["idx"])
+                if wkey[1] < 0 or wkey not in slot:
+                    slot[wkey] = Entry(item, record_id)
+
+    def forget(self, records: set[str]) -> None:
+        """Drop every entry held by one of ``records``."""
+        for key in [k for k, e in self.checkpoints.items() if e.record in records]:
+            del self.checkpoints[key]
+        for ckey, slot in list(self.writes.items()):
+            for wkey in [k for k, e in slot.items() if e.record in records]:
+                del slot[wkey]
+            if not slot:
+                del self.writes[ckey]
+        self.latest = {}
+        for ns, cid in self.checkpoints:
+            if cid > self.latest.get(ns, ""):
+                self.latest[ns] = cid
+
+    def records(self) -> set[str]:
+        held = {e.record for e in self.checkpoints.values()}
+        for slot in self.writes.values():
+            held.update(e.record for e in slot.values())
+        return held
+
+    def items(self, keep: Any = None) -> list[dict[str, Any]]:
+        """Every effective item (checkpoints with their writes), optionally only the
+        checkpoints ``keep(key, entry)`` accepts and their writes; oldest checkpoint first."""
+        chosen: list[dict[str, Any]] = []
+        for key in sorted(self.checkpoints, key=lambda k: k[1]):
+            entry = self.checkpoints[key]
+            if keep is not None and not keep(key, entry):
+                continue
+            chosen.append(entry.item)
+            chosen.extend(e.item for e in self.writes.get(key, {}).values())
+        if keep is None:
+            # writes whose checkpoint was never put (LangGraph allows it) travel too
+            orphans = set(self.writes) - set(self.checkpoints)
+            for key in sorted(orphans):
+                chosen.extend(e.item for e in self.writes[key].values())
+        return chosen
+
+    def is_empty(self) -> bool:
+        return not self.checkpoints and not self.writes
+
+    def without(
+        self, remove: Callable[[ThreadIndex, CheckpointKey], bool], *, orphans: bool
+    ) -> tuple[list[dict[str, Any]], list[str]] | None:
+        """The record that removes the checkpoints ``remove`` picks (with their writes;
+        with ``orphans`` also writes whose checkpoint was never put): its items are the
+        survivors of every record holding something removed, and it drops those records.
+        ``None`` when nothing is removed."""
+        gone = {k for k in self.checkpoints if remove(self, k)}
+        if orphans:
+            gone |= set(self.writes) - set(self.checkpoints)
+        hit: set[str] = set()
+        for key in gone:
+            if key in self.checkpoints:
+                hit.add(self.checkpoints[key].record)
+            hit.update(e.record for e in self.writes.get(key, {}).values())
+        if not hit:
+            return None
+        survivors = [
+            item
+            for item in self.items()
+            if item_key(item) not in gone and self._record_of(item) in hit
+        ]
+        return survivors, sorted(hit)
+
+    def _record_of(self, item: dict[str, Any]) -> str:
+        key = item_key(item)
+        if item["k"] == "c":
+            return self.checkpoints[key].record
+        return self.writes[key][(item["task"], item["idx"])].record
+
+
+def item_key(item: dict[str, Any]) -> CheckpointKey:
+    """The checkpoint an item is (``c``) or belongs to (``w``)."""
+    return (item["ns"], item["id"] if item["k"] == "c" else item["cid"])
+
+
+async def catch_up(
+    store: ThreadStore,
+    snap: ThreadSnapshot | None,
+    cached: ThreadIndex | None,
+    decode_metadata: Any,
+) -> ThreadIndex:
+    """The index of the thread ``snap`` was read from: ``cached`` advanced by the records
+    committed after its latest one, or (when that record is gone: dropped by a rewrite, or
+    nothing was cached) folded anew from the whole history."""
+    if snap is None or snap.checkpoint is None:
+        return ThreadIndex(version=snap.version if snap else 0)
+    stop = cached.latest_record if cached is not None else None
+    newer: list[Checkpoint] = []
+    found = snap.checkpoint.id == stop
+    if not found:
+        newer.append(snap.checkpoint)
+        before = snap.checkpoint.id
+        while True:
+            page = await store.checkpoints(snap.thread_id, before=before, limit=PAGE)
+            for record, _ in page:
+                if record.id == stop:
+                    found = True
+                    break
+                newer.append(record)
+            if found or len(page) < PAGE:
+                break
+            before = page[-1][0].id
+    idx = cached if cached is not None and found else ThreadIndex()
+    for record in reversed(newer):
+        idx.fold(record.id, record.state, decode_metadata)
+    idx.version = snap.version
+    return idx

@@ -1,0 +1,598 @@
+"""``WakefulSaver``: LangGraph's ``BaseCheckpointSaver`` over any wakeful store.
+
+Storage: each LangGraph thread is the wakeful thread of the same id (``codec``); each saver
+mutation is one fenced, atomic wakeful commit appending one record (``index``). Reads fold
+the records into a ``ThreadIndex`` kept per thread (least recently used first out) and
+trusted while this saver holds the thread's claim; otherwise one ``read`` tells whether it
+is still current and only newer records are fetched.
+
+Fencing (``fencing=``): ``"auto"`` (default) claims a thread at its first write and keeps
+the claim renewed while the thread is in use; ``"hold"`` writes only inside
+``saver.hold(thread_id)``; ``"off"`` claims and releases inside every write (one atomic
+step), for a single process. In every mode a write prepared against a view of the thread
+that another writer has since changed is refused with ``VersionConflict``: histories of two
+processes never interleave.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import uuid
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+import msgspec
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from wakeful.errors import InvalidInput, InvalidState, StaleClaim, VersionConflict
+from wakeful.ids import check_id
+from wakeful.langgraph.bridge import LoopThread, call_on
+from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
+from wakeful.langgraph.holds import Holds, default_holder
+from wakeful.langgraph.index import (
+    PAGE,
+    CheckpointKey,
+    Entry,
+    ThreadIndex,
+    catch_up,
+    record_state,
+)
+from wakeful.langgraph.tuples import checkpoint_tuple
+from wakeful.records import Checkpoint as Record
+from wakeful.records import Commit
+from wakeful.store import open_store
+from wakeful.store.contract import Store
+
+Fencing = Literal["auto", "hold", "off"]
+Built = tuple[list[dict[str, Any]], list[str]] | None
+"""What a write builds from the thread's index: the new record's items and the records it
+drops, or ``None`` for nothing to write."""
+RUN_MARKER = "__pregel_runtime"
+"""A configurable key LangGraph sets when a graph run (not an inspection) reads its thread."""
+LOCK_STRIPES = 256
+
+
+class WakefulSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer with wakeful's guarantees: fenced writers, atomic fsynced
+    commits, recovery after a crash. Use it as ``graph.compile(checkpointer=saver)``."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        fencing: Fencing = "auto",
+        holder: str | None = None,
+        ttl: float = 30.0,
+        renew_every: float = 10.0,
+        idle_release: float = 30.0,
+        serde: SerializerProtocol | None = None,
+        allow_pickle: bool = False,
+        cache_threads: int = 256,
+    ) -> None:
+        """``store``: any wakeful store (``open_store``). ``fencing``: see the module doc.
+        ``holder``: the name other processes see in ``ThreadBusy``. ``ttl`` and
+        ``renew_every``: the claim's lease and its renewal period. ``idle_release``: how
+        long an automatic claim outlives the last saver call on its thread. ``serde``:
+        LangGraph's serializer protocol (default ``JsonPlusSerializer`` without pickle;
+        plain JSON values are then stored as themselves). ``allow_pickle``: accept the
+        ``pickle`` type from a serializer that falls back to it (off: such values are
+        refused). ``cache_threads``: how many thread indexes stay in memory."""
+        super().__init__(serde=serde)
+        if fencing not in ("auto", "hold", "off"):
+            raise InvalidInput("fencing", "must be 'auto', 'hold' or 'off'")
+        self.store = store
+        self.fencing: Fencing = fencing
+        self.holder = check_id("holder", holder or default_holder())
+        self.codec = ValueCodec(self.serde, plain_json=serde is None, allow_pickle=allow_pickle)
+        self._holds = Holds(store, ttl, renew_every, idle_release)
+        self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
+        self._fenced: dict[str, StaleClaim | VersionConflict] = {}
+        """Threads whose run was fenced: writes raise this until a new run starts."""
+        self._cache_threads = max(1, cache_threads)
+        self._locks: list[asyncio.Lock] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._owned_store = False
+        self._loop_thread: LoopThread | None = None
+        with contextlib.suppress(RuntimeError):
+            self._loop = asyncio.get_running_loop()
+
+    # ------------------------------------------------------------ opening
+
+    @classmethod
+    @asynccontextmanager
+    async def from_url(cls, url: str, **options: Any) -> AsyncIterator[WakefulSaver]:
+        """``async with WakefulSaver.from_url("sqlite:///app.db") as saver``: opens the
+        store (any URL ``open_store`` takes), and on exit releases the saver's claims and
+        closes the store. ``options`` are the constructor's, plus ``clock``."""
+        clock = options.pop("clock", None)
+        async with open_store(url, clock=clock) as store:
+            saver = cls(store, **options)
+            try:
+                yield saver
+            finally:
+                await saver.aclose()
+
+    @classmethod
+    @contextmanager
+    def from_url_sync(cls, url: str, **options: Any) -> Iterator[WakefulSaver]:
+        """``with WakefulSaver.from_url_sync(url) as saver``: for synchronous programs
+        (``graph.invoke``); the store runs on an event loop in a background thread."""
+        runner = LoopThread()
+        try:
+            saver = runner.call(cls._open_owned(url, options))
+            saver._loop_thread = runner
+            try:
+                yield saver
+            finally:
+                runner.call(saver.aclose())
+        finally:
+            runner.stop()
+
+    @classmethod
+    async def _open_owned(cls, url: str, options: dict[str, Any]) -> WakefulSaver:
+        clock = options.pop("clock", None)
+        store = await open_store(url, clock=clock)
+        saver = cls(store, **options)
+        saver._owned_store = True
+        return saver
+
+    async def aclose(self) -> None:
+        """Release every claim this saver holds (and close the store if it opened it)."""
+        await self._holds.release_all()
+        if self._owned_store:
+            await self.store.close()
+
+    # ------------------------------------------------------------ fencing API
+
+    @asynccontextmanager
+    async def hold(self, thread_id: str) -> AsyncIterator[None]:
+        """Claim LangGraph thread ``thread_id`` for the block, renewed in the background,
+        released on exit. Raises ``ThreadBusy`` (naming the holder) if another live claim
+        holds it. Inside, a write after the claim was taken over raises ``StaleClaim`` and
+        writes nothing."""
+        thread = self._bind(store_thread_id(thread_id))
+        async with self._lock(thread):
+            current = self._holds.get(thread)
+            if current is not None and current.lost is None:
+                if current.explicit:
+                    raise InvalidState(
+                        "thread", thread_id, "held", "this saver already holds it in a block"
+                    )
+                current.explicit = True
+            else:
+                self._holds.forget(thread)
+                claim = await self.store.claim(thread, self.holder, self._holds.ttl)
+                self._holds.start(claim, explicit=True)
+                self._fenced.pop(thread, None)
+                await self._view(thread, trust_hold=False)
+        try:
+            yield
+        finally:
+            await self._holds.release(thread)
+
+    @contextmanager
+    def hold_sync(self, thread_id: str) -> Iterator[None]:
+        """``hold`` for synchronous code."""
+        manager = self.hold(thread_id)
+        call_on(self._loop, manager.__aenter__())
+        try:
+            yield
+        finally:
+            call_on(self._loop, manager.__aexit__(None, None, None))
+
+    async def release(self, thread_id: str) -> None:
+        """Release this saver's claim on ``thread_id`` now (a no-op if it holds none), and
+        end the fenced state of a run refused with ``StaleClaim`` or ``VersionConflict``
+        (its later writes are refused until a new run starts or this is called)."""
+        thread = self._bind(store_thread_id(thread_id))
+        self._fenced.pop(thread, None)
+        await self._holds.release(thread)
+
+    # ------------------------------------------------------------ async API
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        conf = config["configurable"]
+        thread = self._bind(store_thread_id(conf["thread_id"]))
+        if RUN_MARKER in conf:
+            await self._run_starts(conf["thread_id"], thread)
+        idx = await self._view(thread)
+        ns = conf.get("checkpoint_ns", "")
+        checkpoint_id = get_checkpoint_id(config) or idx.latest.get(ns)
+        entry = idx.checkpoints.get((ns, checkpoint_id)) if checkpoint_id else None
+        if entry is None or idx.foreign:
+            return None
+        return self._tuple(conf["thread_id"], idx, entry)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        conf = config["configurable"] if config else {}
+        ns = conf.get("checkpoint_ns")
+        only_id = get_checkpoint_id(config) if config else None
+        before_id = get_checkpoint_id(before) if before else None
+        left = limit
+        async for lg_thread, idx in self._threads(conf.get("thread_id")):
+            keys = sorted(idx.checkpoints, key=lambda k: k[1], reverse=True)
+            for key in keys:
+                if left is not None and left <= 0:
+                    return
+                entry = idx.checkpoints[key]
+                if (ns is not None and key[0] != ns) or (only_id and key[1] != only_id):
+                    continue
+                if before_id is not None and key[1] >= before_id:
+                    continue
+                if filter and not all(entry.metadata.get(k) == v for k, v in filter.items()):
+                    continue
+                if left is not None:
+                    left -= 1
+                yield self._tuple(lg_thread, idx, entry)
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        conf = config["configurable"]
+        lg_thread, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
+        body: dict[str, Any] = dict(checkpoint)
+        values = body.pop("channel_values", None) or {}
+        versions = body.get("channel_versions", {})
+        where = f"checkpoint {checkpoint['id']!r}"
+        meta = get_checkpoint_metadata(config, metadata)
+        item = {
+            "k": "c",
+            "ns": ns,
+            "id": checkpoint["id"],
+            "parent": conf.get("checkpoint_id"),
+            "checkpoint": self.codec.encode(body, where),
+            "values": {
+                k: self.codec.encode(v, f"{where} channel {k!r}")
+                for k, v in values.items()
+                if k in versions
+            },
+            "metadata": self.codec.encode(meta, f"{where} metadata"),
+        }
+        run_id = meta.get("run_id")
+        await self._write(lg_thread, lambda idx: ([item], []), run_id=run_id)
+        return {
+            "configurable": {
+                "thread_id": lg_thread,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint["id"],
+            }
+        }
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        conf = config["configurable"]
+        ns, cid = conf.get("checkpoint_ns", ""), conf["checkpoint_id"]
+        encoded = [
+            (WRITES_IDX_MAP.get(channel, i), channel, value)
+            for i, (channel, value) in enumerate(writes)
+        ]
+
+        def build(idx: ThreadIndex) -> Built:
+            present = idx.writes.get((ns, cid), {})
+            items = [
+                {
+                    "k": "w",
+                    "ns": ns,
+                    "cid": cid,
+                    "task": task_id,
+                    "idx": i,
+                    "channel": channel,
+                    "value": self.codec.encode(value, f"write of task {task_id!r} to {channel!r}"),
+                    "path": task_path,
+                }
+                for i, channel, value in encoded
+                if i < 0 or (task_id, i) not in present
+            ]
+            return (items, []) if items else None
+
+        await self._write(conf["thread_id"], build)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        thread = self._bind(store_thread_id(thread_id))
+        async with self._lock(thread):
+            self._holds.forget(thread)
+            self._cache.pop(thread, None)
+            self._fenced.pop(thread, None)
+            await self.store.delete_thread(thread)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Remove the checkpoints whose metadata names one of ``run_ids`` (and their
+        writes) from every thread of the store. Reads every LangGraph thread once."""
+        runs = set(run_ids)
+        if not runs:
+            return
+        async for lg_thread, idx in self._threads(None):
+            if any(e.metadata.get("run_id") in runs for e in idx.checkpoints.values()):
+                await self._rewrite(
+                    lg_thread,
+                    lambda ix, key: ix.checkpoints[key].metadata.get("run_id") in runs,
+                    orphans=False,
+                )
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint and write of the source to the target in one commit."""
+        source = await self._view(self._bind(store_thread_id(source_thread_id)))
+        items = [] if source.foreign else source.items()
+        if items:
+            await self._write(target_thread_id, lambda idx: (items, []))
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``keep_latest``: keep each namespace's newest checkpoint and its writes (one
+        commit per thread, which frees the storage of the rest); ``delete``: delete the
+        threads."""
+        if strategy not in ("keep_latest", "delete"):
+            raise InvalidInput("strategy", "must be 'keep_latest' or 'delete'")
+        for lg_thread in thread_ids:
+            if strategy == "delete":
+                await self.adelete_thread(lg_thread)
+                continue
+            await self._rewrite(
+                lg_thread, lambda ix, key: ix.latest.get(key[0]) != key[1], orphans=True
+            )
+
+    # ------------------------------------------------------------ sync API
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return call_on(self._loop, self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> list[CheckpointTuple]:
+            listed = self.alist(config, filter=filter, before=before, limit=limit)
+            return [t async for t in listed]
+
+        return iter(call_on(self._loop, collect()))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return call_on(self._loop, self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        call_on(self._loop, self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        call_on(self._loop, self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        call_on(self._loop, self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        call_on(self._loop, self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        call_on(self._loop, self.aprune(thread_ids, strategy=strategy))
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Versions as ``InMemorySaver`` makes them (a counter, then a random tie-break),
+        so threads imported from LangGraph's own savers keep comparing correctly."""
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
+
+    # ------------------------------------------------------------ internals
+
+    async def _run_starts(self, lg_thread: str, thread: str) -> None:
+        """A graph run reads its thread first: claim it now (``auto``), before any node
+        runs, or refuse the run (``hold`` without a hold)."""
+        async with self._lock(thread):
+            self._fenced.pop(thread, None)
+            hold = self._holds.get(thread)
+            if hold is not None and hold.lost is None:
+                return
+            self._holds.forget(thread)
+            if self.fencing == "hold":
+                raise InvalidState(
+                    "thread",
+                    lg_thread,
+                    "not held",
+                    "this saver runs with fencing='hold': run the graph inside "
+                    "`async with saver.hold(thread_id)`",
+                )
+            if self.fencing == "auto":
+                claim = await self.store.claim(thread, self.holder, self._holds.ttl)
+                self._holds.start(claim, explicit=False)
+                await self._view(thread, trust_hold=False)
+
+    def _bind(self, thread: str) -> str:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        return thread
+
+    def _lock(self, thread: str) -> asyncio.Lock:
+        if self._locks is None:
+            self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
+        digest = hashlib.blake2b(thread.encode(), digest_size=4).digest()
+        return self._locks[int.from_bytes(digest) % LOCK_STRIPES]
+
+    def _metadata(self, item: dict[str, Any]) -> dict[str, Any]:
+        decoded = self.codec.decode(item["metadata"], f"metadata of {item['id']!r}")
+        return decoded if isinstance(decoded, dict) else {}
+
+    def _remember(self, thread: str, idx: ThreadIndex) -> ThreadIndex:
+        self._cache[thread] = idx
+        self._cache.move_to_end(thread)
+        while len(self._cache) > self._cache_threads:
+            self._cache.popitem(last=False)
+        return idx
+
+    async def _view(self, thread: str, *, trust_hold: bool = True) -> ThreadIndex:
+        """The thread's index, current as of this call (or as of this saver's own last
+        write while it holds the thread: nobody else can have written)."""
+        cached = self._cache.get(thread)
+        hold = self._holds.get(thread)
+        self._holds.touch(thread)
+        if cached is not None and trust_hold and hold is not None and hold.lost is None:
+            self._cache.move_to_end(thread)
+            return cached
+        snap = await self.store.read(thread)
+        if cached is not None and snap is not None and cached.version == snap.version:
+            self._cache.move_to_end(thread)
+            return cached
+        return self._remember(thread, await catch_up(self.store, snap, cached, self._metadata))
+
+    async def _threads(self, lg_thread: str | None) -> AsyncIterator[tuple[str, ThreadIndex]]:
+        """(LangGraph thread id, index) of one thread, or of every LangGraph thread."""
+        if lg_thread is not None:
+            idx = await self._view(self._bind(store_thread_id(lg_thread)))
+            if not idx.foreign and not idx.is_empty():
+                yield lg_thread, idx
+            return
+        after: str | None = None
+        while True:
+            page = await self.store.list_threads(after=after, limit=PAGE)
+            for summary in page:
+                idx = await self._view(self._bind(summary.thread_id))
+                if not idx.foreign and not idx.is_empty() and idx.thread_id is not None:
+                    yield idx.thread_id, idx
+            if len(page) < PAGE:
+                return
+            after = page[-1].thread_id
+
+    def _tuple(self, lg_thread: str, idx: ThreadIndex, entry: Entry) -> CheckpointTuple:
+        return checkpoint_tuple(self.codec, lg_thread, idx, entry, self._metadata(entry.item))
+
+    async def _write(
+        self,
+        lg_thread: str,
+        build: Callable[[ThreadIndex], Built],
+        *,
+        run_id: Any = None,
+    ) -> None:
+        """Commit one record built from the thread's current index, fenced."""
+        thread = self._bind(store_thread_id(lg_thread))
+        async with self._lock(thread):
+            hold = self._holds.get(thread)
+            if hold is not None and hold.lost is not None:
+                self._holds.forget(thread)
+                self._fenced[thread] = hold.lost
+            if thread in self._fenced:
+                raise self._fenced[thread]
+            if self.fencing == "hold" and hold is None:
+                raise InvalidState(
+                    "thread",
+                    lg_thread,
+                    "not held",
+                    "this saver runs with fencing='hold': run the graph inside "
+                    "`async with saver.hold(thread_id)`",
+                )
+            cached = self._cache.get(thread)
+            idx = cached if cached is not None else await self._view(thread)
+            if idx.foreign:
+                raise InvalidState(
+                    "thread",
+                    lg_thread,
+                    "a wakeful runtime thread",
+                    "it holds records that are not a LangGraph saver's; use another thread id",
+                )
+            built = build(idx)
+            if built is None:
+                return
+            items, drop = built
+            # A detached copy: the index must not share objects with the caller's values.
+            state = msgspec.json.decode(msgspec.json.encode(record_state(lg_thread, items, drop)))
+            record = Record(
+                id=f"lgr-{uuid.uuid4().hex}",
+                parent=idx.latest_record,
+                run_id=run_id if isinstance(run_id, str) and valid_id(run_id) else "langgraph",
+                status="suspended",
+                state=state,
+                created_at=datetime.now(UTC),
+            )
+            commit = Commit(
+                token=0,
+                checkpoint=record,
+                expected_version=idx.version,
+                drop_checkpoints=tuple(drop),
+            )
+            version = await self._commit(thread, commit)
+            idx.fold(record.id, state, self._metadata)
+            idx.version = version
+            self._remember(thread, idx)
+
+    async def _commit(self, thread: str, commit: Commit) -> int:
+        hold = self._holds.get(thread)
+        try:
+            if self.fencing == "off":
+                released = msgspec.structs.replace(commit, release=True)
+                _, receipt = await self.store.claim_and_commit(
+                    thread, self.holder, self._holds.ttl, released
+                )
+            elif hold is None:
+                claim, receipt = await self.store.claim_and_commit(
+                    thread, self.holder, self._holds.ttl, commit
+                )
+                self._holds.start(claim, explicit=False)
+            else:
+                receipt = await self.store.commit(
+                    thread, msgspec.structs.replace(commit, token=hold.token)
+                )
+        except (StaleClaim, VersionConflict) as exc:
+            # The run that prepared this write is behind the thread: none of its later
+            # writes may land either (a new run, or ``hold``, starts afresh).
+            self._holds.forget(thread)
+            self._cache.pop(thread, None)
+            self._fenced[thread] = exc
+            raise
+        return receipt.version
+
+    async def _rewrite(
+        self,
+        lg_thread: str,
+        remove: Callable[[ThreadIndex, CheckpointKey], bool],
+        *,
+        orphans: bool,
+    ) -> None:
+        """Remove the checkpoints ``remove`` picks (with their writes; with ``orphans``,
+        also writes whose checkpoint was never put): one commit drops every record holding
+        any of them and re-adds those records' surviving items."""
+        await self._view(self._bind(store_thread_id(lg_thread)))
+        await self._write(lg_thread, lambda idx: idx.without(remove, orphans=orphans))

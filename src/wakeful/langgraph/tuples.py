@@ -1,0 +1,53 @@
+"""LangGraph ``CheckpointTuple`` values built from a thread's index."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import CheckpointTuple, writes_sort_key
+
+from wakeful.langgraph.codec import ValueCodec
+from wakeful.langgraph.index import Entry, ThreadIndex
+
+
+def checkpoint_tuple(
+    codec: ValueCodec, lg_thread: str, idx: ThreadIndex, entry: Entry, metadata: dict[str, Any]
+) -> CheckpointTuple:
+    """The checkpoint ``entry`` with its values decoded and its pending writes in the order
+    live execution applies them (``writes_sort_key``)."""
+    item = entry.item
+    ns, cid = item["ns"], item["id"]
+    checkpoint = codec.decode(item["checkpoint"], f"checkpoint {cid!r}")
+    checkpoint["channel_values"] = {
+        k: codec.decode(v, f"checkpoint {cid!r} channel {k!r}") for k, v in item["values"].items()
+    }
+    ordered = sorted(
+        idx.writes.get((ns, cid), {}).values(),
+        key=lambda e: writes_sort_key(e.item["path"], e.item["task"], e.item["idx"]),
+    )
+    pending = [
+        (
+            e.item["task"],
+            e.item["channel"],
+            codec.decode(e.item["value"], f"write of task {e.item['task']!r}"),
+        )
+        for e in ordered
+    ]
+
+    def config(checkpoint_id: str) -> RunnableConfig:
+        return {
+            "configurable": {
+                "thread_id": lg_thread,
+                "checkpoint_ns": ns,
+                "checkpoint_id": checkpoint_id,
+            }
+        }
+
+    return CheckpointTuple(
+        config=config(cid),
+        checkpoint=checkpoint,
+        metadata=metadata,  # type: ignore[arg-type]
+        parent_config=config(item["parent"]) if item["parent"] else None,
+        pending_writes=pending,
+    )
