@@ -78,7 +78,6 @@ from wakeful.store.projection import (
     settled_record,
 )
 from wakeful.store.validate import (
-    canonical,
     check_claim_and_commit,
     check_commit,
     check_dispatch,
@@ -87,6 +86,7 @@ from wakeful.store.validate import (
     check_policy,
     check_text,
     check_token,
+    same_request,
 )
 
 CANCEL_PRIORITY = 2**31 - 1
@@ -155,13 +155,17 @@ class ProjectedStore:
 
     # ------------------------------------------------------------ claims
 
-    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+    async def claim(
+        self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
+    ) -> Claim:
         check_id("thread_id", thread_id)
         check_id("holder", holder)
         ttl = check_seconds("ttl", ttl)
+        check_optional_id("tenant", tenant)
         state, now = self._open(), self._now()
+        _check_tenant(state, thread_id, tenant)
         claim = _grant(state, thread_id, holder, ttl, now)
-        await self._record(Claimed(claim))
+        await self._record(Claimed(claim, tenant))
         return claim
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
@@ -399,12 +403,13 @@ class ProjectedStore:
         if d.kind not in DISPATCH_KINDS:
             raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
         state, now = self._open(), self._now()
+        _check_tenant(state, d.thread_id, d.tenant)
         existing = state.dispatches.get(d.dispatch_id)
         if existing is None and d.dedupe_key is not None:
             by_key = state.dedupe.get(d.dedupe_key)
             existing = state.dispatches.get(by_key) if by_key is not None else None
         if existing is not None:
-            if _same_request(existing, d):
+            if same_request(existing, d):
                 return existing
             key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
             raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
@@ -712,6 +717,13 @@ def _snapshot(t: ThreadState) -> ThreadSnapshot:
     )
 
 
+def _check_tenant(state: State, thread_id: str, tenant: str | None) -> None:
+    """``TenantMismatch`` for a write naming ``tenant`` on a thread fixed to another."""
+    t = state.threads.get(thread_id)
+    if t is not None and t.foreign(tenant):
+        raise TenantMismatch(thread_id)
+
+
 def _current_claim(state: State, thread_id: str) -> Claim | None:
     t = state.threads.get(thread_id)
     return t.claim if t is not None else None
@@ -731,19 +743,13 @@ def _available(state: State, d: Dispatch, now: datetime) -> bool:
     return d.status == "leased"
 
 
-def _same_request(a: Dispatch, b: Dispatch) -> bool:
-    return (a.thread_id, a.kind, a.dedupe_key) == (b.thread_id, b.kind, b.dedupe_key) and canonical(
-        a.payload
-    ) == canonical(b.payload)
-
-
 def _check_commit_against(t: ThreadState, commit: Commit) -> None:
     tid = t.thread_id
     resulting = commit.checkpoint.id if commit.checkpoint is not None else _latest_id(t)
     if commit.checkpoint is not None:
         if commit.checkpoint.id in t.checkpoint_ids:
             raise InvalidCommit(tid, f"checkpoint id {commit.checkpoint.id!r} was used before")
-        if t.version > 0 and commit.checkpoint.tenant != t.tenant:
+        if t.tenant_bound and commit.checkpoint.tenant != t.tenant:
             raise TenantMismatch(tid)
     existing_tasks = set() if commit.checkpoint is not None else set(t.writes)
     for write in commit.writes:

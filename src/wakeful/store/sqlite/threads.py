@@ -27,6 +27,7 @@ from wakeful.store.projection import payload_hash
 from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.claims import advance_epoch, end_claim, grant_claim
 from wakeful.store.sqlite.codec import RECEIPT, dumps, from_us, to_us
+from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
 
 
 def _check_free(
@@ -44,15 +45,23 @@ def _check_free(
 
 
 def claim(
-    conn: sqlite3.Connection, now: datetime, thread_id: str, holder: str, ttl: float
+    conn: sqlite3.Connection,
+    now: datetime,
+    thread_id: str,
+    holder: str,
+    ttl: float,
+    tenant: str | None = None,
 ) -> Claim:
+    check_tenant(conn, thread_id, tenant)  # first: a busy refusal names the holder
     row = conn.execute(
         "SELECT holder, token, expires_at, latest_id FROM threads WHERE thread_id = ?",
         (thread_id,),
     ).fetchone()
     if row is not None:
         _check_free(thread_id, now, *row)
-    return grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
+    granted = grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
+    bind_tenant(conn, thread_id, tenant)
+    return granted
 
 
 def renew(conn: sqlite3.Connection, now: datetime, thread_id: str, token: int, ttl: float) -> Claim:
@@ -220,8 +229,8 @@ def _apply(
         )
     if c.settle is not None:
         queue.settle_lease(conn, now, c.settle.dispatch_id, c.settle.outcome)
-    if version == 0:
-        tenant = c.checkpoint.tenant if c.checkpoint is not None else None
+    if c.checkpoint is not None and version == 0 and tenant is None:
+        tenant = c.checkpoint.tenant  # the first write naming a tenant fixes it
     # A settle ends the claim as ``settle`` does, ``release`` as ``release`` does: both
     # in the thread's update (the token is current, fencing checked it).
     conn.execute(
@@ -266,7 +275,7 @@ def _check_consistency(
     if c.checkpoint is not None:
         if used:
             raise InvalidCommit(tid, f"checkpoint id {c.checkpoint.id!r} was used before")
-        if version > 0 and c.checkpoint.tenant != tenant:
+        if (version > 0 or tenant is not None) and c.checkpoint.tenant != tenant:
             raise TenantMismatch(tid)
     tasks: set[str] = set()
     for write in c.writes:
