@@ -36,7 +36,7 @@ from wakeful.store.validate import (
     same_request,
 )
 
-_ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)"
+_ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMNS.split(","))
 # The dispatches leased, each with its thread as read right after the grants.
 _CLAIM_NEXT = f"""
@@ -86,6 +86,7 @@ class QueueOps:
             d.available_at,
             d.max_attempts,
             d.dedupe_key,
+            d.tenant,
         )
         for _ in range(3):
             row = await self._db.fetchone(_ENQUEUE, params)
