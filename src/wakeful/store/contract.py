@@ -38,7 +38,9 @@ from wakeful.records import (
 class ThreadStore(Protocol):
     """Threads: claims, fenced commits, reads and maintenance (DESIGN §3.1-§3.2)."""
 
-    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+    async def claim(
+        self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
+    ) -> Claim:
         """Grant a claim on ``thread_id`` to ``holder`` for ``ttl`` seconds from now, with a
         token greater than every token issued for the thread before (also before a
         ``delete_thread``). The thread needs no checkpoint. An expired claim is replaced.

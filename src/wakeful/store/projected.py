@@ -216,6 +216,11 @@ class ProjectedStore:
     ) -> tuple[Claim, Receipt]:
         ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
         state, now = self._open(), self._now()
+        known = state.threads.get(thread_id)
+        # the tenant first: a busy refusal would name another tenant's holder
+        cp = commit.checkpoint
+        if cp is not None and known is not None and known.foreign_checkpoint(cp.tenant):
+            raise TenantMismatch(thread_id)
         claim = _grant(state, thread_id, holder, ttl, now)
         commit = msgspec.structs.replace(commit, token=claim.token)
         digest = payload_hash(commit) if commit.operation_id is not None else ""
@@ -749,7 +754,7 @@ def _check_commit_against(t: ThreadState, commit: Commit) -> None:
     if commit.checkpoint is not None:
         if commit.checkpoint.id in t.checkpoint_ids:
             raise InvalidCommit(tid, f"checkpoint id {commit.checkpoint.id!r} was used before")
-        if t.tenant_bound and commit.checkpoint.tenant != t.tenant:
+        if t.foreign_checkpoint(commit.checkpoint.tenant):
             raise TenantMismatch(tid)
     existing_tasks = set() if commit.checkpoint is not None else set(t.writes)
     for write in commit.writes:

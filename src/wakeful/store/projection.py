@@ -228,7 +228,12 @@ class ThreadState:
 
     def foreign(self, tenant: str | None) -> bool:
         """Whether a write naming ``tenant`` (``None``: naming none) is refused here."""
-        return tenant is not None and self.tenant_bound and self.tenant != tenant
+        return tenant is not None and self.foreign_checkpoint(tenant)
+
+    def foreign_checkpoint(self, tenant: str | None) -> bool:
+        """Whether a checkpoint of ``tenant`` is refused here (its ``None`` names no tenant,
+        which a thread fixed to a tenant refuses too)."""
+        return self.tenant_bound and self.tenant != tenant
 
     def bind(self, tenant: str | None) -> None:
         """Fix the tenant to ``tenant`` if a write named one and nothing fixed it yet."""

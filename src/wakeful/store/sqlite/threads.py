@@ -135,6 +135,9 @@ def claim_and_commit(
     new_id = c.checkpoint.id if c.checkpoint is not None else None
     row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id)).fetchone()
     if row is not None:
+        if c.checkpoint is not None:
+            # the tenant first: a busy refusal would name another tenant's holder
+            _check_checkpoint_tenant(thread_id, c.checkpoint.tenant, row[1], row[2])
         _check_free(thread_id, now, row[9], row[0], row[10], row[3])
     granted = grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
     c = msgspec.structs.replace(c, token=granted.token)
@@ -275,8 +278,7 @@ def _check_consistency(
     if c.checkpoint is not None:
         if used:
             raise InvalidCommit(tid, f"checkpoint id {c.checkpoint.id!r} was used before")
-        if (version > 0 or tenant is not None) and c.checkpoint.tenant != tenant:
-            raise TenantMismatch(tid)
+        _check_checkpoint_tenant(tid, c.checkpoint.tenant, version, tenant)
     tasks: set[str] = set()
     for write in c.writes:
         if write.checkpoint_id != resulting:
@@ -323,6 +325,15 @@ def _check_consistency(
         ):
             raise InvalidCommit(tid, f"inbox message {message_id!r} is not waiting to be consumed")
         consumed.add(message_id)
+
+
+def _check_checkpoint_tenant(
+    thread_id: str, named: str | None, version: int, tenant: str | None
+) -> None:
+    """A checkpoint of tenant ``named`` on a thread whose tenant is fixed (by its first
+    commit, or by a write naming one) must be of that tenant; ``None`` names none."""
+    if (version > 0 or tenant is not None) and named != tenant:
+        raise TenantMismatch(thread_id)
 
 
 def compact_events(conn: sqlite3.Connection, thread_id: str, before_seq: int) -> int:

@@ -13,6 +13,7 @@
 --                      an unbound thread's tenant with the insert (an existing dispatch
 --                      returned for comparison fixes nothing);
 --   claim(p_tenant)    the same, before the busy check (a busy refusal names the holder);
+--   claim_and_commit() checks the checkpoint's tenant before the claim, for that reason;
 --   claim_next()       a lease of a dispatch with a tenant fixes an unbound thread's tenant;
 --   commit()           a checkpoint's tenant must be the thread's once it is fixed (before
 --                      this version: once the thread had a commit); the first checkpoint
@@ -291,6 +292,55 @@ BEGIN
     o_checkpoint := resulting;
     o_first_seq := t.next_seq;
     o_event_count := n_events;
+END
+$fn$;
+
+-- As in version 2 (claim() then commit() under the granted token, in one transaction), with
+-- the tenant checked before the claim.
+CREATE OR REPLACE FUNCTION @schema@.claim_and_commit(
+    p_thread text, p_holder text, p_ttl double precision,
+    p_operation text, p_hash text, p_expected bigint,
+    p_cp_id text, p_cp_parent text, p_cp_tenant text, p_cp_status text, p_cp_body text,
+    p_write_tasks text[], p_write_checkpoints text[], p_write_bodies text[],
+    p_events text[],
+    p_message_ids text[], p_message_bodies text[],
+    p_outbox_ids text[], p_outbox_targets text[], p_outbox_correlations text[],
+    p_outbox_payloads text[],
+    p_consume text[],
+    p_release boolean, p_settle_dispatch text, p_settle_status text,
+    p_settle_delay double precision, p_settle_error text,
+    OUT o_token bigint, OUT o_expires timestamptz,
+    OUT o_replayed boolean, OUT o_version bigint, OUT o_checkpoint text,
+    OUT o_first_seq bigint, OUT o_event_count bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    t @schema@.threads%ROWTYPE;
+BEGIN
+    -- The checkpoint's tenant first, under the row lock that claim() and commit() then
+    -- hold on to: a busy refusal would name another tenant's holder.
+    IF p_cp_body IS NOT NULL THEN
+        INSERT INTO @schema@.threads (thread_id) VALUES (p_thread)
+            ON CONFLICT (thread_id) DO NOTHING;
+        SELECT * INTO t FROM @schema@.threads WHERE thread_id = p_thread FOR UPDATE;
+        IF (t.version > 0 OR t.tenant IS NOT NULL) AND p_cp_tenant IS DISTINCT FROM t.tenant THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK005', MESSAGE = 'tenant mismatch',
+                DETAIL = json_build_object('thread_id', p_thread)::text;
+        END IF;
+    END IF;
+    SELECT c.o_token, c.o_expires INTO o_token, o_expires
+      FROM @schema@.claim(p_thread, p_holder, p_ttl) c;
+    SELECT c.o_replayed, c.o_version, c.o_checkpoint, c.o_first_seq, c.o_event_count
+      INTO o_replayed, o_version, o_checkpoint, o_first_seq, o_event_count
+      FROM @schema@.commit(p_thread, o_token, p_operation, p_hash, p_expected,
+                           p_cp_id, p_cp_parent, p_cp_tenant, p_cp_status, p_cp_body,
+                           p_write_tasks, p_write_checkpoints, p_write_bodies,
+                           p_events,
+                           p_message_ids, p_message_bodies,
+                           p_outbox_ids, p_outbox_targets, p_outbox_correlations,
+                           p_outbox_payloads,
+                           p_consume,
+                           p_release, p_settle_dispatch, p_settle_status,
+                           p_settle_delay, p_settle_error) c;
 END
 $fn$;
 
