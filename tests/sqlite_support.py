@@ -90,8 +90,10 @@ class Alternating:
         for store in self.stores:
             await store.close()
 
-    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
-        return await self.next().claim(thread_id, holder, ttl)
+    async def claim(
+        self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
+    ) -> Claim:
+        return await self.next().claim(thread_id, holder, ttl, tenant)
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
         return await self.next().renew(thread_id, token, ttl)

@@ -358,3 +358,23 @@ async def test_an_unknown_target_is_refused_once_not_retried(env: Env) -> None:
     events = await env.store.events_after("t1", 0, 100)
     assert [e.type for e in events] == ["dispatch.refused"]
     assert "no-such-target" in str(events[0].data)
+
+
+@pytest.mark.asyncio
+async def test_work_of_another_tenant_never_reaches_the_owners_thread(env: Env) -> None:
+    """Work queued for alpha, then the thread deleted and taken by beta: the worker retires
+    alpha's dispatch without writing anything to beta's thread (no run, no refusal event,
+    no ``run.indeterminate`` naming it), and beta's thread is unchanged."""
+    runtime = Runtime(env.store, POLICY, env.clock)
+    queued = await submit(env.store, "t1", "echo", {"log": ["alpha"]}, tenant="alpha")
+    await env.store.delete_thread("t1")
+    handle = await runtime.start("t1", env.registry.get("echo").graph, tenant="beta")
+    await handle.result()
+    before = await env.store.read("t1")
+    assert before is not None and before.tenant == "beta"
+    events_before = await env.store.events_after("t1")
+    env.worker("w1")
+    await dispatch_status(env, queued.dispatch_id, "done")
+    after = await env.store.read("t1")
+    assert after is not None and after.version == before.version and after.tenant == "beta"
+    assert await env.store.events_after("t1") == events_before

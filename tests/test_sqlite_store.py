@@ -136,14 +136,17 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
     db = tmp_path / "m.db"
     async with open_store(sqlite_url(db), clock=ManualClock()) as store:
         claim = await store.claim("t1", "h", 30)
-    [(version, name, applied_at)] = _schema_rows(db)
-    assert (version, name) == (1, "0001_initial")
+    rows = _schema_rows(db)
+    assert [(version, name) for version, name, _ in rows] == [
+        (1, "0001_initial"),
+        (2, "0002_dispatch_tenant"),
+    ]
     later = ManualClock()
     later.advance(3600)
     async with open_store(sqlite_url(db), clock=later) as store:
         snap = await store.read("t1")
         assert snap is not None and snap.claim == claim
-    assert _schema_rows(db) == [(1, "0001_initial", applied_at)], "reopening re-ran nothing"
+    assert _schema_rows(db) == rows, "reopening re-ran nothing"
 
 
 @case
@@ -159,7 +162,7 @@ async def test_a_database_from_a_newer_wakeful_is_refused_untouched(tmp_path: Pa
         await open_store(sqlite_url(db))
     message = str(refused.value)
     assert "99" in message and "newer" in message and "Upgrade wakeful" in message
-    assert [row[0] for row in _schema_rows(db)] == [1, 99]
+    assert [row[0] for row in _schema_rows(db)] == [1, 2, 99]
 
 
 @case
@@ -177,23 +180,26 @@ def test_an_older_database_is_migrated_in_one_transaction(tmp_path: Path) -> Non
     db = tmp_path / "old.db"
     url = sqlite_url(db)
     raw = sqlite3.connect(db, isolation_level=None)
+    current = shipped()
+    latest = current[-1].version
     try:
-        assert migrate(raw, url, shipped(), 1) == [1]
-        assert migrate(raw, url, shipped(), 2) == [], "a current database is left alone"
+        assert migrate(raw, url, current[:1], 1) == [1]
+        assert migrate(raw, url, current, 2) == list(range(2, latest + 1)), "upgraded"
+        assert migrate(raw, url, current, 2) == [], "a current database is left alone"
         extra = Migration(
-            2,
-            "0002_extra",
+            latest + 1,
+            f"{latest + 1:04d}_extra",
             "CREATE TABLE extra (x INTEGER);\n-- a; comment\nINSERT INTO extra VALUES (7);\n",
         )
-        assert migrate(raw, url, [*shipped(), extra], 3) == [2]
+        assert migrate(raw, url, [*current, extra], 3) == [latest + 1]
         assert raw.execute("SELECT x FROM extra").fetchall() == [(7,)]
         broken = [
-            Migration(3, "0003_half", "CREATE TABLE half (x INTEGER);"),
-            Migration(4, "0004_broken", "INSERT INTO nowhere VALUES (1);"),
+            Migration(latest + 2, "half", "CREATE TABLE half (x INTEGER);"),
+            Migration(latest + 3, "broken", "INSERT INTO nowhere VALUES (1);"),
         ]
         with pytest.raises(sqlite3.OperationalError):
-            migrate(raw, url, [*shipped(), extra, *broken], 4)
-        assert current_version(raw) == 2, "nothing of the failed upgrade was applied"
+            migrate(raw, url, [*current, extra, *broken], 4)
+        assert current_version(raw) == latest + 1, "nothing of the failed upgrade was applied"
         assert raw.execute("SELECT name FROM sqlite_master WHERE name = 'half'").fetchall() == []
         assert not raw.in_transaction
     finally:

@@ -176,6 +176,14 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     last_seq: int = 0
     event_floor: int = 1
 
+    @property
+    def tenant_bound(self) -> bool:
+        """Whether the thread's tenant is fixed (to ``tenant``, which may be ``None``): by
+        its first commit, or before any commit by a write that named a tenant (an enqueue,
+        a claim or a lease of a dispatch of that tenant). A write naming another tenant is
+        then ``TenantMismatch``."""
+        return self.version > 0 or self.tenant is not None
+
 
 class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True):
     """One row of ``list_threads``."""
@@ -217,9 +225,14 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     """A durable request to execute work on a thread.
 
     A caller builds one with ``dispatch_id``, ``thread_id``, ``kind`` and ``payload`` (and
-    optionally ``priority``, ``available_at``, ``max_attempts``, ``dedupe_key``); the store
-    fills the delivery fields. ``attempts`` counts claims; ``token`` is the fencing token of the
-    thread claim granted with the current lease."""
+    optionally ``priority``, ``available_at``, ``max_attempts``, ``dedupe_key``, ``tenant``);
+    the store fills the delivery fields. ``attempts`` counts claims; ``token`` is the fencing
+    token of the thread claim granted with the current lease.
+
+    ``tenant``: the tenant the work is submitted for. Enqueueing it fixes the thread's tenant
+    if nothing fixed it yet, and is refused with ``TenantMismatch`` on a thread of another
+    tenant (see ``DispatchQueue.enqueue``). ``None``: the work names no tenant (the store's
+    internal dispatches, a cancel, single-tenant use)."""
 
     dispatch_id: str
     thread_id: str
@@ -237,6 +250,7 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     last_error: str | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    tenant: str | None = None
 
     @property
     def exhausted(self) -> bool:

@@ -108,8 +108,10 @@ class Recording:
 
     # ------------------------------------------------------------ recorded writes
 
-    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
-        claim = await self._call(self._store.claim(thread_id, holder, ttl))
+    async def claim(
+        self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
+    ) -> Claim:
+        claim = await self._call(self._store.claim(thread_id, holder, ttl, tenant))
         self.log({"op": "grant", "thread": thread_id, "token": claim.token, "t1": time.monotonic()})
         return claim
 

@@ -1,4 +1,8 @@
-"""Submitting work: every call persists a dispatch before anything acts on it."""
+"""Submitting work: every call persists a dispatch before anything acts on it.
+
+A ``tenant`` travels as ``Dispatch.tenant`` (the store fixes the thread's tenant with the
+enqueue and refuses another tenant's, ``TenantMismatch``) and, for workers of earlier
+versions, in the payload too."""
 
 from __future__ import annotations
 
@@ -10,6 +14,17 @@ from wakeful.fleet.wake import Wake
 from wakeful.ids import check_id, check_optional_id
 from wakeful.records import Dispatch
 from wakeful.store.contract import DispatchQueue
+
+
+def tenant_of(d: Dispatch) -> str | None:
+    """The tenant ``d`` was submitted for: its ``tenant``, else the tenant its payload names
+    (a start, resume or message queued before dispatches carried one), else ``None``."""
+    if d.tenant is not None:
+        return d.tenant
+    if d.kind in ("start", "resume", "message") and isinstance(d.payload, dict):
+        named = d.payload.get("tenant")
+        return named if isinstance(named, str) else None
+    return None
 
 
 async def _enqueue(queue: DispatchQueue, dispatch: Dispatch, wake: Wake | None) -> Dispatch:
@@ -47,6 +62,7 @@ async def submit(
             payload=payload,
             priority=priority,
             max_attempts=max_attempts,
+            tenant=tenant,
         ),
         wake,
     )
@@ -75,6 +91,7 @@ async def resume(
             payload={"answers": dict(answers), "tenant": tenant},
             priority=priority,
             max_attempts=max_attempts,
+            tenant=tenant,
         ),
         wake,
     )
@@ -127,6 +144,7 @@ async def send_message(
             },
             priority=priority,
             dedupe_key=dispatch_id,
+            tenant=tenant,
         ),
         wake,
     )

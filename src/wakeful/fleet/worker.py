@@ -28,6 +28,7 @@ from wakeful.errors import (
     WakefulError,
     WorkerSuperseded,
 )
+from wakeful.fleet.client import tenant_of
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.wake import NoWake, Wake
@@ -246,6 +247,13 @@ class Worker:
         payload = d.payload if isinstance(d.payload, dict) else {}
         # the thread as read when the lease was granted, else (an older store) read it now
         snap = lease.snapshot if lease.snapshot is not None else await self.store.read(d.thread_id)
+        submitter = tenant_of(d)
+        if snap is not None and submitter is not None and _foreign(snap, submitter):
+            # Work queued before the thread was bound to another tenant (an older store's
+            # queue, or a deletion in between): nothing of it may reach the owner's thread,
+            # not even a refusal event naming it. Retrying cannot help.
+            log.warning("dispatch %s belongs to another tenant than its thread", d.dispatch_id)
+            return Done()
         latest = snap.checkpoint if snap is not None else None
         owned_run = _owned_run(d.dispatch_id, d.kind, payload, latest)
         if owned_run is not None and owned_run.status != "running":
@@ -280,8 +288,8 @@ class Worker:
         if owned_run is not None:
             return await self._continue(d.dispatch_id, claim, owned_run, snap)
         if d.kind == "resume":
-            return await self._resume(d.dispatch_id, claim, snap, payload)
-        return await self._start(d.dispatch_id, d.kind, claim, snap, payload)
+            return await self._resume(d.dispatch_id, claim, snap, payload, submitter)
+        return await self._start(d.dispatch_id, d.kind, claim, snap, payload, submitter)
 
     async def _start(
         self,
@@ -290,6 +298,7 @@ class Worker:
         claim: Claim,
         snap: ThreadSnapshot | None,
         payload: dict[str, Any],
+        tenant: str | None,
     ) -> Outcome | Settled:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
@@ -308,9 +317,9 @@ class Worker:
             # an unknown target or an input the target cannot take: retrying cannot help
             await self._note(claim, "dispatch.refused", {"reason": str(refused)}, dispatch_id)
             return Settled(Done())
-        tenant = payload.get("tenant")
-        if kind == "message" and not payload.get("external") and latest is not None:
-            tenant = latest.tenant  # relayed between threads: the target thread's tenant
+        relayed = kind == "message" and not payload.get("external")
+        if relayed and snap is not None and snap.tenant_bound:
+            tenant = snap.tenant  # relayed between threads: the target thread's tenant
         try:
             handle = await self._runtime.start(
                 claim.thread_id,
@@ -351,6 +360,7 @@ class Worker:
         claim: Claim,
         snap: ThreadSnapshot | None,
         payload: dict[str, Any],
+        tenant: str | None,
     ) -> Outcome | Settled:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
@@ -363,7 +373,7 @@ class Worker:
             claim.thread_id,
             target.graph,
             dict(payload.get("answers") or {}),
-            tenant=payload.get("tenant"),
+            tenant=tenant,
             claim=claim,
             resumed_by=dispatch_id,
             snapshot=snap,
@@ -451,6 +461,10 @@ class Worker:
                 settle=_done(settle),
             ),
         )
+
+
+def _foreign(snap: ThreadSnapshot, tenant: str) -> bool:
+    return snap.tenant_bound and snap.tenant != tenant
 
 
 @dataclass(frozen=True)

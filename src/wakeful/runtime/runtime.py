@@ -213,7 +213,7 @@ class Runtime:
         if claim is None:
             # the tenant is checked before anything else, and before claiming
             _check_tenant(thread_id, await self.store.read(thread_id), tenant)
-            claim = await self.store.claim(thread_id, self.holder, self.claims.ttl)
+            claim = await self.store.claim(thread_id, self.holder, self.claims.ttl, tenant=tenant)
         try:
             snap = snapshot if snapshot is not None else await self.store.read(thread_id)
             _check_tenant(thread_id, snap, tenant)
@@ -496,5 +496,7 @@ class Runtime:
 
 
 def _check_tenant(thread_id: str, snap: ThreadSnapshot | None, tenant: str | None) -> None:
-    if snap is not None and snap.version > 0 and snap.tenant != tenant:
+    """A thread whose tenant is fixed (by a commit, or by queued work of a tenant) runs
+    only for that tenant; the store refuses the rest again, atomically."""
+    if snap is not None and snap.tenant_bound and snap.tenant != tenant:
         raise TenantMismatch(thread_id)

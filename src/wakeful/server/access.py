@@ -1,10 +1,13 @@
 """The application's shared state, the request dependencies, and tenant isolation.
 
-Who owns a thread: the tenant of its first commit (``ThreadSnapshot.tenant``). Before a
-thread has a commit, the tenant recorded in its queued work (the ``tenant`` of a submitted
-start, resume or message dispatch) stands for it, so the submitter can follow its run and
-nobody else can claim the thread. A thread of another tenant is reported exactly like a
-missing one (404), for reads and writes alike.
+Who owns a thread: the tenant the store fixed for it (``ThreadSnapshot.tenant`` once
+``tenant_bound``): by its first commit or, before it, by the first submitted work naming a
+tenant. The store fixes it atomically with that write and refuses another tenant's write
+(``TenantMismatch``, answered 404), so two tenants racing to submit to a new thread cannot
+both get in. Work queued before dispatches carried a tenant (and work that names none) still
+stands for its thread through the tenant its payload records. A thread of another tenant is
+reported exactly like a missing one (404), for reads and writes alike; so is a dispatch
+submitted for another tenant, whatever thread it is on.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 
 from wakeful.errors import NotFound
+from wakeful.fleet.client import tenant_of
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
 from wakeful.metrics import Metrics
@@ -93,7 +97,7 @@ def _queued_tenant(d: Dispatch) -> tuple[bool, str | None]:
 
 async def thread_owner(store: Store, thread_id: str) -> Owner | None:
     snap = await store.read(thread_id)
-    if snap is not None and snap.version > 0:
+    if snap is not None and snap.tenant_bound:
         return Owner(thread_id, snap.tenant, snap)
     for d in await store.list_dispatches(thread_id=thread_id, limit=OWNER_SCAN):
         known, tenant = _queued_tenant(d)
@@ -131,7 +135,8 @@ def acting_tenant(caller: Caller, owner: Owner | None) -> str | None:
 
 class DispatchFilter:
     """Whether the caller may see a dispatch: operators see all, tenants the dispatches of
-    their threads. Thread owners are looked up once per request."""
+    their threads that were not submitted for another tenant (a cancel or a relayed
+    message names none). Thread owners are looked up once per request."""
 
     def __init__(self, store: Store, caller: Caller) -> None:
         self.store = store
@@ -141,6 +146,8 @@ class DispatchFilter:
     async def visible(self, d: Dispatch) -> bool:
         if self.caller.operator:
             return True
+        if tenant_of(d) not in (None, self.caller.tenant):
+            return False
         if d.thread_id not in self._owners:
             self._owners[d.thread_id] = await thread_owner(self.store, d.thread_id)
         return can_see(self.caller, self._owners[d.thread_id])

@@ -5,6 +5,16 @@ The contract is async and written once. ``wakeful.testkit`` checks it case by ca
 Time: a claim or lease is *live* while the store's clock reads at or before its expiry
 (``now <= expires_at``); it has *expired* once the clock is past it. Memory, file and
 SQLite stores judge by the clock they were opened with; PostgreSQL by the server's ``now()``.
+
+Tenants: a thread's tenant is *fixed* (``ThreadSnapshot.tenant_bound``) by the first write
+that names one, atomically with that write: ``enqueue`` of a dispatch with a ``tenant``,
+``claim(tenant=...)``, a lease (``claim_next``) of a dispatch with a ``tenant``, or the first
+commit (its checkpoint's tenant; without a checkpoint, ``None``). A write naming another
+tenant is then ``TenantMismatch`` and changes nothing, checked before anything that could
+name the other tenant's data (a busy refusal names the holder); a write naming no tenant
+(``None``) is never refused for its tenant, except a checkpoint, whose ``None`` must match.
+Of concurrent first writes of two tenants exactly one gets the thread. ``delete_thread``
+removes the binding with everything else.
 """
 
 from __future__ import annotations
@@ -38,14 +48,20 @@ from wakeful.records import (
 class ThreadStore(Protocol):
     """Threads: claims, fenced commits, reads and maintenance (DESIGN §3.1-§3.2)."""
 
-    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+    async def claim(
+        self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
+    ) -> Claim:
         """Grant a claim on ``thread_id`` to ``holder`` for ``ttl`` seconds from now, with a
         token greater than every token issued for the thread before (also before a
         ``delete_thread``). The thread needs no checkpoint. An expired claim is replaced.
 
         Raises ``ThreadBusy`` (naming the holder and the latest checkpoint) while a live claim
         exists, even one of the same holder; nothing changes then. Of many concurrent
-        claimers exactly one wins."""
+        claimers exactly one wins.
+
+        ``tenant``: the tenant the claimant acts for; fixes the thread's tenant if nothing did
+        yet, and is ``TenantMismatch`` (before ``ThreadBusy``) on a thread fixed to another.
+        ``None`` names no tenant."""
         ...
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
@@ -72,7 +88,7 @@ class ThreadStore(Protocol):
         4. writes naming any checkpoint but the one latest after this commit, a duplicate
            task write, a message id already on the thread, a checkpoint id used before,
            consuming an id not in the inbox: ``InvalidCommit``; a checkpoint whose tenant
-           differs from the thread's: ``TenantMismatch``;
+           differs from the thread's fixed tenant: ``TenantMismatch``;
         5. ``settle``: the dispatch must exist (``NotFound``), belong to this thread
            (``InvalidCommit``) and be leased with ``commit.token`` (``StaleClaim``), exactly
            as ``settle`` checks it.
@@ -80,8 +96,9 @@ class ThreadStore(Protocol):
         Then everything applies: a new checkpoint replaces the latest and drops its pending
         writes; events get the next contiguous numbers (never reused, not after a refusal,
         a compaction or a restart); messages append in order; outbox entries are staged;
-        consumed inbox entries are removed; the version increases by one. A thread's tenant
-        is fixed by its first applied commit (its checkpoint's tenant, else none). Last,
+        consumed inbox entries are removed; the version increases by one. A thread whose
+        tenant nothing fixed yet gets it from its first applied commit (its checkpoint's
+        tenant, else none); a fixed tenant never changes. Last,
         ``settle`` settles the dispatch as ``settle`` would (ending the claim), and
         ``release`` ends the claim as ``release`` would: both in the same atomic step."""
         ...
@@ -91,15 +108,17 @@ class ThreadStore(Protocol):
     ) -> tuple[Claim, Receipt]:
         """``claim`` then ``commit`` under the granted token, as one atomic step (one
         transaction, one fsync): a run's admission without a separate claim write.
-        ``commit.token`` is ignored. Refusals are those of ``claim`` (``ThreadBusy``) and of
-        ``commit`` (step 2 on); any refusal changes nothing: no claim is granted and no token
-        is spent. A recorded ``operation_id`` with the same payload returns its receipt
+        ``commit.token`` is ignored. Refusals are a checkpoint of another tenant than the
+        thread's fixed one (``TenantMismatch``, first), those of ``claim`` (``ThreadBusy``)
+        and of ``commit`` (step 2 on); any refusal changes nothing: no claim is granted and
+        no token is spent. A recorded ``operation_id`` with the same payload returns its receipt
         beside the new claim."""
         ...
 
     async def read(self, thread_id: str) -> ThreadSnapshot | None:
         """The thread's consistent snapshot, or ``None`` when the store holds nothing of it
-        (no commit and no claim)."""
+        (no commit, no claim and no fixed tenant: a thread bound by queued work reads as
+        version 0 with its tenant)."""
         ...
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
@@ -165,8 +184,12 @@ class DispatchQueue(Protocol):
 
     async def enqueue(self, dispatch: Dispatch) -> Dispatch:
         """Persist ``dispatch`` as pending before anything acts on it and return it as stored.
-        The same ``dispatch_id`` or ``dedupe_key`` with the same thread, kind and payload
-        returns the existing dispatch; with anything else ``DispatchConflict``."""
+        The same ``dispatch_id`` or ``dedupe_key`` with the same thread, kind, tenant and
+        payload returns the existing dispatch; with anything else ``DispatchConflict``.
+
+        ``dispatch.tenant`` (when not ``None``) is checked first: on a thread whose tenant is
+        fixed to another, ``TenantMismatch`` and nothing is stored; on a thread whose tenant
+        nothing fixed yet, the stored dispatch fixes it in the same atomic step."""
         ...
 
     async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
@@ -175,9 +198,11 @@ class DispatchQueue(Protocol):
         then oldest first, at most one per thread and only on threads without a live claim.
         Each lease grants the thread's claim in the same step; the dispatch's token is that
         claim's token. Every claim counts one attempt; a dispatch claimed past its
-        ``max_attempts`` comes with ``exhausted=True``. Each lease carries the thread's
-        ``snapshot`` read in the same atomic step, after the grant (saving the claimant a
-        read)."""
+        ``max_attempts`` comes with ``exhausted=True``. A lease of a dispatch with a
+        ``tenant`` fixes an unbound thread's tenant; one on a thread fixed to another tenant
+        is still leased (the claimant retires it without writing to the thread). Each lease
+        carries the thread's ``snapshot`` read in the same atomic step, after the grant
+        (saving the claimant a read)."""
         ...
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
@@ -203,7 +228,8 @@ class DispatchQueue(Protocol):
         after: str | None = None,
         limit: int = 100,
     ) -> list[Dispatch]:
-        """Dispatches in enqueue order after the dispatch id ``after``, filtered."""
+        """Dispatches in enqueue order after the dispatch id ``after``, filtered (each with
+        its ``tenant``; the store does not filter on it: the caller does)."""
         ...
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:

@@ -78,7 +78,6 @@ from wakeful.store.projection import (
     settled_record,
 )
 from wakeful.store.validate import (
-    canonical,
     check_claim_and_commit,
     check_commit,
     check_dispatch,
@@ -88,6 +87,7 @@ from wakeful.store.validate import (
     check_text,
     check_token,
     drop_refusal,
+    same_request,
 )
 
 CANCEL_PRIORITY = 2**31 - 1
@@ -156,13 +156,17 @@ class ProjectedStore:
 
     # ------------------------------------------------------------ claims
 
-    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+    async def claim(
+        self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
+    ) -> Claim:
         check_id("thread_id", thread_id)
         check_id("holder", holder)
         ttl = check_seconds("ttl", ttl)
+        check_optional_id("tenant", tenant)
         state, now = self._open(), self._now()
+        _check_tenant(state, thread_id, tenant)
         claim = _grant(state, thread_id, holder, ttl, now)
-        await self._record(Claimed(claim))
+        await self._record(Claimed(claim, tenant))
         return claim
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
@@ -213,6 +217,11 @@ class ProjectedStore:
     ) -> tuple[Claim, Receipt]:
         ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
         state, now = self._open(), self._now()
+        known = state.threads.get(thread_id)
+        # the tenant first: a busy refusal would name another tenant's holder
+        cp = commit.checkpoint
+        if cp is not None and known is not None and known.foreign_checkpoint(cp.tenant):
+            raise TenantMismatch(thread_id)
         claim = _grant(state, thread_id, holder, ttl, now)
         commit = msgspec.structs.replace(commit, token=claim.token)
         digest = payload_hash(commit) if commit.operation_id is not None else ""
@@ -400,12 +409,13 @@ class ProjectedStore:
         if d.kind not in DISPATCH_KINDS:
             raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
         state, now = self._open(), self._now()
+        _check_tenant(state, d.thread_id, d.tenant)
         existing = state.dispatches.get(d.dispatch_id)
         if existing is None and d.dedupe_key is not None:
             by_key = state.dedupe.get(d.dedupe_key)
             existing = state.dispatches.get(by_key) if by_key is not None else None
         if existing is not None:
-            if _same_request(existing, d):
+            if same_request(existing, d):
                 return existing
             key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
             raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
@@ -713,6 +723,13 @@ def _snapshot(t: ThreadState) -> ThreadSnapshot:
     )
 
 
+def _check_tenant(state: State, thread_id: str, tenant: str | None) -> None:
+    """``TenantMismatch`` for a write naming ``tenant`` on a thread fixed to another."""
+    t = state.threads.get(thread_id)
+    if t is not None and t.foreign(tenant):
+        raise TenantMismatch(thread_id)
+
+
 def _current_claim(state: State, thread_id: str) -> Claim | None:
     t = state.threads.get(thread_id)
     return t.claim if t is not None else None
@@ -732,19 +749,13 @@ def _available(state: State, d: Dispatch, now: datetime) -> bool:
     return d.status == "leased"
 
 
-def _same_request(a: Dispatch, b: Dispatch) -> bool:
-    return (a.thread_id, a.kind, a.dedupe_key) == (b.thread_id, b.kind, b.dedupe_key) and canonical(
-        a.payload
-    ) == canonical(b.payload)
-
-
 def _check_commit_against(t: ThreadState, commit: Commit) -> None:
     tid = t.thread_id
     resulting = commit.checkpoint.id if commit.checkpoint is not None else _latest_id(t)
     if commit.checkpoint is not None:
         if commit.checkpoint.id in t.checkpoint_ids:
             raise InvalidCommit(tid, f"checkpoint id {commit.checkpoint.id!r} was used before")
-        if t.version > 0 and commit.checkpoint.tenant != t.tenant:
+        if t.foreign_checkpoint(commit.checkpoint.tenant):
             raise TenantMismatch(tid)
     for dropped in commit.drop_checkpoints:
         if dropped == resulting or dropped not in t.checkpoint_ids:

@@ -41,6 +41,8 @@ from wakeful.records import (
 
 class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
     claim: Claim
+    tenant: str | None = None
+    """The tenant the claimant named: fixes the thread's tenant if nothing did yet."""
 
 
 class Renewed(msgspec.Struct, frozen=True, tag="renewed"):
@@ -225,6 +227,26 @@ class ThreadState:
     def next_seq(self) -> int:
         return self.floor + len(self.events)
 
+    @property
+    def tenant_bound(self) -> bool:
+        """As ``ThreadSnapshot.tenant_bound``: fixed by the first commit, or before it by a
+        write that named a tenant."""
+        return self.version > 0 or self.tenant is not None
+
+    def foreign(self, tenant: str | None) -> bool:
+        """Whether a write naming ``tenant`` (``None``: naming none) is refused here."""
+        return tenant is not None and self.foreign_checkpoint(tenant)
+
+    def foreign_checkpoint(self, tenant: str | None) -> bool:
+        """Whether a checkpoint of ``tenant`` is refused here (its ``None`` names no tenant,
+        which a thread fixed to a tenant refuses too)."""
+        return self.tenant_bound and self.tenant != tenant
+
+    def bind(self, tenant: str | None) -> None:
+        """Fix the tenant to ``tenant`` if a write named one and nothing fixed it yet."""
+        if tenant is not None and not self.tenant_bound:
+            self.tenant = tenant
+
 
 @dataclass
 class State:
@@ -262,8 +284,10 @@ class State:
     def apply(self, record: Mutation) -> PruneReport | None:
         """Apply one record. Returns the report for ``Pruned``, else ``None``."""
         match record:
-            case Claimed(claim=claim):
-                self.thread(claim.thread_id).claim = claim
+            case Claimed(claim=claim, tenant=tenant):
+                t = self.thread(claim.thread_id)
+                t.claim = claim
+                t.bind(tenant)
                 self.epochs[claim.thread_id] = claim.token
             case Renewed(thread_id=tid, token=token, expires_at=expires):
                 t = self.threads[tid]
@@ -302,10 +326,12 @@ class State:
                 if d.dedupe_key is not None:
                     self.dedupe[d.dedupe_key] = d.dispatch_id
                 self._put_dispatch(d)
+                if d.tenant is not None:
+                    self.thread(d.thread_id).bind(d.tenant)
             case Leased(grants=grants, at=at):
                 for grant in grants:
-                    self.apply(Claimed(grant.claim))
                     d = self.dispatches[grant.dispatch_id]
+                    self.apply(Claimed(grant.claim, d.tenant))
                     self._put_dispatch(
                         msgspec.structs.replace(
                             d,
@@ -377,8 +403,10 @@ class State:
     def _apply_commit(self, record: Committed) -> None:
         commit, receipt, at = record.commit, record.receipt, record.at
         t = self.thread(record.thread_id)
-        if t.version == 0:
-            t.tenant = commit.checkpoint.tenant if commit.checkpoint is not None else None
+        if commit.checkpoint is not None:
+            # a first commit without a checkpoint leaves an unbound thread's tenant None,
+            # which its version (then > 0) fixes
+            t.bind(commit.checkpoint.tenant)
         if commit.checkpoint is not None:
             t.history.append((commit.checkpoint, at))
             t.checkpoint_ids.add(commit.checkpoint.id)

@@ -140,6 +140,7 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
     check_id("dispatch_id", copy.dispatch_id)
     check_id("thread_id", copy.thread_id)
     check_optional_id("dedupe_key", copy.dedupe_key)
+    check_optional_id("tenant", copy.tenant)
     if copy.max_attempts < 1:
         raise InvalidInput("max_attempts", "must be at least 1")
     if not -(2**31) <= copy.priority < 2**31:
@@ -177,6 +178,17 @@ def check_text(field: str, value: Any, limit: int = MAX_TEXT) -> str:
 def canonical(value: Any) -> bytes:
     """JSON with sorted keys: equal JSON values give equal bytes."""
     return msgspec.json.encode(value, order="sorted")
+
+
+def same_request(a: Dispatch, b: Dispatch) -> bool:
+    """The contract's notion of an identical enqueue: thread, kind, dedupe key, tenant and
+    the payload as JSON (key order ignored)."""
+    return (a.thread_id, a.kind, a.dedupe_key, a.tenant) == (
+        b.thread_id,
+        b.kind,
+        b.dedupe_key,
+        b.tenant,
+    ) and canonical(a.payload) == canonical(b.payload)
 
 
 def check_token(token: object) -> int:

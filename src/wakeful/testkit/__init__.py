@@ -24,6 +24,7 @@ from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.queue_cases import QueueCases
 from wakeful.testkit.stateful import run_stateful
+from wakeful.testkit.tenant_cases import TenantCases
 
 
 class StatefulCases(Harness):
@@ -41,6 +42,7 @@ class StoreConformance(
     FoldCases,
     QueueCases,
     MessagingCases,
+    TenantCases,
     StatefulCases,
 ):
     """Every conformance case. Subclass it with a ``Test`` name and implement ``new_store``."""
@@ -58,5 +60,6 @@ __all__ = [
     "QueueCases",
     "StatefulCases",
     "StoreConformance",
+    "TenantCases",
     "run_stateful",
 ]

@@ -17,6 +17,7 @@ from wakeful.ids import new_id
 from wakeful.records import Checkpoint, Dispatch
 from wakeful.server.access import (
     CallerDep,
+    DispatchFilter,
     ServerState,
     StateDep,
     acting_tenant,
@@ -210,12 +211,14 @@ class _Run:
         )
 
 
-async def _queued(state: ServerState, thread_id: str, seen: set[str]) -> list[RunView]:
-    """Submitted runs no checkpoint records yet (newest first)."""
+async def _queued(
+    state: ServerState, visible: DispatchFilter, thread_id: str, seen: set[str]
+) -> list[RunView]:
+    """Submitted runs no checkpoint records yet (newest first), those the caller may see."""
     queued: list[RunView] = []
     for status in ("pending", "leased"):
         for d in await state.store.list_dispatches(status=status, thread_id=thread_id, limit=100):
-            if d.kind not in ("start", "message"):
+            if d.kind not in ("start", "message") or not await visible.visible(d):
                 continue
             run_id = str(json_field(d.payload, "run_id") or f"run-{d.dispatch_id}")
             if run_id in seen:
@@ -276,6 +279,7 @@ async def list_runs(
         more = True
     views: list[Any] = []
     if before is None:
-        views.extend(await _queued(state, thread_id, {r.run_id for r in runs}))
+        visible = DispatchFilter(state.store, caller)
+        views.extend(await _queued(state, visible, thread_id, {r.run_id for r in runs}))
     views.extend(r.view() for r in runs)
     return RunPage(runs=views, next_before=runs[-1].oldest_id if more and runs else None)

@@ -34,7 +34,7 @@ _ANY = msgspec.json.Decoder()
 
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
-    "status, attempts, token, holder, lease_until, last_error, created_at, updated_at"
+    "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant"
 )
 """The columns ``dispatch`` reads, in its order."""
 DISPATCH_WIDTH = len(DISPATCH_COLUMNS.split(","))
@@ -113,6 +113,7 @@ def dispatch(row: tuple[Any, ...]) -> Dispatch:
         last_error=row[13],
         created_at=utc(row[14]),
         updated_at=utc(row[15]),
+        tenant=row[16],
     )
 
 

@@ -28,15 +28,15 @@ from wakeful.store.postgres.codec import DISPATCH_COLUMNS, DISPATCH_WIDTH
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
 from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.validate import (
-    canonical,
     check_dispatch,
     check_listing,
     check_outcome,
     check_text,
     check_token,
+    same_request,
 )
 
-_ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s)"
+_ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMNS.split(","))
 # The dispatches leased, each with its thread as read right after the grants.
 _CLAIM_NEXT = f"""
@@ -86,13 +86,14 @@ class QueueOps:
             d.available_at,
             d.max_attempts,
             d.dedupe_key,
+            d.tenant,
         )
         for _ in range(3):
             row = await self._db.fetchone(_ENQUEUE, params)
             if row is None:
                 continue  # the conflicting dispatch was purged meanwhile: try again
             stored = codec.dispatch(row)
-            if _same_request(stored, d):
+            if same_request(stored, d):
                 return stored
             key = "dispatch_id" if stored.dispatch_id == d.dispatch_id else "dedupe_key"
             raise DispatchConflict(d.dispatch_id, stored.dispatch_id, key)
@@ -220,11 +221,3 @@ class QueueOps:
             )
             for wid, inc, gen, registered, beat in rows
         ]
-
-
-def _same_request(a: Dispatch, b: Dispatch) -> bool:
-    """The contract's notion of an identical enqueue: thread, kind, dedupe key and the
-    payload as JSON (key order ignored)."""
-    return (a.thread_id, a.kind, a.dedupe_key) == (b.thread_id, b.kind, b.dedupe_key) and canonical(
-        a.payload
-    ) == canonical(b.payload)

@@ -48,7 +48,7 @@ T = TypeVar("T")
 PRUNE_BATCH = 200
 """Threads per retention transaction: commits to them wait at most one batch."""
 
-_CLAIM = "SELECT o_token, o_expires FROM @schema@.claim(%s, %s, %s)"
+_CLAIM = "SELECT o_token, o_expires FROM @schema@.claim(%s, %s, %s, %s)"
 _RENEW = "SELECT o_holder, o_expires FROM @schema@.renew(%s, %s, %s)"
 _RELEASE = "SELECT @schema@.release(%s, %s)"
 # Binary parameters (%b): text-format arrays of JSON cost an escape per quote character.
@@ -189,11 +189,14 @@ class ThreadOps:
 
     # ------------------------------------------------------------ claims
 
-    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+    async def claim(
+        self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
+    ) -> Claim:
         check_id("thread_id", thread_id)
         check_id("holder", holder)
         ttl = check_seconds("ttl", ttl)
-        token, expires = await self._db.fetchone(_CLAIM, (thread_id, holder, ttl))
+        check_optional_id("tenant", tenant)
+        token, expires = await self._db.fetchone(_CLAIM, (thread_id, holder, ttl, tenant))
         return Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:

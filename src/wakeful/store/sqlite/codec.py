@@ -62,7 +62,7 @@ def claim_of(thread_id: str, holder: str | None, token: int | None, expires: int
 
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
-    "status, attempts, token, holder, lease_until, last_error, created_at, updated_at"
+    "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant"
 )
 """The columns ``dispatch_of`` reads, in its order."""
 
@@ -85,6 +85,7 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         last_error,
         created_at,
         updated_at,
+        tenant,
     ) = row
     return Dispatch(
         dispatch_id=dispatch_id,
@@ -103,4 +104,5 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         last_error=last_error,
         created_at=from_us(created_at),
         updated_at=from_us(updated_at),
+        tenant=tenant,
     )

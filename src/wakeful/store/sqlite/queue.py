@@ -30,7 +30,8 @@ from wakeful.store.sqlite.claims import (
     grant_claim,
 )
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
-from wakeful.store.validate import canonical, check_outcome
+from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
+from wakeful.store.validate import check_outcome, same_request
 
 _BY_ID = f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE dispatch_id = ?"
 
@@ -53,7 +54,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
     assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
     conn.execute(
         f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
         (
             d.dispatch_id,
             d.thread_id,
@@ -71,11 +72,13 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             d.last_error,
             to_us(d.created_at),
             to_us(d.updated_at),
+            d.tenant,
         ),
     )
 
 
 def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
+    check_tenant(conn, d.thread_id, d.tenant)
     existing = get(conn, d.dispatch_id)
     if existing is None and d.dedupe_key is not None:
         row = conn.execute(
@@ -83,12 +86,7 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         ).fetchone()
         existing = None if row is None else dispatch_of(row)
     if existing is not None:
-        same = (existing.thread_id, existing.kind, existing.dedupe_key) == (
-            d.thread_id,
-            d.kind,
-            d.dedupe_key,
-        ) and canonical(existing.payload) == canonical(d.payload)
-        if same:
+        if same_request(existing, d):
             return existing
         key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
         raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
@@ -103,8 +101,10 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         dedupe_key=d.dedupe_key,
         created_at=now,
         updated_at=now,
+        tenant=d.tenant,
     )
     insert(conn, stored)
+    bind_tenant(conn, stored.thread_id, stored.tenant)
     if stored.kind == "resume":
         # a resume takes over from the dispatches parked while the run waited for input
         conn.execute(
@@ -155,6 +155,7 @@ def claim_next(
             (claim.token, holder, to_us(expires), to_us(now), seq),
         ).fetchone()
         d = dispatch_of(row)
+        bind_tenant(conn, thread_id, d.tenant)
         leases.append(
             Lease(
                 dispatch=d,

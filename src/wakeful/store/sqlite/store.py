@@ -118,11 +118,16 @@ class SqliteStore:
 
     # ------------------------------------------------------------ claims
 
-    async def claim(self, thread_id: str, holder: str, ttl: float) -> Claim:
+    async def claim(
+        self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
+    ) -> Claim:
         check_id("thread_id", thread_id)
         check_id("holder", holder)
         ttl = check_seconds("ttl", ttl)
-        return await self._write(lambda c, now: threads.claim(c, now, thread_id, holder, ttl))
+        check_optional_id("tenant", tenant)
+        return await self._write(
+            lambda c, now: threads.claim(c, now, thread_id, holder, ttl, tenant)
+        )
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
         check_id("thread_id", thread_id)

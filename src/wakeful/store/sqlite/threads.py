@@ -27,6 +27,7 @@ from wakeful.store.projection import payload_hash
 from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.claims import advance_epoch, end_claim, grant_claim
 from wakeful.store.sqlite.codec import RECEIPT, dumps, from_us, to_us
+from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
 from wakeful.store.validate import drop_refusal
 
 
@@ -45,15 +46,23 @@ def _check_free(
 
 
 def claim(
-    conn: sqlite3.Connection, now: datetime, thread_id: str, holder: str, ttl: float
+    conn: sqlite3.Connection,
+    now: datetime,
+    thread_id: str,
+    holder: str,
+    ttl: float,
+    tenant: str | None = None,
 ) -> Claim:
+    check_tenant(conn, thread_id, tenant)  # first: a busy refusal names the holder
     row = conn.execute(
         "SELECT holder, token, expires_at, latest_id FROM threads WHERE thread_id = ?",
         (thread_id,),
     ).fetchone()
     if row is not None:
         _check_free(thread_id, now, *row)
-    return grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
+    granted = grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
+    bind_tenant(conn, thread_id, tenant)
+    return granted
 
 
 def renew(conn: sqlite3.Connection, now: datetime, thread_id: str, token: int, ttl: float) -> Claim:
@@ -127,6 +136,9 @@ def claim_and_commit(
     new_id = c.checkpoint.id if c.checkpoint is not None else None
     row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id)).fetchone()
     if row is not None:
+        if c.checkpoint is not None:
+            # the tenant first: a busy refusal would name another tenant's holder
+            _check_checkpoint_tenant(thread_id, c.checkpoint.tenant, row[1], row[2])
         _check_free(thread_id, now, row[9], row[0], row[10], row[3])
     granted = grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
     c = msgspec.structs.replace(c, token=granted.token)
@@ -226,8 +238,8 @@ def _apply(
         )
     if c.settle is not None:
         queue.settle_lease(conn, now, c.settle.dispatch_id, c.settle.outcome)
-    if version == 0:
-        tenant = c.checkpoint.tenant if c.checkpoint is not None else None
+    if c.checkpoint is not None and version == 0 and tenant is None:
+        tenant = c.checkpoint.tenant  # the first write naming a tenant fixes it
     # A settle ends the claim as ``settle`` does, ``release`` as ``release`` does: both
     # in the thread's update (the token is current, fencing checked it).
     conn.execute(
@@ -272,8 +284,7 @@ def _check_consistency(
     if c.checkpoint is not None:
         if used:
             raise InvalidCommit(tid, f"checkpoint id {c.checkpoint.id!r} was used before")
-        if version > 0 and c.checkpoint.tenant != tenant:
-            raise TenantMismatch(tid)
+        _check_checkpoint_tenant(tid, c.checkpoint.tenant, version, tenant)
     for dropped in c.drop_checkpoints:
         if (
             dropped == resulting
@@ -330,6 +341,15 @@ def _check_consistency(
         ):
             raise InvalidCommit(tid, f"inbox message {message_id!r} is not waiting to be consumed")
         consumed.add(message_id)
+
+
+def _check_checkpoint_tenant(
+    thread_id: str, named: str | None, version: int, tenant: str | None
+) -> None:
+    """A checkpoint of tenant ``named`` on a thread whose tenant is fixed (by its first
+    commit, or by a write naming one) must be of that tenant; ``None`` names none."""
+    if (version > 0 or tenant is not None) and named != tenant:
+        raise TenantMismatch(thread_id)
 
 
 def compact_events(conn: sqlite3.Connection, thread_id: str, before_seq: int) -> int:
