@@ -255,3 +255,11 @@ async def test_scripted_is_a_documented_provider_of_the_providers_package() -> N
     first = turn[0]
     assert isinstance(first, ToolCallDelta) and (first.id, first.name) == ("c1", "lookup")
     assert isinstance(turn[-1], StreamEnd) and turn[-1].stop_reason == "tool_use"
+
+
+def test_no_module_is_over_600_lines() -> None:
+    lengths = {
+        str(path.relative_to(SRC)): len(path.read_text(encoding="utf-8").splitlines())
+        for path in (SRC / "wakeful").rglob("*.py")
+    }
+    assert {name: n for name, n in lengths.items() if n > 600} == {}

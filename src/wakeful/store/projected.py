@@ -10,151 +10,66 @@ appends the record to its log and acknowledges only once it is durable.
 from __future__ import annotations
 
 import asyncio
-import uuid
 from datetime import datetime, timedelta
-from typing import Self
 
 import msgspec
 
-from wakeful.clock import Clock, SystemClock
 from wakeful.errors import (
-    DispatchConflict,
     InvalidCommit,
-    InvalidInput,
-    InvalidState,
     NotFound,
     OperationConflict,
     ReplayUnavailable,
     StaleClaim,
-    StoreClosed,
     TenantMismatch,
     ThreadBusy,
     VersionConflict,
-    WorkerSuperseded,
 )
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
     Checkpoint,
     Claim,
     Commit,
-    Dispatch,
-    DispatchStatus,
     Event,
-    InboxMessage,
-    Lease,
     Message,
-    Outcome,
     PruneReport,
     Receipt,
     RetentionPolicy,
     ThreadSnapshot,
     ThreadSummary,
-    WorkerIdentity,
-    WorkerInfo,
 )
+from wakeful.store.projected_core import (
+    CANCEL_PRIORITY,
+    DISPATCH_KINDS,
+    check_thread_tenant,
+    claim_of,
+    latest_checkpoint_id,
+    snapshot_of,
+)
+from wakeful.store.projected_queue import ProjectedQueue, cancel_intent, message_dispatch_id
 from wakeful.store.projection import (
-    Cancelled,
     Claimed,
     Committed,
     Compacted,
     Deleted,
-    Delivered,
-    Enqueued,
-    Leased,
-    LeaseGrant,
-    Mutation,
     Pruned,
-    Purged,
-    Quarantined,
     Released,
     Renewed,
-    Requeued,
     State,
     ThreadState,
-    Unstaged,
-    WorkerBeat,
-    WorkerRegistered,
     payload_hash,
     settled_record,
 )
 from wakeful.store.validate import (
     check_claim_and_commit,
     check_commit,
-    check_dispatch,
-    check_listing,
-    check_outcome,
     check_policy,
-    check_text,
     check_token,
     drop_refusal,
-    same_request,
 )
 
-CANCEL_PRIORITY = 2**31 - 1
-"""Cancellation dispatches outrank all other work."""
 
-DISPATCH_KINDS = frozenset(("start", "resume", "cancel", "message"))
-
-
-class ProjectedStore:
-    """The contract over ``State``; subclasses decide how records are persisted."""
-
-    def __init__(self, clock: Clock | None = None) -> None:
-        self._clock: Clock = clock or SystemClock()
-        self._state = State()
-        self._closed = False
-        self._waiters: dict[str, set[asyncio.Future[None]]] = {}
-
-    # ------------------------------------------------------------ plumbing
-
-    async def _persist(self, record: Mutation) -> None:
-        """Make ``record`` durable. Called after it was applied; the memory store keeps
-        nothing beyond the projection."""
-
-    def _fault(self, point: str) -> None:
-        """A named point where tests inject a crash; no-op unless a subclass arms it."""
-
-    async def _record(self, record: Mutation) -> PruneReport | None:
-        result = self._state.apply(record)
-        await self._persist(record)
-        return result
-
-    def _now(self) -> datetime:
-        return self._clock.now()
-
-    def now(self) -> datetime:
-        """The store's clock."""
-        return self._clock.now()
-
-    def current_claim(self, thread_id: str) -> Claim | None:
-        """The thread's current claim record (possibly expired), from the projection."""
-        return _current_claim(self._open(), thread_id)
-
-    def _open(self) -> State:
-        if self._closed:
-            raise StoreClosed()
-        return self._state
-
-    def _notify(self, thread_id: str) -> None:
-        for waiter in self._waiters.pop(thread_id, ()):
-            if not waiter.done():
-                waiter.set_result(None)
-
-    async def close(self) -> None:
-        self._closed = True
-        for waiters in self._waiters.values():
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-        self._waiters.clear()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    # ------------------------------------------------------------ claims
+class ProjectedStore(ProjectedQueue):
+    """The whole contract over ``State``; subclasses decide how records are persisted."""
 
     async def claim(
         self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
@@ -164,7 +79,7 @@ class ProjectedStore:
         ttl = check_seconds("ttl", ttl)
         check_optional_id("tenant", tenant)
         state, now = self._open(), self._now()
-        _check_tenant(state, thread_id, tenant)
+        check_thread_tenant(state, thread_id, tenant)
         claim = _grant(state, thread_id, holder, ttl, now)
         await self._record(Claimed(claim, tenant))
         return claim
@@ -174,7 +89,7 @@ class ProjectedStore:
         check_token(token)
         ttl = check_seconds("ttl", ttl)
         state, now = self._open(), self._now()
-        current = _current_claim(state, thread_id)
+        current = claim_of(state, thread_id)
         if current is None or current.token != token:
             raise StaleClaim(thread_id, token, current.token if current else None)
         expires = now + timedelta(seconds=ttl)
@@ -184,7 +99,7 @@ class ProjectedStore:
     async def release(self, thread_id: str, token: int) -> None:
         check_id("thread_id", thread_id)
         check_token(token)
-        current = _current_claim(self._open(), thread_id)
+        current = claim_of(self._open(), thread_id)
         if current is not None and current.token == token:
             await self._record(Released(thread_id, token))
 
@@ -256,7 +171,7 @@ class ProjectedStore:
         # 3. the view the commit was prepared against
         if commit.expected_version is not None and commit.expected_version != t.version:
             raise VersionConflict(thread_id, commit.expected_version, t.version)
-        latest = _latest_id(t)
+        latest = latest_checkpoint_id(t)
         if commit.checkpoint is not None and commit.checkpoint.parent != latest:
             raise VersionConflict(thread_id, commit.checkpoint.parent, latest, "parent checkpoint")
         # 4. consistency with the thread
@@ -293,7 +208,7 @@ class ProjectedStore:
     async def read(self, thread_id: str) -> ThreadSnapshot | None:
         check_id("thread_id", thread_id)
         t = self._open().threads.get(thread_id)
-        return None if t is None else _snapshot(t)
+        return None if t is None else snapshot_of(t)
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
         check_id("thread_id", thread_id)
@@ -404,281 +319,8 @@ class ProjectedStore:
 
     # ------------------------------------------------------------ queue
 
-    async def enqueue(self, dispatch: Dispatch) -> Dispatch:
-        d = check_dispatch(dispatch)
-        if d.kind not in DISPATCH_KINDS:
-            raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
-        state, now = self._open(), self._now()
-        _check_tenant(state, d.thread_id, d.tenant)
-        existing = state.dispatches.get(d.dispatch_id)
-        if existing is None and d.dedupe_key is not None:
-            by_key = state.dedupe.get(d.dedupe_key)
-            existing = state.dispatches.get(by_key) if by_key is not None else None
-        if existing is not None:
-            if same_request(existing, d):
-                return existing
-            key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
-            raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
-        stored = msgspec.structs.replace(
-            d,
-            available_at=d.available_at or now,
-            status="pending",
-            attempts=0,
-            token=None,
-            holder=None,
-            lease_until=None,
-            last_error=None,
-            created_at=now,
-            updated_at=now,
-        )
-        await self._record(Enqueued(stored))
-        return stored
-
-    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
-        check_id("holder", holder)
-        ttl = check_seconds("ttl", ttl)
-        limit = check_count("limit", limit, minimum=1, maximum=1000)
-        state, now = self._open(), self._now()
-        expires = now + timedelta(seconds=ttl)
-        grants: list[LeaseGrant] = []
-        taken: set[str] = set()
-        for _, _, did in state.claimable:  # already in claim order
-            if len(grants) == limit:
-                break
-            d = state.dispatches[did]
-            if d.thread_id in taken or not _available(state, d, now):
-                continue
-            taken.add(d.thread_id)
-            token = state.epochs.get(d.thread_id, 0) + 1
-            grants.append(
-                LeaseGrant(
-                    d.dispatch_id,
-                    Claim(thread_id=d.thread_id, holder=holder, token=token, expires_at=expires),
-                )
-            )
-        if not grants:
-            return []
-        await self._record(Leased(tuple(grants), now))
-        leases = []
-        for grant in grants:
-            d = state.dispatches[grant.dispatch_id]
-            leases.append(
-                Lease(
-                    dispatch=d,
-                    claim=grant.claim,
-                    exhausted=d.attempts > d.max_attempts,
-                    snapshot=_snapshot(state.threads[d.thread_id]),
-                )
-            )
-        return leases
-
-    async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
-        check_id("dispatch_id", dispatch_id)
-        check_token(token)
-        check_outcome(outcome)
-        state, now = self._open(), self._now()
-        d = state.dispatches.get(dispatch_id)
-        if d is None:
-            raise NotFound("dispatch", dispatch_id)
-        epoch = state.epochs.get(d.thread_id, 0)
-        if d.status != "leased" or d.token != token or epoch != token:
-            current = _current_claim(state, d.thread_id)
-            raise StaleClaim(d.thread_id, token, current.token if current else None)
-        await self._record(settled_record(d, token, outcome, now))
-        return state.dispatches[dispatch_id]
-
-    async def cancel(self, thread_id: str, reason: str) -> Dispatch:
-        check_id("thread_id", thread_id)
-        check_text("reason", reason)
-        state, now = self._open(), self._now()
-        for did in state.open_by_thread.get(thread_id, ()):
-            d = state.dispatches[did]
-            if d.kind == "cancel" and d.status == "pending":
-                return d
-        dispatch = cancel_intent(thread_id, reason, now)
-        epoch = state.epochs.get(thread_id, 0) + 1
-        await self._record(Cancelled(thread_id, reason, epoch, dispatch, now))
-        return state.dispatches[dispatch.dispatch_id]
-
-    async def get_dispatch(self, dispatch_id: str) -> Dispatch | None:
-        check_id("dispatch_id", dispatch_id)
-        return self._open().dispatches.get(dispatch_id)
-
-    async def list_dispatches(
-        self,
-        status: DispatchStatus | None = None,
-        thread_id: str | None = None,
-        after: str | None = None,
-        limit: int = 100,
-    ) -> list[Dispatch]:
-        limit = check_listing(status, thread_id, after, limit)
-        state = self._open()
-        floor = state.dispatch_order.get(after, 0) if after is not None else 0
-        if after is not None and after not in state.dispatch_order:
-            raise NotFound("dispatch cursor", after)
-        rows = [
-            d
-            for d in state.dispatches.values()
-            if state.dispatch_order[d.dispatch_id] > floor
-            and (status is None or d.status == status)
-            and (thread_id is None or d.thread_id == thread_id)
-        ]
-        rows.sort(key=lambda d: state.dispatch_order[d.dispatch_id])
-        return rows[:limit]
-
-    async def quarantine(self, dispatch_id: str) -> Dispatch:
-        state, d = self._dispatch(dispatch_id)
-        if d.status == "quarantined":
-            return d
-        now = self._now()
-        live = d.status == "leased" and _lease_live(state, d, now)
-        if d.status not in ("pending", "leased") or live or not d.exhausted:
-            raise InvalidState(
-                "dispatch",
-                dispatch_id,
-                f"{d.status} after {d.attempts} of {d.max_attempts} attempts"
-                + (" with a live lease" if live else ""),
-                "only exhausted work that no worker holds can be quarantined",
-            )
-        await self._record(Quarantined(dispatch_id, now))
-        return state.dispatches[dispatch_id]
-
-    async def requeue(self, dispatch_id: str) -> Dispatch:
-        state, d = self._dispatch(dispatch_id)
-        if d.status != "quarantined":
-            raise InvalidState(
-                "dispatch", dispatch_id, d.status, "only quarantined work is requeued"
-            )
-        await self._record(Requeued(dispatch_id, self._now()))
-        return state.dispatches[dispatch_id]
-
-    async def purge(self, dispatch_id: str) -> None:
-        _, d = self._dispatch(dispatch_id)
-        if d.status not in ("quarantined", "done"):
-            raise InvalidState(
-                "dispatch", dispatch_id, d.status, "only quarantined or done work can be purged"
-            )
-        await self._record(Purged(dispatch_id))
-
-    def _dispatch(self, dispatch_id: str) -> tuple[State, Dispatch]:
-        check_id("dispatch_id", dispatch_id)
-        state = self._open()
-        d = state.dispatches.get(dispatch_id)
-        if d is None:
-            raise NotFound("dispatch", dispatch_id)
-        return state, d
-
-    # ------------------------------------------------------------ workers
-
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
-        check_id("worker_id", worker_id)
-        state, now = self._open(), self._now()
-        previous = state.workers.get(worker_id)
-        info = WorkerInfo(
-            worker_id=worker_id,
-            incarnation_id=uuid.uuid4().hex,
-            generation=(previous.generation if previous else 0) + 1,
-            registered_at=now,
-            last_heartbeat=now,
-        )
-        await self._record(WorkerRegistered(info))
-        return WorkerIdentity(
-            worker_id=worker_id, incarnation_id=info.incarnation_id, generation=info.generation
-        )
-
-    async def heartbeat(self, identity: WorkerIdentity) -> None:
-        check_id("worker_id", identity.worker_id)
-        state = self._open()
-        current = state.workers.get(identity.worker_id)
-        if current is None:
-            raise NotFound("worker", identity.worker_id)
-        if (current.generation, current.incarnation_id) != (
-            identity.generation,
-            identity.incarnation_id,
-        ):
-            raise WorkerSuperseded(identity.worker_id, identity.generation, current.generation)
-        await self._record(WorkerBeat(identity.worker_id, self._now()))
-
-    async def list_workers(self) -> list[WorkerInfo]:
-        return sorted(self._open().workers.values(), key=lambda w: w.worker_id)
-
-    # ------------------------------------------------------------ inbox / outbox
-
-    async def inbox(self, thread_id: str) -> list[InboxMessage]:
-        check_id("thread_id", thread_id)
-        t = self._open().threads.get(thread_id)
-        return [] if t is None else sorted(t.inbox.values(), key=lambda m: m.revision)
-
-    async def relay_outbox(self, limit: int = 100) -> int:
-        limit = check_count("limit", limit, minimum=1)
-        state = self._open()
-        handled = 0
-        for stage_seq in sorted(state.outbox)[:limit]:
-            staged = state.outbox.get(stage_seq)
-            if staged is None:
-                continue
-            entry, now = staged.entry, self._now()
-            target = state.threads.get(entry.target_thread)
-            message = None
-            if target is None or entry.message_id not in target.delivered:
-                message = InboxMessage(
-                    message_id=entry.message_id,
-                    correlation_id=entry.correlation_id,
-                    payload=entry.payload,
-                    revision=(target.inbox_revision if target else 0) + 1,
-                    at=now,
-                    source_thread=staged.source_thread,
-                )
-            dispatch_id = message_dispatch_id(entry.target_thread, entry.message_id)
-            dispatch = None
-            if dispatch_id not in state.dispatches:
-                dispatch = Dispatch(
-                    dispatch_id=dispatch_id,
-                    thread_id=entry.target_thread,
-                    kind="message",
-                    payload={"message_id": entry.message_id},
-                    dedupe_key=dispatch_id,
-                    available_at=now,
-                    created_at=now,
-                    updated_at=now,
-                )
-            await self._record(Delivered(stage_seq, entry.target_thread, message, dispatch))
-            self._fault("relay.after_append")
-            await self._record(Unstaged(stage_seq))
-            handled += 1
-        return handled
-
 
 # ---------------------------------------------------------------- helpers
-
-
-def message_dispatch_id(target_thread: str, message_id: str) -> str:
-    """The id of the ``message`` dispatch for one delivery: stable, in the id alphabet."""
-    import hashlib
-
-    digest = hashlib.sha256(f"{target_thread}\x00{message_id}".encode()).hexdigest()[:40]
-    return f"msg-{digest}"
-
-
-def _latest_id(t: ThreadState | None) -> str | None:
-    if t is None:
-        return None
-    latest = t.latest
-    return latest.id if latest is not None else None
-
-
-def cancel_intent(thread_id: str, reason: str, now: datetime) -> Dispatch:
-    """The ``cancel`` dispatch that ``cancel`` persists (every store builds it here)."""
-    return Dispatch(
-        dispatch_id=f"cancel-{uuid.uuid4().hex}",
-        thread_id=thread_id,
-        kind="cancel",
-        payload={"reason": reason},
-        priority=CANCEL_PRIORITY,
-        available_at=now,
-        created_at=now,
-        updated_at=now,
-    )
 
 
 def _grant(state: State, thread_id: str, holder: str, ttl: float, now: datetime) -> Claim:
@@ -686,7 +328,7 @@ def _grant(state: State, thread_id: str, holder: str, ttl: float, now: datetime)
     claim exists."""
     t = state.threads.get(thread_id)
     if t is not None and t.claim is not None and t.claim.is_live(now):
-        raise ThreadBusy(thread_id, t.claim.holder, _latest_id(t), t.claim.expires_at)
+        raise ThreadBusy(thread_id, t.claim.holder, latest_checkpoint_id(t), t.claim.expires_at)
     return Claim(
         thread_id=thread_id,
         holder=holder,
@@ -709,49 +351,9 @@ def _released_replay(state: State, thread_id: str, commit: Commit, digest: str) 
     return recorded[1]
 
 
-def _snapshot(t: ThreadState) -> ThreadSnapshot:
-    return ThreadSnapshot(
-        thread_id=t.thread_id,
-        version=t.version,
-        checkpoint=t.latest,
-        writes=tuple(t.writes.values()),
-        claim=t.claim,
-        tenant=t.tenant,
-        message_count=len(t.messages),
-        last_seq=t.next_seq - 1,
-        event_floor=t.floor,
-    )
-
-
-def _check_tenant(state: State, thread_id: str, tenant: str | None) -> None:
-    """``TenantMismatch`` for a write naming ``tenant`` on a thread fixed to another."""
-    t = state.threads.get(thread_id)
-    if t is not None and t.foreign(tenant):
-        raise TenantMismatch(thread_id)
-
-
-def _current_claim(state: State, thread_id: str) -> Claim | None:
-    t = state.threads.get(thread_id)
-    return t.claim if t is not None else None
-
-
-def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:
-    claim = _current_claim(state, d.thread_id)
-    return claim is not None and claim.token == d.token and claim.is_live(now)
-
-
-def _available(state: State, d: Dispatch, now: datetime) -> bool:
-    claim = _current_claim(state, d.thread_id)
-    if claim is not None and claim.is_live(now):
-        return False
-    if d.status == "pending":
-        return d.available_at is None or d.available_at <= now
-    return d.status == "leased"
-
-
 def _check_commit_against(t: ThreadState, commit: Commit) -> None:
     tid = t.thread_id
-    resulting = commit.checkpoint.id if commit.checkpoint is not None else _latest_id(t)
+    resulting = commit.checkpoint.id if commit.checkpoint is not None else latest_checkpoint_id(t)
     if commit.checkpoint is not None:
         if commit.checkpoint.id in t.checkpoint_ids:
             raise InvalidCommit(tid, f"checkpoint id {commit.checkpoint.id!r} was used before")
@@ -801,3 +403,12 @@ def _summary(t: ThreadState) -> ThreadSummary:
         last_seq=t.next_seq - 1,
         updated_at=t.updated_at,
     )
+
+
+__all__ = [
+    "CANCEL_PRIORITY",
+    "DISPATCH_KINDS",
+    "ProjectedStore",
+    "cancel_intent",
+    "message_dispatch_id",
+]

@@ -1,0 +1,348 @@
+"""The queue half of ``ProjectedStore``: dispatches, leases, workers, inboxes and the relay,
+over the same projection and with the same atomicity (no ``await`` between planning a
+mutation and applying it)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta
+
+import msgspec
+
+from wakeful.errors import (
+    DispatchConflict,
+    InvalidInput,
+    InvalidState,
+    NotFound,
+    StaleClaim,
+    WorkerSuperseded,
+)
+from wakeful.ids import check_count, check_id, check_seconds
+from wakeful.records import (
+    Claim,
+    Dispatch,
+    DispatchStatus,
+    InboxMessage,
+    Lease,
+    Outcome,
+    WorkerIdentity,
+    WorkerInfo,
+)
+from wakeful.store.projected_core import (
+    CANCEL_PRIORITY,
+    DISPATCH_KINDS,
+    ProjectedCore,
+    check_thread_tenant,
+    claim_of,
+    snapshot_of,
+)
+from wakeful.store.projection import (
+    Cancelled,
+    Delivered,
+    Enqueued,
+    Leased,
+    LeaseGrant,
+    Purged,
+    Quarantined,
+    Requeued,
+    State,
+    Unstaged,
+    WorkerBeat,
+    WorkerRegistered,
+    settled_record,
+)
+from wakeful.store.validate import (
+    check_dispatch,
+    check_listing,
+    check_outcome,
+    check_text,
+    check_token,
+    same_request,
+)
+
+
+class ProjectedQueue(ProjectedCore):
+    """The dispatch queue, worker registry, inboxes and outbox relay of the contract."""
+
+    async def enqueue(self, dispatch: Dispatch) -> Dispatch:
+        d = check_dispatch(dispatch)
+        if d.kind not in DISPATCH_KINDS:
+            raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
+        state, now = self._open(), self._now()
+        check_thread_tenant(state, d.thread_id, d.tenant)
+        existing = state.dispatches.get(d.dispatch_id)
+        if existing is None and d.dedupe_key is not None:
+            by_key = state.dedupe.get(d.dedupe_key)
+            existing = state.dispatches.get(by_key) if by_key is not None else None
+        if existing is not None:
+            if same_request(existing, d):
+                return existing
+            key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
+            raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
+        stored = msgspec.structs.replace(
+            d,
+            available_at=d.available_at or now,
+            status="pending",
+            attempts=0,
+            token=None,
+            holder=None,
+            lease_until=None,
+            last_error=None,
+            created_at=now,
+            updated_at=now,
+        )
+        await self._record(Enqueued(stored))
+        return stored
+
+    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
+        check_id("holder", holder)
+        ttl = check_seconds("ttl", ttl)
+        limit = check_count("limit", limit, minimum=1, maximum=1000)
+        state, now = self._open(), self._now()
+        expires = now + timedelta(seconds=ttl)
+        grants: list[LeaseGrant] = []
+        taken: set[str] = set()
+        for _, _, did in state.claimable:  # already in claim order
+            if len(grants) == limit:
+                break
+            d = state.dispatches[did]
+            if d.thread_id in taken or not _available(state, d, now):
+                continue
+            taken.add(d.thread_id)
+            token = state.epochs.get(d.thread_id, 0) + 1
+            grants.append(
+                LeaseGrant(
+                    d.dispatch_id,
+                    Claim(thread_id=d.thread_id, holder=holder, token=token, expires_at=expires),
+                )
+            )
+        if not grants:
+            return []
+        await self._record(Leased(tuple(grants), now))
+        leases = []
+        for grant in grants:
+            d = state.dispatches[grant.dispatch_id]
+            leases.append(
+                Lease(
+                    dispatch=d,
+                    claim=grant.claim,
+                    exhausted=d.attempts > d.max_attempts,
+                    snapshot=snapshot_of(state.threads[d.thread_id]),
+                )
+            )
+        return leases
+
+    async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
+        check_id("dispatch_id", dispatch_id)
+        check_token(token)
+        check_outcome(outcome)
+        state, now = self._open(), self._now()
+        d = state.dispatches.get(dispatch_id)
+        if d is None:
+            raise NotFound("dispatch", dispatch_id)
+        epoch = state.epochs.get(d.thread_id, 0)
+        if d.status != "leased" or d.token != token or epoch != token:
+            current = claim_of(state, d.thread_id)
+            raise StaleClaim(d.thread_id, token, current.token if current else None)
+        await self._record(settled_record(d, token, outcome, now))
+        return state.dispatches[dispatch_id]
+
+    async def cancel(self, thread_id: str, reason: str) -> Dispatch:
+        check_id("thread_id", thread_id)
+        check_text("reason", reason)
+        state, now = self._open(), self._now()
+        for did in state.open_by_thread.get(thread_id, ()):
+            d = state.dispatches[did]
+            if d.kind == "cancel" and d.status == "pending":
+                return d
+        dispatch = cancel_intent(thread_id, reason, now)
+        epoch = state.epochs.get(thread_id, 0) + 1
+        await self._record(Cancelled(thread_id, reason, epoch, dispatch, now))
+        return state.dispatches[dispatch.dispatch_id]
+
+    async def get_dispatch(self, dispatch_id: str) -> Dispatch | None:
+        check_id("dispatch_id", dispatch_id)
+        return self._open().dispatches.get(dispatch_id)
+
+    async def list_dispatches(
+        self,
+        status: DispatchStatus | None = None,
+        thread_id: str | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> list[Dispatch]:
+        limit = check_listing(status, thread_id, after, limit)
+        state = self._open()
+        floor = state.dispatch_order.get(after, 0) if after is not None else 0
+        if after is not None and after not in state.dispatch_order:
+            raise NotFound("dispatch cursor", after)
+        rows = [
+            d
+            for d in state.dispatches.values()
+            if state.dispatch_order[d.dispatch_id] > floor
+            and (status is None or d.status == status)
+            and (thread_id is None or d.thread_id == thread_id)
+        ]
+        rows.sort(key=lambda d: state.dispatch_order[d.dispatch_id])
+        return rows[:limit]
+
+    async def quarantine(self, dispatch_id: str) -> Dispatch:
+        state, d = self._dispatch(dispatch_id)
+        if d.status == "quarantined":
+            return d
+        now = self._now()
+        live = d.status == "leased" and _lease_live(state, d, now)
+        if d.status not in ("pending", "leased") or live or not d.exhausted:
+            raise InvalidState(
+                "dispatch",
+                dispatch_id,
+                f"{d.status} after {d.attempts} of {d.max_attempts} attempts"
+                + (" with a live lease" if live else ""),
+                "only exhausted work that no worker holds can be quarantined",
+            )
+        await self._record(Quarantined(dispatch_id, now))
+        return state.dispatches[dispatch_id]
+
+    async def requeue(self, dispatch_id: str) -> Dispatch:
+        state, d = self._dispatch(dispatch_id)
+        if d.status != "quarantined":
+            raise InvalidState(
+                "dispatch", dispatch_id, d.status, "only quarantined work is requeued"
+            )
+        await self._record(Requeued(dispatch_id, self._now()))
+        return state.dispatches[dispatch_id]
+
+    async def purge(self, dispatch_id: str) -> None:
+        _, d = self._dispatch(dispatch_id)
+        if d.status not in ("quarantined", "done"):
+            raise InvalidState(
+                "dispatch", dispatch_id, d.status, "only quarantined or done work can be purged"
+            )
+        await self._record(Purged(dispatch_id))
+
+    def _dispatch(self, dispatch_id: str) -> tuple[State, Dispatch]:
+        check_id("dispatch_id", dispatch_id)
+        state = self._open()
+        d = state.dispatches.get(dispatch_id)
+        if d is None:
+            raise NotFound("dispatch", dispatch_id)
+        return state, d
+
+    # ------------------------------------------------------------ workers
+
+    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+        check_id("worker_id", worker_id)
+        state, now = self._open(), self._now()
+        previous = state.workers.get(worker_id)
+        info = WorkerInfo(
+            worker_id=worker_id,
+            incarnation_id=uuid.uuid4().hex,
+            generation=(previous.generation if previous else 0) + 1,
+            registered_at=now,
+            last_heartbeat=now,
+        )
+        await self._record(WorkerRegistered(info))
+        return WorkerIdentity(
+            worker_id=worker_id, incarnation_id=info.incarnation_id, generation=info.generation
+        )
+
+    async def heartbeat(self, identity: WorkerIdentity) -> None:
+        check_id("worker_id", identity.worker_id)
+        state = self._open()
+        current = state.workers.get(identity.worker_id)
+        if current is None:
+            raise NotFound("worker", identity.worker_id)
+        if (current.generation, current.incarnation_id) != (
+            identity.generation,
+            identity.incarnation_id,
+        ):
+            raise WorkerSuperseded(identity.worker_id, identity.generation, current.generation)
+        await self._record(WorkerBeat(identity.worker_id, self._now()))
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        return sorted(self._open().workers.values(), key=lambda w: w.worker_id)
+
+    # ------------------------------------------------------------ inbox / outbox
+
+    async def inbox(self, thread_id: str) -> list[InboxMessage]:
+        check_id("thread_id", thread_id)
+        t = self._open().threads.get(thread_id)
+        return [] if t is None else sorted(t.inbox.values(), key=lambda m: m.revision)
+
+    async def relay_outbox(self, limit: int = 100) -> int:
+        limit = check_count("limit", limit, minimum=1)
+        state = self._open()
+        handled = 0
+        for stage_seq in sorted(state.outbox)[:limit]:
+            staged = state.outbox.get(stage_seq)
+            if staged is None:
+                continue
+            entry, now = staged.entry, self._now()
+            target = state.threads.get(entry.target_thread)
+            message = None
+            if target is None or entry.message_id not in target.delivered:
+                message = InboxMessage(
+                    message_id=entry.message_id,
+                    correlation_id=entry.correlation_id,
+                    payload=entry.payload,
+                    revision=(target.inbox_revision if target else 0) + 1,
+                    at=now,
+                    source_thread=staged.source_thread,
+                )
+            dispatch_id = message_dispatch_id(entry.target_thread, entry.message_id)
+            dispatch = None
+            if dispatch_id not in state.dispatches:
+                dispatch = Dispatch(
+                    dispatch_id=dispatch_id,
+                    thread_id=entry.target_thread,
+                    kind="message",
+                    payload={"message_id": entry.message_id},
+                    dedupe_key=dispatch_id,
+                    available_at=now,
+                    created_at=now,
+                    updated_at=now,
+                )
+            await self._record(Delivered(stage_seq, entry.target_thread, message, dispatch))
+            self._fault("relay.after_append")
+            await self._record(Unstaged(stage_seq))
+            handled += 1
+        return handled
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def message_dispatch_id(target_thread: str, message_id: str) -> str:
+    """The id of the ``message`` dispatch for one delivery: stable, in the id alphabet."""
+    import hashlib
+
+    digest = hashlib.sha256(f"{target_thread}\x00{message_id}".encode()).hexdigest()[:40]
+    return f"msg-{digest}"
+
+
+def cancel_intent(thread_id: str, reason: str, now: datetime) -> Dispatch:
+    """The ``cancel`` dispatch that ``cancel`` persists (every store builds it here)."""
+    return Dispatch(
+        dispatch_id=f"cancel-{uuid.uuid4().hex}",
+        thread_id=thread_id,
+        kind="cancel",
+        payload={"reason": reason},
+        priority=CANCEL_PRIORITY,
+        available_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+
+
+def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:
+    claim = claim_of(state, d.thread_id)
+    return claim is not None and claim.token == d.token and claim.is_live(now)
+
+
+def _available(state: State, d: Dispatch, now: datetime) -> bool:
+    claim = claim_of(state, d.thread_id)
+    if claim is not None and claim.is_live(now):
+        return False
+    if d.status == "pending":
+        return d.available_at is None or d.available_at <= now
+    return d.status == "leased"
