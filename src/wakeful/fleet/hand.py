@@ -11,24 +11,24 @@ operation id, and answers ``POST /v1/calls`` with one of three outcomes:
 
 Reusing an operation id for another tool or other arguments fails closed (HTTP 409).
 
-The client, ``RemoteHand``, retries transport failures (connection refused, timeouts,
-5xx) with the SAME operation id, so a lost response costs a retry, never a second effect.
-An agent tool passes ``ctx.idempotency_key`` as the operation id (deterministic per call,
-the same after a recovery) and returns ``wakeful.agent.agent.INDETERMINATE`` when it
-catches ``HandIndeterminate``::
+The client, ``RemoteHand``, retries a request that never reached the hand (connection
+refused) and resolves one that may have (the connection dropped after sending, a timeout, a
+5xx) by the SAME operation id, so a lost answer costs a lookup, never a second effect, and
+is never reported as a failure. An agent tool passes its ``ctx``: the operation id is
+``ctx.idempotency_key`` (deterministic per call, the same after a recovery) and the tool's
+replay policy says whether the call may be sent again. A call whose outcome stays unknown
+raises ``HandIndeterminate`` (an ``OutcomeUnknown``), which the agent records
+``indeterminate``::
 
     hand = RemoteHand("http://127.0.0.1:8700")
 
     @tool(replay="keyed")
     async def charge(amount: int, ctx: ToolContext) -> Any:
-        try:
-            return await hand.call("charge", {"amount": amount}, operation_id=ctx.idempotency_key)
-        except HandIndeterminate:
-            return INDETERMINATE
+        return await hand.call("charge", {"amount": amount}, ctx=ctx)
 
-The service's HTTP face, ``create_app`` and ``serve_hand``, is ``wakeful.fleet.handserver``:
-it imports this module, never the other way round, so a client does not load FastAPI and
-uvicorn.
+The errors live in ``wakeful.fleet.handerrors`` and are importable from here. The service's
+HTTP face, ``create_app`` and ``serve_hand``, is ``wakeful.fleet.handserver``: it imports
+this module, never the other way round, so a client does not load FastAPI and uvicorn.
 """
 
 from __future__ import annotations
@@ -45,7 +45,16 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import httpx
 import msgspec
 
-from wakeful.errors import InvalidInput, InvalidState, OutcomeUnknown, WakefulError
+from wakeful.errors import InvalidInput, InvalidState
+from wakeful.fleet.handerrors import (
+    HandConflict,
+    HandError,
+    HandIndeterminate,
+    HandOutcomeUnknown,
+    HandRejected,
+    HandUnavailable,
+    UnknownTool,
+)
 from wakeful.fleet.ledger import Ledger, LedgerEntry
 from wakeful.ids import check_id
 
@@ -54,110 +63,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("wakeful.fleet.hand")
 
+__all__ = [
+    "MAX_ARGUMENTS_BYTES",
+    "MAX_RESULT_BYTES",
+    "RECOVERY_WINDOW",
+    "CallOutcome",
+    "HandConflict",
+    "HandError",
+    "HandIndeterminate",
+    "HandOutcomeUnknown",
+    "HandRejected",
+    "HandService",
+    "HandUnavailable",
+    "RemoteHand",
+    "UnknownTool",
+    "canonical_arguments",
+]
+
 MAX_ARGUMENTS_BYTES = 1024 * 1024
 MAX_RESULT_BYTES = 8 * 1024 * 1024
 
 Status = Literal["done", "error", "indeterminate"]
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class HandIndeterminate(OutcomeUnknown):
-    """The hand recorded the call's start but no result: the process running it died
-    mid-call. The tool was not run again and its effect is unknown. An agent tool that
-    raises it (or returns ``INDETERMINATE``) is recorded ``indeterminate``."""
-
-    def __init__(self, operation_id: str, tool: str, message: str | None = None) -> None:
-        self.operation_id = operation_id
-        self.tool = tool
-        super().__init__(
-            message
-            or f"operation {operation_id!r} ({tool}) started on the hand but never finished: "
-            f"its outcome is unknown and it was not run again"
-        )
-
-
-class HandOutcomeUnknown(HandIndeterminate):
-    """The call may have reached the hand (it was sent, then the connection dropped, the
-    answer timed out or a 5xx came back) and the hand gave no answer about it within
-    ``RemoteHand.recovery_window``. Its effect is unknown; the same operation id asked
-    later (``RemoteHand.lookup``) may tell. A subclass of ``HandIndeterminate``: an agent
-    records the call ``indeterminate``, never as an error."""
-
-    retryable = True
-
-    def __init__(self, operation_id: str, tool: str, window: float, detail: str) -> None:
-        self.window = window
-        self.detail = detail
-        super().__init__(
-            operation_id,
-            tool,
-            f"operation {operation_id!r} ({tool}) may have reached the hand ({detail}) and "
-            f"the hand did not say what became of it within {window:g} s: its outcome is "
-            f"unknown; look it up later with the same operation id, never call it again "
-            f"under a new one",
-        )
-
-
-class HandError(WakefulError):
-    """The tool ran and raised; ``error`` is the recorded ``Type: message``. A retry with
-    the same operation id returns the same error (it is not run again)."""
-
-    def __init__(self, operation_id: str, tool: str, error: str) -> None:
-        self.operation_id = operation_id
-        self.tool = tool
-        self.error = error
-        super().__init__(f"operation {operation_id!r} ({tool}) failed on the hand: {error}")
-
-
-class HandUnavailable(WakefulError):
-    """The hand could not be reached on any attempt (connection refused, DNS failure,
-    connect timeout, HTTP 429): the call provably never reached it, so nothing ran. Retry
-    later with the same operation id. (A call that may have reached the hand is never
-    reported this way: see ``HandOutcomeUnknown``.)"""
-
-    retryable = True
-
-    def __init__(self, operation_id: str, attempts: int, detail: str) -> None:
-        self.operation_id = operation_id
-        self.attempts = attempts
-        self.detail = detail
-        super().__init__(
-            f"hand unavailable for operation {operation_id!r} after {attempts} attempts "
-            f"({detail}); retry later with the same operation id"
-        )
-
-
-class HandConflict(WakefulError):
-    """The operation id was already used for another tool or other arguments. Fails closed:
-    nothing ran. (HTTP 409.)"""
-
-    def __init__(self, operation_id: str, detail: str = "") -> None:
-        self.operation_id = operation_id
-        super().__init__(
-            f"operation {operation_id!r} was already used for another tool or other "
-            f"arguments{': ' + detail if detail else ''}; nothing ran (an operation id names "
-            f"one call)"
-        )
-
-
-class UnknownTool(WakefulError):
-    """The hand has no tool by that name. Nothing ran or was recorded. (HTTP 422.)"""
-
-    def __init__(self, tool: str) -> None:
-        self.tool = tool
-        super().__init__(f"the hand has no tool named {tool!r}; nothing ran")
-
-
-class HandRejected(WakefulError):
-    """The hand refused the request (an HTTP 4xx other than 409, or an unreadable answer);
-    resending it unchanged will not help."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        self.status = status
-        self.detail = detail
-        super().__init__(f"the hand refused the call (HTTP {status}): {detail}")
 
 
 # --------------------------------------------------------------------------- service
@@ -335,6 +261,10 @@ Every 5xx may come after the request reached the hand (or a proxy passed it on).
 MIN_ATTEMPT_TIMEOUT = 1.0
 """The shortest timeout a resolving attempt gets, even at the end of the window."""
 
+RESOLVE_INTERVAL = 1.0
+"""The most a resolving client waits between attempts (or ``max_backoff`` if smaller): a
+restarted hand is asked within a second of listening again."""
+
 
 @dataclass(frozen=True)
 class _Lost:
@@ -354,7 +284,8 @@ class RemoteHand:
 
     A call that may have reached the hand (sent, then the connection dropped or reset, the
     answer timed out, or a 5xx came back) is resolved by its operation id, with backoff
-    from ``backoff`` to ``max_backoff``, until the hand answers or ``recovery_window`` ends:
+    from ``backoff`` to at most ``RESOLVE_INTERVAL`` (1 s), until the hand answers or
+    ``recovery_window`` ends (each attempt then bounded by the time left, at least 1 s):
     a ``keyed`` (or ``safe``) call is sent again (the ledger never runs an operation id
     twice: it answers the recorded outcome or waits for the running call); a ``never``
     call is not sent again, only looked up (``GET /v1/calls/<op>``): the ledger's ``done``,
@@ -494,7 +425,8 @@ class RemoteHand:
         attempt = 0
         while True:
             attempt += 1
-            await self.sleep(min(self._backoff(attempt), max(0.0, deadline - self.monotonic())))
+            pause = min(self._backoff(attempt), RESOLVE_INTERVAL)
+            await self.sleep(min(pause, max(0.0, deadline - self.monotonic())))
             timeout = min(self.timeout, max(MIN_ATTEMPT_TIMEOUT, deadline - self.monotonic()))
             if policy == "keyed":
                 outcome = await self._exchange("POST", "/v1/calls", body, timeout)
