@@ -60,7 +60,8 @@ class HandUnavailable(WakefulError):
     """The hand could not be reached on any attempt (connection refused, DNS failure,
     connect timeout, HTTP 429): the call provably never reached it, so nothing ran. Retry
     later with the same operation id. (A call that may have reached the hand is never
-    reported this way: see ``HandOutcomeUnknown``.)"""
+    reported this way: see ``HandOutcomeUnknown``. ``RemoteHand.lookup``, which is
+    read-only, raises it after any failure on every attempt.)"""
 
     retryable = True
 
