@@ -25,7 +25,7 @@ def registry(directory: Path, hand_url: str, mode: str) -> Registry:
     @tool(replay="keyed")
     async def count(tag: str, ctx: ToolContext) -> Any:
         """Record an effect, once per idempotency key."""
-        result = await hand.call("count", {"tag": tag}, operation_id=ctx.idempotency_key)
+        result = await hand.call("count", {"tag": tag}, ctx=ctx)
         (directory / f"answered-{mode}").write_text(str(result))
         if mode == "first":
             await asyncio.Event().wait()  # killed here: the hand ran, nothing committed

@@ -15,7 +15,8 @@ import pytest
 from tests.agent_child import approval_agent, tools_agent
 from tests.runtime_support import kill_when_ready, store_url
 from wakeful import ManualClock, open_store
-from wakeful.agent import INDETERMINATE, Agent, tool
+from wakeful.agent import INDETERMINATE, Agent, ToolContext, tool
+from wakeful.errors import OutcomeUnknown
 from wakeful.providers.scripted import Scripted, calls, reply
 from wakeful.runtime import ClaimPolicy, Runtime
 from wakeful.store.memory import MemoryStore
@@ -93,6 +94,52 @@ async def test_invalid_arguments_never_execute_and_errors_become_results() -> No
         "tool",
         "tool",
     ]
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_outcome_is_recorded_indeterminate_whatever_the_policy() -> None:
+    """Regression (issue 26): a keyed tool that returned ``INDETERMINATE`` was stored with
+    outcome ``ok`` and no ``tool.indeterminate`` event; one that raised an ``OutcomeUnknown``
+    was stored as an ``error``, inviting the model to call again under a new key."""
+    seen: list[tuple[str, str]] = []
+
+    @tool(replay="keyed")
+    def charge(n: int, ctx: ToolContext) -> str:
+        """Charge."""
+        seen.append(("charge", ctx.replay))
+        return INDETERMINATE
+
+    @tool(replay="never")
+    def email(n: int, ctx: ToolContext) -> str:
+        """Email."""
+        seen.append(("email", ctx.replay))
+        raise OutcomeUnknown("the mail server hung up after DATA")
+
+    @tool
+    def lookup(n: int) -> str:
+        """Look up."""
+        return "found"
+
+    provider = Scripted.of(
+        calls(("c1", "charge", {"n": 1}), ("c2", "email", {"n": 2}), ("c3", "lookup", {"n": 3})),
+        reply("Told them."),
+    )
+    store = MemoryStore(ManualClock())
+    agent = Agent("a", provider, tools=[charge, email, lookup])
+    assert (await agent.run(Runtime(store), "t", "go")).text == "Told them."
+    results = {m.tool_call_id: m for m in await store.messages("t") if m.role == "tool"}
+    outcomes = {c: (m.metadata["outcome"], m.content) for c, m in results.items()}
+    assert outcomes == {
+        "c1": ("indeterminate", INDETERMINATE),
+        "c2": ("indeterminate", INDETERMINATE),
+        "c3": ("ok", "found"),
+    }
+    flagged = [e.data for e in await store.events_after("t", 0) if e.type == "tool.indeterminate"]
+    assert sorted(flagged, key=lambda d: str(d["call_id"])) == [
+        {"call_id": "c1", "tool": "charge"},
+        {"call_id": "c2", "tool": "email"},
+    ]
+    assert sorted(seen) == [("charge", "keyed"), ("email", "never")]
 
 
 @pytest.mark.asyncio

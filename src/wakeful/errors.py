@@ -16,6 +16,13 @@ class WakefulError(Exception):
     retryable: bool = False
 
 
+class OutcomeUnknown(WakefulError):
+    """An operation may or may not have taken effect and nobody can tell which now (it was
+    sent and its answer was lost, or the process running it died mid-call). It is neither a
+    failure nor a success: reporting it as failed invites a retry under a new identity, a
+    second effect. An agent tool that raises it is recorded ``indeterminate``."""
+
+
 class InvalidInput(WakefulError, ValueError):
     """An argument is malformed (an id outside its alphabet, a negative ttl, a payload too
     large). Nothing was read or written."""

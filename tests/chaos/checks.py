@@ -20,6 +20,10 @@ children reported in their fsynced ledgers.
 5. ``replay``: a ``never`` tool's effect happens at most once per call; every attempt of a
    ``keyed`` call uses the same key, no two calls share a key, so a downstream system that
    deduplicates by key applies each call at most once.
+6. ``hand``: a call through the remote hand is recorded as the hand's ledger says: ``ok``
+   only with the ledger's result, ``indeterminate`` (with one ``tool.indeterminate`` event)
+   only when the ledger has no result, ``error`` only as ``HandUnavailable`` for a call the
+   ledger never saw.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ INVARIANTS = {
     "stale": "3. no stale write is accepted",
     "incomplete-call": "4. no incomplete tool call is executed",
     "replay": "5. never at most once, keyed applied at most once",
+    "hand": "6. a hand call is recorded as the hand's ledger says, an error only if unseen",
     "fail-closed": "a corrupt log is refused and left unchanged",
     "liveness": "the work finishes after the faults (not a safety invariant)",
     "harness": "the trial itself failed (a bug in the harness or an unexpected error)",
@@ -472,4 +477,57 @@ def writer_threads(dump: Dump, threads: Iterable[str]) -> list[Violation]:
         data = [e.data.get("n") if isinstance(e.data, dict) else None for e in t.events]
         if data != list(range(1, v + 1)):
             found.append(Violation("duplicate", f"{tid}: events carry {data}"))
+    return found
+
+
+# ---------------------------------------------------------------- remote hand
+
+
+def hand_calls(
+    dump: Dump,
+    threads: Iterable[str],
+    records: dict[str, tuple[str, str | None, str | None]],
+    effects: list[dict[str, Any]],
+) -> list[Violation]:
+    """``records``: the hand's ledger (operation id: status, result JSON, error);
+    ``effects``: the hand tools' executions (each names its call's key)."""
+    found: list[Violation] = []
+    for key, n in Counter(str(e["key"]) for e in effects).items():
+        if n > 1:
+            found.append(Violation("replay", f"the hand ran call {key} {n} times"))
+    for tid in threads:
+        t = dump.thread(tid)
+        flagged = Counter(
+            str(e.data.get("call_id")) for e in t.events if e.type == "tool.indeterminate"
+        )
+        for m in t.messages:
+            if m.role != "tool":
+                continue
+            call, outcome = str(m.tool_call_id), m.metadata.get("outcome")
+            record = records.get(m.id.removeprefix("m-").removesuffix("-r"))
+            if outcome == "ok":
+                if (
+                    record is None
+                    or record[0] != "done"
+                    or record[2] is not None
+                    or json.loads(record[1] or "null") != json.loads(str(m.content))
+                ):
+                    found.append(
+                        Violation(
+                            "hand", f"{tid}: {call} recorded ok, the hand's ledger has {record}"
+                        )
+                    )
+            elif outcome == "indeterminate":
+                if record is not None and record[0] == "done":
+                    found.append(
+                        Violation("hand", f"{tid}: {call} recorded indeterminate, ledger: {record}")
+                    )
+                if flagged[call] != 1:
+                    found.append(
+                        Violation("hand", f"{tid}: {call} has {flagged[call]} tool.indeterminate")
+                    )
+            elif not (outcome == "error" and "HandUnavailable" in str(m.content) and not record):
+                # HandUnavailable is the one honest error: the call never reached the hand
+                # (connection refused on every attempt), so the ledger must not know it.
+                found.append(Violation("hand", f"{tid}: {call} recorded {outcome}: {m.content}"))
     return found

@@ -10,6 +10,8 @@ Modes:
   ``builder``: one sequential writer on a file store, reporting after every acknowledged
       commit the log generation and durable size, then closing cleanly (torn and corrupt
       log trials cut or damage what it wrote).
+  ``hand``: the remote hand service (``tests.chaos.handwork``) on ``port``, until killed;
+      a ``worker`` with ``hand_url`` runs an agent whose tools call it.
 
 Every mode writes ``up-NAME`` once running and reports through fsynced ledgers in DIR
 (``acks-*``, ``effects-*``, ``faults.jsonl``); a ``fault`` in the config kills or stops the
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from tests.chaos import ledger
+from tests.chaos.handwork import hand_main, hand_registry
 from tests.chaos.probe import PID, Faults, Recording
 from tests.chaos.workload import registry
 from wakeful import open_store
@@ -95,7 +98,9 @@ async def worker_main(url: str, directory: Path, cfg: dict[str, Any]) -> None:
     ttl = float(cfg["ttl"])
     worker = Worker(
         store,
-        registry(directory, faults, int(cfg["seed"])),
+        hand_registry(faults, int(cfg["seed"]), cfg)
+        if cfg.get("hand_url")
+        else registry(directory, faults, int(cfg["seed"])),
         concurrency=int(cfg.get("concurrency", 2)),
         claims=ClaimPolicy(ttl=ttl, renew_every=ttl / 4),
         worker_id=cfg["name"],
@@ -237,6 +242,7 @@ MODES = {
     "writer": writer_main,
     "relay": relay_main,
     "builder": builder_main,
+    "hand": hand_main,
 }
 
 

@@ -43,6 +43,7 @@ CELLS: tuple[tuple[str, str], ...] = (
     ("pg_restart", "postgres"),
     ("torn_log", "file"),
     ("corrupt_log", "file"),
+    ("hand_kill", "sqlite"),
 )
 """Append only: a cell's index is part of its seeds."""
 

@@ -298,6 +298,16 @@ CHECKS: dict[str, str] = {
         "and the downstream system (an `O_EXCL` file per key) applied each key once. `safe` "
         "calls may run more than once by design and are not counted."
     ),
+    "hand": (
+        "`hand_kill` trials: every call an agent made through the remote hand (its tools pass "
+        "`ctx`, so the call's idempotency key is the operation id) is compared with the "
+        "hand's SQLite ledger read after the trial: an `ok` result must equal the ledger's "
+        "recorded result; an `indeterminate` one must have no result in the ledger (the hand "
+        "died mid-call, or the call never reached it) and exactly one `tool.indeterminate` "
+        "event; a call is recorded `error` only as `HandUnavailable` (connection refused on "
+        "every attempt) and then the ledger must not know it. From the hand tools' fsynced "
+        "execution log, no operation runs twice (checked under `replay`)."
+    ),
     "fail-closed": (
         "after flipping one byte (random position and mask) in a complete record of the log "
         "(never its final newline, which is indistinguishable from a torn append) or the "
@@ -383,6 +393,17 @@ KINDS: tuple[tuple[str, str, str], ...] = (
             "flipped; the open must fail closed"
         ),
     ),
+    (
+        "`hand_kill`",
+        "SQLite",
+        (
+            "2-4 agent threads whose `keyed` and `never` tools run through a remote hand "
+            "process (each hand call sleeps 0.05-0.4 s after logging its execution); the hand "
+            "is SIGKILLed once or twice, after a random delay or in the middle of its n-th "
+            "call, and restarted on the same port after 0.05-0.5 s or 1-6 s; one worker "
+            "(not faulted) finishes the runs"
+        ),
+    ),
 )
 """(kind, stores, what a trial does)"""
 
@@ -427,7 +448,9 @@ LIMITS = """## Limits and what is not covered
   corrupt logs stand in for what a power loss or a bad disk leaves.
 - PostgreSQL restarts are few (each takes seconds and disturbs every other client of the
   server); backend kills mid-commit are covered by `tests/test_postgres_faults.py`.
-- NATS wakes, the remote hand and the HTTP server are not in the matrix.
+- NATS wakes and the HTTP server are not in the matrix. The remote hand is (`hand_kill`),
+  with the hand killed; a worker killed mid-call through the hand is covered by
+  `tests/test_fleet_integration.py`, not by the matrix.
 
 ## Running it
 

@@ -227,3 +227,41 @@ def test_a_woken_worker_must_change_nothing() -> None:
     after = dump(thread("t", [event("t", 1, "x"), event("t", 2, "y")]))
     assert checks.unchanged(before, before, ()) == []
     assert kinds(checks.unchanged(before, after, ())) == ["stale"]
+
+
+def test_hand_calls_are_recorded_as_the_hand_ledger_says() -> None:
+    def result(key: str, outcome: str, content: str, call: str) -> Message:
+        return Message(
+            id=f"m-{key}-r",
+            role="tool",
+            content=content,
+            tool_call_id=call,
+            metadata={"tool": "keyed_op", "outcome": outcome},
+        )
+
+    flagged = event("t", 1, "tool.indeterminate", data={"call_id": "c2", "tool": "never_op"})
+    calls = [
+        result("k1", "ok", '{"kind":"keyed","n":1}', "c1"),
+        result("k2", "indeterminate", "Indeterminate: ...", "c2"),
+        result("k3", "error", "error: HandUnavailable: hand unavailable ...", "c3"),
+    ]
+    records: dict[str, tuple[str, str | None, str | None]] = {
+        "k1": ("done", '{"n":1,"kind":"keyed"}', None),
+        "k2": ("started", None, None),
+    }
+    effects = [{"key": "k1"}, {"key": "k2"}]
+    clean = dump(thread("t", [flagged], calls))
+    assert checks.hand_calls(clean, ["t"], records, effects) == []
+    assert kinds(checks.hand_calls(clean, ["t"], records, [*effects, {"key": "k1"}])) == ["replay"]
+    wrong = {**records, "k1": ("done", '{"kind":"keyed","n":2}', None)}
+    assert kinds(checks.hand_calls(clean, ["t"], wrong, effects)) == ["hand"]
+    knew = {**records, "k2": ("done", '{"kind":"never","n":2}', None)}
+    assert kinds(checks.hand_calls(clean, ["t"], knew, effects)) == ["hand"]
+    saw = {**records, "k3": ("started", None, None)}
+    assert kinds(checks.hand_calls(clean, ["t"], saw, effects)) == ["hand"]
+    unflagged = dump(thread("t", [], calls))
+    assert kinds(checks.hand_calls(unflagged, ["t"], records, effects)) == ["hand"]
+    failed = [*calls[:2], result("k3", "error", "error: HandError: declined", "c3")]
+    assert kinds(
+        checks.hand_calls(dump(thread("t", [flagged], failed)), ["t"], records, effects)
+    ) == ["hand"]

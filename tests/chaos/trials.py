@@ -826,6 +826,12 @@ async def open_corrupt(root: Path) -> str:
     return "a successful open"
 
 
+def hand_kill(t: Trial) -> None:
+    from tests.chaos.handtrial import hand_kill as trial  # it imports this module
+
+    trial(t)
+
+
 DRIVERS: dict[str, Callable[[Trial], None]] = {
     "worker_kill": worker_kill,
     "worker_stop": worker_stop,
@@ -834,4 +840,5 @@ DRIVERS: dict[str, Callable[[Trial], None]] = {
     "pg_restart": pg_restart,
     "torn_log": torn_log,
     "corrupt_log": corrupt_log,
+    "hand_kill": hand_kill,
 }

@@ -17,7 +17,7 @@ import msgspec
 
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery
 from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext
-from wakeful.errors import InvalidInput
+from wakeful.errors import InvalidInput, OutcomeUnknown
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
 from wakeful.providers.base import ModelRequest, Provider
@@ -199,8 +199,7 @@ class Agent:
                 return "denied", f"denied: {reason}" if reason else "denied by the user"
         if tool.replay == "never":
             if ctx.has_mark("started"):
-                ctx.emit("tool.indeterminate", {"call_id": call.get("id"), "tool": name})
-                return "indeterminate", INDETERMINATE
+                return _indeterminate(name, call, ctx)
             await ctx.mark("started")
         ctx.emit_live("tool.started", {"call_id": call.get("id"), "tool": name})
         tool_ctx = ToolContext(
@@ -209,11 +208,18 @@ class Agent:
             call_id=str(call.get("id")),
             idempotency_key=ctx.idempotency_key,
             fencing_token=ctx.fencing_token,
+            replay=tool.replay,
         )
         try:
             value = await tool.call(arguments, tool_ctx)
+        except OutcomeUnknown:
+            # Not an error: the effect may have happened, and a model told "failed" may call
+            # again under a new idempotency key.
+            return _indeterminate(name, call, ctx)
         except Exception as exc:
             return "error", f"error: {type(exc).__name__}: {exc}"
+        if isinstance(value, str) and value == INDETERMINATE:
+            return _indeterminate(name, call, ctx)
         if isinstance(value, str):
             return "ok", value
         try:
@@ -319,6 +325,13 @@ class Agent:
             await asyncio.wait({asyncio.ensure_future(handle.result())})
         finally:
             await events.aclose()  # type: ignore[attr-defined]
+
+
+def _indeterminate(name: str, call: dict[str, Any], ctx: NodeContext) -> tuple[str, str]:
+    """Record a call whose outcome is unknown: the ``tool.indeterminate`` event and the
+    ``indeterminate`` outcome, whichever way it was found out."""
+    ctx.emit("tool.indeterminate", {"call_id": call.get("id"), "tool": name})
+    return "indeterminate", INDETERMINATE
 
 
 def _decision(answer: Any) -> tuple[bool, str | None]:

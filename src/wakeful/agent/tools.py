@@ -8,7 +8,9 @@ the claim's fencing token.
 Replay policies say what happens when a run is recovered and a call has no recorded result:
 ``safe`` runs it again; ``keyed`` runs it again with the same idempotency key (for systems
 that deduplicate); ``never`` is not run again if it may have started (its start is recorded
-before it runs): its result is ``Indeterminate``."""
+before it runs): its result is ``Indeterminate``. A tool that returns ``INDETERMINATE``
+(``wakeful.agent.agent``) or raises ``wakeful.errors.OutcomeUnknown`` is recorded
+``indeterminate`` whatever its policy."""
 
 from __future__ import annotations
 
@@ -37,6 +39,10 @@ class ToolContext:
     idempotency_key: str
     """Deterministic per thread, run, step and call: the same after a recovery."""
     fencing_token: int
+    replay: Replay = "safe"
+    """The tool's replay policy, so a client that can resolve a lost answer (``RemoteHand``)
+    knows whether it may send the call again (``keyed``, ``safe``) or only look it up
+    (``never``)."""
 
 
 class ArgumentsInvalid(ValueError):

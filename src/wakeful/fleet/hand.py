@@ -11,24 +11,24 @@ operation id, and answers ``POST /v1/calls`` with one of three outcomes:
 
 Reusing an operation id for another tool or other arguments fails closed (HTTP 409).
 
-The client, ``RemoteHand``, retries transport failures (connection refused, timeouts,
-5xx) with the SAME operation id, so a lost response costs a retry, never a second effect.
-An agent tool passes ``ctx.idempotency_key`` as the operation id (deterministic per call,
-the same after a recovery) and returns ``wakeful.agent.agent.INDETERMINATE`` when it
-catches ``HandIndeterminate``::
+The client, ``RemoteHand``, retries a request that never reached the hand (connection
+refused) and resolves one that may have (the connection dropped after sending, a timeout, a
+5xx) by the SAME operation id, so a lost answer costs a lookup, never a second effect, and
+is never reported as a failure. An agent tool passes its ``ctx``: the operation id is
+``ctx.idempotency_key`` (deterministic per call, the same after a recovery) and the tool's
+replay policy says whether the call may be sent again. A call whose outcome stays unknown
+raises ``HandIndeterminate`` (an ``OutcomeUnknown``), which the agent records
+``indeterminate``::
 
     hand = RemoteHand("http://127.0.0.1:8700")
 
     @tool(replay="keyed")
     async def charge(amount: int, ctx: ToolContext) -> Any:
-        try:
-            return await hand.call("charge", {"amount": amount}, operation_id=ctx.idempotency_key)
-        except HandIndeterminate:
-            return INDETERMINATE
+        return await hand.call("charge", {"amount": amount}, ctx=ctx)
 
-The service's HTTP face, ``create_app`` and ``serve_hand``, is ``wakeful.fleet.handserver``:
-it imports this module, never the other way round, so a client does not load FastAPI and
-uvicorn.
+The errors live in ``wakeful.fleet.handerrors`` and are importable from here. The service's
+HTTP face, ``create_app`` and ``serve_hand``, is ``wakeful.fleet.handserver``: it imports
+this module, never the other way round, so a client does not load FastAPI and uvicorn.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,94 +45,45 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import httpx
 import msgspec
 
-from wakeful.errors import InvalidInput, InvalidState, WakefulError
+from wakeful.errors import InvalidInput, InvalidState
+from wakeful.fleet.handerrors import (
+    HandConflict,
+    HandError,
+    HandIndeterminate,
+    HandOutcomeUnknown,
+    HandRejected,
+    HandUnavailable,
+    UnknownTool,
+)
 from wakeful.fleet.ledger import Ledger, LedgerEntry
 from wakeful.ids import check_id
 
 if TYPE_CHECKING:
-    pass
+    from wakeful.agent.tools import Replay, ToolContext
 
 log = logging.getLogger("wakeful.fleet.hand")
+
+__all__ = [
+    "MAX_ARGUMENTS_BYTES",
+    "MAX_RESULT_BYTES",
+    "RECOVERY_WINDOW",
+    "CallOutcome",
+    "HandConflict",
+    "HandError",
+    "HandIndeterminate",
+    "HandOutcomeUnknown",
+    "HandRejected",
+    "HandService",
+    "HandUnavailable",
+    "RemoteHand",
+    "UnknownTool",
+    "canonical_arguments",
+]
 
 MAX_ARGUMENTS_BYTES = 1024 * 1024
 MAX_RESULT_BYTES = 8 * 1024 * 1024
 
 Status = Literal["done", "error", "indeterminate"]
-
-
-# --------------------------------------------------------------------------- errors
-
-
-class HandIndeterminate(WakefulError):
-    """The hand recorded the call's start but no result: the process running it died
-    mid-call. The tool was not run again and its effect is unknown. An agent tool returns
-    ``INDETERMINATE`` (``wakeful.agent.agent``) when it catches this."""
-
-    def __init__(self, operation_id: str, tool: str) -> None:
-        self.operation_id = operation_id
-        self.tool = tool
-        super().__init__(
-            f"operation {operation_id!r} ({tool}) started on the hand but never finished: "
-            f"its outcome is unknown and it was not run again"
-        )
-
-
-class HandError(WakefulError):
-    """The tool ran and raised; ``error`` is the recorded ``Type: message``. A retry with
-    the same operation id returns the same error (it is not run again)."""
-
-    def __init__(self, operation_id: str, tool: str, error: str) -> None:
-        self.operation_id = operation_id
-        self.tool = tool
-        self.error = error
-        super().__init__(f"operation {operation_id!r} ({tool}) failed on the hand: {error}")
-
-
-class HandUnavailable(WakefulError):
-    """The hand could not be reached or failed (connection refused, timeout, 5xx) on every
-    attempt. The call may or may not have run: retry later with the same operation id."""
-
-    retryable = True
-
-    def __init__(self, operation_id: str, attempts: int, detail: str) -> None:
-        self.operation_id = operation_id
-        self.attempts = attempts
-        self.detail = detail
-        super().__init__(
-            f"hand unavailable for operation {operation_id!r} after {attempts} attempts "
-            f"({detail}); retry later with the same operation id"
-        )
-
-
-class HandConflict(WakefulError):
-    """The operation id was already used for another tool or other arguments. Fails closed:
-    nothing ran. (HTTP 409.)"""
-
-    def __init__(self, operation_id: str, detail: str = "") -> None:
-        self.operation_id = operation_id
-        super().__init__(
-            f"operation {operation_id!r} was already used for another tool or other "
-            f"arguments{': ' + detail if detail else ''}; nothing ran (an operation id names "
-            f"one call)"
-        )
-
-
-class UnknownTool(WakefulError):
-    """The hand has no tool by that name. Nothing ran or was recorded. (HTTP 422.)"""
-
-    def __init__(self, tool: str) -> None:
-        self.tool = tool
-        super().__init__(f"the hand has no tool named {tool!r}; nothing ran")
-
-
-class HandRejected(WakefulError):
-    """The hand refused the request (an HTTP 4xx other than 409, or an unreadable answer);
-    resending it unchanged will not help."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        self.status = status
-        self.detail = detail
-        super().__init__(f"the hand refused the call (HTTP {status}): {detail}")
 
 
 # --------------------------------------------------------------------------- service
@@ -295,13 +247,50 @@ async def _invoke(fn: Callable[..., Any], arguments: dict[str, Any]) -> Any:
 
 # --------------------------------------------------------------------------- client
 
-RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+RECOVERY_WINDOW = 30.0
+"""Default seconds ``RemoteHand`` keeps asking about a call that may have reached the hand:
+a hand restart takes a few seconds; this leaves room for a slow one."""
+
+NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
+"""Transport failures raised before any byte of the request left: the hand never saw it."""
+
+NOT_SENT_STATUSES = frozenset({429})
+"""Answers that refuse a request without processing it, retried like a refused connection.
+Every 5xx may come after the request reached the hand (or a proxy passed it on)."""
+
+MIN_ATTEMPT_TIMEOUT = 1.0
+"""The shortest timeout a resolving attempt gets, even at the end of the window."""
+
+RESOLVE_INTERVAL = 1.0
+"""The most a resolving client waits between attempts (or ``max_backoff`` if smaller): a
+restarted hand is asked within a second of listening again."""
+
+
+@dataclass(frozen=True)
+class _Lost:
+    """An attempt without a usable answer; ``sent`` when the request may have reached the
+    hand (so it may have run)."""
+
+    sent: bool
+    detail: str
 
 
 class RemoteHand:
-    """A client of a hand service. ``call`` returns the tool's result and raises
-    ``HandError``, ``HandIndeterminate``, ``HandConflict``, ``HandRejected`` or, after
-    ``attempts`` transport failures with the same operation id, ``HandUnavailable``.
+    """A client of a hand service. ``call`` returns the tool's result or raises
+    ``HandError``, ``HandIndeterminate``, ``HandConflict``, ``HandRejected``,
+    ``HandUnavailable`` (the call provably never reached the hand, ``attempts`` times) or
+    ``HandOutcomeUnknown`` (it may have reached the hand, which did not say what became of
+    it within ``recovery_window`` seconds).
+
+    A call that may have reached the hand (sent, then the connection dropped or reset, the
+    answer timed out, or a 5xx came back) is resolved by its operation id, with backoff
+    from ``backoff`` to at most ``RESOLVE_INTERVAL`` (1 s), until the hand answers or
+    ``recovery_window`` ends (each attempt then bounded by the time left, at least 1 s):
+    a ``keyed`` (or ``safe``) call is sent again (the ledger never runs an operation id
+    twice: it answers the recorded outcome or waits for the running call); a ``never``
+    call is not sent again, only looked up (``GET /v1/calls/<op>``): the ledger's ``done``,
+    ``error`` or ``indeterminate`` is the answer, ``running`` and "no record yet" (the
+    request may still be on its way) mean ask again.
 
     ``timeout`` bounds each attempt (a tool that runs longer is not run twice: the retry
     waits for the running call). Pass ``client`` to share an ``httpx.AsyncClient`` (it is
@@ -316,24 +305,53 @@ class RemoteHand:
         attempts: int = 4,
         backoff: float = 0.2,
         max_backoff: float = 5.0,
+        recovery_window: float = RECOVERY_WINDOW,
     ) -> None:
         if attempts < 1:
             raise InvalidInput("attempts", "must be at least 1")
+        if recovery_window < 0:
+            raise InvalidInput("recovery_window", "must be at least 0 seconds")
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.attempts = attempts
         self.backoff = backoff
         self.max_backoff = max_backoff
+        self.recovery_window = recovery_window
         self._owns_client = client is None
         self._client = client if client is not None else httpx.AsyncClient(timeout=timeout)
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+        self.monotonic: Callable[[], float] = time.monotonic
 
-    async def call(self, tool: str, arguments: Mapping[str, Any], *, operation_id: str) -> Any:
-        check_id("operation_id", operation_id)
+    async def call(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        *,
+        operation_id: str | None = None,
+        ctx: ToolContext | None = None,
+        replay: Replay | None = None,
+    ) -> Any:
+        """Run ``tool`` on the hand once per operation id. Inside an agent tool pass
+        ``ctx``: its ``idempotency_key`` is the operation id and its ``replay`` policy says
+        how a call that may have reached the hand is resolved. Without ``ctx`` pass
+        ``operation_id`` (and ``replay``, ``keyed`` by default)."""
+        operation_id, policy = _identity(operation_id, ctx, replay)
         check_id("tool", tool)
-        canonical_arguments(dict(arguments))
+        canonical = canonical_arguments(dict(arguments))
         body = {"operation_id": operation_id, "tool": tool, "arguments": dict(arguments)}
-        answer = await self._send("POST", "/v1/calls", operation_id, body)
+        sent = await self._send("POST", "/v1/calls", operation_id, body)
+        if isinstance(sent, _Lost):
+            log.warning(
+                "remote hand: operation %r (%s) may have reached the hand (%s); resolving it "
+                "by its operation id for up to %g s",
+                operation_id,
+                tool,
+                sent.detail,
+                self.recovery_window,
+            )
+            answer = await self._resolve(policy, operation_id, tool, canonical, body, sent.detail)
+        else:
+            answer = _answer(sent, operation_id)
         if answer is None or not isinstance(answer, dict):
             raise HandRejected(200, "the answer is not a JSON object")
         status = answer.get("status")
@@ -348,26 +366,93 @@ class RemoteHand:
     async def lookup(self, operation_id: str) -> dict[str, Any] | None:
         """The hand's record of an operation (see ``HandService.lookup``), or None."""
         check_id("operation_id", operation_id)
-        answer = await self._send("GET", f"/v1/calls/{operation_id}", operation_id, None)
+        sent = await self._send("GET", f"/v1/calls/{operation_id}", operation_id, None)
+        if isinstance(sent, _Lost):  # a lookup is read-only: _send retries every failure
+            raise HandUnavailable(operation_id, self.attempts, sent.detail)
+        answer = _answer(sent, operation_id)
         return answer if isinstance(answer, dict) else None
 
-    async def _send(self, method: str, path: str, operation_id: str, body: Any) -> Any:
-        detail = ""
+    async def _exchange(
+        self, method: str, path: str, body: Any, timeout: float
+    ) -> httpx.Response | _Lost:
+        try:
+            response = await self._client.request(
+                method, self.base_url + path, json=body, timeout=timeout
+            )
+        except NOT_SENT as exc:
+            return _Lost(False, _describe(exc))
+        except httpx.TransportError as exc:
+            return _Lost(True, _describe(exc))
+        if response.status_code in NOT_SENT_STATUSES:
+            return _Lost(False, f"HTTP {response.status_code}: {_problem_detail(response)}")
+        if response.status_code >= 500:
+            return _Lost(True, f"HTTP {response.status_code}: {_problem_detail(response)}")
+        return response
+
+    async def _send(
+        self, method: str, path: str, operation_id: str, body: Any
+    ) -> httpx.Response | _Lost:
+        """The answer, retried up to ``attempts`` times while the request provably did not
+        reach the hand; a POST that may have reached it is returned as ``_Lost`` at once
+        (resolving it is ``_resolve``'s). Raises ``HandUnavailable``."""
+        lost = _Lost(False, "")
         for attempt in range(1, self.attempts + 1):
-            try:
-                response = await self._client.request(
-                    method, self.base_url + path, json=body, timeout=self.timeout
-                )
-            except httpx.TransportError as exc:
-                detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-            else:
-                if response.status_code not in RETRY_STATUSES and response.status_code < 500:
-                    return _answer(response, operation_id)
-                detail = f"HTTP {response.status_code}: {_problem_detail(response)}"
-            log.info("remote hand: attempt %d for %r failed: %s", attempt, operation_id, detail)
+            outcome = await self._exchange(method, path, body, self.timeout)
+            if isinstance(outcome, httpx.Response):
+                return outcome
+            lost = outcome
+            if lost.sent and method == "POST":
+                return lost
+            log.info(
+                "remote hand: attempt %d for %r failed: %s", attempt, operation_id, lost.detail
+            )
             if attempt < self.attempts:
-                await self.sleep(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
-        raise HandUnavailable(operation_id, self.attempts, detail)
+                await self.sleep(self._backoff(attempt))
+        raise HandUnavailable(operation_id, self.attempts, lost.detail)
+
+    async def _resolve(
+        self,
+        policy: Literal["keyed", "never"],
+        operation_id: str,
+        tool: str,
+        canonical: str,
+        body: Any,
+        detail: str,
+    ) -> Any:
+        """Ask the hand about a call that may have reached it until it answers or the
+        recovery window ends (then ``HandOutcomeUnknown``)."""
+        deadline = self.monotonic() + self.recovery_window
+        attempt = 0
+        while True:
+            attempt += 1
+            pause = min(self._backoff(attempt), RESOLVE_INTERVAL)
+            await self.sleep(min(pause, max(0.0, deadline - self.monotonic())))
+            timeout = min(self.timeout, max(MIN_ATTEMPT_TIMEOUT, deadline - self.monotonic()))
+            if policy == "keyed":
+                outcome = await self._exchange("POST", "/v1/calls", body, timeout)
+                if isinstance(outcome, httpx.Response):
+                    return _answer(outcome, operation_id)
+                state = outcome.detail
+            else:
+                path = f"/v1/calls/{operation_id}"
+                outcome = await self._exchange("GET", path, None, timeout)
+                if isinstance(outcome, httpx.Response):
+                    record = _answer(outcome, operation_id)
+                    if isinstance(record, dict):
+                        _check_same_call(record, operation_id, tool, canonical)
+                        if record.get("status") != "running":
+                            return record
+                        state = "it is still running on the hand"
+                    else:
+                        state = "the hand has no record of it (yet)"
+                else:
+                    state = outcome.detail
+            log.info("remote hand: resolving %r, attempt %d: %s", operation_id, attempt, state)
+            if self.monotonic() >= deadline:
+                raise HandOutcomeUnknown(operation_id, tool, self.recovery_window, detail)
+
+    def _backoff(self, attempt: int) -> float:
+        return float(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
 
     async def aclose(self) -> None:
         if self._owns_client:
@@ -378,6 +463,41 @@ class RemoteHand:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+def _identity(
+    operation_id: str | None, ctx: ToolContext | None, replay: str | None
+) -> tuple[str, Literal["keyed", "never"]]:
+    """The operation id and how to resolve a lost answer: ``never`` only for a ``never``
+    policy (``safe`` calls may be sent again like ``keyed`` ones)."""
+    if ctx is not None:
+        if operation_id is not None and operation_id != ctx.idempotency_key:
+            raise InvalidInput(
+                "operation_id", "differs from ctx.idempotency_key; pass one or the other"
+            )
+        operation_id = ctx.idempotency_key
+        replay = replay if replay is not None else ctx.replay
+    if operation_id is None:
+        raise InvalidInput("operation_id", "is required (or pass the tool's ctx)")
+    check_id("operation_id", operation_id)
+    if replay is not None and replay not in ("safe", "keyed", "never"):
+        raise InvalidInput("replay", "must be 'safe', 'keyed' or 'never'")
+    return operation_id, "never" if replay == "never" else "keyed"
+
+
+def _check_same_call(record: dict[str, Any], operation_id: str, tool: str, canonical: str) -> None:
+    try:
+        same = (
+            record.get("tool") == tool and canonical_arguments(record.get("arguments")) == canonical
+        )
+    except InvalidInput:
+        same = False
+    if not same:
+        raise HandConflict(operation_id, f"it was recorded as {record.get('tool')!r}")
+
+
+def _describe(exc: Exception) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 def _problem_detail(response: httpx.Response) -> str:
