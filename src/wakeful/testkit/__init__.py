@@ -23,6 +23,7 @@ from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.queue_cases import QueueCases
 from wakeful.testkit.stateful import run_stateful
+from wakeful.testkit.value_cases import ValueCases
 
 
 class StatefulCases(Harness):
@@ -34,7 +35,7 @@ class StatefulCases(Harness):
 
 
 class StoreConformance(
-    CommitCases, ClaimCases, FoldCases, QueueCases, MessagingCases, StatefulCases
+    CommitCases, ClaimCases, FoldCases, QueueCases, MessagingCases, ValueCases, StatefulCases
 ):
     """Every conformance case. Subclass it with a ``Test`` name and implement ``new_store``."""
 
@@ -50,5 +51,6 @@ __all__ = [
     "QueueCases",
     "StatefulCases",
     "StoreConformance",
+    "ValueCases",
     "run_stateful",
 ]
