@@ -22,6 +22,7 @@ import httpx
 import msgspec
 
 from wakeful.providers.base import ErrorKind, ProviderError
+from wakeful.redact import header_secrets, redact
 
 DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
 """Used by the client an adapter creates itself: 10 s to connect, and 600 s for each read,
@@ -228,8 +229,10 @@ def classify(status: int | None, error_type: str | None, error_code: str | None)
     return typed if typed in _PERMANENT else "invalid_request"
 
 
-def _detail(*parts: str | None, request_id: str | None = None) -> str:
-    text = ": ".join(p for p in parts if p) or "no detail"
+def _detail(
+    *parts: str | None, request_id: str | None = None, secrets: list[str] | None = None
+) -> str:
+    text = redact(": ".join(p for p in parts if p), secrets or ()) or "no detail"
     if len(text) > 500:
         text = text[:497] + "..."
     return f"{text} (request id {request_id})" if request_id else text
@@ -250,9 +253,15 @@ def error_from_response(response: httpx.Response) -> ProviderError:
     if message is None and body is None:
         message = response.text.strip()[:200] or None
     request_id = response.headers.get("request-id") or response.headers.get("x-request-id")
+    sent = response.request.headers if response._request is not None else {}
     return ProviderError(
         classify(status, error_type, error_code),
-        _detail(error_type or error_code or f"HTTP {status}", message, request_id=request_id),
+        _detail(
+            error_type or error_code or f"HTTP {status}",
+            message,
+            request_id=request_id,
+            secrets=header_secrets(sent),
+        ),
         retry_after=retry_after_from_headers(response.headers),
         status=status,
     )

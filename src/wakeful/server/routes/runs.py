@@ -101,7 +101,7 @@ async def resume_run(
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> Accepted:
-    """Answer open tickets of the suspended run (409 if it is not suspended, 422 for a
+    """Answer open tickets of the suspended run (409 if it is not suspended, or for a
     ticket it does not have open)."""
     owner = await visible_thread(state.store, caller, thread_id)
     cp = owner.snapshot.checkpoint if owner.snapshot is not None else None
