@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from tests.provider_server import ProviderServer, Reply, openai_error
-from tests.server_support import ALPHA, DEADLINE, Api, running_api
+from tests.server_support import ALPHA, DEADLINE, Api, registry, running_api
 from wakeful.providers.base import ModelRequest, ProviderError
 from wakeful.providers.openai import OpenAIChat
 from wakeful.records import Message
@@ -175,3 +175,22 @@ async def test_a_provider_error_never_echoes_the_configured_key() -> None:
     assert "Incorrect API key provided" in text, text
     assert key not in text and "sk-proj-abcdefghijkl" not in text, text
     assert text.count("[redacted]") == 2, text
+
+
+@pytest.mark.asyncio
+async def test_an_input_the_target_cannot_take_is_422_at_submit_with_a_registry() -> None:
+    async with running_api(MemoryStore(), registry=registry()) as api:
+        alpha = api.client(ALPHA)
+        refused = [
+            ("runs", {"target": "echo", "input": "a string"}, "takes a JSON object"),
+            ("runs", {"target": "echo", "input": {"log": [], "colour": 1}}, "['colour']"),
+            ("messages", {"payload": "a string"}, "takes a JSON object"),  # default: echo
+            ("messages", {"payload": {"colour": 1}, "target": "approval"}, "['colour']"),
+        ]
+        for route, body, reason in refused:
+            r = await alpha.post(f"/v1/threads/t1/{route}", json=body)
+            assert r.status_code == 422, (body, r.text)
+            assert r.json()["field"] == "input" and reason in r.json()["detail"], r.text
+        await _nothing_queued(api)
+        ok = await alpha.post("/v1/threads/t1/runs", json={"target": "echo", "input": {"log": []}})
+        assert ok.status_code == 202, ok.text
