@@ -154,7 +154,7 @@ async def test_resume_answers_open_tickets_of_a_suspended_run(api: Api) -> None:
     await seed_thread(api.store, "t1", tenant="alpha", status="suspended", tickets=("t-a", "t-b"))
     alpha = api.client(ALPHA)
     unknown = await alpha.post("/v1/threads/t1/resume", json={"answers": {"nope": 1}})
-    assert unknown.status_code == 422 and unknown.json()["tickets"] == ["nope"]
+    assert unknown.status_code == 409 and unknown.json()["tickets"] == ["nope"]
     key = {"Idempotency-Key": "resume-1"}
     r = await alpha.post("/v1/threads/t1/resume", json={"answers": {"t-a": "yes"}}, headers=key)
     assert r.status_code == 202, r.text

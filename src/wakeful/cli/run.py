@@ -201,12 +201,33 @@ async def run_command(
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True)
 @click.option("--tokens", default=None, help="JSON file of bearer token -> tenant.")
-def serve(store: str | None, app: str | None, host: str, port: int, tokens: str | None) -> None:
+@click.option(
+    "--body-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request body may take to arrive; later it is answered 408.",
+)
+def serve(
+    store: str | None,
+    app: str | None,
+    host: str,
+    port: int,
+    tokens: str | None,
+    body_timeout: float,
+) -> None:
     """Serve the HTTP API."""
     from wakeful.server import serve as serve_api
 
     registry = load_object(app) if app else None
-    serve_api(store_url(store), host=host, port=port, tokens=tokens, registry=registry)
+    serve_api(
+        store_url(store),
+        host=host,
+        port=port,
+        tokens=tokens,
+        registry=registry,
+        body_timeout=body_timeout,
+    )
 
 
 @click.group()

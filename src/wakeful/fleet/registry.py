@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 
 from wakeful.agent.agent import Agent
-from wakeful.errors import NotFound
+from wakeful.errors import InvalidInput, NotFound
 from wakeful.ids import check_id
-from wakeful.records import Message
+from wakeful.records import Checkpoint, Message
 from wakeful.runtime.graph import CompiledGraph
 
 
@@ -24,14 +24,19 @@ class Target:
     agent: Agent | None = None
 
     def prepare(self, input: Any, run_id: str) -> tuple[dict[str, Any], Sequence[Message]]:
-        """The state input and the messages to append at admission."""
+        """The state input and the messages to append at admission. ``InvalidInput``
+        when the input does not fit the graph's state (see ``check_input``)."""
         if self.agent is None:
-            if input is not None and not isinstance(input, dict):
-                raise TypeError(f"graph {self.name!r} takes a JSON object as input")
-            return dict(input or {}), ()
+            return self.check_input(input), ()
         content = input if isinstance(input, str) else msgspec.json.encode(input).decode()
         user = Message(id=f"m-{run_id}-u", role="user", content=content, run_id=run_id)
         return {"calls": [], "turns": 0, "final": None, "stopped": None}, (user,)
+
+    def check_input(self, input: Any) -> dict[str, Any]:
+        """Refuse (``InvalidInput``) an input this target cannot take: for a graph, anything
+        but ``None`` or an object of its state fields of their declared types; an agent
+        takes any JSON value (it becomes the user message)."""
+        return {} if self.agent is not None else self.graph.check_input(input)
 
 
 class Registry:
@@ -44,13 +49,32 @@ class Registry:
         self.default = default
 
     def add(self, name: str, target: Agent | CompiledGraph) -> Registry:
+        """Register ``target`` as ``name`` (again: replace it). A thread records the graph
+        that ran it (and, from a worker, the target's name), and its later work goes to that
+        target: two targets whose graphs share a name would be indistinguishable in older
+        threads, so that is ``InvalidInput`` unless they are the same compiled graph."""
         check_id("target name", name)
         if isinstance(target, Agent):
             entry = Target(name, target.graph, target)
         else:
             entry = Target(name, target)
+        for other in self._targets.values():
+            if (
+                other.name != name
+                and other.graph.name == entry.graph.name
+                and other.graph is not entry.graph
+            ):
+                raise InvalidInput(
+                    "target",
+                    f"{name!r} runs a graph named {entry.graph.name!r}, like target "
+                    f"{other.name!r}: threads could not tell them apart; give each graph its "
+                    f"own name (Graph(schema, name=...))",
+                )
+        replaced = self._targets.get(name)
+        if replaced is not None and self._by_graph.get(replaced.graph.name) is replaced:
+            del self._by_graph[replaced.graph.name]
         self._targets[name] = entry
-        self._by_graph[entry.graph.name] = entry
+        self._by_graph.setdefault(entry.graph.name, entry)
         return self
 
     def get(self, name: str) -> Target:
@@ -66,6 +90,17 @@ class Registry:
         if self.default is not None:
             return self.get(self.default)
         raise NotFound("target for graph", str(graph_name))
+
+    def for_checkpoint(self, checkpoint: Checkpoint | None) -> Target:
+        """The target a thread's work goes to: the one its checkpoint records by name (a
+        run a worker started), else the one whose graph it records, else the default."""
+        if checkpoint is not None:
+            named = checkpoint.metadata.get("target")
+            if isinstance(named, str) and named in self._targets:
+                return self._targets[named]
+            graph = checkpoint.metadata.get("graph")
+            return self.for_graph(graph if isinstance(graph, str) else None)
+        return self.for_graph(None)
 
     def names(self) -> list[str]:
         return sorted(self._targets)

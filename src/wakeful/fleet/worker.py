@@ -332,6 +332,7 @@ class Worker:
                 claim=claim,
                 snapshot=snap,
                 dispatch_id=dispatch_id,
+                metadata={"target": target.name},
             )
         except RunInProgress as busy:
             if kind == "message":
@@ -343,9 +344,8 @@ class Worker:
     async def _message_input(
         self, claim: Claim, latest: Checkpoint | None, payload: dict[str, Any]
     ) -> tuple[Target | None, Any, tuple[str, ...]]:
-        graph_name = latest.metadata.get("graph") if latest is not None else None
         named = payload.get("target")
-        target = self.registry.get(str(named)) if named else self.registry.for_graph(graph_name)
+        target = self.registry.get(str(named)) if named else self.registry.for_checkpoint(latest)
         if payload.get("external"):
             return target, payload.get("payload"), ()
         message_id = str(payload.get("message_id"))
@@ -368,7 +368,7 @@ class Worker:
             reason = {"reason": "the thread is not suspended"}
             await self._note(claim, "dispatch.refused", reason, dispatch_id)
             return Settled(Done())
-        target = self.registry.for_graph(latest.metadata.get("graph"))
+        target = self.registry.for_checkpoint(latest)
         handle = await self._runtime.resume(
             claim.thread_id,
             target.graph,
@@ -386,7 +386,7 @@ class Worker:
     ) -> Outcome | Settled:
         """The dispatch's running run was admitted before (this is a redelivery)."""
         assert self._runtime is not None
-        target = self.registry.for_graph(latest.metadata.get("graph"))
+        target = self.registry.for_checkpoint(latest)
         handle = await self._runtime.recover(
             claim.thread_id,
             target.graph,

@@ -25,6 +25,7 @@ from wakeful.providers.base import ErrorKind, ProviderError
 from wakeful.providers.sse import SSEDecoder as SSEDecoder  # re-exported: its old home
 from wakeful.providers.sse import SSEEvent as SSEEvent
 from wakeful.providers.sse import aiter_sse as aiter_sse
+from wakeful.redact import header_secrets, redact
 
 DEFAULT_TIMEOUT: Final = httpx.Timeout(600.0, connect=10.0)
 """Used by the client an adapter creates itself: 10 s to connect, and 600 s for each read,
@@ -186,8 +187,10 @@ def classify(status: int | None, error_type: str | None, error_code: str | None)
     return typed if typed in _PERMANENT else "invalid_request"
 
 
-def _detail(*parts: str | None, request_id: str | None = None) -> str:
-    text = ": ".join(p for p in parts if p) or "no detail"
+def _detail(
+    *parts: str | None, request_id: str | None = None, secrets: list[str] | None = None
+) -> str:
+    text = redact(": ".join(p for p in parts if p), secrets or ()) or "no detail"
     if len(text) > 500:
         text = text[:497] + "..."
     return with_request_id(text, request_id)
@@ -225,6 +228,7 @@ def error_from_response(response: httpx.Response) -> ProviderError:
     if message is None and body is None:
         message = response.text.strip()[:200] or None
     hint = QUOTA_HINT if is_quota(status, error_type, error_code) else None
+    sent = response.request.headers if response._request is not None else {}
     return ProviderError(
         classify(status, error_type, error_code),
         _detail(
@@ -232,6 +236,7 @@ def error_from_response(response: httpx.Response) -> ProviderError:
             hint,
             message,
             request_id=request_id_of(response.headers),
+            secrets=header_secrets(sent),
         ),
         retry_after=retry_after_from_headers(response.headers),
         status=status,

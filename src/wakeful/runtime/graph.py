@@ -12,7 +12,7 @@ from typing import Any
 
 import msgspec
 
-from wakeful.errors import GraphInvalid
+from wakeful.errors import GraphInvalid, InvalidInput
 from wakeful.ids import check_id
 
 START = "__start__"
@@ -94,12 +94,32 @@ def channels_of(schema: Any) -> dict[str, Reducer]:
     return result
 
 
+def input_types(schema: Any, channels: Mapping[str, Reducer]) -> dict[str, Any]:
+    """Channel name -> the type an input value must have, for the channels whose value an
+    input replaces (the ``replace`` reducer) and whose type msgspec can check. A channel
+    with another reducer (``append`` takes one item or a list), of a type msgspec cannot
+    describe, or of a plain mapping schema takes any JSON value."""
+    if isinstance(schema, Mapping):
+        return {}
+    types: dict[str, Any] = {}
+    for name, hint in typing.get_type_hints(schema).items():  # Annotated metadata dropped
+        if channels.get(name) is not replace:
+            continue
+        try:
+            msgspec.json.schema(hint)
+        except (TypeError, ValueError):
+            continue
+        types[name] = hint
+    return types
+
+
 class Graph:
     """A graph under construction. Methods return ``self`` so definitions chain."""
 
     def __init__(self, state_schema: Any, name: str = "graph") -> None:
         self.name = name
         self.channels = channels_of(state_schema)
+        self.input_types = input_types(state_schema, self.channels)
         self.nodes: dict[str, NodeSpec] = {}
         self.edges: list[tuple[str, str]] = []
         self.routers: dict[str, tuple[Router, tuple[str, ...] | None]] = {}
@@ -211,6 +231,33 @@ class CompiledGraph:
     def nodes(self) -> dict[str, NodeSpec]:
         return self.graph.nodes
 
+    def check_input(self, input: Any) -> dict[str, Any]:
+        """``input`` as the state update a run starts with: ``None`` or a JSON object that
+        names only the state's fields, each of its declared type where the input replaces
+        the field. ``InvalidInput`` says what does not fit (retrying cannot help)."""
+        if input is None:
+            return {}
+        if not isinstance(input, dict):
+            raise InvalidInput(
+                "input",
+                f"graph {self.name!r} takes a JSON object of its state fields "
+                f"{sorted(self.graph.channels)}, got {_json_kind(input)}",
+            )
+        unknown = sorted(str(k) for k in input if k not in self.graph.channels)
+        if unknown:
+            raise InvalidInput(
+                "input",
+                f"graph {self.name!r} has no state fields {unknown}; its fields are "
+                f"{sorted(self.graph.channels)}",
+            )
+        for key, hint in self.graph.input_types.items():
+            if key in input:
+                try:
+                    msgspec.convert(input[key], hint, strict=False)
+                except msgspec.ValidationError as exc:
+                    raise InvalidInput(f"input.{key}", str(exc)) from None
+        return dict(input)
+
     def apply(self, state: dict[str, Any], updates: Mapping[str, Any]) -> dict[str, Any]:
         """Apply one task's updates through the reducers; unknown channels are an error."""
         unknown = [k for k in updates if k not in self.graph.channels]
@@ -242,3 +289,15 @@ class CompiledGraph:
         if node not in self.graph.nodes:
             raise ValueError(f"routed to unknown node {node!r}")
         return node
+
+
+def _json_kind(value: Any) -> str:
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list | tuple):
+        return "an array"
+    return type(value).__name__

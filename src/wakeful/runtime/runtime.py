@@ -119,6 +119,7 @@ class _Admission:
         run_id: str,
         messages: Sequence[Message],
         consume: Sequence[str],
+        metadata: Mapping[str, Any] | None = None,
     ) -> None:
         self.graph = graph
         self.input = dict(input or {})
@@ -127,6 +128,7 @@ class _Admission:
         self.run_id = run_id
         self.messages = tuple(messages)
         self.consume = tuple(consume)
+        self.metadata = dict(metadata or {})
 
     def build(
         self, thread_id: str, snap: ThreadSnapshot | None, clock: Clock
@@ -149,6 +151,7 @@ class _Admission:
             tenant=self.tenant,
             frontier=frontier_entries(0, tasks),
             metadata={
+                **self.metadata,
                 "step": 0,
                 "ordinal": 0,
                 "graph": graph.name,
@@ -272,6 +275,7 @@ class Runtime:
         claim: Claim | None = None,
         snapshot: ThreadSnapshot | None = None,
         dispatch_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
     ) -> RunHandle:
         """Claim the thread and start a new run with ``input`` applied to the thread's state
         through the reducers; ``messages`` are appended to the thread in the run's first
@@ -288,12 +292,16 @@ class Runtime:
         ``snapshot``: with ``claim``, the thread as the caller read it under that claim.
         ``dispatch_id``: with ``claim``, the leased dispatch that the run's ending commit
         settles in the same atomic step (``Done`` when the run completes or fails,
-        ``Awaiting`` when it suspends; ``RunHandle.settled`` tells whether it did)."""
+        ``Awaiting`` when it suspends; ``RunHandle.settled`` tells whether it did).
+        ``metadata``: more JSON the run's checkpoints carry (a worker records the target
+        name); the runtime's own keys (``graph``, ``step`` ...) take precedence."""
         if durability not in DURABILITIES:
             raise InvalidInput("durability", f"must be one of {DURABILITIES}")
         run_id = check_id("run_id", run_id) if run_id else f"run-{uuid.uuid4().hex}"
         check_optional_id("dispatch_id", dispatch_id)
-        admission = _Admission(graph, input, durability, tenant, run_id, messages, consume)
+        admission = _Admission(
+            graph, input, durability, tenant, run_id, messages, consume, metadata
+        )
         if claim is None:
 
             def build(snap: ThreadSnapshot | None) -> tuple[Checkpoint, Commit]:

@@ -16,6 +16,7 @@ from fastapi.security import HTTPBearer
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
 from wakeful.metrics import Metrics
+from wakeful.redact import install_redaction
 from wakeful.server.access import ServerState
 from wakeful.server.auth import Authenticator
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
@@ -26,6 +27,10 @@ from wakeful.store.contract import Store
 log = logging.getLogger("wakeful.server")
 
 DEFAULT_MAX_BODY = 1_048_576
+DEFAULT_BODY_TIMEOUT = 30.0
+"""Seconds a request's whole body may take to arrive before it is answered 408 and the
+connection closed (a client that declares a body and stops sending would hold it forever).
+30 s lets a 1 MiB body through at ~35 KB/s."""
 PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 
 DESCRIPTION = """\
@@ -63,13 +68,20 @@ class WakefulAPI(FastAPI):
 
 
 def _describe_problems(schema: dict[str, Any]) -> None:
+    """Every status a route answers is documented: the gateway's (401 under ``/v1``; 408,
+    413 and 422 for a body), the store's 503, each as a problem document."""
     for path, item in schema.get("paths", {}).items():
         for method, op in item.items():
             responses = op.setdefault("responses", {})
+            for parameter in op.get("parameters", ()):
+                _drop_null(parameter)
             if path.startswith(PROTECTED_PREFIX):
                 responses.setdefault("401", {"description": "Missing or unknown bearer token."})
+                responses.setdefault("503", {"description": "The store is unavailable; retry."})
             if method in ("post", "put", "patch"):
+                responses.setdefault("408", {"description": "The body did not arrive in time."})
                 responses.setdefault("413", {"description": "The request body is too large."})
+                responses.setdefault("422", {"description": ""})
             if "422" in responses:
                 responses["422"]["description"] = "Invalid input; the problem names the `field`."
             for code, response in responses.items():
@@ -80,12 +92,28 @@ def _describe_problems(schema: dict[str, Any]) -> None:
         components.pop(unused, None)
 
 
+def _drop_null(parameter: dict[str, Any]) -> None:
+    """An optional path, query or header parameter is absent or a value: it is never JSON
+    ``null``, so the schema does not offer ``null`` (a client sending the text ``null``
+    would be refused)."""
+    schema = parameter.get("schema", {})
+    options = schema.get("anyOf")
+    if isinstance(options, list) and {"type": "null"} in options:
+        kept = [o for o in options if o != {"type": "null"}]
+        del schema["anyOf"]
+        if len(kept) == 1:
+            schema.update(kept[0])
+        else:
+            schema["anyOf"] = kept
+
+
 def create_app(
     store: Store,
     registry: Registry | None = None,
     tokens: Mapping[str, str] | None = None,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
     wake: Wake | None = None,
     metrics: Metrics | None = None,
     sse_keepalive: float = 15.0,
@@ -98,6 +126,7 @@ def create_app(
     **development mode**, where every request is an operator without a tenant. ``registry``
     (optional) rejects unknown targets with 422. ``wake`` is notified after work is
     submitted. ``metrics`` is shared with a worker in the same process if given.
+    ``body_timeout``: seconds a request body may take to arrive (then 408).
     ``sse_keepalive`` is the idle interval between keep-alive comments of an event stream;
     ``stream_max_seconds`` ends streams after that long (clients resume with
     ``Last-Event-ID``); ``queue_depth_bound`` bounds the dispatches counted per status when
@@ -106,6 +135,9 @@ def create_app(
         raise ValueError("max_body_bytes must be positive")
     if sse_keepalive <= 0:
         raise ValueError("sse_keepalive must be positive")
+    if not body_timeout > 0:
+        raise ValueError("body_timeout must be positive")
+    install_redaction()
     authenticator = Authenticator(tokens)
     if authenticator.development:
         log.warning(
@@ -146,6 +178,7 @@ def create_app(
         authenticator=authenticator,
         metrics=counters,
         max_body_bytes=max_body_bytes,
+        body_timeout=body_timeout,
         templates=lambda: list(app.openapi().get("paths", {})),
     )
     return app
@@ -165,4 +198,11 @@ def open_streams(app: Any) -> None:
         state.closing.clear()
 
 
-__all__ = ["DEFAULT_MAX_BODY", "WakefulAPI", "close_streams", "create_app", "open_streams"]
+__all__ = [
+    "DEFAULT_BODY_TIMEOUT",
+    "DEFAULT_MAX_BODY",
+    "WakefulAPI",
+    "close_streams",
+    "create_app",
+    "open_streams",
+]

@@ -1,20 +1,27 @@
 """The ASGI middleware every request passes, in this order: metrics (outermost, so every
-answer is counted), authentication (before any body is read), the body bound (413), and a
-last-resort guard that turns an unhandled error into a generic 500 problem."""
+answer is counted), authentication (before any body is read), the body bounds (413 for a
+body too large, 408 for one that does not arrive in time), the JSON bounds of a JSON body
+(422: no NaN or infinity, at most ``MAX_JSON_DEPTH`` levels, UTF-8), and a last-resort guard
+that turns an unhandled error into a generic 500 problem."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from wakeful.errors import InvalidInput
 from wakeful.metrics import Metrics
 from wakeful.server.auth import Authenticator, Caller
-from wakeful.server.problems import problem, problem_for
+from wakeful.server.problems import problem, problem_for, validation_problem
+from wakeful.store.validate import MAX_JSON_DEPTH, check_json
 
 log = logging.getLogger("wakeful.server")
 
@@ -36,12 +43,14 @@ class Gateway:
         authenticator: Authenticator,
         metrics: Metrics,
         max_body_bytes: int,
+        body_timeout: float,
         templates: Callable[[], list[str]],
     ) -> None:
         self.app = app
         self.authenticator = authenticator
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
         self.templates = templates
         self._patterns: list[tuple[re.Pattern[str], str]] | None = None
 
@@ -79,7 +88,19 @@ class Gateway:
                 await caller(scope, receive, send)
                 return
             scope[CALLER_KEY] = caller
-        buffered = await self._read_body(scope, receive)
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                buffered = await self._read_body(scope, receive)
+        except TimeoutError:
+            buffered = problem(
+                408,
+                "body-timeout",
+                f"the request body did not arrive within {self.body_timeout:g} seconds",
+                title="Request timeout",
+                instance=path,
+                headers={"Connection": "close"},
+                timeout=self.body_timeout,
+            )
         if isinstance(buffered, Response):
             await buffered(scope, receive, send)
             return
@@ -155,6 +176,10 @@ class Gateway:
                 return too_large
             if not message.get("more_body", False):
                 break
+        if first is None:
+            refused = _refuse_json(scope, b"".join(chunks))
+            if refused is not None:
+                return refused
         replay: list[Message] = [
             first or {"type": "http.request", "body": b"".join(chunks), "more_body": False}
         ]
@@ -179,6 +204,52 @@ class Gateway:
             if pattern.fullmatch(raw):
                 return template
         return "unmatched"
+
+
+class _NotJson(ValueError):
+    pass
+
+
+def _no_constants(name: str) -> Any:
+    raise _NotJson(f"contains {name}, which JSON does not have")
+
+
+def _is_json(scope: Scope) -> bool:
+    """Whether the routes parse this body as JSON (FastAPI: ``application/json`` or
+    ``application/*+json``; a body without a content type is not parsed)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            media = str(value.decode("latin-1")).split(";", 1)[0].strip().lower()
+            return media == "application/json" or (
+                media.startswith("application/") and media.endswith("+json")
+            )
+    return False
+
+
+def _refuse_json(scope: Scope, body: bytes) -> Response | None:
+    """422 for a JSON body that would be changed or unreadable once stored: bytes that are
+    not UTF-8, ``NaN``/``Infinity`` (Python's parser accepts them) or a number too large for
+    a float, nesting deeper than ``MAX_JSON_DEPTH``. Malformed JSON is left to the route,
+    which answers it 422 as well."""
+    if not body or not _is_json(scope):
+        return None
+    path = str(scope.get("path", ""))
+    try:
+        check_json("body", json.loads(body.decode("utf-8"), parse_constant=_no_constants))
+    except UnicodeDecodeError:
+        problem_text = "is not UTF-8"
+    except _NotJson as exc:
+        problem_text = str(exc)
+    except RecursionError:
+        problem_text = f"nests deeper than {MAX_JSON_DEPTH} arrays/objects (the limit)"
+    except InvalidInput as exc:
+        problem_text = exc.problem
+    except json.JSONDecodeError:
+        return None
+    else:
+        return None
+    error = {"loc": ("body",), "msg": f"the body {problem_text}", "type": "json_invalid"}
+    return validation_problem([error], path)
 
 
 def _compile(template: str) -> re.Pattern[str]:

@@ -3,9 +3,9 @@
 | error | status |
 | --- | --- |
 | ``NotFound``, ``TenantMismatch`` (reported exactly like a missing thread) | 404 |
-| ``ThreadBusy``, ``InvalidState``, ``DispatchConflict``, ``OperationConflict``, ``VersionConflict``, ``StaleClaim``, ``RunInProgress``, ``NotSuspended``, ``WorkerSuperseded`` | 409 |
+| ``ThreadBusy``, ``InvalidState``, ``DispatchConflict``, ``OperationConflict``, ``VersionConflict``, ``StaleClaim``, ``RunInProgress``, ``NotSuspended``, ``UnknownTicket``, ``WorkerSuperseded`` | 409 |
 | ``ReplayUnavailable`` | 410 (with ``earliest_seq``) |
-| ``InvalidInput``, ``UnknownTicket``, request validation | 422 (with ``field``) |
+| ``InvalidInput``, request validation | 422 (with ``field``) |
 | ``StoreUnavailable``, ``StoreClosed`` | 503 (with ``Retry-After``) |
 | anything else | 500, generic detail; the error is logged with an ``error_id`` |
 """  # noqa: E501
@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match, Route
 
 from wakeful.errors import (
     DispatchConflict,
@@ -149,8 +150,15 @@ def problem_for(exc: BaseException, instance: str | None = None) -> ProblemRespo
     if isinstance(exc, InvalidInput):
         return problem(422, "invalid-input", str(exc), instance=instance, field=exc.field)
     if isinstance(exc, UnknownTicket):
+        # 409, not 422: which tickets are open is the thread's state, not the body's shape
         return problem(
-            422, "unknown-ticket", str(exc), instance=instance, field="answers", tickets=exc.tickets
+            409,
+            "unknown-ticket",
+            str(exc),
+            title="Unknown ticket",
+            instance=instance,
+            field="answers",
+            tickets=exc.tickets,
         )
     if isinstance(exc, StoreUnavailable | StoreClosed):
         return problem(
@@ -218,9 +226,21 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     slug = _phrase(exc.status_code).lower().replace(" ", "-")
     detail = exc.detail if isinstance(exc.detail, str) else _phrase(exc.status_code)
-    return problem(
-        exc.status_code, slug, detail, instance=request.url.path, headers=exc.headers or {}
-    )
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = ", ".join(allowed_methods(request))
+    return problem(exc.status_code, slug, detail, instance=request.url.path, headers=headers)
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path. (Starlette's 405 names only
+    the first route matching the path, so ``GET`` and ``DELETE`` on one path disagreed.)"""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches({**request.scope, "method": "\x00"})
+        if match is Match.PARTIAL and isinstance(route, Route):
+            methods |= set(route.methods or ())
+    return sorted(methods)
 
 
 Handler = Callable[[Request, Any], Coroutine[Any, Any, Response]]

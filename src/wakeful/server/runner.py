@@ -13,7 +13,8 @@ import uvicorn
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.serving import ReadyServer
 from wakeful.fleet.wake import Wake
-from wakeful.server.app import close_streams, create_app, open_streams
+from wakeful.redact import install_redaction
+from wakeful.server.app import DEFAULT_BODY_TIMEOUT, close_streams, create_app, open_streams
 from wakeful.server.auth import load_tokens
 from wakeful.store import open_store
 
@@ -50,16 +51,18 @@ async def run_server(
     wake: Wake | None = None,
     log_level: str = "info",
     graceful_seconds: int = 10,
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
     on_ready: Callable[[str, int], None] | None = None,
     stop: asyncio.Event | None = None,
 ) -> None:
     """Open the store, serve the API until uvicorn stops (SIGINT / SIGTERM, or ``stop`` is
     set), close the store. ``port=0`` picks a free port; ``on_ready(host, port)`` is called
     once listening. Open event streams end at shutdown (clients resume with
-    ``Last-Event-ID``)."""
+    ``Last-Event-ID``). A request body that has not arrived after ``body_timeout`` seconds
+    is answered 408. Log lines (uvicorn's access log included) have credentials redacted."""
     table = resolve_tokens(tokens)
     async with open_store(store_url) as store:
-        app = create_app(store, registry, table, wake=wake)
+        app = create_app(store, registry, table, wake=wake, body_timeout=body_timeout)
         config = uvicorn.Config(
             app,
             host=host,
@@ -68,6 +71,7 @@ async def run_server(
             lifespan="off",
             timeout_graceful_shutdown=graceful_seconds,
         )
+        install_redaction()  # again: uvicorn's logging setup may have replaced its loggers'
         server = Server(config)
         serving = asyncio.create_task(server.serve())
         ready = asyncio.create_task(server.ready.wait())
@@ -91,6 +95,7 @@ def serve(
     tokens: TokenSource = None,
     registry: Registry | None = None,
     log_level: str = "info",
+    body_timeout: float = DEFAULT_BODY_TIMEOUT,
     on_ready: Callable[[str, int], None] | None = None,
 ) -> None:
     """Blocking: serve the API over the store at ``store_url`` (``wakeful serve``)."""
@@ -102,6 +107,7 @@ def serve(
             tokens=tokens,
             registry=registry,
             log_level=log_level,
+            body_timeout=body_timeout,
             on_ready=on_ready,
         )
     )

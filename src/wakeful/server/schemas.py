@@ -57,7 +57,14 @@ class SubmitRun(_Request):
 class ResumeRun(_Request):
     """Answer open tickets of the thread's suspended run."""
 
-    answers: dict[Id, Any] = Field(description="Answers by ticket id.")
+    answers: dict[Id, Any] = Field(
+        description="Answers by ticket id.",
+        # pydantic puts the key pattern in patternProperties, which lets other keys through
+        json_schema_extra={
+            "propertyNames": {"pattern": ID_PATTERN, "minLength": 1, "maxLength": MAX_ID},
+            "additionalProperties": False,
+        },
+    )
 
 
 class CancelRun(_Request):

@@ -4,10 +4,16 @@ Each function checks a caller's value before any storage is touched and returns 
 copy decoded from its JSON form: types are enforced (msgspec does not validate on
 construction), mutable payloads can no longer be changed by the caller, and what is stored
 is exactly what a reader will get back.
+
+Values are refused, never changed: JSON has no NaN or infinity (an encoder would silently
+write ``null``), and a value nested deeper than ``MAX_JSON_DEPTH`` is refused before it is
+stored, so every reader (the stores' decoders, the HTTP API's serializer) can read it back.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -35,8 +41,56 @@ MAX_COMMIT_BYTES = 16 * 1024 * 1024
 MAX_DISPATCH_BYTES = 1024 * 1024
 MAX_STREAM_CHECKPOINT_BYTES = 8 * 1024 * 1024
 MAX_TEXT = 10_000
+MAX_JSON_DEPTH = 64
+"""How many arrays and objects a stored JSON value (a state, an input, a payload, an event's
+data ...) may nest. Real agent data stays far below it (a tool's JSON schema nests about 10);
+the readers fail much deeper (Python's and msgspec's decoders near 1000 levels, the HTTP
+API's serializer near 255, and a response wraps a value in up to four more levels), so a
+value within the limit always reads back. An HTTP request body has the same limit as a whole:
+the dispatch it becomes nests its input exactly as the body does."""
 
 T = TypeVar("T")
+
+
+class _Refused(Exception):
+    def __init__(self, problem: str) -> None:
+        self.problem = problem
+
+
+_SCALARS = (str, int, bool, type(None))
+
+
+def _scan(value: Any, depth: int) -> None:
+    kind = type(value)
+    if kind is dict or kind is list or kind is tuple:
+        if depth >= MAX_JSON_DEPTH:
+            raise _Refused(f"nests deeper than {MAX_JSON_DEPTH} arrays/objects (the limit)")
+        for item in value.values() if kind is dict else value:
+            if type(item) not in _SCALARS:  # most items: skip the call
+                _scan(item, depth + 1)
+    elif kind is float:
+        if not math.isfinite(value):
+            raise _Refused(f"contains {value!r}, which JSON cannot represent")
+    elif kind not in _SCALARS:
+        try:  # a Struct, dataclass, set, datetime ...: scan its JSON form
+            builtin = msgspec.to_builtins(value)
+        except (TypeError, ValueError, OverflowError, RecursionError):
+            return  # not JSON at all: the encoder names the problem
+        if type(builtin) is not kind:
+            _scan(builtin, depth)
+
+
+def check_json(field: str, value: Any) -> Any:
+    """Refuse ``value`` (``InvalidInput``) if storing it as JSON would change it or make it
+    unreadable: a NaN or infinite float anywhere in it, or more than ``MAX_JSON_DEPTH``
+    nested arrays/objects. Returns ``value``."""
+    try:
+        _scan(value, 0)
+    except _Refused as refused:
+        raise InvalidInput(field, refused.problem) from None
+    except RecursionError:
+        raise InvalidInput(field, f"nests deeper than {MAX_JSON_DEPTH} arrays/objects") from None
+    return value
 
 
 def json_roundtrip(field: str, value: T, type_: type[T], limit: int) -> T:
@@ -45,6 +99,8 @@ def json_roundtrip(field: str, value: T, type_: type[T], limit: int) -> T:
         body = msgspec.json.encode(value)
     except (TypeError, ValueError, OverflowError) as exc:
         raise InvalidInput(field, f"is not JSON-encodable: {exc}") from None
+    except RecursionError:
+        raise InvalidInput(field, f"nests deeper than {MAX_JSON_DEPTH} arrays/objects") from None
     if len(body) > limit:
         raise InvalidInput(field, f"is {len(body)} bytes as JSON; the limit is {limit}")
     try:
@@ -58,6 +114,8 @@ def check_commit(thread_id: str, commit: Commit) -> Commit:
     check_id("thread_id", thread_id)
     if not isinstance(commit, Commit):
         raise InvalidInput("commit", f"must be a Commit, got {type(commit).__name__}")
+    for field, value in _commit_values(commit):
+        check_json(field, value)
     copy = json_roundtrip("commit", commit, Commit, MAX_COMMIT_BYTES)
     check_optional_id("operation_id", copy.operation_id)
     if copy.expected_version is not None and copy.expected_version < 0:
@@ -109,6 +167,25 @@ def drop_refusal(checkpoint_id: str, resulting: str | None) -> str:
     return f"checkpoint {checkpoint_id!r} is not in the thread's history; nothing to drop"
 
 
+def _commit_values(commit: Commit) -> Iterator[tuple[str, Any]]:
+    """The free-form JSON values of a commit, named for an error message."""
+    cp = commit.checkpoint
+    if cp is not None:
+        yield "checkpoint.state", cp.state
+        yield "checkpoint.frontier", cp.frontier
+        yield "checkpoint.metadata", cp.metadata
+    for write in commit.writes:
+        yield "write.value", write.value
+    for draft in commit.events:
+        yield "event.data", draft.data
+    for message in commit.messages:
+        yield "message.content", message.content
+        yield "message.tool_calls", message.tool_calls
+        yield "message.metadata", message.metadata
+    for entry in commit.outbox:
+        yield "outbox.payload", entry.payload
+
+
 def check_claim_and_commit(
     thread_id: str, holder: str, ttl: float, commit: Commit
 ) -> tuple[float, Commit]:
@@ -136,6 +213,7 @@ def check_outcome(outcome: object) -> tuple[str, float, str | None]:
 def check_dispatch(dispatch: Dispatch) -> Dispatch:
     if not isinstance(dispatch, Dispatch):
         raise InvalidInput("dispatch", f"must be a Dispatch, got {type(dispatch).__name__}")
+    check_json("payload", dispatch.payload)
     copy = json_roundtrip("dispatch", dispatch, Dispatch, MAX_DISPATCH_BYTES)
     check_id("dispatch_id", copy.dispatch_id)
     check_id("thread_id", copy.thread_id)
@@ -155,6 +233,8 @@ def check_stream_checkpoint(checkpoint: StreamCheckpoint) -> StreamCheckpoint:
         raise InvalidInput(
             "checkpoint", f"must be a StreamCheckpoint, got {type(checkpoint).__name__}"
         )
+    check_json("tool_calls", checkpoint.tool_calls)
+    check_json("in_flight_tool", checkpoint.in_flight_tool)
     copy = json_roundtrip(
         "stream checkpoint", checkpoint, StreamCheckpoint, MAX_STREAM_CHECKPOINT_BYTES
     )

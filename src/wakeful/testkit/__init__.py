@@ -25,6 +25,7 @@ from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.queue_cases import QueueCases
 from wakeful.testkit.stateful import run_stateful
 from wakeful.testkit.tenant_cases import TenantCases
+from wakeful.testkit.value_cases import ValueCases
 
 
 class StatefulCases(Harness):
@@ -43,6 +44,7 @@ class StoreConformance(
     QueueCases,
     MessagingCases,
     TenantCases,
+    ValueCases,
     StatefulCases,
 ):
     """Every conformance case. Subclass it with a ``Test`` name and implement ``new_store``."""
@@ -61,5 +63,6 @@ __all__ = [
     "StatefulCases",
     "StoreConformance",
     "TenantCases",
+    "ValueCases",
     "run_stateful",
 ]

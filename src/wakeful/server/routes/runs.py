@@ -13,11 +13,13 @@ from fastapi import APIRouter, Body, Query, Response
 
 from wakeful.errors import DispatchConflict, InvalidInput, NotFound, NotSuspended, UnknownTicket
 from wakeful.fleet import client
+from wakeful.fleet.registry import Target
 from wakeful.ids import new_id
 from wakeful.records import Checkpoint, Dispatch
 from wakeful.server.access import (
     CallerDep,
     DispatchFilter,
+    Owner,
     ServerState,
     StateDep,
     acting_tenant,
@@ -48,14 +50,29 @@ HISTORY_SCAN = 10_000
 next page (a run cut there shows up again with its older part)."""
 
 
-def _check_target(state: ServerState, field: str, target: str | None) -> None:
+def _check_target(state: ServerState, field: str, target: str | None) -> Target | None:
+    """The registered target (``None`` without a registry or a name); an unknown one is
+    ``InvalidInput``."""
     if state.registry is None or target is None:
-        return
+        return None
     try:
-        state.registry.get(target)
+        return state.registry.get(target)
     except NotFound:
         known = ", ".join(state.registry.names()) or "none"
         raise InvalidInput(field, f"unknown target {target!r}; registered: {known}") from None
+
+
+def _message_target(state: ServerState, body: SendMessage, owner: Owner | None) -> Target | None:
+    """The target a message will run with, when the server can tell: the one named, else the
+    one the thread records, else the registry's default."""
+    named = _check_target(state, "target", body.target)
+    if named is not None or state.registry is None:
+        return named
+    snap = owner.snapshot if owner is not None else None
+    try:
+        return state.registry.for_checkpoint(snap.checkpoint if snap is not None else None)
+    except NotFound:
+        return None  # the worker decides (and refuses it)
 
 
 def _location(response: Response, d: Dispatch) -> None:
@@ -73,7 +90,9 @@ async def submit_run(
 ) -> Accepted:
     """Start a run of ``target`` on the thread (new or the caller's). The run id is
     ``run-<dispatch_id>``; with an ``Idempotency-Key`` the dispatch id is the key."""
-    _check_target(state, "target", body.target)
+    target = _check_target(state, "target", body.target)
+    if target is not None:  # refused now rather than retried until exhausted
+        target.check_input(body.input)
     owner = await writable_thread(state.store, caller, thread_id)
     d = await client.submit(
         state.store,
@@ -102,7 +121,7 @@ async def resume_run(
     response: Response,
     idempotency_key: IdempotencyKey = None,
 ) -> Accepted:
-    """Answer open tickets of the suspended run (409 if it is not suspended, 422 for a
+    """Answer open tickets of the suspended run (409 if it is not suspended, or for a
     ticket it does not have open)."""
     owner = await visible_thread(state.store, caller, thread_id)
     cp = owner.snapshot.checkpoint if owner.snapshot is not None else None
@@ -160,8 +179,10 @@ async def send_message(
 ) -> Accepted:
     """Deliver a message to the thread (new or the caller's): a run of the thread's graph
     (or ``target``) handles it, once per ``message_id``."""
-    _check_target(state, "target", body.target)
     owner = await writable_thread(state.store, caller, thread_id)
+    target = _message_target(state, body, owner)
+    if target is not None:
+        target.check_input(body.payload)
     message_id = body.message_id or idempotency_key or new_id("msg-")
     d = await _send(state, thread_id, body, message_id, acting_tenant(caller, owner))
     state.metrics.submits.inc(kind="message")
