@@ -198,6 +198,7 @@ LAYERS = {
     "ids": 0,
     "metrics": 0,
     "telemetry": 0,
+    "redact": 0,
     "store": 1,
     "testkit": 1,
     "runtime": 2,
