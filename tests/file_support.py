@@ -12,7 +12,6 @@ import msgspec
 from tests.file_child import mixed_workload
 from wakeful.clock import ManualClock
 from wakeful.store.file import open_file_store
-from wakeful.store.file.chain import GENESIS, ChainPosition, encode_write, link
 from wakeful.store.projection import Mutation
 
 LOG = "commits.ndjson"
@@ -48,6 +47,10 @@ async def written_log(root: Path, rounds: int = 2, tag: str = "") -> bytes:
 def with_record(data: bytes, mutation: bytes) -> bytes:
     """``data`` (a chained log of generation 0, ending with a newline) plus one correctly
     chained record carrying ``mutation`` (its JSON)."""
+    # Imported here so the regression tests that do not use this helper also run (and fail)
+    # against the code from before the chain.
+    from wakeful.store.file.chain import GENESIS, ChainPosition, encode_write, link
+
     lines = data.splitlines(keepends=True)
     if len(lines) == 1:
         position = ChainPosition(0, GENESIS)

@@ -212,11 +212,16 @@ class _Replay:
             raise self._corrupt(offset, number, f"invalid record: {exc}") from exc
         expected = self.position.seq + 1
         if entry.seq > expected:
+            missing = (
+                f"record {expected} is"
+                if entry.seq == expected + 1
+                else f"records {expected} to {entry.seq - 1} are"
+            )
             raise self._corrupt(
                 offset,
                 number,
-                f"record {entry.seq} stands where record {expected} belongs: records "
-                f"{expected}..{entry.seq - 1} are missing here (lost, deleted or moved later)",
+                f"record {entry.seq} stands where record {expected} belongs: {missing} "
+                f"missing here (lost, deleted or moved later)",
             )
         if entry.seq < expected:
             raise self._corrupt(
