@@ -33,7 +33,8 @@ from benchmarks.common import Collector, Result
 from wakeful.clock import SystemClock
 from wakeful.records import Checkpoint, Commit, EventDraft, RetentionPolicy
 from wakeful.store.file import FileStore, open_file_store
-from wakeful.store.file.log import encode_record, header_line
+from wakeful.store.file.chain import GENESIS, ChainPosition, encode_mutation, encode_write
+from wakeful.store.file.log import header_line
 from wakeful.store.projected import ProjectedStore
 from wakeful.store.projection import Mutation
 
@@ -137,15 +138,19 @@ async def record_size(directory: Path) -> float:
 
 
 class _Recorder(ProjectedStore):
-    """The store logic writing its records to a log file without fsync: builds a big,
-    valid log quickly."""
+    """The store logic writing its records to a log file without fsync, one write per record
+    as sequential calls make, chained like the store's: builds a big, valid log quickly.
+    ``out`` must already hold the header line of generation 0."""
 
     def __init__(self, out: IO[bytes]) -> None:
         super().__init__(SystemClock())
         self._out = out
+        self._position = ChainPosition(0, GENESIS)
 
     async def _persist(self, record: Mutation) -> None:
-        self._out.write(encode_record(record))
+        body = encode_mutation(record)
+        data, self._position = encode_write([body], self._out.tell(), self._position)
+        self._out.write(data)
 
 
 async def build_log(root: Path, megabytes: int) -> int:

@@ -60,7 +60,7 @@ async def test_open_store_creates_the_root_and_its_files(tmp_path: Path) -> None
         "wakeful.lock",
     ]
     header = json.loads((root / "commits.ndjson").read_bytes().split(b"\n")[0])
-    assert header["m"] == {"format": "wakeful.file-log", "version": 1, "generation": 0}
+    assert header["m"] == {"format": "wakeful.file-log", "version": 2, "generation": 0}
     async with open_store(root.as_uri(), clock=clock) as again:
         assert [e.type for e in await again.events_after("t1")] == ["e"]
 

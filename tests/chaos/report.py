@@ -261,7 +261,9 @@ CHECKS: dict[str, str] = {
         "done; every staged message is delivered (one `message` dispatch, consumed by one run "
         "or waiting in the inbox). Torn logs: after cutting the log at byte c and reopening, "
         "every thread is exactly at the last version acknowledged before c (version, message "
-        "count, last event number and checkpoint id), also after a second reopen. SQLite "
+        "count, last event number and checkpoint id), also after a second reopen, and the "
+        "recovered log followed by the torn bytes the opener kept beside it is exactly the "
+        "log as cut (nothing destroyed). SQLite "
         "writer trials also run `PRAGMA integrity_check`."
     ),
     "duplicate": (
@@ -311,8 +313,9 @@ CHECKS: dict[str, str] = {
     "fail-closed": (
         "after flipping one byte (random position and mask) in a complete record of the log "
         "(never its final newline, which is indistinguishable from a torn append) or the "
-        "snapshot, opening raises `CorruptStore` and every file of the root (all but the "
-        "lock file, whose content is the opener's pid) is byte for byte unchanged."
+        "snapshot, zero-filling a run of them that a complete line follows, or zero-filling "
+        "the whole file, opening raises `CorruptStore` and every file of the root (all but "
+        "the lock file, whose content is the opener's pid) is byte for byte unchanged."
     ),
     "liveness": (
         "not one of the five invariants but reported as a failure too: after the faults every "
@@ -389,8 +392,9 @@ KINDS: tuple[tuple[str, str, str], ...] = (
         "`corrupt_log`",
         "file",
         (
-            "the same child; one byte of a complete record of the log or of the snapshot is "
-            "flipped; the open must fail closed"
+            "the same child; in the log or the snapshot, one byte of a complete record is "
+            "flipped, a run of bytes up to a complete line is zero-filled, or the whole file "
+            "is; the open must fail closed"
         ),
     ),
     (

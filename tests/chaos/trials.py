@@ -743,6 +743,7 @@ def torn_log(t: Trial) -> None:
     t.notes["points"] = [f"cut {where}"]
     os.truncate(log, cut)
     t.notes["fault"] = f"cut at {cut} of {len(data)} (generation {generation})"
+    kept_before = set(root.glob("commits.ndjson.torn-*"))
     expected: dict[str, int] = {}
     for a in acks:
         if a["generation"] < generation or a["size"] <= max(cut, header_len):
@@ -758,8 +759,17 @@ def torn_log(t: Trial) -> None:
                     f"{attempt} after the cut at byte {cut}: {thread} is {got[thread]}, "
                     f"acknowledged before the cut: version {want}",
                 )
-    if not log.read_bytes().endswith(b"\n"):
+    after = log.read_bytes()
+    if not after.endswith(b"\n"):
         t.fail("acknowledged", "the log does not end with a complete record after recovery")
+    kept = b"".join(p.read_bytes() for p in set(root.glob("commits.ndjson.torn-*")) - kept_before)
+    restored = kept if cut < header_len else after + kept
+    if restored != data[:cut]:
+        t.fail(
+            "acknowledged",
+            f"after the cut at byte {cut}, the recovered log and the kept torn bytes "
+            f"({len(kept)} bytes) are not the log as it was cut: bytes were destroyed",
+        )
 
 
 async def versions(root: Path, threads: list[str]) -> dict[str, tuple[Any, ...]]:
@@ -796,23 +806,40 @@ def corrupt_log(t: Trial) -> None:
     data = bytearray(target.read_bytes())
     last = len(data) - 2 if target.name == "commits.ndjson" else len(data) - 1
     offset = t.rng.randint(0, last)  # never the log's final newline: that is a torn append
-    old = data[offset]
-    data[offset] ^= t.rng.randint(1, 255)
+    line = data[:offset].count(b"\n") + 1
+    part = "header" if line == 1 else "state" if target.name == "snapshot.json" else "a record"
+    roll = t.rng.random()
+    if roll < 0.7:
+        old = data[offset]
+        data[offset] ^= t.rng.randint(1, 255)
+        end, point = offset + 1, f"flip a byte of {part} in {target.name}"
+        fault = f"byte {offset} (line {line}) {old:#04x}->{data[offset]:#04x}"
+    elif roll < 0.9:
+        # NULs up to a complete line (its newline survives): blocks a disk lost, which a
+        # torn append cannot explain.
+        end, point = (
+            t.rng.randint(offset + 1, last + 1),
+            f"zero-fill a run of {part} in {target.name}",
+        )
+        data[offset:end] = bytes(end - offset)
+        fault = f"bytes {offset}..{end} (from line {line}) zeroed"
+    else:
+        offset, end, point = 0, len(data), f"zero-fill the whole {target.name}"
+        data[:] = bytes(len(data))
+        fault = "every byte zeroed"
     with target.open("r+b") as f:
         f.seek(offset)
-        f.write(bytes([data[offset]]))
+        f.write(bytes(data[offset:end]))
         f.flush()
         os.fsync(f.fileno())
-    line = data[:offset].count(b"\n") + 1
-    t.notes["fault"] = f"{target.name} byte {offset} (line {line}) {old:#04x}->{data[offset]:#04x}"
-    part = "header" if line == 1 else "state" if target.name == "snapshot.json" else "a record"
-    t.notes["points"] = [f"flip a byte of {part} in {target.name}"]
+    t.notes["fault"] = f"{target.name} {fault}"
+    t.notes["points"] = [point]
     before = fingerprint(root)
     outcome = asyncio.run(open_corrupt(root))
     if outcome != "CorruptStore":
-        t.fail("fail-closed", f"flipped {t.notes['fault']}: open gave {outcome}, not CorruptStore")
+        t.fail("fail-closed", f"{t.notes['fault']}: open gave {outcome}, not CorruptStore")
     if fingerprint(root) != before:
-        t.fail("fail-closed", f"flipped {t.notes['fault']}: the refused open changed files")
+        t.fail("fail-closed", f"{t.notes['fault']}: the refused open changed files")
 
 
 async def open_corrupt(root: Path) -> str:

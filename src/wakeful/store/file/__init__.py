@@ -7,10 +7,12 @@ fsynced before it is acknowledged, concurrent writers sharing one fsync), ``snap
 ``wakeful.lock``. Opening replays the snapshot and the log into the in-memory projection
 every read is served from.
 
-Modules: ``codec`` (line framing, file names, format versions), ``log`` (replay, torn tail
-and corruption rules, the appender), ``snapshot`` (the state as JSON), ``root`` (which files
-win, opening, compaction), ``lock``, ``iothread``, ``store`` (``FileStore``: group commit,
-failure recovery), ``stream`` (stream checkpoints).
+Modules: ``codec`` (line framing, file names, format versions), ``chain`` (what a log
+record carries besides its mutation: sequence number, link, end of its write), ``log``
+(replay, chain, torn tail and corruption rules, the appender), ``snapshot`` (the state as
+JSON), ``root`` (which files win, opening, keeping torn bytes, upgrading version 1 logs,
+compaction), ``lock``, ``iothread``, ``store`` (``FileStore``: group commit, failure
+recovery), ``stream`` (stream checkpoints).
 """
 
 from __future__ import annotations

@@ -10,8 +10,11 @@ body, nothing else), so a reader checks the frame and the checksum without parsi
 and any JSON tool can still read the file. A checksum is what turns a flipped byte inside a
 string or a number (which would still be valid JSON) into a detected corruption.
 
-Format versions: the first line of each file is a header naming the format and its version
-(``FORMAT_VERSION``). A reader refuses a version it does not know instead of guessing.
+Format versions: the first line of each file is a header naming the format and its version.
+Snapshots are version 1 (``FORMAT_VERSION``). The log is version 2 (``LOG_VERSION``: every
+record is chained, see ``chain``); a version 1 log (unchained records, written before the
+chain existed) is still read, once, and upgraded on open. A reader refuses a version it does
+not know instead of guessing.
 """
 
 from __future__ import annotations
@@ -25,14 +28,24 @@ SNAPSHOT_NAME = "snapshot.json"
 LOCK_NAME = "wakeful.lock"
 STREAM_DIR = "stream-checkpoints"
 TMP_SUFFIX = ".tmp"
+TORN_INFIX = ".torn-"
+"""Torn bytes cut from the end of the log are kept as ``commits.ndjson.torn-<offset>``."""
 
 LOG_FORMAT = "wakeful.file-log"
 SNAPSHOT_FORMAT = "wakeful.file-snapshot"
 FORMAT_VERSION = 1
+"""The snapshot's version, and the version of the unchained log written before issue 16."""
+LOG_VERSION = 2
+"""The chained log (each record carries its sequence number, its write's end and a link)."""
+LOG_VERSIONS = (FORMAT_VERSION, LOG_VERSION)
 
 _HEAD = b'{"c":"'
 _MID = b'","m":'
 _PREFIX = len(_HEAD) + 8 + len(_MID)
+FRAME_HEAD = _HEAD
+"""The first bytes of every line: a torn record begins with (a prefix of) them."""
+FRAME_OVERHEAD = _PREFIX + 2
+"""The bytes a frame adds to its body (checksum, keys, closing brace, newline)."""
 
 
 class LogHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -5,6 +5,7 @@ Everything here blocks; the store calls it from its IO thread or ``asyncio.to_th
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -72,3 +73,33 @@ def make_root(root: Path) -> None:
     os.makedirs(root, exist_ok=True)
     for created in reversed(missing):
         fsync_dir(created.parent)
+
+
+def keep_aside(base: Path, data: bytes) -> Path:
+    """Save ``data`` durably in a new file named ``base`` (or ``base-1``, ``base-2``, ... if
+    that name holds other bytes) and fsync it and its directory; returns its path. A file
+    of that family that already holds exactly ``data`` (saved by an earlier attempt that
+    died before it could use it) is made durable and reused, so a retried open does not
+    multiply copies. Never overwrites a file."""
+    for n in itertools.count():
+        path = base if n == 0 else base.with_name(f"{base.name}-{n}")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        except FileExistsError:
+            if path.read_bytes() != data:
+                continue
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        else:
+            try:
+                write_all(fd, data)
+            except BaseException:
+                os.close(fd)
+                os.unlink(path)  # a partial copy; the bytes are still where they came from
+                raise
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(path.parent)
+        return path
+    raise AssertionError("unreachable")  # pragma: no cover - count() never ends

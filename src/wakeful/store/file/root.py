@@ -27,10 +27,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from wakeful.errors import CorruptStore
-from wakeful.store.file.codec import LOG_NAME, SNAPSHOT_NAME, TMP_SUFFIX
-from wakeful.store.file.fsutil import Fault, fsync_dir, no_fault, write_synced
+from wakeful.store.file.chain import GENESIS, ChainPosition, link
+from wakeful.store.file.codec import (
+    FORMAT_VERSION,
+    LOG_NAME,
+    LOG_VERSION,
+    SNAPSHOT_NAME,
+    TMP_SUFFIX,
+    TORN_INFIX,
+)
+from wakeful.store.file.fsutil import Fault, fsync_dir, keep_aside, no_fault, write_synced
 from wakeful.store.file.log import LogWriter, create_log, header_line, scan_log, truncate_durably
-from wakeful.store.file.snapshot import read_snapshot, snapshot_bytes
+from wakeful.store.file.snapshot import encode_state, read_snapshot, snapshot_bytes
 from wakeful.store.projection import State
 
 logger = logging.getLogger("wakeful.store.file")
@@ -62,47 +70,70 @@ class Loaded:
 
 def load_root(root: Path, fault: Fault = no_fault) -> Loaded:
     """Read the snapshot and replay the log, then repair what a crash may have left (torn
-    tail, unfinished compaction, temp files). Every check runs before the first repair, so a
-    ``CorruptStore`` leaves every file exactly as it was."""
+    tail, unfinished compaction, temp files) and upgrade a version 1 log. Every check runs
+    before the first repair, so a ``CorruptStore`` leaves every file exactly as it was. No
+    repair destroys bytes that were not saved: a torn tail is kept beside the log first."""
     log_path, snap_path = root / LOG_NAME, root / SNAPSHOT_NAME
-    generation, state, snapshot_size = 0, State(), 0
+    generation, state, snapshot_size, anchor = 0, State(), 0, GENESIS
     if snap_path.exists():
-        generation, state, snapshot_size = read_snapshot(snap_path)
-    scan = scan_log(log_path, state, generation)
+        generation, state, snapshot_size, anchor = read_snapshot(snap_path)
+    scan = scan_log(log_path, state, generation, anchor)
     if scan.status == "missing" and generation > 0:
         raise CorruptStore(
             str(log_path), None, None, f"the log is missing but {SNAPSHOT_NAME} exists"
         )
     # ---- validated; repairs from here on
+    if scan.tail:
+        _keep_torn(log_path, scan.valid_end, scan.tail)
     if scan.status == "ok":
-        size = scan.valid_end
+        size, position = scan.valid_end, scan.position
         if scan.size > size:
-            logger.warning(
-                "%s: removed a torn final record (%d bytes at offset %d): an append that "
-                "never completed and was never acknowledged",
-                log_path,
-                scan.size - size,
-                size,
-            )
             truncate_durably(log_path, size)
     else:
-        if scan.status == "torn_header":
-            logger.warning(
-                "%s: the header line is torn (%d bytes); starting the log again",
-                log_path,
-                scan.size,
-            )
-        elif scan.status == "superseded":
+        if scan.status == "superseded":
             logger.warning(
                 "%s: finishing an interrupted compaction (snapshot generation %d is "
                 "installed, its fresh log was not)",
                 log_path,
                 generation,
             )
-        size = create_log(root, generation)
+        elif scan.status == "torn_header" and not scan.tail:
+            logger.warning("%s: the log is empty; starting it again", log_path)
+        size, position = create_log(root, generation), ChainPosition(0, anchor)
     _remove_temp_files(root)
-    writer = LogWriter.open(log_path, size, generation, fault)
+    if scan.status == "ok" and scan.version != LOG_VERSION:
+        return _upgrade(root, state, generation, scan.records, fault)
+    writer = LogWriter.open(log_path, size, generation, position, fault)
     return Loaded(state, generation, snapshot_size, writer, scan.records)
+
+
+def _keep_torn(log_path: Path, offset: int, tail: bytes) -> None:
+    """Save a torn tail beside the log (fsynced) before it is cut, and say so."""
+    kept = keep_aside(log_path.with_name(f"{LOG_NAME}{TORN_INFIX}{offset}"), tail)
+    logger.warning(
+        "%s: cut %d bytes at offset %d that do not end a record (a torn append; not "
+        "acknowledged if the process crashed mid-write), kept in %s",
+        log_path,
+        len(tail),
+        offset,
+        kept,
+    )
+
+
+def _upgrade(root: Path, state: State, generation: int, records: int, fault: Fault) -> Loaded:
+    """Replace a version 1 (unchained) log by a snapshot of ``state`` and a fresh chained
+    log, through a regular compaction (crash-safe at every step: a crash before its commit
+    point leaves the version 1 log, which the next open upgrades again)."""
+    body = encode_state(state)
+    writer = Compaction(root, body, generation + 1, fault).run()
+    logger.warning(
+        "%s: upgraded the log from format version %d to %d (compacted into snapshot generation %d)",
+        root / LOG_NAME,
+        FORMAT_VERSION,
+        LOG_VERSION,
+        generation + 1,
+    )
+    return Loaded(state, generation + 1, len(body), writer, records)
 
 
 def _remove_temp_files(root: Path) -> None:
@@ -155,7 +186,9 @@ class Compaction:
         fault("compact.log_renamed")
         fsync_dir(root)
         fault("compact.log_dir_synced")
-        return LogWriter.open(log, len(header), self.generation, fault)
+        return LogWriter.open(
+            log, len(header), self.generation, ChainPosition(0, link(snapshot)), fault
+        )
 
 
 def _quietly(action: Callable[[Path], None], root: Path) -> None:

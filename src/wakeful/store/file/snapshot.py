@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
+from typing import NamedTuple
 
 import msgspec
 
@@ -28,6 +29,7 @@ from wakeful.records import (
     Receipt,
     WorkerInfo,
 )
+from wakeful.store.file.chain import link
 from wakeful.store.file.codec import (
     FORMAT_VERSION,
     SNAPSHOT_FORMAT,
@@ -172,14 +174,27 @@ def snapshot_bytes(body: bytes, generation: int) -> bytes:
     return encode_header(header) + frame(body)
 
 
-def read_snapshot(path: Path) -> tuple[int, State, int]:
-    """``(generation, state, size in bytes)`` of a snapshot file. A snapshot is only ever
-    installed complete (temp file, fsync, rename), so anything wrong with it, a missing
-    newline included, is ``CorruptStore``."""
+class SnapshotFile(NamedTuple):
+    """A snapshot file read back: its ``generation``, ``state``, ``size`` in bytes and
+    ``link`` (``chain.link`` of its bytes: what the first record of its log continues)."""
+
+    generation: int
+    state: State
+    size: int
+    link: str
+
+
+def read_snapshot(path: Path) -> SnapshotFile:
+    """Read a snapshot file. A snapshot is only ever installed complete (temp file, fsync,
+    rename), so anything wrong with it, a missing newline or a run of NUL bytes included, is
+    ``CorruptStore``: there is no torn snapshot."""
     data = path.read_bytes()
     first = data.find(b"\n")
     if first < 0 or not data.endswith(b"\n") or data.count(b"\n") != 2:
-        raise CorruptStore(str(path), 0, 1, "a snapshot is exactly two complete lines")
+        nul = " (it holds NUL bytes: zero-filled)" if b"\0" in data else ""
+        raise CorruptStore(
+            str(path), 0, 1, f"a snapshot is exactly two complete lines, this is not{nul}"
+        )
     try:
         header = _HEADER.decode(unframe(data[:first]))
     except (FrameError, msgspec.DecodeError) as exc:
@@ -196,4 +211,4 @@ def read_snapshot(path: Path) -> tuple[int, State, int]:
         state = decode_state(unframe(data[first + 1 : -1]))
     except (FrameError, msgspec.DecodeError) as exc:
         raise CorruptStore(str(path), first + 1, 2, f"invalid snapshot state: {exc}") from exc
-    return header.generation, state, len(data)
+    return SnapshotFile(header.generation, state, len(data), link(data))

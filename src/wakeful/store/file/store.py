@@ -30,10 +30,10 @@ from pathlib import Path
 
 from wakeful.clock import Clock
 from wakeful.errors import StoreUnavailable
+from wakeful.store.file.chain import encode_mutation
 from wakeful.store.file.codec import STREAM_DIR
 from wakeful.store.file.iothread import IOThread
 from wakeful.store.file.lock import RootLock
-from wakeful.store.file.log import encode_record
 from wakeful.store.file.root import Compaction, Loaded, load_root
 from wakeful.store.file.snapshot import encode_state
 from wakeful.store.file.stream import FileStreamCheckpoints
@@ -188,9 +188,9 @@ class FileStore(ProjectedStore):
     async def _persist(self, record: Mutation) -> None:
         # This runs right after the record was applied, before any other task: the pending
         # order is the apply order, which is the order replay needs.
-        line = encode_record(record)
+        body = encode_mutation(record)
         waiter: _Waiter = asyncio.get_running_loop().create_future()
-        self._pending.append((line, waiter))
+        self._pending.append((body, waiter))
         self._kick()
         await waiter
 
@@ -253,9 +253,9 @@ class FileStore(ProjectedStore):
         return self._log.size >= threshold
 
     async def _append(self, batch: list[tuple[bytes, _Waiter]]) -> bool:
-        data = b"".join(line for line, _ in batch)
+        bodies = [body for body, _ in batch]
         try:
-            await self._io.run(functools.partial(self._log.append, data))
+            written = await self._io.run(functools.partial(self._log.append, bodies))
         except InjectedCrash as crash:
             self._die(crash, [w for _, w in batch])
             return False
@@ -264,7 +264,7 @@ class FileStore(ProjectedStore):
             return False
         self._counts[0] += 1
         self._counts[1] += len(batch)
-        self._counts[2] += len(data)
+        self._counts[2] += written
         _succeed([w for _, w in batch])
         return True
 
