@@ -442,7 +442,10 @@ class Worker:
     async def _note(
         self, claim: Claim, event_type: str, data: dict[str, Any], settle: str | None = None
     ) -> None:
-        """An event for observers; ``settle``: the dispatch settled ``Done`` with it."""
+        """An event for observers (naming the dispatch it is about); ``settle``: the
+        dispatch settled ``Done`` with it."""
+        if settle is not None:
+            data = {**data, "dispatch_id": settle}
         await self.store.commit(
             claim.thread_id,
             Commit(
