@@ -34,7 +34,6 @@ from wakeful.cli.common import (
     read_input,
     run_async,
     show_dispatch,
-    stderr_line,
     store_option,
     store_url,
 )
@@ -141,14 +140,10 @@ async def _watch_dispatch(
 ) -> tuple[str, Event | None]:
     """The safety net: once the dispatch is settled, its ending is in the thread's events
     (committed with the settlement) or there is none to wait for."""
-    seen_error: str | None = None
-    while True:
+    while True:  # retries are logged by the worker
         d = await store.get_dispatch(dispatch_id)
         if d is None:
             raise NotFound("dispatch", dispatch_id)
-        if d.last_error and d.last_error != seen_error and d.status == "pending":
-            seen_error = d.last_error
-            stderr_line(f"attempt {d.attempts} of {d.max_attempts} failed: {d.last_error}")
         if d.status in SETTLED:
             cursor = after
             while events := await store.events_after(thread_id, cursor, 500):
