@@ -6,7 +6,7 @@
   call in a process, so the worker retries the dispatch and recovers the run), ``dropper``
   (an agent whose first stream drops after some text: stream recovery plan R1) and
   ``blocker`` (a graph whose node waits forever while ``CLI_APP_BLOCK`` is set, for crash
-  tests).
+  tests); ``broken`` (a graph whose node always fails: the run fails).
 - ``support``: a single Agent; ``tally_graph``: a single compiled graph.
 """
 
@@ -20,7 +20,7 @@ from wakeful.agent import Agent
 from wakeful.errors import WakefulError
 from wakeful.fleet import Registry
 from wakeful.providers.scripted import Drop, Scripted, reply, text
-from wakeful.runtime import END, START, Graph
+from wakeful.runtime import END, START, Graph, RetryPolicy
 
 
 class Tally(TypedDict, total=False):
@@ -59,6 +59,10 @@ def _flaky(state: Tally) -> dict[str, Any]:
     return {"total": 1}
 
 
+def _broken(state: Tally) -> dict[str, Any]:
+    raise ValueError("broken on purpose")
+
+
 async def _block(state: Tally) -> dict[str, Any]:
     if os.environ.get("CLI_APP_BLOCK"):
         await asyncio.Event().wait()
@@ -71,6 +75,7 @@ def registry() -> Registry:
     asker = Graph(Question, name="asker").node("ask", _ask).edge(START, "ask").edge("ask", END)
     flaky = Graph(Tally, name="flaky").node("work", _flaky).edge(START, "work")
     blocker = Graph(Tally, name="blocker").node("work", _block).edge(START, "work")
+    broken = Graph(Tally, name="broken").node("work", _broken, retry=RetryPolicy(max_attempts=1))
     return (
         Registry()
         .add("greeter", Agent("greeter", greeter, "Greet."))
@@ -79,6 +84,7 @@ def registry() -> Registry:
         .add("asker", asker.compile())
         .add("flaky", flaky.compile())
         .add("blocker", blocker.compile())
+        .add("broken", broken.edge(START, "work").compile())
     )
 
 

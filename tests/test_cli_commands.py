@@ -99,21 +99,30 @@ def test_run_takes_json_input_for_graphs(url: str, tmp_path: Path) -> None:
     assert not_object.returncode == 6 and "JSON object" in error_line(not_object)
     bad = cli("run", "t-4", "tally", "--input", "{nope", "--app", APP, store=url)
     assert bad.returncode == 6 and "--input is not valid JSON" in error_line(bad)
-    missing = cli("run", "t-4", "tally", "--input-file", str(tmp_path / "nope"), "--app", APP)
+    missing = cli("run", "t-4", "tally", "--input-file", str(tmp_path / "nope"), "--app", APP,
+                  store=url)  # fmt: skip
     assert missing.returncode == 6 and "cannot read --input-file" in error_line(missing)
     both = cli("run", "t-4", "tally", "hi", "--input", "{}", "--app", APP, store=url)
     assert both.returncode == 2
 
 
-def test_run_reports_a_failed_run_with_exit_1(url: str) -> None:
-    # the greeter's script has one turn: a second load of the app has a fresh one, but a
-    # thread whose agent asks the model twice in one run fails with the script exhausted
+def test_run_recovers_streams_and_takes_single_agents_and_graphs(url: str) -> None:
     done = cli("run", "t-1", "dropper", "hi", "--app", APP, "--json", store=url)
     assert as_json(done)["status"] == "completed"  # R1 stream recovery, then completed
     support = cli("run", "t-s", "support", "hi", "--app", "tests.cli_app:support", store=url)
     assert support.returncode == 0 and "How can I help?" in support.stdout
-    graph = cli("run", "t-g", "tally", "--input", "{}", "--app", "tests.cli_app:tally_graph")
+    graph = cli("run", "t-g", "tally", "--input", "{}", "--app", "tests.cli_app:tally_graph",
+                store=url)  # fmt: skip
     assert graph.returncode == 0, graph.stderr
+
+
+def test_a_failed_run_exits_1_with_its_reason(url: str) -> None:
+    done = cli("run", "t-b", "broken", "--input", "{}", "--app", APP, store=url)
+    assert done.returncode == 1
+    assert "failed: node 'work' failed" in error_line(done) and "broken on purpose" in done.stderr
+    result = json.loads(cli("run", "t-b", "broken", "--input", "{}", "--app", APP, "--json",
+                            store=url).stdout)  # fmt: skip
+    assert result["status"] == "failed" and "broken on purpose" in result["reason"]
 
 
 def test_app_must_be_a_registry_agent_graph_or_factory(url: str) -> None:
