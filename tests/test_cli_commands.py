@@ -354,7 +354,7 @@ def test_follow_resumes_after_the_store_was_unavailable(url: str) -> None:
                         raise StoreUnavailable("the connection dropped")
                     return (await real(*args, **kwargs))[:2]
 
-                store.wait_events = wait_events
+                store.wait_events = wait_events  # type: ignore[method-assign]
             return store
 
         async def __aexit__(self, *exc: object) -> None:
