@@ -2,10 +2,11 @@
 the documentation's code blocks (``tests/provider_server.py`` scripts replies one by one;
 this one behaves like a small, predictable model).
 
-Each request is answered by its last message: after a tool result, a short final answer
-quoting it; when the request offers a tool named in ``tool_arguments``, a call of that tool
-with those arguments (once per user message: a tool result after it means the next answer
-is final); otherwise ``answer``. Replies pushed with ``push`` go first."""
+Each request is answered from the conversation since its last user message: each tool
+named in ``tool_arguments`` (in that order) that the request offers and the conversation has
+not called yet is called with those arguments, one per turn; then, after a tool result, a
+short final answer quoting it; otherwise ``answer``. Replies pushed with ``push`` go
+first."""
 
 from __future__ import annotations
 
@@ -39,21 +40,27 @@ class ChatServer(ProviderServer):
 
     def respond(self, body: dict[str, Any]) -> list[bytes]:
         messages = body.get("messages") or [{}]
-        last = messages[-1]
-        if last.get("role") == "tool":
-            return openai_text("Done: ", str(last.get("content", ""))[:200])
         users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
         since = messages[users[-1] :] if users else messages
-        called = any(m.get("role") == "tool" for m in since)
-        offered = [t.get("function", {}).get("name") for t in body.get("tools") or []]
-        wanted = [name for name in offered if name in self.tool_arguments]
-        if wanted and not called:
-            name = wanted[0]
-            arguments = json.dumps(self.tool_arguments[name])
+        called = {
+            call.get("function", {}).get("name")
+            for m in since
+            if m.get("role") == "assistant"
+            for call in m.get("tool_calls") or []
+        }
+        offered = {t.get("function", {}).get("name") for t in body.get("tools") or []}
+        pending = [n for n in self.tool_arguments if n in offered and n not in called]
+        if pending:
+            name = pending[0]
             return [
                 openai_chunk({"role": "assistant", "content": None}),
-                openai_tool(0, "call_1", name, arguments),
+                openai_tool(
+                    0, f"call_{len(called) + 1}", name, json.dumps(self.tool_arguments[name])
+                ),
                 openai_chunk({}, "tool_calls"),
                 b"data: [DONE]\n\n",
             ]
+        last = messages[-1]
+        if last.get("role") == "tool":
+            return openai_text("Done: ", str(last.get("content", ""))[:200])
         return openai_text(self.answer)
