@@ -50,7 +50,7 @@ def orders_graph() -> CompiledGraph:
     def settle(state: Order) -> dict[str, Any]:
         return {"status": "paid"}
 
-    def route(state: Order) -> str:
+    def route(state: dict[str, Any]) -> str:
         return "settle" if state.get("invoice") and state.get("status") == "placed" else "place"
 
     return (

@@ -44,7 +44,7 @@ def build() -> CompiledGraph:
         lines = [q.strip(" -*\t") for q in text.splitlines() if q.strip(" -*\t")]
         return {"questions": lines[:MAX_QUESTIONS] or [state["topic"]]}
 
-    def fan_out(state: Research) -> list[Send]:
+    def fan_out(state: dict[str, Any]) -> list[Send]:
         return [Send("investigate", question) for question in state["questions"]]
 
     async def investigate(question: str, ctx: NodeContext) -> dict[str, Any]:

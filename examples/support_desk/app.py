@@ -15,13 +15,20 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from examples.model import chat_model
 from wakeful.agent import Agent, ToolContext, tool
 from wakeful.fleet import Registry
 
-ORDERS = {
+
+class OrderRecord(TypedDict):
+    item: str
+    amount_cents: int
+    status: str
+
+
+ORDERS: dict[int, OrderRecord] = {
     42: {"item": "espresso machine", "amount_cents": 24900, "status": "delivered"},
     43: {"item": "milk frother", "amount_cents": 3900, "status": "shipped"},
 }
