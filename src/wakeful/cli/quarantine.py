@@ -3,6 +3,7 @@ docs/queue.md)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import click
@@ -22,6 +23,22 @@ from wakeful.cli.common import (
 )
 from wakeful.cli.inspect import DISPATCH_COLUMNS, dispatch_rows, get_dispatch
 from wakeful.cli.progress import progress
+
+log = logging.getLogger("wakeful.cli")
+
+
+def _logged(action: str, d: Any) -> Any:
+    """Operator actions leave a log line (who changed the queue, and why it was parked)."""
+    log.info(
+        "dispatch %s %s (attempts %d of %d, last error: %s)",
+        d.dispatch_id,
+        action,
+        d.attempts,
+        d.max_attempts,
+        d.last_error or "none",
+        extra={"dispatch_id": d.dispatch_id, "thread_id": d.thread_id, "outcome": action},
+    )
+    return d
 
 
 @click.group()
@@ -65,7 +82,8 @@ async def quarantine_show(dispatch_id: str, store: str | None, as_json: bool) ->
 @run_async
 async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool) -> None:
     """Quarantine exhausted work so it is not terminalised automatically."""
-    show_dispatch(await with_store(store_url(store), lambda s: s.quarantine(dispatch_id)), as_json)
+    parked = await with_store(store_url(store), lambda s: s.quarantine(dispatch_id))
+    show_dispatch(_logged("quarantined", parked), as_json)
 
 
 @quarantine.command("requeue")
@@ -82,7 +100,8 @@ async def quarantine_requeue(
     if every == (dispatch_id is not None):
         raise click.UsageError("give either DISPATCH_ID or --all")
     if dispatch_id is not None:
-        show_dispatch(await with_store(store_url(store), lambda s: s.requeue(dispatch_id)), as_json)
+        requeued = await with_store(store_url(store), lambda s: s.requeue(dispatch_id))
+        show_dispatch(_logged("requeued", requeued), as_json)
         return
 
     async def requeue_all(s: Any) -> list[Any]:
@@ -94,7 +113,7 @@ async def quarantine_requeue(
         done = []
         with progress("requeueing", len(parked), quiet=as_json) as advance:
             for d in parked:
-                done.append(await s.requeue(d.dispatch_id))
+                done.append(_logged("requeued", await s.requeue(d.dispatch_id)))
                 advance(1)
         return done
 
