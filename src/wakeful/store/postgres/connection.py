@@ -129,18 +129,29 @@ def big(value: int) -> int:
     return value if value < 2**63 else -1
 
 
+REFUSAL_RETRIES = (0.2, 0.5, 1.0)
+"""Pauses before trying again when a reached server refused the session: a refusal that
+outlasts them is reported as permanent (``StoreRefused``)."""
+
+
 async def probe(conninfo: str, timeout: float) -> None:
     """Open and close one connection before a pool is opened, so that a server that cannot
     be reached, or refuses the login, is reported once with its reason (``StoreUnavailable``
     or ``StoreRefused``) instead of after the pool's retries, one log line each."""
-    try:
-        conn = await asyncio.wait_for(
-            psycopg.AsyncConnection.connect(conninfo, autocommit=True), timeout
-        )
-    except (psycopg.Error, TimeoutError) as exc:
-        where = describe_server(conninfo)
-        raise connect_error(exc, where, await server_reachable(conninfo, timeout)) from None
-    await conn.close()
+    for delay in (*REFUSAL_RETRIES, None):
+        try:
+            conn = await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(conninfo, autocommit=True), timeout
+            )
+        except (psycopg.Error, TimeoutError) as exc:
+            reached = await server_reachable(conninfo, timeout)
+            if reached and delay is not None:
+                # a server at its connection limit or starting up refuses for a moment only
+                await asyncio.sleep(delay)
+                continue
+            raise connect_error(exc, describe_server(conninfo), reached) from None
+        await conn.close()
+        return
 
 
 def describe_server(conninfo: str) -> str:

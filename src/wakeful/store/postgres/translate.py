@@ -119,8 +119,8 @@ def connect_error(exc: BaseException, where: str, reached: bool) -> WakefulError
     Unix socket) connection the failure is transient (``StoreUnavailable``); when a server
     was reached and still refused the session (a database that does not exist, a refused
     login, a missing ``pg_hba`` entry) retrying the same URL will not help (``StoreRefused``).
-    A server that refuses sessions while it starts up is, by this rule, reported as a
-    refusal too; the message carries the server's own reason."""
+    The caller tries a few times over about two seconds before calling a refusal
+    permanent, so that a server at its connection limit or still starting up is not."""
     text = _first_line(exc)
     if reached:
         return StoreRefused(where, text)
