@@ -8,34 +8,14 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests.cli_support import ROOT, WAKEFUL, cli, free_port
 from wakeful import open_store
 from wakeful.fleet import submit
-
-ROOT = Path(__file__).resolve().parent.parent
-WAKEFUL = str(Path(sys.executable).parent / "wakeful")
-
-
-def cli(
-    *args: str, store: str | None = None, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT)}
-    if store is not None:
-        env["WAKEFUL_STORE"] = store
-    return subprocess.run(
-        [WAKEFUL, *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=ROOT,
-        input=stdin,
-    )
 
 
 @pytest.fixture
@@ -170,14 +150,6 @@ def test_migrate_and_demo(tmp_path: Path) -> None:
     assert done.returncode == 0 and "migrated" in done.stdout
     claims = cli("demo", "--claims")
     assert claims.returncode == 0 and "refused" in claims.stdout
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve_until_healthy(args: list[str], port: int, path: str, env_store: str | None) -> str:

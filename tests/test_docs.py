@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -17,18 +18,68 @@ def blocks(path: Path, language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", path.read_text(encoding="utf-8"), flags=re.S)
 
 
-def test_runnable_python_examples_run(tmp_path: Path) -> None:
-    runnable = [b for b in blocks(README, "python") if "asyncio.run(" in b]
-    assert runnable, "the README has no runnable example"
-    for i, block in enumerate(runnable):
-        script = tmp_path / f"example_{i}.py"
-        script.write_text(block, encoding="utf-8")
+FRAGMENT = "<!-- fragment -->"
+"""Marks the next fenced block as a fragment: shown, not run (docs/decisions/0017)."""
+DOCS = [README, *sorted((ROOT / "docs").glob("*.md"))]
+TOOL_ARGUMENTS = {"refund": {"order_id": 42}}
+"""What the local model asks of the tools the documented agents offer."""
+
+
+def python_blocks(path: Path) -> list[tuple[int, str, bool]]:
+    """``(line, code, is_fragment)`` of every ```python block of ``path``."""
+    text = path.read_text(encoding="utf-8")
+    found = []
+    for match in re.finditer(r"```python\n(.*?)```", text, flags=re.S):
+        before = text[: match.start()].rstrip().splitlines()
+        fragment = bool(before) and before[-1].strip() == FRAGMENT
+        found.append((text[: match.start()].count("\n") + 1, match.group(1), fragment))
+    return found
+
+
+RUNNABLE = [
+    pytest.param(path, line, code, id=f"{path.name}:{line}")
+    for path in DOCS
+    for line, code, fragment in python_blocks(path)
+    if not fragment
+]
+
+
+@pytest.mark.parametrize(("path", "line", "code"), RUNNABLE)
+def test_every_python_block_runs_as_written(
+    path: Path, line: int, code: str, tmp_path: Path
+) -> None:
+    """Each block not marked a fragment runs verbatim as a script, its model calls answered
+    by a local OpenAI-compatible server (``OPENAI_BASE_URL``)."""
+    from tests.chat_server import ChatServer
+
+    script = tmp_path / "block.py"
+    script.write_text(code, encoding="utf-8")
+    with ChatServer(TOOL_ARGUMENTS) as model:
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": model.base_url,
+            "OPENAI_API_KEY": "sk-local-test",
+            "WAKEFUL_MODEL": "local-test-model",
+            "PYTHONPATH": str(ROOT),
+        }
         done = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, timeout=60
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=tmp_path,
+            env=env,
         )
-        assert done.returncode == 0, done.stderr
-        if "# 1 (1,)" in block:
-            assert done.stdout.strip() == "1 (1,)"
+    assert done.returncode == 0, f"{path.name}:{line}\n{done.stderr}"
+    if "# 1 (1,)" in code:
+        assert done.stdout.strip() == "1 (1,)"
+
+
+def test_readme_examples_run_and_fragments_are_rare() -> None:
+    readme = python_blocks(README)
+    assert readme and not any(fragment for _, _, fragment in readme)
+    every = [b for path in DOCS for b in python_blocks(path)]
+    assert sum(not fragment for _, _, fragment in every) >= len(every) // 3
 
 
 def test_every_quick_start_command_is_a_make_target() -> None:

@@ -208,6 +208,20 @@ class StoreUnavailable(WakefulError):
         super().__init__(f"store unavailable: {detail}; retry later")
 
 
+class StoreRefused(WakefulError):
+    """The storage was reached but refused the connection: the database does not exist, the
+    login or password was refused, or the server does not allow this client. Retrying the
+    same URL will not help; fix the URL or the server's configuration."""
+
+    def __init__(self, where: str, detail: str) -> None:
+        self.where = where
+        self.detail = detail
+        super().__init__(
+            f"{where} refused the connection: {detail}; check the store URL (database, user, "
+            f"password) and the server's access rules, retrying will not help"
+        )
+
+
 class StoreClosed(WakefulError):
     """The store was closed; open it again."""
 

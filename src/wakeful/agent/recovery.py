@@ -137,6 +137,15 @@ def _is_complete(call: dict[str, Any]) -> bool:
         return False
 
 
+PLANS = {
+    "retry": "nothing arrived yet, the request is sent again",
+    "R1": "text only, continue it with a continuation request",
+    "R2": "complete tool calls, keep them as the turn and drop the partial one",
+    "R3": "text and an unfinished tool call, drop the call and continue the text",
+    "R4": "nothing usable, restart the request",
+}
+
+
 def plan_for(acc: Accumulator) -> str:
     if acc.complete():
         return "R2"
@@ -192,6 +201,7 @@ class StreamRecovery:
             recoveries.append("resumed")
             plan = plan_for(acc)
             recoveries.append(plan)
+            self._log_recovery(plan, "resumed from the stream checkpoint of an interrupted turn")
             if plan == "R2":
                 return self._finish(acc, "tool_use", None, recoveries, complete_only=True)
             current = self._after_interruption(plan, acc, request)
@@ -210,10 +220,24 @@ class StreamRecovery:
                 plan = plan_for(acc)
                 recoveries.append(plan if not acc.empty() else "retry")
                 self._emit("stream.interrupted", {"kind": error.kind, "plan": plan})
+                self._log_recovery(
+                    plan if not acc.empty() else "retry",
+                    f"{error.kind} error, attempt {attempts} of {self.policy.max_retries}: {error}",
+                )
                 if plan == "R2":
                     return self._finish(acc, "tool_use", None, recoveries, complete_only=True)
                 await self.sleep(self.policy.backoff(attempts, error.retry_after))
                 current = self._after_interruption(plan, acc, request)
+
+    def _log_recovery(self, plan: str, why: str) -> None:
+        log.warning(
+            "run %s: model stream interrupted (%s); recovering with %s: %s",
+            self.run_id,
+            why,
+            plan,
+            PLANS.get(plan, plan),
+            extra={"run_id": self.run_id, "thread_id": self.thread_id, "plan": plan, "reason": why},
+        )
 
     def _after_interruption(
         self, plan: str, acc: Accumulator, request: ModelRequest

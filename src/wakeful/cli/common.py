@@ -1,18 +1,20 @@
-"""Shared pieces of the command line: the store option, output (rich tables or JSON) and
-exit codes.
+"""Shared pieces of the command line: the store option, output (rich tables or JSON), errors
+as one ``error:`` line, and exit codes.
 
-Exit codes: 0 success; 1 a check or run failed; 2 usage error; 3 not found; 4 conflict
-(busy, stale, invalid state); 5 store unavailable; 6 invalid input."""
+Exit codes: 0 success; 1 a run or a check failed; 2 usage error; 3 not found; 4 conflict
+(busy, stale, invalid state, refused, a port in use); 5 store unavailable (transient: retry
+later); 6 invalid input or configuration (an unknown store URL, a bad token file, a database
+that does not exist or refused the login)."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
+import json
 import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import click
 import msgspec
@@ -26,6 +28,7 @@ from wakeful.errors import (
     NotFound,
     OperationConflict,
     StaleClaim,
+    StoreRefused,
     StoreUnavailable,
     ThreadBusy,
     UnsupportedStore,
@@ -33,12 +36,35 @@ from wakeful.errors import (
 )
 
 DEFAULT_STORE = "sqlite:///wakeful.db"
-EXIT_FAILED, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_INVALID = 1, 3, 4, 5, 6
+EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_INVALID = (
+    1,
+    2,
+    3,
+    4,
+    5,
+    6,
+)
 
 T = TypeVar("T")
 
-console = Console()
-errors = Console(stderr=True)
+console = Console(soft_wrap=True)
+errors = Console(stderr=True, soft_wrap=True)
+
+
+class CommandFailed(click.ClickException):
+    """Ends a command with one ``error:`` line on stderr and ``exit_code``."""
+
+    def __init__(self, message: str, code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        # click declares exit_code on the class; each failure carries its own
+        setattr(self, "exit_code", code)  # noqa: B010
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"error: {self.format_message()}", err=True)
+
+
+def fail(message: str, exit_code: int = EXIT_FAILED) -> NoReturn:
+    raise CommandFailed(message, exit_code)
 
 
 def store_url(explicit: str | None) -> str:
@@ -53,7 +79,19 @@ store_option = click.option(
     metavar="URL",
     help="Store URL (default: $WAKEFUL_STORE, else sqlite:///wakeful.db).",
 )
-json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+json_option = click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (JSON on stdout)."
+)
+
+
+def limit_option(default: int = 50) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--limit",
+        default=default,
+        show_default=True,
+        type=click.IntRange(1, 10_000),
+        help="At most this many rows.",
+    )
 
 
 def exit_code(exc: WakefulError) -> int:
@@ -65,30 +103,53 @@ def exit_code(exc: WakefulError) -> int:
         return EXIT_CONFLICT
     if isinstance(exc, StoreUnavailable):
         return EXIT_UNAVAILABLE
-    if isinstance(exc, InvalidInput | UnsupportedStore):
+    if isinstance(exc, InvalidInput | UnsupportedStore | StoreRefused):
         return EXIT_INVALID
     return EXIT_FAILED
 
 
+def as_failure(exc: WakefulError) -> CommandFailed:
+    """The one-line report of a wakeful error, with its documented exit code."""
+    return CommandFailed(str(exc), exit_code(exc))
+
+
 def run_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
-    """Run an async command; a ``WakefulError`` becomes a message and its exit code."""
+    """Run an async command (errors are reported by the root group, see ``__init__``)."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> T:
-        try:
-            return asyncio.run(fn(*args, **kwargs))
-        except WakefulError as exc:
-            errors.print(f"[red]error:[/red] {exc}", highlight=False)
-            sys.exit(exit_code(exc))
+        return asyncio.run(fn(*args, **kwargs))
 
     return wrapper
 
 
+def to_json(data: Any) -> str:
+    return msgspec.json.encode(data).decode()
+
+
+def builtins(value: Any) -> Any:
+    """Records (msgspec structs, datetimes...) as JSON-ready values."""
+    return msgspec.to_builtins(value)
+
+
 def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
     if as_json:
-        click.echo(msgspec.json.encode(data).decode())
+        click.echo(to_json(data))
     else:
         render(data)
+
+
+def cell(value: Any, width: int | None = None) -> str:
+    """A table cell: text as is, every other value as JSON (never a Python repr)."""
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(builtins(value), ensure_ascii=False, separators=(",", ":"))
+    if width is not None and len(text) > width:
+        return text[: width - 1] + "…"
+    return text
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
@@ -96,25 +157,64 @@ def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> 
     for column in columns:
         t.add_column(column)
     for row in rows:
-        t.add_row(*("" if v is None else str(v) for v in row))
+        t.add_row(*(cell(v) for v in row))
     console.print(t)
 
 
-def load_object(spec: str) -> Any:
-    """``module:attribute`` -> the object (a registry, a tool mapping...)."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise click.BadParameter(f"{spec!r} is not of the form module:attribute")
-    sys.path.insert(0, os.getcwd())
+def show_dispatch(d: Any, as_json: bool, title: str | None = None) -> None:
+    """One dispatch: every field (payload as JSON) in a table, or the JSON object."""
+    data = builtins(d)
+    emit(
+        data,
+        as_json,
+        lambda _: table(
+            title or f"dispatch {d.dispatch_id}", ["field", "value"], list(data.items())
+        ),
+    )
+
+
+def parse_json(option: str, text: str) -> Any:
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise click.BadParameter(f"cannot import {module_name!r}: {exc}") from exc
-    try:
-        value = getattr(module, attribute)
-    except AttributeError:
-        raise click.BadParameter(f"{module_name!r} has no attribute {attribute!r}") from None
-    return value() if callable(value) and not hasattr(value, "get") else value
+        return json.loads(text)
+    except ValueError as exc:
+        fail(f"{option} is not valid JSON: {exc}", EXIT_INVALID)
+
+
+def read_input(message: str | None, input_json: str | None, input_file: str | None) -> Any:
+    """A run's input: ``MESSAGE`` (a string, for agents), ``--input JSON`` or
+    ``--input-file PATH`` (``-``: stdin). At most one of them."""
+    given = [n for n, v in (("MESSAGE", message), ("--input", input_json)) if v is not None]
+    if input_file is not None:
+        given.append("--input-file")
+    if len(given) > 1:
+        raise click.UsageError(f"give the input once: {' and '.join(given)} were both given")
+    if input_json is not None:
+        return parse_json("--input", input_json)
+    if input_file is not None:
+        try:
+            with click.open_file(input_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as exc:
+            fail(f"cannot read --input-file {input_file}: {exc.strerror or exc}", EXIT_INVALID)
+        return parse_json(f"--input-file {input_file}", text)
+    return message
+
+
+def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    fn = click.option(
+        "--input-file",
+        "input_file",
+        default=None,
+        metavar="PATH",
+        help="Read the input as JSON from PATH ('-': stdin).",
+    )(fn)
+    return click.option(
+        "--input",
+        "input_json",
+        default=None,
+        metavar="JSON",
+        help="The input as JSON (a graph takes an object; an agent a string or any value).",
+    )(fn)
 
 
 async def with_store(url: str, body: Callable[[Any], Awaitable[T]]) -> T:
@@ -122,3 +222,28 @@ async def with_store(url: str, body: Callable[[Any], Awaitable[T]]) -> T:
 
     async with open_store(url) as store:
         return await body(store)
+
+
+def describe_url(url: str) -> str:
+    """The store URL without a password, for output."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def print_line(text: str) -> None:
+    """A human line on stdout (markup allowed, no guessing of highlights)."""
+    console.print(text, highlight=False)
+
+
+def stderr_line(text: str) -> None:
+    errors.print(text, highlight=False)
+
+
+def is_terminal() -> bool:
+    return sys.stdout.isatty()

@@ -1,49 +1,65 @@
-"""Read-mostly commands: threads, dispatches, quarantine, workers."""
+"""Read-only commands: threads, dispatches, workers. Every listing takes ``--json``; payloads
+and states render as JSON."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import click
-import msgspec
 
 from wakeful.cli.common import (
+    builtins,
+    cell,
     console,
     emit,
     json_option,
+    limit_option,
+    print_line,
     run_async,
+    show_dispatch,
     store_option,
     store_url,
     table,
     with_store,
 )
+from wakeful.cli.follow import follow_events
 from wakeful.errors import NotFound
+from wakeful.records import Dispatch, Event, ThreadSnapshot
 
 
-def _builtins(value: Any) -> Any:
-    return msgspec.to_builtins(value)
+def _at(value: datetime | None) -> str:
+    return "" if value is None else value.isoformat(timespec="seconds")
+
+
+async def _snapshot(store: Any, thread_id: str) -> ThreadSnapshot:
+    snap = await store.read(thread_id)
+    if snap is None:
+        raise NotFound("thread", thread_id)
+    return snap  # type: ignore[no-any-return]
 
 
 @click.group()
 def threads() -> None:
-    """Inspect threads."""
+    """Inspect threads: list, show, events, messages, runs."""
 
 
 @threads.command("list")
 @store_option
 @json_option
-@click.option("--tenant", default=None)
+@click.option("--tenant", default=None, help="Only this tenant's threads.")
 @click.option("--after", default=None, help="Cursor: the last thread id of the previous page.")
-@click.option("--limit", default=50, show_default=True)
+@limit_option()
 @run_async
 async def threads_list(
     store: str | None, as_json: bool, tenant: str | None, after: str | None, limit: int
 ) -> None:
+    """Threads with at least one commit, by id."""
     rows = await with_store(
         store_url(store), lambda s: s.list_threads(tenant=tenant, after=after, limit=limit)
     )
     emit(
-        _builtins(rows),
+        builtins(rows),
         as_json,
         lambda _: table(
             "threads",
@@ -56,7 +72,7 @@ async def threads_list(
                     r.version,
                     r.message_count,
                     r.last_seq,
-                    r.updated_at.isoformat(timespec="seconds"),
+                    _at(r.updated_at),
                 )
                 for r in rows
             ],
@@ -70,50 +86,160 @@ async def threads_list(
 @json_option
 @run_async
 async def threads_show(thread_id: str, store: str | None, as_json: bool) -> None:
-    snap = await with_store(store_url(store), lambda s: s.read(thread_id))
-    if snap is None:
-        raise NotFound("thread", thread_id)
+    """The thread's latest checkpoint (status, state, open tickets), claim and counts."""
+    snap = await with_store(store_url(store), lambda s: _snapshot(s, thread_id))
 
     def render(_: Any) -> None:
         cp = snap.checkpoint
         claim = snap.claim
-        console.print(f"[bold]{thread_id}[/bold]  version {snap.version}  tenant {snap.tenant}")
+        print_line(f"[bold]{thread_id}[/bold]  version {snap.version}  tenant {cell(snap.tenant)}")
         if cp is not None:
-            console.print(f"run {cp.run_id}  status [bold]{cp.status}[/bold]  checkpoint {cp.id}")
-            console.print_json(data=cp.state)
+            print_line(f"run {cp.run_id}  status [bold]{cp.status}[/bold]  checkpoint {cp.id}")
+            console.print_json(data=builtins(cp.state))
+            tickets = cp.metadata.get("tickets") if cp.status == "suspended" else None
+            for ticket in tickets or []:
+                if isinstance(ticket, dict):
+                    print_line(f"open ticket {ticket.get('id')}: {cell(ticket.get('question'))}")
         if claim is not None:
-            console.print(f"claim: {claim.holder} token {claim.token} until {claim.expires_at}")
-        console.print(f"messages {snap.message_count}  events 1..{snap.last_seq}")
+            print_line(f"claim: {claim.holder} token {claim.token} until {_at(claim.expires_at)}")
+        print_line(f"messages {snap.message_count}  events 1..{snap.last_seq}")
 
-    emit(_builtins(snap), as_json, render)
+    emit(builtins(snap), as_json, render)
+
+
+def event_row(e: Event, width: int | None = 80) -> tuple[Any, ...]:
+    return (e.seq, _at(e.at), e.type, e.run_id, cell(e.data, width))
+
+
+EVENT_COLUMNS = ["seq", "at", "type", "run", "data"]
 
 
 @threads.command("events")
 @click.argument("thread_id")
 @store_option
 @json_option
-@click.option("--after", default=0, show_default=True)
-@click.option("--limit", default=100, show_default=True)
+@click.option("--after", default=0, show_default=True, help="Only events after this seq.")
+@limit_option(100)
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Keep printing new events as they are committed (one line, or one JSON object, "
+    "each) until interrupted; reconnects to the store after it was unavailable.",
+)
 @run_async
 async def threads_events(
+    thread_id: str, store: str | None, as_json: bool, after: int, limit: int, follow: bool
+) -> None:
+    """The thread's durable events. Exit 3 when the thread does not exist."""
+    url = store_url(store)
+    if follow:
+        await follow_events(url, thread_id, after, as_json)
+        return
+
+    async def read(s: Any) -> list[Event]:
+        await _snapshot(s, thread_id)
+        return await s.events_after(thread_id, after, limit)  # type: ignore[no-any-return]
+
+    events = await with_store(url, read)
+    emit(
+        builtins(events),
+        as_json,
+        lambda _: table(f"events of {thread_id}", EVENT_COLUMNS, [event_row(e) for e in events]),
+    )
+
+
+@threads.command("messages")
+@click.argument("thread_id")
+@store_option
+@json_option
+@click.option("--after", default=0, show_default=True, help="Skip this many messages.")
+@limit_option(100)
+@run_async
+async def threads_messages(
     thread_id: str, store: str | None, as_json: bool, after: int, limit: int
 ) -> None:
-    events = await with_store(store_url(store), lambda s: s.events_after(thread_id, after, limit))
+    """The thread's conversation messages in order."""
+
+    async def read(s: Any) -> list[Any]:
+        await _snapshot(s, thread_id)
+        return await s.messages(thread_id, after, limit)  # type: ignore[no-any-return]
+
+    messages = await with_store(store_url(store), read)
     emit(
-        _builtins(events),
+        builtins(messages),
         as_json,
         lambda _: table(
-            f"events of {thread_id}",
-            ["seq", "at", "type", "run", "data"],
+            f"messages of {thread_id}",
+            ["#", "role", "run", "content", "tool calls"],
             [
                 (
-                    e.seq,
-                    e.at.isoformat(timespec="seconds"),
-                    e.type,
-                    e.run_id,
-                    msgspec.json.encode(e.data).decode()[:60],
+                    after + i + 1,
+                    m.role,
+                    m.run_id,
+                    cell(m.content, 100),
+                    cell(m.tool_calls or None, 60),
                 )
-                for e in events
+                for i, m in enumerate(messages)
+            ],
+        ),
+    )
+
+
+@threads.command("runs")
+@click.argument("thread_id")
+@store_option
+@json_option
+@limit_option(20)
+@run_async
+async def threads_runs(thread_id: str, store: str | None, as_json: bool, limit: int) -> None:
+    """The thread's runs, newest first, from its checkpoint history (retention may have
+    removed old checkpoints)."""
+
+    async def read(s: Any) -> list[dict[str, Any]]:
+        await _snapshot(s, thread_id)
+        runs: list[dict[str, Any]] = []
+        before: str | None = None
+        while True:
+            page = await s.checkpoints(thread_id, before=before, limit=200)
+            for cp, at in page:
+                if runs and runs[-1]["run_id"] == cp.run_id:
+                    runs[-1]["started_at"] = at
+                    runs[-1]["checkpoints"] += 1
+                    continue
+                if len(runs) == limit:
+                    return runs
+                runs.append(
+                    {
+                        "run_id": cp.run_id,
+                        "status": cp.status,
+                        "graph": cp.metadata.get("graph"),
+                        "started_at": at,
+                        "updated_at": at,
+                        "checkpoints": 1,
+                    }
+                )
+            if len(page) < 200:
+                return runs
+            before = page[-1][0].id
+
+    runs = await with_store(store_url(store), read)
+    emit(
+        builtins(runs),
+        as_json,
+        lambda _: table(
+            f"runs of {thread_id}",
+            ["run", "status", "graph", "started", "updated", "checkpoints"],
+            [
+                (
+                    r["run_id"],
+                    r["status"],
+                    r["graph"],
+                    _at(r["started_at"]),
+                    _at(r["updated_at"]),
+                    r["checkpoints"],
+                )
+                for r in runs
             ],
         ),
     )
@@ -122,7 +248,7 @@ async def threads_events(
 DISPATCH_COLUMNS = ["dispatch", "thread", "kind", "status", "attempts", "holder", "last error"]
 
 
-def _dispatch_rows(rows: list[Any]) -> list[tuple[Any, ...]]:
+def dispatch_rows(rows: list[Dispatch]) -> list[tuple[Any, ...]]:
     return [
         (
             d.dispatch_id,
@@ -137,6 +263,13 @@ def _dispatch_rows(rows: list[Any]) -> list[tuple[Any, ...]]:
     ]
 
 
+async def get_dispatch(store: Any, dispatch_id: str) -> Dispatch:
+    d = await store.get_dispatch(dispatch_id)
+    if d is None:
+        raise NotFound("dispatch", dispatch_id)
+    return d  # type: ignore[no-any-return]
+
+
 @click.group()
 def dispatches() -> None:
     """Inspect the dispatch queue."""
@@ -149,10 +282,11 @@ def dispatches() -> None:
     "--status",
     type=click.Choice(["pending", "leased", "awaiting", "done", "quarantined"]),
     default=None,
+    help="Only dispatches with this status.",
 )
-@click.option("--thread", "thread_id", default=None)
-@click.option("--after", default=None)
-@click.option("--limit", default=50, show_default=True)
+@click.option("--thread", "thread_id", default=None, help="Only this thread's dispatches.")
+@click.option("--after", default=None, help="Cursor: the last dispatch id of the previous page.")
+@limit_option()
 @run_async
 async def dispatches_list(
     store: str | None,
@@ -162,29 +296,16 @@ async def dispatches_list(
     after: str | None,
     limit: int,
 ) -> None:
+    """Dispatches in enqueue order."""
     rows = await with_store(
         store_url(store),
         lambda s: s.list_dispatches(status=status, thread_id=thread_id, after=after, limit=limit),
     )
     emit(
-        _builtins(rows),
+        builtins(rows),
         as_json,
-        lambda _: table("dispatches", DISPATCH_COLUMNS, _dispatch_rows(rows)),
+        lambda _: table("dispatches", DISPATCH_COLUMNS, dispatch_rows(rows)),
     )
-
-
-async def _get(store: Any, dispatch_id: str) -> Any:
-    d = await store.get_dispatch(dispatch_id)
-    if d is None:
-        raise NotFound("dispatch", dispatch_id)
-    return d
-
-
-def _show_dispatch(d: Any, as_json: bool) -> None:
-    def render(_: Any) -> None:
-        table(f"dispatch {d.dispatch_id}", ["field", "value"], list(_builtins(d).items()))
-
-    emit(_builtins(d), as_json, render)
 
 
 @dispatches.command("show")
@@ -193,69 +314,10 @@ def _show_dispatch(d: Any, as_json: bool) -> None:
 @json_option
 @run_async
 async def dispatches_show(dispatch_id: str, store: str | None, as_json: bool) -> None:
-    _show_dispatch(await with_store(store_url(store), lambda s: _get(s, dispatch_id)), as_json)
-
-
-@click.group()
-def quarantine() -> None:
-    """Operator actions on exhausted work (see docs/queue.md)."""
-
-
-@quarantine.command("list")
-@store_option
-@json_option
-@click.option("--limit", default=50, show_default=True)
-@run_async
-async def quarantine_list(store: str | None, as_json: bool, limit: int) -> None:
-    rows = await with_store(
-        store_url(store), lambda s: s.list_dispatches(status="quarantined", limit=limit)
+    """One dispatch with its payload and delivery state."""
+    show_dispatch(
+        await with_store(store_url(store), lambda s: get_dispatch(s, dispatch_id)), as_json
     )
-    emit(
-        _builtins(rows),
-        as_json,
-        lambda _: table("quarantined", DISPATCH_COLUMNS, _dispatch_rows(rows)),
-    )
-
-
-@quarantine.command("show")
-@click.argument("dispatch_id")
-@store_option
-@json_option
-@run_async
-async def quarantine_show(dispatch_id: str, store: str | None, as_json: bool) -> None:
-    _show_dispatch(await with_store(store_url(store), lambda s: _get(s, dispatch_id)), as_json)
-
-
-@quarantine.command("add")
-@click.argument("dispatch_id")
-@store_option
-@json_option
-@run_async
-async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool) -> None:
-    """Quarantine exhausted work so it is not terminalised automatically."""
-    _show_dispatch(await with_store(store_url(store), lambda s: s.quarantine(dispatch_id)), as_json)
-
-
-@quarantine.command("requeue")
-@click.argument("dispatch_id")
-@store_option
-@json_option
-@run_async
-async def quarantine_requeue(dispatch_id: str, store: str | None, as_json: bool) -> None:
-    """Make quarantined work pending again with a fresh retry budget."""
-    _show_dispatch(await with_store(store_url(store), lambda s: s.requeue(dispatch_id)), as_json)
-
-
-@quarantine.command("purge")
-@click.argument("dispatch_id")
-@store_option
-@json_option
-@click.confirmation_option(prompt="Delete this dispatch for good?")
-@run_async
-async def quarantine_purge(dispatch_id: str, store: str | None, as_json: bool) -> None:
-    """Delete quarantined (or done) work for good."""
-    await with_store(store_url(store), lambda s: s.purge(dispatch_id))
-    emit({"purged": dispatch_id}, as_json, lambda _: console.print(f"purged {dispatch_id}"))
 
 
 @click.group()
@@ -266,24 +328,41 @@ def workers() -> None:
 @workers.command("list")
 @store_option
 @json_option
+@click.option("--all", "show_all", is_flag=True, help="Also workers whose heartbeat expired.")
+@click.option(
+    "--stale-after",
+    default=60.0,
+    show_default=True,
+    help="Seconds without a heartbeat after which a worker counts as expired.",
+)
 @run_async
-async def workers_list(store: str | None, as_json: bool) -> None:
+async def workers_list(
+    store: str | None, as_json: bool, show_all: bool, stale_after: float
+) -> None:
+    """Live workers (with --all: every registered worker and its state: alive, expired)."""
+    from wakeful.fleet.census import liveness
+
     rows = await with_store(store_url(store), lambda s: s.list_workers())
+    now = datetime.now(UTC)
+    listed = [{**builtins(w), "state": liveness(w, now, stale_after)} for w in rows]
+    if not show_all:
+        listed = [w for w in listed if w["state"] == "alive"]
     emit(
-        _builtins(rows),
+        listed,
         as_json,
         lambda _: table(
-            "workers",
-            ["worker", "generation", "incarnation", "registered", "last heartbeat"],
+            "workers" if show_all else "live workers",
+            ["worker", "state", "generation", "incarnation", "registered", "last heartbeat"],
             [
                 (
-                    w.worker_id,
-                    w.generation,
-                    w.incarnation_id[:12],
-                    w.registered_at.isoformat(timespec="seconds"),
-                    w.last_heartbeat.isoformat(timespec="seconds"),
+                    w["worker_id"],
+                    w["state"],
+                    w["generation"],
+                    w["incarnation_id"][:12],
+                    w["registered_at"],
+                    w["last_heartbeat"],
                 )
-                for w in rows
+                for w in listed
             ],
         ),
     )

@@ -1,275 +1,300 @@
-"""Commands that run things: demo, worker, relay, run, serve, hand, migrate, bench."""
+"""``wakeful run`` (submit and follow a run in this process) and ``wakeful submit`` (enqueue
+only).
+
+``run`` follows the dispatch, not only its run id: a dispatch the worker refuses (an unknown
+target, an input the target cannot take, a thread whose last run is unfinished) records a
+``dispatch.refused`` event naming the dispatch and no run, and ``run`` ends on it.
+
+Exit codes of ``run``: 0 the run completed or suspended (waiting for answers: resume it with
+``wakeful resume``); 1 it failed, was cancelled, or ended indeterminate (its retry budget was
+spent); 3 the target is not in ``--app``; 4 the worker refused the dispatch; 6 invalid
+input."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import subprocess
-import sys
-import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import click
 
+from wakeful.cli.apps import load_registry
 from wakeful.cli.common import (
+    EXIT_CONFLICT,
     EXIT_FAILED,
+    EXIT_INVALID,
+    EXIT_NOT_FOUND,
+    CommandFailed,
     console,
     emit,
+    fail,
+    input_options,
     json_option,
-    load_object,
+    read_input,
     run_async,
+    show_dispatch,
     store_option,
     store_url,
 )
+from wakeful.errors import NotFound
+from wakeful.records import Event
+
+ENDINGS = {
+    "run.completed": "completed",
+    "run.suspended": "suspended",
+    "run.failed": "failed",
+    "run.cancelled": "cancelled",
+    "run.indeterminate": "indeterminate",
+}
+SETTLED = ("done", "awaiting", "quarantined")
 
 
-@click.command()
-@click.option("--claims", is_flag=True, help="The short claims story on the memory store.")
-def demo(claims: bool) -> None:
-    """Crash a worker mid-stream and watch a replacement recover the run."""
-    if claims:
-        from wakeful.demo.claims import story
-
-        sys.exit(asyncio.run(story()))
-    from wakeful.demo.story import story as crash_story
-
-    sys.exit(asyncio.run(crash_story(console.print)))
-
-
-def _wake(kind: str, url: str | None) -> Any:
-    from wakeful.fleet.wake import LocalWake, NoWake
-
-    if kind == "postgres":
-        from wakeful.fleet.pgwake import PostgresWake
-
-        if not url:
-            raise click.BadParameter("--wake postgres needs --wake-url postgresql://...")
-        return PostgresWake(url)
-    if kind == "nats":
-        from wakeful.fleet.natswake import NatsWake
-
-        return NatsWake(url or "nats://127.0.0.1:4222")
-    return LocalWake() if kind == "local" else NoWake()
+def dispatch_options(fn: Any) -> Any:
+    fn = click.option(
+        "--max-attempts",
+        default=5,
+        show_default=True,
+        type=click.IntRange(1, 1000),
+        help="Attempts before the run is ended as indeterminate.",
+    )(fn)
+    fn = click.option("--priority", default=0, show_default=True, help="Higher runs first.")(fn)
+    fn = click.option("--tenant", default=None, help="The thread's tenant.")(fn)
+    return click.option(
+        "--dispatch-id",
+        default=None,
+        help="Idempotency key: submitting the same id and input again changes nothing.",
+    )(fn)
 
 
-async def _until_signalled() -> None:
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
-@click.command()
+@click.command("submit")
+@click.argument("thread_id")
+@click.argument("target")
+@click.argument("message", required=False)
+@input_options
+@dispatch_options
 @store_option
-@click.option("--app", "app", required=True, metavar="MODULE:REGISTRY", help="The registry.")
-@click.option("--concurrency", default=4, show_default=True)
-@click.option("--worker-id", default=None)
-@click.option("--ttl", default=30.0, show_default=True, help="Lease ttl in seconds.")
-@click.option("--poll", default=1.0, show_default=True, help="Polling floor in seconds.")
-@click.option("--wake", type=click.Choice(["none", "local", "postgres", "nats"]), default="none")
-@click.option("--wake-url", default=None)
-@click.option("--grace", default=10.0, show_default=True, help="Shutdown grace in seconds.")
-@click.option("--metrics-port", default=None, type=int, help="Serve /metrics on this port.")
+@json_option
 @run_async
-async def worker(
+async def submit_command(
+    thread_id: str,
+    target: str,
+    message: str | None,
+    input_json: str | None,
+    input_file: str | None,
+    dispatch_id: str | None,
+    tenant: str | None,
+    priority: int,
+    max_attempts: int,
     store: str | None,
-    app: str,
-    concurrency: int,
-    worker_id: str | None,
-    ttl: float,
-    poll: float,
-    wake: str,
-    wake_url: str | None,
-    grace: float,
-    metrics_port: int | None,
+    as_json: bool,
 ) -> None:
-    """Claim and run dispatches until SIGTERM (then stop gracefully)."""
+    """Enqueue a run of TARGET on THREAD_ID (MESSAGE, --input or --input-file) for the
+    workers, and print the dispatch. Nothing runs here."""
     from wakeful import open_store
-    from wakeful.fleet import Worker
-    from wakeful.runtime import ClaimPolicy
+    from wakeful.fleet import submit
 
-    registry = load_object(app)
+    value = read_input(message, input_json, input_file)
     async with open_store(store_url(store)) as opened:
-        w = Worker(
+        d = await submit(
             opened,
-            registry,
-            concurrency=concurrency,
-            claims=ClaimPolicy(ttl=ttl, renew_every=ttl / 3),
-            wake=_wake(wake, wake_url),
-            worker_id=worker_id or f"worker-{uuid.uuid4().hex[:12]}",
-            poll_interval=poll,
+            thread_id,
+            target,
+            value,
+            dispatch_id=dispatch_id,
+            priority=priority,
+            max_attempts=max_attempts,
+            tenant=tenant,
         )
-        running = asyncio.create_task(w.run())
-        exporter = None
-        if metrics_port is not None:
-            from wakeful.metrics import serve_metrics
-
-            exporter = await serve_metrics(w.metrics, "0.0.0.0", metrics_port)
-        console.print(f"worker {w.worker_id} running on {store_url(store)}; SIGTERM stops it")
-        await _until_signalled()
-        await w.stop(grace)
-        await running
-        if exporter is not None:
-            exporter.close()
-            await exporter.wait_closed()
-        console.print(f"stopped: {w.stats}")
+    show_dispatch(d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})")
 
 
-@click.command()
-@store_option
-@run_async
-async def relay(store: str | None) -> None:
-    """Run the outbox relay (one elected process per store) until SIGTERM."""
-    from wakeful import open_store
-    from wakeful.fleet import NoWake, RelayLoop
-    from wakeful.runtime import ClaimPolicy
+def _ending(event: Event, dispatch_id: str, run_id: str) -> str | None:
+    """What ``event`` says about the dispatch: its run's ending, a refusal, or nothing."""
+    data = event.data if isinstance(event.data, dict) else {}
+    if event.type == "dispatch.refused" and data.get("dispatch_id") == dispatch_id:
+        return "refused"
+    if event.run_id == run_id:
+        return ENDINGS.get(event.type)
+    return None
 
-    async with open_store(store_url(store)) as opened:
-        loop = RelayLoop(opened, f"relay-{uuid.uuid4().hex[:8]}", ClaimPolicy(), NoWake())
-        stop = asyncio.Event()
-        task = asyncio.create_task(loop.run(stop))
-        await _until_signalled()
-        stop.set()
-        await task
-        console.print(f"relay stopped after delivering {loop.delivered} messages")
+
+async def _follow_events(
+    items: AsyncIterator[Any], dispatch_id: str, run_id: str, stream_text: bool
+) -> tuple[str, Event]:
+    from wakeful.runtime.events import LiveEvent
+
+    async for item in items:
+        if isinstance(item, LiveEvent):
+            if stream_text and item.run_id == run_id and item.type == "text.delta":
+                console.print(item.data["text"], end="", highlight=False)
+            continue
+        ending = _ending(item, dispatch_id, run_id)
+        if ending is not None:
+            return ending, item
+    raise AssertionError("a subscription never ends by itself")
+
+
+async def _watch_dispatch(
+    store: Any, thread_id: str, dispatch_id: str, run_id: str, after: int
+) -> tuple[str, Event | None]:
+    """The safety net: once the dispatch is settled, its ending is in the thread's events
+    (committed with the settlement) or there is none to wait for."""
+    while True:  # retries are logged by the worker
+        d = await store.get_dispatch(dispatch_id)
+        if d is None:
+            raise NotFound("dispatch", dispatch_id)
+        if d.status in SETTLED:
+            cursor = after
+            while events := await store.events_after(thread_id, cursor, 500):
+                for event in events:
+                    ending = _ending(event, dispatch_id, run_id)
+                    if ending is not None:
+                        return ending, event
+                cursor = events[-1].seq
+            return ("quarantined" if d.status == "quarantined" else "settled"), None
+        await asyncio.sleep(0.5)
+
+
+def _reason(ending: str, event: Event | None) -> str:
+    data = event.data if event is not None and isinstance(event.data, dict) else {}
+    if ending == "refused":
+        return str(data.get("reason", "refused"))
+    if ending == "failed":
+        return str(data.get("error", "failed"))
+    if ending == "cancelled":
+        return str(data.get("reason", "cancelled"))
+    if ending == "indeterminate":
+        return f"its {data.get('max_attempts', '')} attempts were spent without an ending"
+    if ending == "suspended":
+        return "waiting for answers to " + ", ".join(map(str, data.get("tickets", [])))
+    return ending
 
 
 @click.command("run")
 @click.argument("thread_id")
 @click.argument("target")
-@click.argument("message")
+@click.argument("message", required=False)
+@input_options
+@dispatch_options
 @store_option
-@click.option("--app", "app", required=True, metavar="MODULE:REGISTRY")
+@click.option(
+    "--app",
+    "app",
+    required=True,
+    metavar="MODULE:ATTR",
+    help="A Registry, an Agent, a compiled graph, or a function of no arguments returning one.",
+)
 @json_option
 @run_async
 async def run_command(
-    thread_id: str, target: str, message: str, store: str | None, app: str, as_json: bool
+    thread_id: str,
+    target: str,
+    message: str | None,
+    input_json: str | None,
+    input_file: str | None,
+    dispatch_id: str | None,
+    tenant: str | None,
+    priority: int,
+    max_attempts: int,
+    store: str | None,
+    app: str,
+    as_json: bool,
 ) -> None:
-    """Submit MESSAGE to TARGET on THREAD_ID and follow the run here, streaming its text."""
-    from wakeful import Event, open_store
-    from wakeful.fleet import LocalWake, Worker, submit
-    from wakeful.runtime.events import LiveEvent
+    """Submit a run of TARGET on THREAD_ID and run it here, streaming an agent's text, until
+    it completes, suspends, fails or is refused. The input is MESSAGE (a string, for an
+    agent), --input JSON or --input-file PATH|- (a JSON object for a graph).
 
-    registry = load_object(app)
+    Exit codes: 0 completed or suspended; 1 failed, cancelled or indeterminate; 3 unknown
+    target; 4 refused by the worker; 6 invalid input."""
+    from wakeful import open_store
+    from wakeful.fleet import LocalWake, Worker, submit
+
+    value = read_input(message, input_json, input_file)
+    registry = load_registry(app)
+    try:
+        registry.get(target).prepare(value, "run-check")
+    except NotFound:
+        fail(
+            f"target {target!r} is not in {app} (it has: {', '.join(registry.names())})",
+            EXIT_NOT_FOUND,
+        )
+    except (TypeError, ValueError) as exc:
+        fail(f"target {target!r} cannot take this input: {exc}", EXIT_INVALID)
     async with open_store(store_url(store)) as opened:
         snap = await opened.read(thread_id)
         after = snap.last_seq if snap is not None else 0
         wake = LocalWake()
         w = Worker(opened, registry, concurrency=1, wake=wake, poll_interval=0.2)
-        running = asyncio.create_task(w.run())
-        dispatch = await submit(opened, thread_id, target, message, wake=wake)
-        run_id = dispatch.payload["run_id"]
-        runtime = await w.started()
-        final: Event | None = None
-        async for item in runtime.subscribe(thread_id, after):
-            if isinstance(item, LiveEvent) and item.type == "text.delta" and not as_json:
-                console.print(item.data["text"], end="", highlight=False)
-            elif (
-                isinstance(item, Event)
-                and item.run_id == run_id
-                and item.type
-                in (
-                    "run.completed",
-                    "run.suspended",
-                    "run.failed",
-                    "run.cancelled",
-                    "run.indeterminate",
-                )
-            ):
-                final = item
-                break
-        await w.stop(5)
-        await running
+        running = asyncio.create_task(w.run(), name="worker")
+        tasks: list[asyncio.Task[Any]] = [running]
+        try:
+            dispatch = await submit(
+                opened,
+                thread_id,
+                target,
+                value,
+                dispatch_id=dispatch_id,
+                priority=priority,
+                max_attempts=max_attempts,
+                tenant=tenant,
+                wake=wake,
+            )
+            run_id = str(dispatch.payload["run_id"])
+            runtime = await w.started()
+            events = runtime.subscribe(thread_id, after)
+            tasks += [
+                asyncio.create_task(
+                    _follow_events(events, dispatch.dispatch_id, run_id, not as_json)
+                ),
+                asyncio.create_task(
+                    _watch_dispatch(opened, thread_id, dispatch.dispatch_id, run_id, after)
+                ),
+            ]
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            finished = next(iter(done))
+            if finished is running:
+                running.result()
+                raise AssertionError("the worker stopped on its own")
+            ending, event = finished.result()
+        finally:
+            for task in tasks[1:]:
+                task.cancel()
+            for task in tasks[1:]:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            await w.stop(5)
+            with contextlib.suppress(Exception):
+                await running
         snap = await opened.read(thread_id)
-        status = snap.checkpoint.status if snap and snap.checkpoint else None
-        result = {
-            "thread_id": thread_id,
-            "run_id": run_id,
-            "status": status,
-            "event": final.type if final else None,
-        }
-        emit(result, as_json, lambda r: console.print(f"\n[bold]{r['status']}[/bold] {run_id}"))
-        if status not in ("completed", "suspended"):
-            sys.exit(EXIT_FAILED)
+    cp = snap.checkpoint if snap is not None else None
+    status = cp.status if cp is not None and cp.run_id == run_id else None
+    if ending == "settled":
+        ending = status or "settled"
+    result = {
+        "thread_id": thread_id,
+        "dispatch_id": dispatch.dispatch_id,
+        "run_id": run_id,
+        "status": ending,
+        "event": event.type if event is not None else None,
+        "reason": None if ending == "completed" else _reason(ending, event),
+        "state": cp.state if status in ("completed", "suspended") and cp is not None else None,
+    }
+    is_graph = registry.get(target).agent is None
 
+    def render(r: dict[str, Any]) -> None:
+        console.print()
+        if is_graph and r["state"] is not None:
+            console.print_json(data=r["state"])
+        line = f"[bold]{r['status']}[/bold] {run_id}"
+        if r["reason"] and r["status"] not in ("completed",):
+            line += f": {r['reason']}"
+        console.print(line, highlight=False)
 
-@click.command()
-@store_option
-@click.option("--app", "app", default=None, metavar="MODULE:REGISTRY")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True)
-@click.option("--tokens", default=None, help="JSON file of bearer token -> tenant.")
-@click.option(
-    "--body-timeout",
-    default=30.0,
-    show_default=True,
-    type=click.FloatRange(min=0, min_open=True),
-    help="Seconds a request body may take to arrive; later it is answered 408.",
-)
-def serve(
-    store: str | None,
-    app: str | None,
-    host: str,
-    port: int,
-    tokens: str | None,
-    body_timeout: float,
-) -> None:
-    """Serve the HTTP API."""
-    from wakeful.server import serve as serve_api
-
-    registry = load_object(app) if app else None
-    serve_api(
-        store_url(store),
-        host=host,
-        port=port,
-        tokens=tokens,
-        registry=registry,
-        body_timeout=body_timeout,
-    )
-
-
-@click.group()
-def hand() -> None:
-    """The remote hand: tools executed behind an idempotency ledger."""
-
-
-@hand.command("serve")
-@click.option("--ledger", required=True, help="The ledger's SQLite file.")
-@click.option("--tools", "tools", required=True, metavar="MODULE:MAPPING")
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8100, show_default=True)
-def hand_serve(ledger: str, tools: str, host: str, port: int) -> None:
-    """Execute registered tools for remote callers, once per operation id."""
-    from wakeful.fleet.handserver import serve_hand
-
-    serve_hand(ledger, load_object(tools), host, port)
-
-
-@click.command()
-@store_option
-@click.option("--schema", default="wakeful", show_default=True, help="PostgreSQL schema.")
-@run_async
-async def migrate(store: str | None, schema: str) -> None:
-    """Apply the store's schema migrations (PostgreSQL; SQLite migrates on open)."""
-    url = store_url(store)
-    if url.startswith(("postgresql:", "postgres:")):
-        from wakeful.store.postgres import migrate as migrate_postgres
-
-        version = await migrate_postgres(url, schema=schema)
-        console.print(f"schema {schema} at version {version}")
+    if ending in ("completed", "suspended"):
+        emit(result, as_json, render)
         return
-    from wakeful import open_store
-
-    async with open_store(url):
-        console.print(f"{url} is migrated (embedded stores migrate when they open)")
-
-
-@click.command()
-@click.argument("names", nargs=-1)
-def bench(names: tuple[str, ...]) -> None:
-    """Run benchmarks (from a source checkout: they live in benchmarks/)."""
-    with contextlib.suppress(KeyboardInterrupt):
-        done = subprocess.run([sys.executable, "-m", "benchmarks", *names], check=False)
-        sys.exit(done.returncode)
+    if as_json:
+        emit(result, True, render)
+    code = EXIT_CONFLICT if ending == "refused" else EXIT_FAILED
+    raise CommandFailed(f"run {run_id} {ending}: {result['reason']}", code)

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from wakeful.records import (
     Checkpoint,
     Claim,
     Commit,
+    Dispatch,
     Done,
     EventDraft,
     Lease,
@@ -100,6 +102,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._running: dict[str, tuple[asyncio.Task[None], RunHandle | None]] = {}
         self._handles: dict[str, RunHandle] = {}
+        self._endings: dict[str, str] = {}
+        """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
         self.identity: Any = None
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
@@ -195,6 +199,7 @@ class Worker:
     def _finished(self, dispatch_id: str) -> None:
         self._running.pop(dispatch_id, None)
         self._handles.pop(dispatch_id, None)
+        self._endings.pop(dispatch_id, None)
         if not self._stopping.is_set():
             self.wake_local()
 
@@ -206,17 +211,27 @@ class Worker:
 
     async def _handle(self, lease: Lease) -> None:
         d, claim = lease.dispatch, lease.claim
+        fields = _log_fields(d)
+        started = time.monotonic()
+        log.info(
+            "dispatch %s started: %s on thread %s (attempt %d of %d)",
+            d.dispatch_id,
+            fields["target"],
+            d.thread_id,
+            d.attempts,
+            d.max_attempts,
+            extra=fields,
+        )
         try:
             outcome = await self._execute(lease)
         except (CheckpointWriteFailed, StaleClaim) as exc:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
-            log.info("dispatch %s was fenced (%s); a newer owner has it", d.dispatch_id, exc)
+            self._log_end(d, fields, started, "fenced", f"a newer owner has it ({exc})")
             return
         except RunYielded:
             outcome = Retry(0.0, "the worker shut down; recovering elsewhere")
         except Exception as exc:
-            log.warning("dispatch %s failed: %s", d.dispatch_id, exc)
             outcome = Retry(self._backoff(d.attempts), f"{type(exc).__name__}: {exc}")
         try:
             if isinstance(outcome, Settled):
@@ -226,7 +241,23 @@ class Worker:
         except StaleClaim:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
+            self._log_end(d, fields, started, "fenced", "settled by a newer owner")
             return
+        ending = self._endings.pop(d.dispatch_id, None)
+        if isinstance(outcome, Retry):
+            log.warning(
+                "dispatch %s attempt %d of %d failed; retrying in %.1f s: %s",
+                d.dispatch_id,
+                d.attempts,
+                d.max_attempts,
+                outcome.delay,
+                outcome.error,
+                extra={**fields, "outcome": "retry", "reason": outcome.error},
+            )
+            self._log_end(d, fields, started, "retry", outcome.error)
+        else:
+            name = "awaiting" if isinstance(outcome, Awaiting) else "done"
+            self._log_end(d, fields, started, name, ending)
         if isinstance(outcome, Retry):
             self.stats.retried += 1
             self.metrics.retries.inc()
@@ -237,6 +268,24 @@ class Worker:
         else:
             self.stats.done += 1
             self.metrics.settles.inc(outcome="done")
+
+    def _log_end(
+        self,
+        d: Dispatch,
+        fields: dict[str, Any],
+        started: float,
+        outcome: str,
+        reason: str | None,
+    ) -> None:
+        duration = time.monotonic() - started
+        log.info(
+            "dispatch %s ended %s in %.3f s%s",
+            d.dispatch_id,
+            outcome,
+            duration,
+            f": {reason}" if reason else "",
+            extra={**fields, "outcome": outcome, "reason": reason, "duration": round(duration, 6)},
+        )
 
     def _backoff(self, attempts: int) -> float:
         base = min(self.retry_backoff * 2 ** max(attempts - 1, 0), self.max_retry_backoff)
@@ -263,6 +312,15 @@ class Worker:
         if lease.exhausted:
             self.stats.exhausted += 1
             self.metrics.exhausted.inc()
+            run = owned_run.run_id if owned_run is not None else "no run"
+            reason = f"all {d.max_attempts} attempts were spent; {run} is recorded indeterminate"
+            log.warning(
+                "dispatch %s is indeterminate: %s",
+                d.dispatch_id,
+                reason,
+                extra={**_log_fields(d), "outcome": "indeterminate", "reason": reason},
+            )
+            self._endings[d.dispatch_id] = f"indeterminate ({reason})"
             await self._terminate(
                 claim,
                 owned_run,
@@ -275,6 +333,7 @@ class Worker:
             return Settled(Done())
         if d.kind == "cancel":
             reason = str(payload.get("reason", "cancelled"))
+            self._endings[d.dispatch_id] = f"cancelled ({reason})"
             unfinished = latest if latest is not None and latest.status in UNFINISHED else None
             await self._terminate(
                 claim,
@@ -286,6 +345,15 @@ class Worker:
             )
             return Settled(Done())
         if owned_run is not None:
+            log.info(
+                "dispatch %s: recovering run %s from checkpoint %s (attempt %d of %d)",
+                d.dispatch_id,
+                owned_run.run_id,
+                owned_run.id,
+                d.attempts,
+                d.max_attempts,
+                extra={**_log_fields(d), "run_id": owned_run.run_id, "checkpoint_id": owned_run.id},
+            )
             return await self._continue(d.dispatch_id, claim, owned_run, snap)
         if d.kind == "resume":
             return await self._resume(d.dispatch_id, claim, snap, payload, submitter)
@@ -403,8 +471,10 @@ class Worker:
         try:
             outcome: RunOutcome = await handle.result()
             ending = Awaiting() if outcome.status == "suspended" else Done()
-        except RunFailed:
+            self._endings[dispatch_id] = f"run {outcome.run_id} {outcome.status}"
+        except RunFailed as failed:
             ending = Done()  # recorded as failed on the thread
+            self._endings[dispatch_id] = f"run {failed.run_id} failed: {failed.error}"
         except RunInterrupted as exc:
             return Retry(self._backoff(1), str(exc))
         return Settled(ending) if handle.settled else ending
@@ -452,7 +522,11 @@ class Worker:
     async def _note(
         self, claim: Claim, event_type: str, data: dict[str, Any], settle: str | None = None
     ) -> None:
-        """An event for observers; ``settle``: the dispatch settled ``Done`` with it."""
+        """An event for observers (naming the dispatch it is about); ``settle``: the
+        dispatch settled ``Done`` with it."""
+        if settle is not None:
+            data = {**data, "dispatch_id": settle}
+            self._endings[settle] = f"{event_type}: {data.get('reason')}"
         await self.store.commit(
             claim.thread_id,
             Commit(
@@ -472,6 +546,19 @@ class Settled:
     """An outcome already recorded by the commit that ended the work."""
 
     outcome: Outcome
+
+
+def _log_fields(d: Dispatch) -> dict[str, Any]:
+    """The structured fields of a dispatch's log lines (``--log-format json``)."""
+    payload = d.payload if isinstance(d.payload, dict) else {}
+    return {
+        "dispatch_id": d.dispatch_id,
+        "thread_id": d.thread_id,
+        "kind": d.kind,
+        "target": str(payload.get("target") or d.kind),
+        "attempt": d.attempts,
+        "max_attempts": d.max_attempts,
+    }
 
 
 def _done(dispatch_id: str | None) -> Settle | None:

@@ -17,6 +17,7 @@ from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
 from wakeful.metrics import Metrics
 from wakeful.redact import install_redaction
+from wakeful.server import apidocs
 from wakeful.server.access import ServerState
 from wakeful.server.auth import Authenticator
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
@@ -149,7 +150,7 @@ def create_app(
         title="wakeful",
         version="1",
         description=DESCRIPTION,
-        docs_url="/docs",
+        docs_url=None,  # FastAPI's page loads Swagger UI from a CDN: apidocs serves one offline
         redoc_url=None,
         exception_handlers=dict(HANDLERS),
     )
@@ -173,6 +174,7 @@ def create_app(
     ):
         app.include_router(router, dependencies=secured)
     app.include_router(health.router)
+    app.include_router(apidocs.router)
     app.add_middleware(
         Gateway,
         authenticator=authenticator,

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import os
 import random
 import re
 import time
@@ -22,10 +24,17 @@ from typing import Any, TypeVar
 import psycopg
 import psycopg_pool
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from wakeful.errors import InvalidInput, StoreClosed, StoreUnavailable
-from wakeful.store.postgres.translate import is_disconnect, is_transient, refusal, unavailable
+from wakeful.store.postgres.translate import (
+    connect_error,
+    is_disconnect,
+    is_transient,
+    refusal,
+    unavailable,
+)
 
 T = TypeVar("T")
 Conn = psycopg.AsyncConnection[TupleRow]
@@ -120,6 +129,68 @@ def big(value: int) -> int:
     return value if value < 2**63 else -1
 
 
+REFUSAL_RETRIES = (0.2, 0.5, 1.0)
+"""Pauses before trying again when a reached server refused the session: a refusal that
+outlasts them is reported as permanent (``StoreRefused``)."""
+
+
+async def probe(conninfo: str, timeout: float) -> None:
+    """Open and close one connection before a pool is opened, so that a server that cannot
+    be reached, or refuses the login, is reported once with its reason (``StoreUnavailable``
+    or ``StoreRefused``) instead of after the pool's retries, one log line each."""
+    for delay in (*REFUSAL_RETRIES, None):
+        try:
+            conn = await asyncio.wait_for(
+                psycopg.AsyncConnection.connect(conninfo, autocommit=True), timeout
+            )
+        except (psycopg.Error, TimeoutError) as exc:
+            reached = await server_reachable(conninfo, timeout)
+            if reached and delay is not None:
+                # a server at its connection limit or starting up refuses for a moment only
+                await asyncio.sleep(delay)
+                continue
+            raise connect_error(exc, describe_server(conninfo), reached) from None
+        await conn.close()
+        return
+
+
+def describe_server(conninfo: str) -> str:
+    """``host:port/dbname`` of ``conninfo``, without credentials."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        return "PostgreSQL (unparseable URL)"
+    host = params.get("host") or os.environ.get("PGHOST") or "localhost"
+    port = params.get("port") or os.environ.get("PGPORT") or "5432"
+    return f"PostgreSQL at {host}:{port}/{params.get('dbname') or ''}"
+
+
+async def server_reachable(conninfo: str, timeout: float) -> bool:
+    """Whether any server named by ``conninfo`` accepts a TCP or Unix socket connection."""
+    try:
+        params = conninfo_to_dict(conninfo)
+    except psycopg.Error:
+        return False
+    hosts = str(params.get("host") or os.environ.get("PGHOST") or "").split(",")
+    ports = str(params.get("port") or os.environ.get("PGPORT") or "5432").split(",")
+    for i, host in enumerate(hosts):
+        port = ports[i] if i < len(ports) else ports[-1]
+        try:
+            if not host or host.startswith("/"):
+                path = f"{host or '/var/run/postgresql'}/.s.PGSQL.{port}"
+                opening = asyncio.open_unix_connection(path)
+            else:
+                opening = asyncio.open_connection(host, int(port))
+            _, writer = await asyncio.wait_for(opening, min(timeout, 5.0))
+        except (OSError, TimeoutError, ValueError):
+            continue
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+        return True
+    return False
+
+
 class Database:
     """A pool of connections to one schema. ``run`` is the only way statements are sent."""
 
@@ -156,6 +227,7 @@ class Database:
         caller's ``pool``, which is then never closed by the store."""
         if pool is not None:
             return cls(pool, owns_pool=False, schema=schema, conninfo=conninfo, timeout=timeout)
+        await probe(conninfo, timeout)
         min_size = pool_size if pool_min_size is None else pool_min_size
         owned: psycopg_pool.AsyncConnectionPool[Conn] = WarmPool(
             conninfo,

@@ -20,8 +20,14 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from wakeful.errors import UnsupportedStore
-from wakeful.store.postgres.connection import DEFAULT_SCHEMA, check_schema, render
-from wakeful.store.postgres.translate import is_disconnect, unavailable
+from wakeful.store.postgres.connection import (
+    DEFAULT_SCHEMA,
+    check_schema,
+    describe_server,
+    render,
+    server_reachable,
+)
+from wakeful.store.postgres.translate import connect_error, is_disconnect, unavailable
 
 _FILE = re.compile(r"(\d{4})_[a-z0-9_]+\.sql")
 
@@ -75,7 +81,12 @@ async def migrate(dsn: str, schema: str = DEFAULT_SCHEMA) -> int:
     wakeful, ``StoreUnavailable`` if the server cannot be reached."""
     schema = check_schema(schema)
     try:
-        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
+    except psycopg.Error as exc:
+        reached = await server_reachable(dsn, 10.0)
+        raise connect_error(exc, describe_server(dsn), reached) from None
+    try:
+        async with conn:
             return await apply(conn, schema, dsn)
     except psycopg.Error as exc:
         if is_disconnect(exc):

@@ -8,6 +8,8 @@ Three kinds of failure come out of the driver:
 - a transient conflict (serialization failure, deadlock, a unique violation lost to a
   concurrent insert): the transaction rolled back and the same call may simply run again;
   ``Database.run`` retries those a bounded number of times;
+- a new connection refused by a server that was reached (no such database, login or
+  password refused, no ``pg_hba`` entry): ``StoreRefused``, permanent (see ``connect_error``);
 - the server could not be reached or dropped the connection (``OperationalError``,
   ``InterfaceError``, a pool timeout): ``StoreUnavailable``, retryable by the caller. A write
   that failed this way may or may not have been applied; a commit is safe to retry with the
@@ -30,6 +32,7 @@ from wakeful.errors import (
     NotFound,
     OperationConflict,
     StaleClaim,
+    StoreRefused,
     StoreUnavailable,
     TenantMismatch,
     ThreadBusy,
@@ -108,6 +111,30 @@ def unavailable(exc: BaseException) -> StoreUnavailable:
     """``StoreUnavailable`` naming what the driver said, without connection secrets."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return StoreUnavailable(f"PostgreSQL: {type(exc).__name__}: {text}")
+
+
+def connect_error(exc: BaseException, where: str, reached: bool) -> WakefulError:
+    """Why a new connection to ``where`` failed. libpq reports a failed connection without a
+    SQLSTATE, so permanence is judged by what was reached: when no server accepted a TCP (or
+    Unix socket) connection the failure is transient (``StoreUnavailable``); when a server
+    was reached and still refused the session (a database that does not exist, a refused
+    login, a missing ``pg_hba`` entry) retrying the same URL will not help (``StoreRefused``).
+    The caller tries a few times over about two seconds before calling a refusal
+    permanent, so that a server at its connection limit or still starting up is not."""
+    text = _first_line(exc)
+    if reached:
+        return StoreRefused(where, text)
+    return StoreUnavailable(f"cannot reach {where} ({text})")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return type(exc).__name__
+    # libpq: 'connection to server at "h" (addr), port p failed: FATAL:  database "x" ...'
+    head = lines[0]
+    _, sep, reason = head.rpartition(" failed: ")
+    return " ".join((reason if sep else head).split())
 
 
 def _time(detail: dict[str, Any]) -> datetime | None:

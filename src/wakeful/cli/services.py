@@ -1,0 +1,366 @@
+"""Long-running commands: worker, relay, serve, hand serve; and demo, bench."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import subprocess
+import sys
+import uuid
+from collections.abc import Awaitable, Iterator
+from typing import Any
+
+import click
+
+from wakeful.cli.apps import load_registry, load_tools
+from wakeful.cli.common import (
+    EXIT_CONFLICT,
+    EXIT_FAILED,
+    console,
+    describe_url,
+    emit,
+    fail,
+    json_option,
+    run_async,
+    store_option,
+    store_url,
+    table,
+)
+from wakeful.cli.progress import progress
+
+log = logging.getLogger("wakeful.cli")
+
+
+@click.command()
+@click.option("--claims", is_flag=True, help="The short claims story on the memory store.")
+def demo(claims: bool) -> None:
+    """Crash a worker mid-stream and watch a replacement recover the run."""
+    if claims:
+        from wakeful.demo.claims import story
+
+        sys.exit(asyncio.run(story()))
+    from wakeful.demo.story import story as crash_story
+
+    sys.exit(asyncio.run(crash_story(console.print)))
+
+
+def _wake(kind: str, url: str | None) -> Any:
+    from wakeful.fleet.wake import LocalWake, NoWake
+
+    if kind == "postgres":
+        from wakeful.fleet.pgwake import PostgresWake
+
+        if not url:
+            raise click.BadParameter(
+                "--wake postgres needs --wake-url postgresql://...", param_hint="--wake-url"
+            )
+        return PostgresWake(url)
+    if kind == "nats":
+        from wakeful.fleet.natswake import NatsWake
+
+        return NatsWake(url or "nats://127.0.0.1:4222")
+    return LocalWake() if kind == "local" else NoWake()
+
+
+def check_port(host: str, port: int) -> None:
+    """Fail with one line (exit 4) when ``host:port`` cannot be listened on, before a
+    server starts and fails deep inside its startup."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        fail(f"cannot listen on {host}:{port}: {exc.strerror}", EXIT_CONFLICT)
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            fail(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc}; is another server "
+                f"running there? pick another --port",
+                EXIT_CONFLICT,
+            )
+
+
+@contextlib.contextmanager
+def startup_failure(what: str, host: str, port: int) -> Iterator[None]:
+    """uvicorn exits the process when it cannot start (a port taken since ``check_port``):
+    report it as one line instead."""
+    try:
+        yield
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            raise
+        fail(f"{what} could not start on {host}:{port} (see the log above)", EXIT_CONFLICT)
+
+
+async def until_signalled(*tasks: Awaitable[Any]) -> None:
+    """Wait for SIGTERM or SIGINT, or for any of ``tasks`` to end (its error is raised)."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    stopping = asyncio.ensure_future(stop.wait())
+    watched = {asyncio.ensure_future(t) for t in tasks}
+    try:
+        done, _ = await asyncio.wait({stopping, *watched}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+    for task in done & watched:
+        task.result()  # a task that ended early: its error ends the command
+
+
+def _summary(worker_id: str, stats: Any, seconds: float) -> None:
+    rows = [(name, value) for name, value in vars(stats).items() if name != "polls"]
+    rows.append(("uptime", f"{seconds:.1f} s"))
+    table(f"worker {worker_id} stopped", ["", "count"], rows)
+
+
+@click.command()
+@store_option
+@click.option(
+    "--app",
+    "app",
+    required=True,
+    metavar="MODULE:ATTR",
+    help="What this worker runs: a Registry, an Agent, a compiled graph, or a function of no "
+    "arguments returning one.",
+)
+@click.option(
+    "--concurrency",
+    default=4,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="Dispatches run at once.",
+)
+@click.option("--worker-id", default=None, help="Stable worker id (default: a random one).")
+@click.option("--ttl", default=30.0, show_default=True, help="Lease ttl in seconds.")
+@click.option("--poll", default=1.0, show_default=True, help="Polling floor in seconds.")
+@click.option(
+    "--wake",
+    type=click.Choice(["none", "local", "postgres", "nats"]),
+    default="none",
+    show_default=True,
+    help="Wake signal telling the worker about new work sooner than the polling floor.",
+)
+@click.option(
+    "--wake-url", default=None, help="URL of the wake signal (postgresql://... or nats://...)."
+)
+@click.option("--grace", default=10.0, show_default=True, help="Shutdown grace in seconds.")
+@click.option("--metrics-port", default=None, type=int, help="Serve /metrics on this port.")
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of the /metrics endpoint (0.0.0.0 for every interface).",
+)
+@json_option
+@run_async
+async def worker(
+    store: str | None,
+    app: str,
+    concurrency: int,
+    worker_id: str | None,
+    ttl: float,
+    poll: float,
+    wake: str,
+    wake_url: str | None,
+    grace: float,
+    metrics_port: int | None,
+    metrics_host: str,
+    as_json: bool,
+) -> None:
+    """Claim and run dispatches until SIGTERM or SIGINT (then stop gracefully, letting running
+    work finish within --grace) and print a summary."""
+    from wakeful import open_store
+    from wakeful.fleet import Worker
+    from wakeful.runtime import ClaimPolicy
+
+    registry = load_registry(app)
+    signal_wake = _wake(wake, wake_url)
+    if metrics_port is not None:
+        check_port(metrics_host, metrics_port)
+    url = store_url(store)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    async with open_store(url) as opened:
+        w = Worker(
+            opened,
+            registry,
+            concurrency=concurrency,
+            claims=ClaimPolicy(ttl=ttl, renew_every=ttl / 3),
+            wake=signal_wake,
+            worker_id=worker_id or f"worker-{uuid.uuid4().hex[:12]}",
+            poll_interval=poll,
+        )
+        running = asyncio.create_task(w.run(), name="worker")
+        exporter = None
+        try:
+            if metrics_port is not None:
+                from wakeful.metrics import serve_metrics
+
+                exporter = await serve_metrics(w.metrics, metrics_host, metrics_port)
+            log.info(
+                "worker %s running %s on %s; SIGTERM stops it",
+                w.worker_id,
+                ", ".join(registry.names()),
+                describe_url(url),
+                extra={"worker": w.worker_id, "targets": registry.names()},
+            )
+            await until_signalled(running)
+        finally:
+            await w.stop(grace)
+            if not running.done():
+                await running
+            if exporter is not None:
+                exporter.close()
+                await exporter.wait_closed()
+        running.result()
+    stats = {**vars(w.stats), "uptime": round(loop.time() - started, 3)}
+    emit(
+        {"worker_id": w.worker_id, **stats},
+        as_json,
+        lambda _: _summary(w.worker_id, w.stats, stats["uptime"]),
+    )
+
+
+@click.command()
+@store_option
+@click.option(
+    "--drain",
+    is_flag=True,
+    help="Deliver what the outbox holds now and exit, instead of running until SIGTERM.",
+)
+@json_option
+@run_async
+async def relay(store: str | None, drain: bool, as_json: bool) -> None:
+    """Run the outbox relay (one elected process per store) until SIGTERM, or with --drain
+    deliver the staged outbox once and exit."""
+    from wakeful import open_store
+    from wakeful.fleet import NoWake, RelayLoop
+    from wakeful.runtime import ClaimPolicy
+
+    async with open_store(store_url(store)) as opened:
+        if drain:
+            delivered = 0
+            with progress("delivering the outbox", None, quiet=as_json) as advance:
+                while moved := await opened.relay_outbox(100):
+                    delivered += moved
+                    advance(moved)
+            emit(
+                {"delivered": delivered},
+                as_json,
+                lambda _: console.print(f"delivered {delivered} messages", highlight=False),
+            )
+            return
+        loop = RelayLoop(opened, f"relay-{uuid.uuid4().hex[:8]}", ClaimPolicy(), NoWake())
+        stop = asyncio.Event()
+        task = asyncio.create_task(loop.run(stop), name="relay")
+        try:
+            await until_signalled(task)
+        finally:
+            stop.set()
+            await asyncio.gather(task, return_exceptions=True)
+        task.result()
+        emit(
+            {"delivered": loop.delivered},
+            as_json,
+            lambda _: console.print(
+                f"relay stopped after delivering {loop.delivered} messages", highlight=False
+            ),
+        )
+
+
+@click.command()
+@store_option
+@click.option(
+    "--app",
+    "app",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="Registry (or Agent, graph, factory) used to refuse unknown targets with 422.",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8000, show_default=True, help="Port to listen on.")
+@click.option(
+    "--tokens",
+    default=None,
+    metavar="PATH",
+    help="JSON file of bearer token -> tenant (default: $WAKEFUL_TOKENS; none: development mode).",
+)
+@click.option(
+    "--body-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds a request body may take to arrive; later it is answered 408.",
+)
+def serve(
+    store: str | None,
+    app: str | None,
+    host: str,
+    port: int,
+    tokens: str | None,
+    body_timeout: float,
+) -> None:
+    """Serve the HTTP API until SIGTERM or SIGINT (OpenAPI at /openapi.json, docs at /docs)."""
+    from wakeful.server import load_tokens
+    from wakeful.server import serve as serve_api
+
+    registry = load_registry(app) if app else None
+    table_of_tokens = load_tokens(tokens)
+    check_port(host, port)
+    level = logging.getLevelName(logging.getLogger().level).lower()
+    with startup_failure("the HTTP API", host, port):
+        serve_api(
+            store_url(store),
+            host=host,
+            port=port,
+            tokens=table_of_tokens,
+            registry=registry,
+            body_timeout=body_timeout,
+            log_level=level if level in ("debug", "info", "warning", "error") else "info",
+        )
+
+
+@click.group()
+def hand() -> None:
+    """The remote hand: tools executed behind an idempotency ledger."""
+
+
+@hand.command("serve")
+@click.option("--ledger", required=True, metavar="PATH", help="The ledger's SQLite file.")
+@click.option(
+    "--tools",
+    "tools",
+    required=True,
+    metavar="MODULE:ATTR",
+    help="A mapping of tool names to functions (or a function returning one).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8100, show_default=True, help="Port to listen on.")
+def hand_serve(ledger: str, tools: str, host: str, port: int) -> None:
+    """Execute registered tools for remote callers, once per operation id."""
+    from wakeful.fleet.handserver import serve_hand
+
+    mapping = load_tools(tools)
+    check_port(host, port)
+    with startup_failure("the hand", host, port):
+        serve_hand(ledger, mapping, host, port)
+
+
+@click.command()
+@click.argument("names", nargs=-1)
+def bench(names: tuple[str, ...]) -> None:
+    """Run benchmarks NAMES (all when none; from a source checkout: they live in
+    benchmarks/)."""
+    with contextlib.suppress(KeyboardInterrupt):
+        done = subprocess.run([sys.executable, "-m", "benchmarks", *names], check=False)
+        sys.exit(done.returncode if done.returncode >= 0 else EXIT_FAILED)

@@ -1,0 +1,61 @@
+"""Counting the fleet for operators: queue depth by status, worker liveness, leases held."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from wakeful.records import DispatchStatus, WorkerInfo
+from wakeful.store.contract import DispatchQueue
+
+QUEUE_STATUSES: tuple[DispatchStatus, ...] = (
+    "pending",
+    "leased",
+    "awaiting",
+    "done",
+    "quarantined",
+)
+PAGE = 500
+DEFAULT_STALE_AFTER = 60.0
+"""Seconds without a heartbeat after which a worker counts as expired (a worker beats every
+third of its lease ttl, 10 s by default)."""
+
+Liveness = Literal["alive", "expired"]
+
+
+async def count_dispatches(
+    queue: DispatchQueue, status: DispatchStatus, bound: int = 10_000
+) -> tuple[int, bool]:
+    """How many dispatches have ``status``, counted by pages up to ``bound``; and whether the
+    bound was reached (the true count may be larger)."""
+    count, after = 0, None
+    while count < bound:
+        want = min(PAGE, bound - count)
+        rows = await queue.list_dispatches(status=status, after=after, limit=want)
+        count += len(rows)
+        if len(rows) < want:
+            return count, False
+        after = rows[-1].dispatch_id
+    return count, True
+
+
+async def queue_depth(queue: DispatchQueue, bound: int = 10_000) -> dict[str, int]:
+    """Dispatches per status, each counted up to ``bound``."""
+    return {status: (await count_dispatches(queue, status, bound))[0] for status in QUEUE_STATUSES}
+
+
+def liveness(
+    worker: WorkerInfo, now: datetime, stale_after: float = DEFAULT_STALE_AFTER
+) -> Liveness:
+    """``alive`` while the worker's last heartbeat is at most ``stale_after`` seconds old."""
+    age = (now - worker.last_heartbeat).total_seconds()
+    return "alive" if age <= stale_after else "expired"
+
+
+__all__ = [
+    "DEFAULT_STALE_AFTER",
+    "QUEUE_STATUSES",
+    "count_dispatches",
+    "liveness",
+    "queue_depth",
+]
