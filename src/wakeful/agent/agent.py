@@ -130,6 +130,7 @@ class Agent:
             live=ctx.emit_live,
             counters=self.counters,
             on_checkpoint_failure=self._checkpoint_failed,
+            waiting=ctx.waiting,
         )
         turn = await recovery.turn(request)
         ctx.append_message(
@@ -204,7 +205,8 @@ class Agent:
             fencing_token=ctx.fencing_token,
         )
         try:
-            value = await tool.call(arguments, tool_ctx)
+            with ctx.waiting():  # a tool call may take long: the claim stays renewed
+                value = await tool.call(arguments, tool_ctx)
         except Exception as exc:
             return "error", f"error: {type(exc).__name__}: {exc}"
         if isinstance(value, str):

@@ -20,6 +20,7 @@ logged and counted, never fails the turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -29,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from wakeful.background import BackgroundTask, StopSignal
 from wakeful.providers.base import (
     MAX_RETRY_AFTER,
     ModelRequest,
@@ -162,7 +164,10 @@ class StreamRecovery:
     live: Live | None = None
     counters: dict[str, int] = field(default_factory=dict)
     on_checkpoint_failure: Callable[[], None] | None = None
-    _saving: asyncio.Task[None] | None = field(default=None, init=False)
+    waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+    """Marks the run as known to be waiting (``NodeContext.waiting``) while the model
+    streams (its silence is bounded by ``idle_timeout``) and during a backoff sleep."""
+    _saver: BackgroundTask | None = field(default=None, init=False)
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -171,7 +176,9 @@ class StreamRecovery:
 
     async def turn(self, request: ModelRequest) -> Turn:
         """One complete turn (see the module docstring). Every checkpoint write has landed
-        when this returns, so ``discard`` cannot be overtaken by a late write."""
+        when this returns, so ``discard`` cannot be overtaken by a late write (unless a write
+        hung past ``wakeful.background.STOP_TIMEOUT`` twice and was abandoned, which is
+        logged)."""
         try:
             return await self._turn(request)
         finally:
@@ -197,7 +204,8 @@ class StreamRecovery:
             current = self._after_interruption(plan, acc, request)
         while True:
             try:
-                end = await self._consume(current, acc, attempts)
+                with self.waiting():
+                    end = await self._consume(current, acc, attempts)
                 return self._finish(acc, end.stop_reason, end.usage, recoveries)
             except ProviderError as error:
                 if not error.retryable:
@@ -212,7 +220,8 @@ class StreamRecovery:
                 self._emit("stream.interrupted", {"kind": error.kind, "plan": plan})
                 if plan == "R2":
                     return self._finish(acc, "tool_use", None, recoveries, complete_only=True)
-                await self.sleep(self.policy.backoff(attempts, error.retry_after))
+                with self.waiting():
+                    await self.sleep(self.policy.backoff(attempts, error.retry_after))
                 current = self._after_interruption(plan, acc, request)
 
     def _after_interruption(
@@ -303,21 +312,25 @@ class StreamRecovery:
         runs only the newest snapshot waits its turn."""
         if self.checkpoints is None or acc.empty():
             return
-        snapshot = self._snapshot(acc, attempts)
-        if self._saving is not None and not self._saving.done():
-            self._next_save = snapshot
-            return
-        self._saving = asyncio.create_task(self._save_chain(snapshot))
+        self._next_save = self._snapshot(acc, attempts)
+        if self._saver is None or not self._saver.running:
+            self._saver = BackgroundTask(
+                f"stream-checkpoint:{self.run_id}", self._save_chain, logger=log
+            )
+            self._saver.start()
 
-    async def _save_chain(self, snapshot: StreamCheckpoint | None) -> None:
-        while snapshot is not None:
+    async def _save_chain(self, signal: StopSignal) -> None:
+        while (snapshot := self._next_save) is not None and not signal.is_set():
+            self._next_save = None
             await self._put(snapshot)
-            snapshot, self._next_save = self._next_save, None
 
     async def _drain_saves(self) -> None:
-        if self._saving is not None:
-            await self._saving
-            self._saving = None
+        """End the background writes: the one in flight lands, newer snapshots are dropped
+        (the turn ended, or a forced save of the newest state follows)."""
+        if self._saver is not None:
+            await self._saver.stop()
+            self._saver = None
+        self._next_save = None
 
     async def _save(self, acc: Accumulator, attempts: int, *, force: bool = False) -> None:
         if self.checkpoints is None or (acc.empty() and not force):
