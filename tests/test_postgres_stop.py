@@ -12,18 +12,20 @@ the task must be over."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from tests.postgres_support import Databases, open_test_store
 from tests.runtime_support import eventually
+from wakeful.agent import Agent
 from wakeful.agent.recovery import Accumulator, StreamPolicy, StreamRecovery
 from wakeful.background import BackgroundTask
-from wakeful.fleet import Registry, Worker
+from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.wake import NoWake
+from wakeful.providers.base import ModelRequest, StreamEnd, StreamItem, TextDelta, Usage
 from wakeful.providers.scripted import Scripted
 from wakeful.records import Claim, Commit, EventDraft, StreamCheckpoint
 from wakeful.runtime.claims import ClaimPolicy, Renewer
@@ -218,3 +220,79 @@ async def test_the_worker_heartbeat(pg_databases: Databases) -> None:
             assert counted.made == 1 and not task.running and counted.after_stop == 0
     finally:
         await store.close()
+
+
+class PacedReply:
+    """Streams ``text`` as ``deltas`` text deltas spread over ``seconds``, to every request."""
+
+    model = "paced"
+
+    def __init__(self, text: str, deltas: int, seconds: float) -> None:
+        self.text = text
+        self.deltas = deltas
+        self.seconds = seconds
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        return self._play()
+
+    async def _play(self) -> AsyncIterator[StreamItem]:
+        size = len(self.text) // self.deltas
+        for i in range(self.deltas):
+            await asyncio.sleep(self.seconds / self.deltas)
+            yield TextDelta(self.text[i * size : (i + 1) * size])
+        yield StreamEnd("end_turn", Usage(1, self.deltas))
+
+
+@pytest.mark.slow
+async def test_many_streaming_runs_through_one_worker_end_exactly_once(
+    pg_databases: Databases,
+) -> None:
+    """The issue's experiment, smaller: one worker, ``RUNS`` runs each streaming a reply of
+    150 deltas, renewals and stream checkpoints competing for a small pool. Every run ends
+    exactly once and nothing is left behind (the renewer once hung runs here)."""
+    runs, reply = 100, "abcd" * 150
+    store = await open_test_store(await pg_databases.clone(), pool_size=4, pool_timeout=30.0)
+    agent = Agent("paced", PacedReply(reply, 150, 1.5))
+    registry = Registry(default="paced").add("paced", agent)
+    wake = LocalWake()
+    worker = Worker(
+        store,
+        registry,
+        concurrency=runs,
+        claims=ClaimPolicy(ttl=5, renew_every=0.1),
+        wake=wake,
+        poll_interval=0.1,
+        relay=False,
+    )
+    running = asyncio.create_task(worker.run())
+    try:
+        for i in range(runs):
+            await submit(store, f"t{i}", "paced", "go", dispatch_id=f"d{i}")
+        await wake.notify()
+
+        async def stuck() -> int:
+            rows = await store.list_dispatches(status="leased", limit=1000)
+            pending = await store.list_dispatches(status="pending", limit=1000)
+            return len(rows) + len(pending)
+
+        await eventually(lambda: _all_ended(worker, runs), deadline=100)
+        assert await stuck() == 0
+    finally:
+        await worker.stop(grace=5)
+        await asyncio.wait_for(running, 30)
+    try:
+        for i in range(runs):
+            events = [e.type for e in await store.events_after(f"t{i}", 0)]
+            assert events.count("run.completed") == 1 and "run.stalled" not in events
+            messages = await store.messages(f"t{i}", 0, 10)
+            assert [m.role for m in messages] == ["user", "assistant"]
+            assert messages[1].content == reply
+            assert await store.stream_checkpoints.get(f"run-d{i}") is None
+        assert worker.stats.done == runs and worker.stats.fenced == 0
+        assert worker.metrics.stalled_runs.value() == 0
+    finally:
+        await store.close()
+
+
+def _all_ended(worker: Worker, runs: int) -> bool:
+    return worker.stats.done == runs and worker.busy == 0
