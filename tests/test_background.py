@@ -6,6 +6,7 @@ outlives its run and every dispatch ends."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import random
@@ -38,10 +39,10 @@ async def test_a_loop_that_swallows_its_cancellation_still_stops_on_its_signal()
 
     async def body(signal: StopSignal) -> None:
         while not signal.is_set():
-            try:
-                await asyncio.sleep(0.2)  # a step that a cancellation cannot end
-            except asyncio.CancelledError:
-                pass  # as asyncio.wait_for does on Python 3.11 (psycopg issue 1345)
+            # a step that a cancellation cannot end, as asyncio.wait_for's on Python 3.11
+            # can be (psycopg issue 1345)
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.2)
             steps.append(1)
 
     task = BackgroundTask("swallower", body, stop_timeout=0.05)
@@ -247,7 +248,7 @@ async def test_a_worker_gives_up_a_stalled_run_and_a_worker_finishes_it() -> Non
     try:
         await submit(store, "t1", "stall", {"log": []}, dispatch_id="d1", wake=wake)
         await eventually(lambda: worker.metrics.stalled_runs.value() == 1)
-        await eventually(lambda: worker.busy == 0), "the stalled run's slot is free again"
+        await eventually(lambda: worker.busy == 0)  # the stalled run's slot is free again
         d = await store.get_dispatch("d1")
         assert d is not None and d.status == "leased", "not settled: the lease expires"
         clock.advance(31)
@@ -328,7 +329,7 @@ async def test_chaos_no_renewal_outlives_its_run_and_every_dispatch_ends() -> No
     # is abandoned and every renewal must have ended before its run's ending commit
     policy = ClaimPolicy(ttl=30, renew_every=0.01, stop_timeout=0.03)
     worker = Worker(
-        store,  # type: ignore[arg-type]
+        store,
         registry,
         concurrency=8,
         claims=policy,
@@ -350,7 +351,7 @@ async def test_chaos_no_renewal_outlives_its_run_and_every_dispatch_ends() -> No
     runs = 60
     try:
         for i in range(runs):
-            await submit(store, f"t{i}", "chaos", {"log": []}, dispatch_id=f"d{i}", wake=wake)  # type: ignore[arg-type]
+            await submit(store, f"t{i}", "chaos", {"log": []}, dispatch_id=f"d{i}", wake=wake)
         await eventually(lambda: all_done(store, runs), deadline=30)  # every dispatch ends
     finally:
         chaos.cancel()

@@ -31,6 +31,7 @@ from wakeful.records import Claim, Commit, EventDraft, StreamCheckpoint
 from wakeful.runtime.claims import ClaimPolicy, Renewer
 from wakeful.runtime.durability import AsyncWriter
 from wakeful.store.postgres import PostgresStore
+from wakeful.store.postgres.notify import Notifier
 
 pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -118,10 +119,9 @@ async def test_the_async_writer(pg_databases: Databases) -> None:
             claim = await store.claim(f"t{k}", "h", 30)
             counted = Counted(store, "commit")
             writer = AsyncWriter(counted, f"t{k}")
-            event = EventDraft(type="x")
 
             async def start(w: AsyncWriter = writer, c: Claim = claim) -> None:
-                await w.submit(Commit(token=c.token, events=(event,)))
+                await w.submit(Commit(token=c.token, events=(EventDraft(type="x"),)))
 
             await _handover_then_stop(store, k, start, writer.close)
             counted.stopped = True
@@ -169,8 +169,8 @@ async def test_the_notifier(pg_databases: Databases) -> None:
         notifier = store.notifier
         try:
 
-            async def start() -> None:
-                notifier.notify("t1")
+            async def start(n: Notifier = notifier) -> None:
+                n.notify("t1")
 
             await _handover_then_stop(store, k, start, notifier.close)
             assert notifier.rounds <= 1 and notifier._task is None
