@@ -152,13 +152,13 @@ async def test_the_stream_checkpoint_saver(pg_databases: Databases) -> None:
                 pool = store._db.pool
                 await eventually(lambda: pool.get_stats().get("requests_waiting", 0) == 1)
                 a.text += " and more"
-                r._save_in_background(a, 0)  # waits its turn; dropped by the stop
+                r._save_in_background(a, 0)  # waits its turn: written, then the saver ends
 
             await _handover_then_stop(store, k, start, recovery._drain_saves)
             counted.stopped = True
-            assert counted.made == 1 and recovery._saver is None and counted.after_stop == 0
+            assert counted.made == 2 and recovery._saver is None and counted.after_stop == 0
             saved = await store.stream_checkpoints.get(f"run-{k}")
-            assert isinstance(saved, StreamCheckpoint) and saved.partial_text == "partial"
+            assert isinstance(saved, StreamCheckpoint) and saved.partial_text == "partial and more"
     finally:
         await store.close()
 

@@ -320,13 +320,15 @@ class StreamRecovery:
             self._saver.start()
 
     async def _save_chain(self, signal: StopSignal) -> None:
-        while (snapshot := self._next_save) is not None and not signal.is_set():
+        # Finite by itself: once a drain has begun (``signal``), nothing queues a new
+        # snapshot, so at most the one in flight and the one queued are written.
+        while (snapshot := self._next_save) is not None:
             self._next_save = None
             await self._put(snapshot)
 
     async def _drain_saves(self) -> None:
-        """End the background writes: the one in flight lands, newer snapshots are dropped
-        (the turn ended, or a forced save of the newest state follows)."""
+        """End the background writes once what is queued has landed (bounded: see
+        ``wakeful.background``)."""
         if self._saver is not None:
             await self._saver.stop()
             self._saver = None
@@ -382,16 +384,62 @@ class StreamRecovery:
             self.live(type, data)
 
 
+class _IdleTimer:
+    """One timer per stream for ``_idle_guard``: it fires at most once per ``idle`` seconds
+    and cancels the consuming task only while that task waits for the next item past its
+    deadline (a task per item, as ``asyncio.wait_for`` makes on Python 3.11, cost about
+    28 µs a delta)."""
+
+    __slots__ = ("_handle", "_loop", "_task", "deadline", "fired", "idle", "waiting")
+
+    def __init__(self, idle: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self.idle = idle
+        self.deadline = self._loop.time() + idle
+        self.waiting = False
+        self.fired = False
+        self._handle = self._loop.call_at(self.deadline, self._check)
+
+    def arm(self) -> None:
+        """The consumer starts waiting for the next item."""
+        self.deadline = self._loop.time() + self.idle
+        self.waiting = True
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self.waiting and now >= self.deadline:
+            self.fired = True
+            self._task.cancel()
+            return
+        self._handle = self._loop.call_at(max(self.deadline, now + self.idle), self._check)
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
 async def _idle_guard(
     stream: AsyncIterator[StreamItem], idle: float
 ) -> AsyncGenerator[StreamItem, None]:
     """Re-yield ``stream``'s items; no item for ``idle`` seconds is a timeout."""
     iterator = aiter(stream)
-    while True:
-        try:
-            item = await asyncio.wait_for(anext(iterator), idle)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise ProviderError("timeout", f"no delta for {idle:g} s") from None
-        yield item
+    timer = _IdleTimer(idle)
+    try:
+        while True:
+            timer.arm()
+            try:
+                item = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                # ours (the timer's) unless somebody else cancelled the task too
+                if timer.fired and timer._task.uncancel() == 0:
+                    raise ProviderError("timeout", f"no delta for {idle:g} s") from None
+                raise
+            finally:
+                timer.waiting = False
+            yield item
+    finally:
+        timer.close()
