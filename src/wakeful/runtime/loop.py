@@ -327,7 +327,7 @@ class Execution:
         loop = asyncio.get_running_loop()
 
         def emit_live(type: str, data: Any) -> None:
-            loop.call_soon_threadsafe(self.publish_live, self.thread_id, self.run_id, type, data)
+            self.publish_live(loop, self.thread_id, self.run_id, type, data)
 
         attempt = 0
         self.progress.moved()

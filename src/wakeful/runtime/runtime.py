@@ -256,7 +256,7 @@ class Runtime:
                 clock=self.clock,
                 sleep=self.sleep,
                 renew_sleep=self.renew_sleep,
-                publish_live=self.live.publish,
+                publish_live=self.live.emit,
                 release_claim=release,
                 settle_dispatch=None if release else dispatch_id,
                 metrics=self.metrics,
