@@ -22,6 +22,7 @@ from tests.runtime_support import eventually
 from wakeful.agent import Agent
 from wakeful.agent.recovery import Accumulator, StreamPolicy, StreamRecovery
 from wakeful.background import BackgroundTask
+from wakeful.errors import StreamCheckpointError
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.wake import NoWake
@@ -296,3 +297,37 @@ async def test_many_streaming_runs_through_one_worker_end_exactly_once(
 
 def _all_ended(worker: Worker, runs: int) -> bool:
     return worker.stats.done == runs and worker.busy == 0
+
+
+async def test_stream_checkpoint_puts_are_grouped_and_fenced_one_by_one(
+    pg_databases: Databases,
+) -> None:
+    store = await open_test_store(await pg_databases.clone(), pool_size=4)
+    try:
+        claims = [await store.claim(f"t{i}", "h", 30) for i in range(50)]
+        puts = [
+            store.stream_checkpoints.put(
+                StreamCheckpoint(
+                    run_id=f"run-{i}",
+                    thread_id=f"t{i}",
+                    model="m",
+                    partial_text=f"text {i}",
+                    token=claim.token + (1 if i == 7 else 0),  # t7's put is stale
+                    task_id="s0-t0",
+                )
+            )
+            for i, claim in enumerate(claims)
+        ]
+        results = await asyncio.gather(*puts, return_exceptions=True)
+        refused = [i for i, r in enumerate(results) if isinstance(r, StreamCheckpointError)]
+        assert refused == [7] and all(r is None for i, r in enumerate(results) if i != 7)
+        assert store.stream_checkpoints.statements <= 2, "50 puts in one or two statements"
+        for i in range(50):
+            saved = await store.stream_checkpoints.get(f"run-{i}")
+            assert (saved is None) if i == 7 else (saved and saved.partial_text == f"text {i}")
+    finally:
+        await store.close()
+    with pytest.raises(StreamCheckpointError):
+        await store.stream_checkpoints.put(
+            StreamCheckpoint(run_id="run-x", thread_id="t0", model="m", token=1, task_id="a")
+        )
