@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
@@ -127,10 +128,13 @@ class Renewer:
 
     async def _run(self, signal: StopSignal) -> None:
         progress = self._progress
-        seen = progress.steps if progress is not None else 0
+        seen = -1  # the run's start is progress: the first interval never counts as idle
         idle = 0.0
+        # The first interval is a random part of the period, so that runs started together
+        # (a worker's batch of leases) spread their renewals over it instead of renewing in
+        # the same instant every period; later intervals are exact.
+        interval = self._policy.renew_every * random.uniform(0.5, 1.0)
         while True:
-            interval = self._policy.renew_every
             if await signal.pause(interval, self._sleep):
                 return
             if progress is not None and self._policy.stall_after is not None:
@@ -143,6 +147,7 @@ class Renewer:
                         if self._on_stalled is not None:
                             await self._on_stalled(idle)
                         return
+            interval = self._policy.renew_every
             try:
                 await self._store.renew(self._thread_id, self._token, self._policy.ttl)
                 self.renewals += 1
