@@ -348,6 +348,26 @@ class CheckpointWriteFailed(WakefulError):
         )
 
 
+class RunStalled(WakefulError):
+    """The run made no progress and was not known to be waiting for ``idle`` seconds (more
+    than ``ClaimPolicy.stall_after``): its claim is no longer renewed, so once it expires
+    another worker takes the run over from its last commit. This process's run stops and
+    records nothing more (it ends with ``CheckpointWriteFailed`` carrying this cause)."""
+
+    retryable = True
+
+    def __init__(self, thread_id: str, run_id: str, idle: float) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.idle = idle
+        super().__init__(
+            f"run {run_id!r} on thread {thread_id!r} made no progress for {idle:g} s and was "
+            f"not waiting on a model, a tool or a sleep; its claim is no longer renewed and "
+            f"another worker takes it over when it expires (raise ClaimPolicy.stall_after, or "
+            f"wrap a long wait in ctx.waiting(), if the run was only slow)"
+        )
+
+
 class RunFailed(WakefulError):
     """A node failed after its retries, or the run hit its step limit. The thread records the
     run as ``failed`` with this error."""

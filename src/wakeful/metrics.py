@@ -149,6 +149,11 @@ class Metrics:
         self.settles = self.counter(
             "wakeful_settles_total", "Dispatches settled by workers, by outcome.", ("outcome",)
         )
+        self.stalled_runs = self.counter(
+            "wakeful_stalled_runs_total",
+            "Runs whose claim stopped being renewed because they made no progress and were "
+            "not waiting for ClaimPolicy.stall_after seconds (another worker takes them over).",
+        )
         self.exhausted = self.counter(
             "wakeful_exhausted_total", "Exhausted dispatches terminalised as indeterminate."
         )

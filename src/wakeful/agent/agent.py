@@ -137,6 +137,7 @@ class Agent:
             live=ctx.emit_live,
             counters=self.counters,
             on_checkpoint_failure=self._checkpoint_failed,
+            waiting=ctx.waiting,
         )
         turn = await recovery.turn(request)
         ctx.append_message(
@@ -211,7 +212,8 @@ class Agent:
             replay=tool.replay,
         )
         try:
-            value = await tool.call(arguments, tool_ctx)
+            with ctx.waiting():  # a tool call may take long: the claim stays renewed
+                value = await tool.call(arguments, tool_ctx)
         except OutcomeUnknown:
             # Not an error: the effect may have happened, and a model told "failed" may call
             # again under a new idempotency key.

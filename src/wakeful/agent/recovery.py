@@ -20,6 +20,7 @@ logged and counted, never fails the turn.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -29,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from wakeful.background import BackgroundTask, StopSignal
 from wakeful.providers.base import (
     MAX_RETRY_AFTER,
     ModelRequest,
@@ -171,7 +173,10 @@ class StreamRecovery:
     live: Live | None = None
     counters: dict[str, int] = field(default_factory=dict)
     on_checkpoint_failure: Callable[[], None] | None = None
-    _saving: asyncio.Task[None] | None = field(default=None, init=False)
+    waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+    """Marks the run as known to be waiting (``NodeContext.waiting``) while the model
+    streams (its silence is bounded by ``idle_timeout``) and during a backoff sleep."""
+    _saver: BackgroundTask | None = field(default=None, init=False)
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -180,7 +185,9 @@ class StreamRecovery:
 
     async def turn(self, request: ModelRequest) -> Turn:
         """One complete turn (see the module docstring). Every checkpoint write has landed
-        when this returns, so ``discard`` cannot be overtaken by a late write."""
+        when this returns, so ``discard`` cannot be overtaken by a late write (unless a write
+        hung past ``wakeful.background.STOP_TIMEOUT`` twice and was abandoned, which is
+        logged)."""
         try:
             return await self._turn(request)
         finally:
@@ -207,7 +214,8 @@ class StreamRecovery:
             current = self._after_interruption(plan, acc, request)
         while True:
             try:
-                end = await self._consume(current, acc, attempts)
+                with self.waiting():
+                    end = await self._consume(current, acc, attempts)
                 return self._finish(acc, end.stop_reason, end.usage, recoveries)
             except ProviderError as error:
                 if not error.retryable:
@@ -226,7 +234,8 @@ class StreamRecovery:
                 )
                 if plan == "R2":
                     return self._finish(acc, "tool_use", None, recoveries, complete_only=True)
-                await self.sleep(self.policy.backoff(attempts, error.retry_after))
+                with self.waiting():
+                    await self.sleep(self.policy.backoff(attempts, error.retry_after))
                 current = self._after_interruption(plan, acc, request)
 
     def _log_recovery(self, plan: str, why: str) -> None:
@@ -327,21 +336,27 @@ class StreamRecovery:
         runs only the newest snapshot waits its turn."""
         if self.checkpoints is None or acc.empty():
             return
-        snapshot = self._snapshot(acc, attempts)
-        if self._saving is not None and not self._saving.done():
-            self._next_save = snapshot
-            return
-        self._saving = asyncio.create_task(self._save_chain(snapshot))
+        self._next_save = self._snapshot(acc, attempts)
+        if self._saver is None or not self._saver.running:
+            self._saver = BackgroundTask(
+                f"stream-checkpoint:{self.run_id}", self._save_chain, logger=log
+            )
+            self._saver.start()
 
-    async def _save_chain(self, snapshot: StreamCheckpoint | None) -> None:
-        while snapshot is not None:
+    async def _save_chain(self, signal: StopSignal) -> None:
+        # Finite by itself: once a drain has begun (``signal``), nothing queues a new
+        # snapshot, so at most the one in flight and the one queued are written.
+        while (snapshot := self._next_save) is not None:
+            self._next_save = None
             await self._put(snapshot)
-            snapshot, self._next_save = self._next_save, None
 
     async def _drain_saves(self) -> None:
-        if self._saving is not None:
-            await self._saving
-            self._saving = None
+        """End the background writes once what is queued has landed (bounded: see
+        ``wakeful.background``)."""
+        if self._saver is not None:
+            await self._saver.stop()
+            self._saver = None
+        self._next_save = None
 
     async def _save(self, acc: Accumulator, attempts: int, *, force: bool = False) -> None:
         if self.checkpoints is None or (acc.empty() and not force):
@@ -393,16 +408,62 @@ class StreamRecovery:
             self.live(type, data)
 
 
+class _IdleTimer:
+    """One timer per stream for ``_idle_guard``: it fires at most once per ``idle`` seconds
+    and cancels the consuming task only while that task waits for the next item past its
+    deadline (a task per item, as ``asyncio.wait_for`` makes on Python 3.11, cost about
+    28 µs a delta)."""
+
+    __slots__ = ("_handle", "_loop", "_task", "deadline", "fired", "idle", "waiting")
+
+    def __init__(self, idle: float) -> None:
+        self._loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self.idle = idle
+        self.deadline = self._loop.time() + idle
+        self.waiting = False
+        self.fired = False
+        self._handle = self._loop.call_at(self.deadline, self._check)
+
+    def arm(self) -> None:
+        """The consumer starts waiting for the next item."""
+        self.deadline = self._loop.time() + self.idle
+        self.waiting = True
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self.waiting and now >= self.deadline:
+            self.fired = True
+            self._task.cancel()
+            return
+        self._handle = self._loop.call_at(max(self.deadline, now + self.idle), self._check)
+
+    def close(self) -> None:
+        self._handle.cancel()
+
+
 async def _idle_guard(
     stream: AsyncIterator[StreamItem], idle: float
 ) -> AsyncGenerator[StreamItem, None]:
     """Re-yield ``stream``'s items; no item for ``idle`` seconds is a timeout."""
     iterator = aiter(stream)
-    while True:
-        try:
-            item = await asyncio.wait_for(anext(iterator), idle)
-        except StopAsyncIteration:
-            return
-        except TimeoutError:
-            raise ProviderError("timeout", f"no delta for {idle:g} s") from None
-        yield item
+    timer = _IdleTimer(idle)
+    try:
+        while True:
+            timer.arm()
+            try:
+                item = await anext(iterator)
+            except StopAsyncIteration:
+                return
+            except asyncio.CancelledError:
+                # ours (the timer's) unless somebody else cancelled the task too
+                if timer.fired and timer._task.uncancel() == 0:
+                    raise ProviderError("timeout", f"no delta for {idle:g} s") from None
+                raise
+            finally:
+                timer.waiting = False
+            yield item
+    finally:
+        timer.close()

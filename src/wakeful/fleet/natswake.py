@@ -23,6 +23,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+from wakeful.background import pause
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_seconds
 
@@ -63,6 +64,7 @@ class NatsWake:
         self._event = asyncio.Event()
         self._lock = asyncio.Lock()
         self._closed = False
+        self._closing = asyncio.Event()
         self._notify_after = 0.0
 
     # ---------------------------------------------------------------- connection
@@ -173,19 +175,18 @@ class NatsWake:
                     type(exc).__name__,
                     exc,
                 )
-                await asyncio.sleep(max(0.0, deadline - loop.time()))
+                await pause(self._closing, max(0.0, deadline - loop.time()))
                 return False
-        if not self._event.is_set():
-            try:
-                await asyncio.wait_for(self._event.wait(), max(0.0, deadline - loop.time()))
-            except TimeoutError:
-                return False
+        # ``close()`` sets the event too: the wait ends on that flag, not on cancellation
+        if not await pause(self._event, max(0.0, deadline - loop.time())):
+            return False
         self._event.clear()
         return not self.closed
 
     async def close(self) -> None:
         """Wake a wait in progress, drain the subscription and close; idempotent."""
         self._closed = True
+        self._closing.set()
         self._event.set()
         async with self._lock:
             client, self._client = self._client, None

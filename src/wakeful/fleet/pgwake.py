@@ -29,6 +29,7 @@ import time
 import psycopg
 from psycopg import sql
 
+from wakeful.background import pause
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_seconds
 
@@ -37,6 +38,12 @@ log = logging.getLogger("wakeful.fleet.pgwake")
 DEFAULT_CHANNEL = "wakeful_dispatch"
 CONNECT_TIMEOUT = 5
 """Seconds; libpq's floor is 2."""
+WAIT_SLICE = 1.0
+"""A wait looks at ``close()`` at least this often, whatever happens to the cancellation
+``close()`` sends it."""
+CLOSE_TIMEOUT = 2.0
+"""Seconds ``close()`` waits for a wait in progress to end before it closes the connections
+under it (with a warning)."""
 NOTIFY_BACKOFF = 2.0
 """After a notify could not reach the server, notifies are dropped at once for this many
 seconds (a caller that notifies after each enqueue is not slowed down by an outage)."""
@@ -72,6 +79,7 @@ class PostgresWake:
         self._notify_lock = asyncio.Lock()
         self._waiting: asyncio.Task[bool] | None = None
         self._closed = False
+        self._closing = asyncio.Event()
         self._notify_after = 0.0
 
     @property
@@ -164,9 +172,12 @@ class PostgresWake:
         try:
             conn = await self._listening()
             received = False
-            remaining = max(0.0, deadline - loop.time())
-            async for _ in conn.notifies(timeout=remaining, stop_after=1):
-                received = True
+            while not received and not self._closed:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                async for _ in conn.notifies(timeout=min(remaining, WAIT_SLICE), stop_after=1):
+                    received = True
             if received:
                 # Every notification committed before this round trip is delivered before
                 # its answer: discard them all, one wake per batch.
@@ -183,7 +194,7 @@ class PostgresWake:
             )
             await _discard(self._listener)
             self._listener = None
-            await asyncio.sleep(max(0.0, deadline - loop.time()))
+            await pause(self._closing, max(0.0, deadline - loop.time()))
             return False
 
     @property
@@ -193,13 +204,27 @@ class PostgresWake:
     # ---------------------------------------------------------------- close
 
     async def close(self) -> None:
-        """Interrupt a wait in progress and close both connections; idempotent."""
+        """Interrupt a wait in progress and close both connections; idempotent. A wait that
+        does not end within ``CLOSE_TIMEOUT`` seconds is abandoned (with a warning) and its
+        connection closed under it."""
         self._closed = True
+        self._closing.set()
         if self._waiting is not None:
             self._waiting.cancel()
-        async with self._wait_lock:
-            await _discard(self._listener)
-            self._listener = None
+        try:
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await self._wait_lock.acquire()
+        except TimeoutError:
+            log.warning(
+                "postgres wake: a wait on %r did not end within %.1f s of close(); closing "
+                "its connection under it",
+                self.channel,
+                CLOSE_TIMEOUT,
+            )
+        else:
+            self._wait_lock.release()
+        await _discard(self._listener)
+        self._listener = None
         async with self._notify_lock:
             await _discard(self._notifier)
             self._notifier = None

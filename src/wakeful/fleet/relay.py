@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 
+from wakeful.background import StopSignal, pause
 from wakeful.errors import StaleClaim, ThreadBusy, WakefulError
 from wakeful.fleet.wake import Wake
 from wakeful.records import Claim, RetentionPolicy
@@ -44,19 +45,25 @@ class RelayLoop:
         self.delivered = 0
         self._claim: Claim | None = None
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def run(self, stop: StopSignal | asyncio.Event) -> None:
+        """Until ``stop`` is set: each step ends before the flag is looked at again, and the
+        waits between steps end as soon as it is set (never only by cancellation)."""
         loop = asyncio.get_running_loop()
         next_sweep = loop.time()
         try:
             while not stop.is_set():
-                if await self._elected():
+                if await self._elected() and not stop.is_set():
                     await self.drain()
-                    if self.retention is not None and loop.time() >= next_sweep:
+                    if (
+                        self.retention is not None
+                        and loop.time() >= next_sweep
+                        and not stop.is_set()
+                    ):
                         report = await self.store.prune(self.retention)
                         log.info("retention: %s", report)
                         next_sweep = loop.time() + self.sweep_every
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), self.interval)
+                if await pause(stop, self.interval):
+                    break
         finally:
             if self._claim is not None:
                 with contextlib.suppress(WakefulError):

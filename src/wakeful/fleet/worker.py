@@ -8,7 +8,6 @@ is recovered (reusing every finished task); exhausted work is terminalised as
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -17,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from wakeful.background import STOP_TIMEOUT, BackgroundTask, StopSignal
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import (
     CheckpointWriteFailed,
@@ -104,6 +104,7 @@ class Worker:
         self._handles: dict[str, RunHandle] = {}
         self._endings: dict[str, str] = {}
         """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
+        self._notifying: set[asyncio.Task[None]] = set()
         self.identity: Any = None
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
@@ -125,20 +126,26 @@ class Worker:
         """Register, then claim and run work until ``stop()``."""
         self.identity = await self.store.register_worker(self.worker_id)
         self.holder = f"{self.worker_id}.g{self.identity.generation}"
-        self._runtime = Runtime(self.store, self.claims, self.clock, holder=self.holder)
+        self._runtime = Runtime(
+            self.store, self.claims, self.clock, holder=self.holder, metrics=self.metrics
+        )
         self._ready.set()
-        background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
+        # Each stops on its own signal, in bounded time (wakeful.background).
+        background = [BackgroundTask("heartbeat", self._heartbeat, logger=log)]
         if self.relay:
             relay = RelayLoop(self.store, self.holder, self.claims, self.wake, self.retention)
-            background.append(asyncio.create_task(relay.run(self._stopping), name="relay"))
+            background.append(BackgroundTask("relay", relay.run, logger=log))
+        for task in background:
+            task.start()
         try:
             await self._claim_loop()
         finally:
             for task in background:
-                task.cancel()
+                task.signal.set()
             for task in background:
-                with contextlib.suppress(asyncio.CancelledError, WakefulError):
-                    await task
+                await task.stop()
+            if self._notifying:
+                await asyncio.wait(self._notifying, timeout=STOP_TIMEOUT)
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop claiming; let running work finish within ``grace`` seconds, then ask the
@@ -157,10 +164,11 @@ class Worker:
     def busy(self) -> int:
         return len(self._running)
 
-    async def _heartbeat(self) -> None:
+    async def _heartbeat(self, signal: StopSignal) -> None:
         interval = max(self.claims.ttl / 3, 0.05)
         while not self._stopping.is_set():
-            await asyncio.sleep(interval)
+            if await signal.pause(interval) or self._stopping.is_set():
+                return
             try:
                 await self.store.heartbeat(self.identity)
             except WorkerSuperseded:
@@ -205,7 +213,9 @@ class Worker:
 
     def wake_local(self) -> None:
         """A slot freed up: look for more work now."""
-        asyncio.get_running_loop().create_task(self.wake.notify())
+        task = asyncio.get_running_loop().create_task(self.wake.notify())
+        self._notifying.add(task)  # kept until done: run() waits for them (bounded)
+        task.add_done_callback(self._notifying.discard)
 
     # ---------------------------------------------------------------- one dispatch
 

@@ -3,6 +3,7 @@ interrupts, and event emission."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -10,6 +11,7 @@ from typing import Any, Protocol
 import msgspec
 
 from wakeful.records import EventDraft, Message, OutboxEntry
+from wakeful.runtime.claims import Progress
 from wakeful.store.contract import ThreadStore
 
 
@@ -67,6 +69,7 @@ class NodeContext:
         emit_live: Callable[[str, Any], None],
         services: TaskServices,
         arg: Any = None,
+        progress: Progress | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -81,6 +84,7 @@ class NodeContext:
         self._interrupts = 0
         self._emit_live = emit_live
         self._services = services
+        self._progress = progress if progress is not None else Progress()
         self.events: list[EventDraft] = []
         self.messages: list[Message] = []
         self.outbox: list[OutboxEntry] = []
@@ -155,6 +159,17 @@ class NodeContext:
         self.events.append(
             EventDraft(type=type, data=data, run_id=self.run_id, task_id=self.task_id)
         )
+
+    def report_progress(self) -> None:
+        """Tell the runtime this task is making progress: a run keeps its claim renewed only
+        while it makes progress or waits in ``waiting`` (see ``ClaimPolicy.stall_after``)."""
+        self._progress.moved()
+
+    def waiting(self) -> contextlib.AbstractContextManager[None]:
+        """``with ctx.waiting(): ...``: the task is known to be waiting (on a slow service,
+        a model, a tool) for the block, however long it takes; the run's claim stays
+        renewed meanwhile."""
+        return self._progress.wait()
 
     def emit_live(self, type: str, data: Any = None) -> None:
         """A live event for this process's subscribers only; never stored."""

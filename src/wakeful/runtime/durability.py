@@ -18,6 +18,7 @@ from typing import Literal
 
 import msgspec
 
+from wakeful.background import BackgroundTask, StopSignal
 from wakeful.errors import StoreUnavailable
 from wakeful.records import Commit, Receipt
 from wakeful.store.contract import ThreadStore
@@ -74,21 +75,25 @@ class Writer:
 
 
 class AsyncWriter(Writer):
+    """Commits in order on one background task, with backpressure (``queue_size``)."""
+
     def __init__(self, store: ThreadStore, thread_id: str, queue_size: int = 64) -> None:
         super().__init__(store, thread_id)
-        self._queue: asyncio.Queue[Commit] = asyncio.Queue(maxsize=queue_size)
-        self._task = asyncio.create_task(self._drain(), name=f"writer:{thread_id}")
+        # None: a wake-up from close(), so that a drain waiting for work sees its signal
+        self._queue: asyncio.Queue[Commit | None] = asyncio.Queue(maxsize=queue_size)
+        self._task = BackgroundTask(f"writer:{thread_id}", self._drain)
+        self._task.start()
 
     async def submit(self, commit: Commit) -> None:
         if self.failure is not None:
             raise self.failure
         await self._queue.put(commit)
 
-    async def _drain(self) -> None:
-        while True:
+    async def _drain(self, signal: StopSignal) -> None:
+        while not signal.is_set():
             commit = await self._queue.get()
             try:
-                if self.failure is None:
+                if commit is not None and self.failure is None and not signal.is_set():
                     await commit_retrying(self.store, self.thread_id, commit)
             except Exception as exc:
                 self.failure = exc
@@ -100,9 +105,12 @@ class AsyncWriter(Writer):
         await super().flush()
 
     async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        """Commit nothing more: a commit in flight is interrupted (or, if the interruption
+        is swallowed, ends before the task stops); the stop is bounded (``BackgroundTask``)."""
+        self._task.signal.set()
+        with contextlib.suppress(asyncio.QueueFull):
+            self._queue.put_nowait(None)
+        await self._task.stop(interrupt=True)
 
 
 class ExitWriter(Writer):

@@ -24,9 +24,11 @@ from wakeful.errors import (
     RunCancelled,
     RunFailed,
     RunInterrupted,
+    RunStalled,
     RunYielded,
     WakefulError,
 )
+from wakeful.metrics import Metrics
 from wakeful.records import (
     Awaiting,
     Checkpoint,
@@ -40,7 +42,7 @@ from wakeful.records import (
     RunStatus,
     Settle,
 )
-from wakeful.runtime.claims import ClaimPolicy, Renewer, Sleep
+from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.graph import CompiledGraph, NodeSpec, TaskSpec
@@ -125,9 +127,13 @@ class Execution:
     status: str = "running"
     yield_requested: bool = False
     fence: BaseException | None = None
+    metrics: Metrics | None = None
+    progress: Progress = field(default_factory=Progress)
+    """Signs of life the renewer reads (``ClaimPolicy.stall_after``)."""
     _history: list[Message] | None = None
     _writer: Writer = field(init=False)
     _renewer: Renewer = field(init=False)
+    _task: asyncio.Task[Any] | None = None
 
     def __post_init__(self) -> None:
         self._writer = make_writer(self.durability, self.store, self.thread_id, self.checkpoint.id)
@@ -138,6 +144,8 @@ class Execution:
             self.policy,
             self._fenced,
             self.renew_sleep,
+            self.progress,
+            self._stalled,
         )
 
     @property
@@ -193,6 +201,27 @@ class Execution:
         if self.fence is None:
             self.fence = cause
 
+    async def _stalled(self, idle: float) -> None:
+        """The renewer found the run stuck and renews no more, so another worker takes the
+        run over once the claim expires: say so durably and in metrics, and stop this run
+        (fenced: it records nothing more)."""
+        cause = RunStalled(self.thread_id, self.run_id, idle)
+        log.warning("%s", cause)
+        self._fenced(cause)
+        if self.metrics is not None:
+            self.metrics.stalled_runs.inc()
+        event = EventDraft(type="run.stalled", data={"idle_seconds": idle}, run_id=self.run_id)
+        operation = f"{self.checkpoint.id}:stalled:{self.claim.token}"
+        try:
+            await self.store.commit(
+                self.thread_id,
+                Commit(token=self.claim.token, events=(event,), operation_id=operation),
+            )
+        except Exception as exc:  # the event is a report; the takeover happens regardless
+            log.warning("recording that run %s stalled failed: %s", self.run_id, exc)
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+
     def _check(self) -> None:
         cause = self.fence or self._writer.failure
         if cause is not None:
@@ -208,6 +237,7 @@ class Execution:
             raise RunYielded(self.thread_id, self.run_id)
 
     async def run(self) -> RunOutcome:
+        self._task = asyncio.current_task()
         self._renewer.start()
         release = self.release_claim
         try:
@@ -216,6 +246,10 @@ class Execution:
             release = False
             raise
         except asyncio.CancelledError:
+            if isinstance(self.fence, RunStalled):
+                release = False
+                self.status = "fenced"
+                raise CheckpointWriteFailed(self.thread_id, self.run_id, self.fence) from None
             if self.fence is None and self._writer.failure is None:
                 await self._end("cancelled", "run.cancelled", {})
                 self.status = "cancelled"
@@ -232,6 +266,7 @@ class Execution:
 
     async def _loop(self) -> RunOutcome:
         while True:
+            self.progress.moved()
             self._check()
             await self._check_yield()
             cp = self.checkpoint
@@ -313,9 +348,10 @@ class Execution:
         loop = asyncio.get_running_loop()
 
         def emit_live(type: str, data: Any) -> None:
-            loop.call_soon_threadsafe(self.publish_live, self.thread_id, self.run_id, type, data)
+            self.publish_live(loop, self.thread_id, self.run_id, type, data)
 
         attempt = 0
+        self.progress.moved()
         while True:
             attempt += 1
             ctx = NodeContext(
@@ -329,6 +365,7 @@ class Execution:
                 emit_live=emit_live,
                 services=self,
                 arg=entry.get("arg"),
+                progress=self.progress,
             )
             try:
                 updates = await _call(spec, entry, cp.state, ctx)
@@ -348,7 +385,9 @@ class Execution:
                         transient=bool(getattr(exc, "retryable", False))
                         and isinstance(exc, WakefulError),
                     )
-                await self.sleep(retry.delay(attempt))
+                with self.progress.wait():
+                    await self.sleep(retry.delay(attempt))
+        self.progress.moved()
         write = PendingWrite(
             checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value={"updates": updates}
         )
@@ -485,6 +524,7 @@ class Execution:
             self._fenced(exc)
             self._check()
         self.claim_ended = self.claim_ended or ends_claim
+        self.progress.moved()
         self._recorded(messages)
         self.checkpoint = checkpoint
 

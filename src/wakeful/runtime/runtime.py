@@ -24,6 +24,7 @@ from wakeful.errors import (
     VersionConflict,
 )
 from wakeful.ids import check_id, check_optional_id
+from wakeful.metrics import Metrics
 from wakeful.records import (
     Checkpoint,
     Claim,
@@ -176,7 +177,8 @@ class Runtime:
 
     ``holder`` names this runtime in claims (default: a fresh id). ``sleep`` is how node
     retries wait between attempts and ``renew_sleep`` how the renewal task waits between
-    renewals (tests pass controllable ones)."""
+    renewals (tests pass controllable ones). ``metrics`` counts runs found stalled
+    (``ClaimPolicy.stall_after``)."""
 
     def __init__(
         self,
@@ -187,8 +189,10 @@ class Runtime:
         holder: str | None = None,
         sleep: Sleep = asyncio.sleep,
         renew_sleep: Sleep = asyncio.sleep,
+        metrics: Metrics | None = None,
     ) -> None:
         self.store = store
+        self.metrics = metrics
         self.claims = claims or ClaimPolicy()
         self.clock = clock or SystemClock()
         self.holder = check_id("holder", holder) if holder else f"rt-{uuid.uuid4().hex[:16]}"
@@ -255,9 +259,10 @@ class Runtime:
                 clock=self.clock,
                 sleep=self.sleep,
                 renew_sleep=self.renew_sleep,
-                publish_live=self.live.publish,
+                publish_live=self.live.emit,
                 release_claim=release,
                 settle_dispatch=None if release else dispatch_id,
+                metrics=self.metrics,
             )
         )
 

@@ -22,10 +22,15 @@ import contextlib
 import psycopg
 from psycopg import sql
 
+from wakeful.background import BackgroundTask, StopSignal
 from wakeful.store.postgres import notify
 
 RECHECK_MARGIN = 0.05
 """Seconds added to ``notify.PRESENCE_RECHECK`` before the waiters' second re-check."""
+
+CLOSE_TIMEOUT = 2.0
+"""Seconds ``close`` waits for the listening task after interrupting it, and again after
+cancelling it once more, before it abandons it."""
 
 APPLICATION_NAME = "wakeful-listen"
 """The ``application_name`` of the LISTEN connection, to find it in ``pg_stat_activity``."""
@@ -49,7 +54,7 @@ class Listener:
         self._reconnect_delay = reconnect_delay
         self._max_reconnect_delay = max_reconnect_delay
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._task: BackgroundTask | None = None
         self._listening: asyncio.Event | None = None
         self._closed = False
         self._recheck: asyncio.TimerHandle | None = None
@@ -91,11 +96,12 @@ class Listener:
         return self._listening.is_set()
 
     def _start(self) -> None:
-        if self._closed or (self._task is not None and not self._task.done()):
+        if self._closed or (self._task is not None and self._task.running):
             return
         if self._listening is None:
             self._listening = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="wakeful-listen")
+        self._task = BackgroundTask(APPLICATION_NAME, self._run, stop_timeout=CLOSE_TIMEOUT)
+        self._task.start()
 
     def wake(self, thread_id: str) -> None:
         """Complete the waiters of ``thread_id`` now (a write through this store)."""
@@ -113,10 +119,10 @@ class Listener:
                 if not waiter.done():
                     waiter.set_result(None)
 
-    async def _run(self) -> None:
+    async def _run(self, signal: StopSignal) -> None:
         assert self._listening is not None
         delay = self._reconnect_delay
-        while not self._closed:
+        while not signal.is_set():
             conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
             try:
                 conn = await psycopg.AsyncConnection.connect(
@@ -136,7 +142,7 @@ class Listener:
                 self._wake_all()
                 self._schedule_recheck(notify.PRESENCE_RECHECK + RECHECK_MARGIN)
                 delay = self._reconnect_delay
-                while not self._closed:
+                while not signal.is_set():
                     async for note in conn.notifies(timeout=self._health_interval):
                         self._wake(note.payload)
                     await conn.execute("SELECT 1")  # a dead connection fails here
@@ -147,10 +153,11 @@ class Listener:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
-            if self._stopped():
+            if signal.is_set():
                 break
             self._wake_all()
-            await asyncio.sleep(delay)
+            if await signal.pause(delay):
+                break
             delay = min(delay * 2, self._max_reconnect_delay)
 
     def _schedule_recheck(self, delay: float) -> None:
@@ -158,17 +165,15 @@ class Listener:
             self._recheck.cancel()
         self._recheck = asyncio.get_running_loop().call_later(delay, self._wake_all)
 
-    def _stopped(self) -> bool:
-        return self._closed
-
     async def close(self) -> None:
+        """Stop listening: the task is told to stop and interrupted (it blocks in waits on
+        the connection); it ends by its signal even if the interruption is swallowed, and is
+        abandoned with a warning if it still runs after twice ``CLOSE_TIMEOUT``."""
         self._closed = True
         if self._recheck is not None:
             self._recheck.cancel()
             self._recheck = None
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await self._task.stop(interrupt=True)
             self._task = None
         self._wake_all()

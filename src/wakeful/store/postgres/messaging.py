@@ -9,9 +9,12 @@ different entries (``SKIP LOCKED``).
 
 from __future__ import annotations
 
+import asyncio
+
 import msgspec
 
-from wakeful.errors import StreamCheckpointError, WakefulError
+from wakeful.background import BackgroundTask, StopSignal
+from wakeful.errors import StoreClosed, StreamCheckpointError, WakefulError
 from wakeful.ids import check_count, check_id
 from wakeful.records import InboxMessage, StreamCheckpoint
 from wakeful.store.postgres import codec
@@ -24,7 +27,16 @@ SELECT message_id, correlation_id, payload, revision, at, source_thread
 """
 _RELAY_ONE = "SELECT @schema@.relay_one()"
 _STREAM_GET = "SELECT body, updated_at FROM @schema@.stream_checkpoints WHERE run_id = %s"
-_STREAM_PUT = "SELECT @schema@.put_stream_checkpoint(%s, %s, %s, %s, %s)"
+_STREAM_PUTS = """
+WITH async_commit AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
+SELECT @schema@.put_stream_checkpoint(t.run_id, t.thread_id, t.token, t.body, t.updated_at)
+  FROM async_commit,
+       unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::timestamptz[])
+         WITH ORDINALITY AS t(run_id, thread_id, token, body, updated_at, n)
+ ORDER BY t.n
+"""
+MAX_PUTS = 500
+"""Stream-checkpoint puts written by one statement at most."""
 _STREAM_DELETE = "DELETE FROM @schema@.stream_checkpoints WHERE run_id = %s"
 
 
@@ -51,10 +63,23 @@ class MessagingOps:
 
 class PostgresStreamCheckpoints:
     """Stream checkpoints in a table, fenced by the thread's current claim. Every failure,
-    storage included, is a ``StreamCheckpointError``."""
+    storage included, is a ``StreamCheckpointError``.
+
+    Puts are grouped, as the SQLite store groups its writes: a put waits in a queue, and one
+    task writes everything queued with one statement (one transaction, one round trip, one
+    pooled connection at a time), each row fenced on its own and answered on its own. So
+    checkpoints of many runs never hold more than one connection, and the runs' commits
+    (their ending commits above all) do not queue behind them. The transaction commits
+    asynchronously (``synchronous_commit`` off, for it alone): a stream checkpoint is
+    best-effort by contract, and only a crash of the server itself can lose an acknowledged
+    one, which then costs a restarted stream, never conversation history."""
 
     def __init__(self, db: Database) -> None:
         self._db = db
+        self._queue: list[tuple[StreamCheckpoint, asyncio.Future[bool]]] = []
+        self._writer: BackgroundTask | None = None
+        self.statements = 0
+        """Statements that wrote puts (for tests and benchmarks)."""
 
     async def get(self, run_id: str) -> StreamCheckpoint | None:
         _checked_run_id(run_id)
@@ -76,11 +101,15 @@ class PostgresStreamCheckpoints:
             raise StreamCheckpointError(
                 getattr(checkpoint, "run_id", "?"), "invalid", str(exc)
             ) from exc
+        if self._db.closed:
+            raise StreamCheckpointError(copy.run_id, "storage", "the store is closed")
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((copy, done))
+        if self._writer is None or not self._writer.running:
+            self._writer = BackgroundTask("wakeful-stream-puts", self._write)
+            self._writer.start()
         try:
-            (stored,) = await self._db.fetchone(
-                _STREAM_PUT,
-                (copy.run_id, copy.thread_id, big(copy.token), codec.text(copy), copy.updated_at),
-            )
+            stored = await done
         except Exception as exc:
             raise StreamCheckpointError(copy.run_id, "storage", str(exc)) from exc
         if not stored:
@@ -89,6 +118,45 @@ class PostgresStreamCheckpoints:
                 "stale",
                 f"token {copy.token} is not the current claim of thread {copy.thread_id!r}",
             )
+
+    async def _write(self, signal: StopSignal) -> None:
+        """Write what is queued, batch after batch, until the queue is empty (or stopped:
+        what is left then fails as the store closing)."""
+        while self._queue and not signal.is_set():
+            batch, self._queue = self._queue[:MAX_PUTS], self._queue[MAX_PUTS:]
+            rows = [c for c, _ in batch]
+            params = (
+                [c.run_id for c in rows],
+                [c.thread_id for c in rows],
+                [big(c.token) for c in rows],
+                [codec.text(c) for c in rows],
+                [c.updated_at for c in rows],
+            )
+            try:
+                found = await self._db.fetchall(_STREAM_PUTS, params)
+            except Exception as exc:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            self.statements += 1
+            for (_, done), (stored,) in zip(batch, found, strict=True):
+                if not done.done():
+                    done.set_result(bool(stored))
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        queued, self._queue = self._queue, []
+        for _, done in queued:
+            if not done.done():
+                done.set_exception(StoreClosed())
+
+    async def close(self) -> None:
+        """Stop the writer (bounded, see ``wakeful.background``); queued puts fail."""
+        if self._writer is not None:
+            await self._writer.stop()
+            self._writer = None
+        self._fail_queued()
 
     async def delete(self, run_id: str) -> None:
         _checked_run_id(run_id)

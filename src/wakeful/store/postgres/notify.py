@@ -30,11 +30,11 @@ and ``listen.py``), so a lost one delays a wake-up, never loses an event.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
 
+from wakeful.background import BackgroundTask, StopSignal
 from wakeful.store.postgres.connection import Database
 
 log = logging.getLogger("wakeful.store.postgres.notify")
@@ -57,7 +57,8 @@ MAX_BATCH = 1000
 FAILURE_PAUSE = 0.5
 """Seconds the task waits after a failed round before it tries the next."""
 CLOSE_TIMEOUT = 2.0
-"""Seconds ``close`` gives the pending notifications before it gives up on them."""
+"""Seconds ``close`` gives the pending notifications before it cancels the task (and again
+before it abandons it)."""
 
 
 class Notifier:
@@ -74,7 +75,7 @@ class Notifier:
         self._local = local
         self._pending: set[str] = set()
         self._wakeup = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._task: BackgroundTask | None = None
         self._closed = False
         self._sending = False
         self._failing = False
@@ -101,9 +102,12 @@ class Notifier:
             self.unheard += 1
             return
         self._pending.add(thread_id)
-        if self._task is None or self._task.done():
+        if self._task is None or not self._task.running:
             self._wakeup = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="wakeful-notify")
+            self._task = BackgroundTask(
+                "wakeful-notify", self._run, stop_timeout=CLOSE_TIMEOUT, logger=log
+            )
+            self._task.start()
         self._wakeup.set()
 
     def _nobody_listens(self) -> bool:
@@ -113,11 +117,13 @@ class Notifier:
     async def flush(self) -> None:
         """Wait until nothing is pending or being sent (sent or dropped). For tests."""
         while (self._pending or self._sending) and self._task is not None:
-            if self._task.done():
+            if not self._task.running:
                 return
             await asyncio.sleep(0.001)
 
-    async def _run(self) -> None:
+    async def _run(self, signal: StopSignal) -> None:
+        """Rounds until stopped: ``close`` sets ``signal`` after ``_closed`` and a wake-up,
+        so what is pending is sent first; the loop ends at the first look after that."""
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
@@ -130,8 +136,8 @@ class Notifier:
                     self.unheard += len(batch)
                     continue
                 if not await self._send(sorted(batch)) and not self._closed:
-                    await asyncio.sleep(FAILURE_PAUSE)
-            if self._closed:
+                    await signal.pause(FAILURE_PAUSE)
+            if signal.is_set() or self._closed:
                 return
 
     async def _send(self, batch: list[str]) -> bool:
@@ -172,18 +178,14 @@ class Notifier:
 
     async def close(self) -> None:
         """Stop the task: what is pending is sent if that takes at most ``CLOSE_TIMEOUT``
-        seconds, else dropped. Call before the pool closes. Idempotent; never hangs."""
+        seconds, else dropped (the task is cancelled, and abandoned with a warning if it
+        still runs ``CLOSE_TIMEOUT`` later). Call before the pool closes. Idempotent; never
+        hangs."""
         if self._closed:
             return
         self._closed = True
         task, self._task = self._task, None
-        if task is None or task.done():
-            return
-        self._wakeup.set()
-        with contextlib.suppress(Exception):
-            await asyncio.wait({task}, timeout=CLOSE_TIMEOUT)
-        if not task.done():
-            task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+        if task is not None:
+            self._wakeup.set()
+            await task.stop()
         self._pending.clear()

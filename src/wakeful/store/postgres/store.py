@@ -120,6 +120,7 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
         """Send what is still to be notified (best effort, bounded), stop listening and close
         the pool (unless the caller passed it in). Idempotent."""
         await self._notifier.close()
+        await self._stream.close()
         await self._listener.close()
         await self._db.close()
 

@@ -122,6 +122,8 @@ class _Writer:
         self._conn: sqlite3.Connection | None = None
         self._setup: Callable[[sqlite3.Connection], Any] | None = None
         self.ready: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.transactions = 0
+        """Write transactions committed (for benchmarks: each holds a group of writes)."""
 
     def start(self, setup: Callable[[sqlite3.Connection], Any]) -> None:
         self._setup = setup
@@ -237,6 +239,7 @@ class _Writer:
                     conn.execute("ROLLBACK")
                 else:
                     conn.execute("COMMIT")
+                    self.transactions += 1
             except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
@@ -301,6 +304,11 @@ class Database:
         self._watch_conn: sqlite3.Connection | None = None
         self._pending: dict[asyncio.AbstractEventLoop, list[_Job]] = {}
         self._closed = False
+
+    @property
+    def transactions(self) -> int:
+        """Write transactions committed so far (each holds a group of writes)."""
+        return self._writer.transactions
 
     @classmethod
     async def open(
