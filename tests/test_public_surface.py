@@ -199,6 +199,7 @@ LAYERS = {
     "metrics": 0,
     "telemetry": 0,
     "redact": 0,
+    "background": 0,
     "store": 1,
     "testkit": 1,
     "runtime": 2,
