@@ -111,3 +111,78 @@ def test_the_http_api_reference_lists_every_route_of_the_openapi_document() -> N
         if f"`{method.upper()} {path}`" not in doc
     ]
     assert not missing, f"docs/http-api.md does not list {missing}"
+
+
+def _wakeful_imports(code: str) -> set[tuple[str, str | None]]:
+    """``(module, name)`` of every wakeful import in ``code``, a fragment too (a fragment
+    that does not parse is read line by line)."""
+    import ast
+
+    try:
+        tree = compile(
+            code, "<doc>", "exec", flags=ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+        )
+        statements = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)]
+    except SyntaxError:
+        statements = []
+        for line in code.splitlines():
+            try:
+                parsed = ast.parse(line.strip())
+            except SyntaxError:
+                continue
+            statements += [n for n in parsed.body if isinstance(n, ast.Import | ast.ImportFrom)]
+    found: set[tuple[str, str | None]] = set()
+    for node in statements:
+        if isinstance(node, ast.Import):
+            found |= {(a.name, None) for a in node.names if a.name.split(".")[0] == "wakeful"}
+        elif node.module and node.module.split(".")[0] == "wakeful":
+            found |= {(node.module, a.name) for a in node.names}
+    return found
+
+
+NOT_PYTHON = {"wakeful.lock", "wakeful.relay"}
+"""Dotted names in the docs that are not Python: the file store's lock file, the relay's
+thread id."""
+
+
+def _dotted_names(path: Path) -> set[str]:
+    """``wakeful.x.y`` names written in inline code in the prose."""
+    text = path.read_text(encoding="utf-8")
+    return set(re.findall(r"`(wakeful(?:\.[A-Za-z_][A-Za-z0-9_]*)+)", text)) - NOT_PYTHON
+
+
+def _resolves(dotted: str) -> bool:
+    import importlib
+
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            value: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            if not hasattr(value, attr):
+                return False
+            value = getattr(value, attr)
+        return True
+    return False
+
+
+def test_every_name_the_docs_import_or_name_resolves() -> None:
+    missing = []
+    for path in DOCS:
+        for line, code, _ in python_blocks(path):
+            for module, name in sorted(_wakeful_imports(code), key=str):
+                target = module if name is None else f"{module}.{name}"
+                if not _resolves(target):
+                    missing.append(f"{path.name}:{line}: {target}")
+        missing += [f"{path.name}: {n}" for n in sorted(_dotted_names(path)) if not _resolves(n)]
+    assert missing == []
+
+
+def test_the_name_check_catches_a_wrong_name() -> None:
+    assert _resolves("wakeful.store.open_store") and _resolves("wakeful.Runtime")
+    assert not _resolves("wakeful.store.no_such_thing")
+    assert _wakeful_imports("from wakeful.agent import Agent\nasync with x:\n  ...") == {
+        ("wakeful.agent", "Agent")
+    }
