@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 import msgspec
 
+from wakeful.agent.observe import ToolObserver
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery
 from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext
 from wakeful.errors import InvalidInput
@@ -97,7 +98,8 @@ class Agent:
         self.sleep = sleep
         self.counters: dict[str, int] = {}
         self.metrics: Metrics | None = None
-        """Set (by a worker, or by you) to count stream-checkpoint failures in metrics."""
+        """Set (by a worker, or by you) to record model, tool and stream-checkpoint
+        metrics there."""
         self.graph = self._compile()
 
     # ---------------------------------------------------------------- graph
@@ -137,6 +139,7 @@ class Agent:
             live=ctx.emit_live,
             counters=self.counters,
             on_checkpoint_failure=self._checkpoint_failed,
+            metrics=self.metrics,
         )
         turn = await recovery.turn(request)
         ctx.append_message(
@@ -197,8 +200,29 @@ class Agent:
             approved, reason = _decision(decision)
             if not approved:
                 return "denied", f"denied: {reason}" if reason else "denied by the user"
+        seen = ToolObserver(
+            name, str(call.get("id")), tool.replay, ctx.idempotency_key, self.metrics
+        )
+        try:
+            outcome, content = await self._run_tool(tool, arguments, call, ctx, seen)
+        except BaseException as exc:
+            seen.done("error", ran=False, error=exc)
+            raise
+        seen.done(outcome, ran=outcome != "indeterminate")
+        return outcome, content
+
+    async def _run_tool(
+        self,
+        tool: Tool,
+        arguments: dict[str, Any],
+        call: dict[str, Any],
+        ctx: NodeContext,
+        seen: ToolObserver,
+    ) -> tuple[str, str]:
+        name = tool.name
         if tool.replay == "never":
             if ctx.has_mark("started"):
+                seen.run("indeterminate")
                 ctx.emit("tool.indeterminate", {"call_id": call.get("id"), "tool": name})
                 return "indeterminate", INDETERMINATE
             await ctx.mark("started")
@@ -211,7 +235,8 @@ class Agent:
             fencing_token=ctx.fencing_token,
         )
         try:
-            value = await tool.call(arguments, tool_ctx)
+            with seen.run("replayed" if ctx.recovered else "run"):
+                value = await tool.call(arguments, tool_ctx)
         except Exception as exc:
             return "error", f"error: {type(exc).__name__}: {exc}"
         if isinstance(value, str):

@@ -25,10 +25,11 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from wakeful.agent.observe import TurnObserver
 from wakeful.providers.base import (
     MAX_RETRY_AFTER,
     ModelRequest,
@@ -42,6 +43,9 @@ from wakeful.providers.base import (
 )
 from wakeful.records import Message, StreamCheckpoint
 from wakeful.store.contract import StreamCheckpointStore
+
+if TYPE_CHECKING:
+    from wakeful.metrics import Metrics
 
 log = logging.getLogger("wakeful.agent")
 
@@ -162,20 +166,29 @@ class StreamRecovery:
     live: Live | None = None
     counters: dict[str, int] = field(default_factory=dict)
     on_checkpoint_failure: Callable[[], None] | None = None
+    metrics: Metrics | None = None
+    """Where the model metrics go (time to first token, tokens/s, retries, recoveries)."""
     _saving: asyncio.Task[None] | None = field(default=None, init=False)
+    _seen: TurnObserver = field(init=False)
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        self._seen = TurnObserver(None, self.provider, None)
         if not self.policy.checkpoints:
             self.checkpoints = None
 
     async def turn(self, request: ModelRequest) -> Turn:
         """One complete turn (see the module docstring). Every checkpoint write has landed
-        when this returns, so ``discard`` cannot be overtaken by a late write."""
-        try:
-            return await self._turn(request)
-        finally:
-            await self._drain_saves()
+        when this returns, so ``discard`` cannot be overtaken by a late write. Observed as
+        one ``chat`` span (see ``agent.observe``)."""
+        with TurnObserver(request, self.provider, self.metrics) as seen:
+            self._seen = seen
+            try:
+                turn = await self._turn(request)
+            finally:
+                await self._drain_saves()
+            seen.finished(turn)
+            return turn
 
     async def _turn(self, request: ModelRequest) -> Turn:
         acc = Accumulator()
@@ -189,9 +202,9 @@ class StreamRecovery:
             if saved.in_flight_tool is not None:
                 acc.calls[len(acc.calls)] = dict(saved.in_flight_tool)
             attempts = saved.retry_count
-            recoveries.append("resumed")
+            self._recovered(recoveries, "resumed")
             plan = plan_for(acc)
-            recoveries.append(plan)
+            self._recovered(recoveries, plan)
             if plan == "R2":
                 return self._finish(acc, "tool_use", None, recoveries, complete_only=True)
             current = self._after_interruption(plan, acc, request)
@@ -208,12 +221,17 @@ class StreamRecovery:
                 await self._drain_saves()
                 await self._save(acc, attempts, force=True)
                 plan = plan_for(acc)
-                recoveries.append(plan if not acc.empty() else "retry")
+                self._seen.failed(error, plan)
+                self._recovered(recoveries, plan if not acc.empty() else "retry")
                 self._emit("stream.interrupted", {"kind": error.kind, "plan": plan})
                 if plan == "R2":
                     return self._finish(acc, "tool_use", None, recoveries, complete_only=True)
                 await self.sleep(self.policy.backoff(attempts, error.retry_after))
                 current = self._after_interruption(plan, acc, request)
+
+    def _recovered(self, recoveries: list[str], plan: str) -> None:
+        recoveries.append(plan)
+        self._seen.recovered(plan)
 
     def _after_interruption(
         self, plan: str, acc: Accumulator, request: ModelRequest
@@ -236,12 +254,15 @@ class StreamRecovery:
     async def _consume(self, request: ModelRequest, acc: Accumulator, attempts: int) -> StreamEnd:
         since_save = 0
         last_save = time.monotonic()
+        self._seen.attempt()
         stream = self.provider.stream(request)
         guarded = _idle_guard(stream, self.policy.idle_timeout)
         try:
             async for item in guarded:
                 if isinstance(item, StreamEnd):
+                    self._seen.ended(item)
                     return item
+                self._seen.delta()
                 acc.feed(item)
                 if isinstance(item, TextDelta):
                     self._emit("text.delta", {"text": item.text})

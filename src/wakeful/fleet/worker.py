@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,7 @@ from wakeful.errors import (
     WakefulError,
     WorkerSuperseded,
 )
+from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.wake import NoWake, Wake
@@ -103,6 +106,7 @@ class Worker:
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
         self._ready = asyncio.Event()
+        self._observe = WorkerObserver(self.store, self.metrics, self.registry, self.clock)
         for target in self.registry.targets():
             if target.agent is not None and target.agent.metrics is None:
                 target.agent.metrics = self.metrics
@@ -120,7 +124,9 @@ class Worker:
         """Register, then claim and run work until ``stop()``."""
         self.identity = await self.store.register_worker(self.worker_id)
         self.holder = f"{self.worker_id}.g{self.identity.generation}"
-        self._runtime = Runtime(self.store, self.claims, self.clock, holder=self.holder)
+        self._runtime = Runtime(
+            self.store, self.claims, self.clock, holder=self.holder, metrics=self.metrics
+        )
         self._ready.set()
         background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
         if self.relay:
@@ -169,17 +175,24 @@ class Worker:
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
             leases: list[Lease] = []
+            polled = (time.time_ns(), 0)
             if free > 0:
                 try:
-                    leases = await self.store.claim_next(self.holder, self.claims.ttl, free)
+                    leases = await self._observe.calls.timed(
+                        "claim_next",
+                        functools.partial(
+                            self.store.claim_next, self.holder, self.claims.ttl, free
+                        ),
+                    )
                 except WakefulError as exc:
                     log.warning("claiming work failed: %s", exc)
                 self.stats.polls += 1
+            polled = (polled[0], time.time_ns())
             for lease in leases:
                 self.stats.claimed += 1
                 self.metrics.leases.inc()
                 did = lease.dispatch.dispatch_id
-                task = asyncio.create_task(self._handle(lease), name=f"dispatch:{did}")
+                task = asyncio.create_task(self._handle(lease, polled), name=f"dispatch:{did}")
                 self._running[did] = (task, None)
                 task.add_done_callback(self._on_done(did))
             if leases and len(self._running) < self.concurrency:
@@ -203,7 +216,13 @@ class Worker:
 
     # ---------------------------------------------------------------- one dispatch
 
-    async def _handle(self, lease: Lease) -> None:
+    async def _handle(self, lease: Lease, polled: tuple[int, int] = (0, 0)) -> None:
+        with self._observe.dispatch(lease, polled) as attempt:
+            attempt.outcome = await self._attempt(lease)
+
+    async def _attempt(self, lease: Lease) -> str:
+        """Run and settle one lease; how it ended (``done``, ``awaiting``, ``retry``,
+        ``fenced``)."""
         d, claim = lease.dispatch, lease.claim
         try:
             outcome = await self._execute(lease)
@@ -211,7 +230,7 @@ class Worker:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
             log.info("dispatch %s was fenced (%s); a newer owner has it", d.dispatch_id, exc)
-            return
+            return "fenced"
         except RunYielded:
             outcome = Retry(0.0, "the worker shut down; recovering elsewhere")
         except Exception as exc:
@@ -221,21 +240,28 @@ class Worker:
             if isinstance(outcome, Settled):
                 outcome = outcome.outcome  # the run's last commit settled it
             else:
-                await self.store.settle(d.dispatch_id, claim.token, outcome)
+                settled = outcome
+                await self._observe.calls(
+                    "settle",
+                    lambda: self.store.settle(d.dispatch_id, claim.token, settled),
+                    d.thread_id,
+                )
         except StaleClaim:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
-            return
+            return "fenced"
         if isinstance(outcome, Retry):
             self.stats.retried += 1
             self.metrics.retries.inc()
             self.metrics.settles.inc(outcome="retry")
-        elif isinstance(outcome, Awaiting):
+            return "retry"
+        if isinstance(outcome, Awaiting):
             self.stats.awaiting += 1
             self.metrics.settles.inc(outcome="awaiting")
-        else:
-            self.stats.done += 1
-            self.metrics.settles.inc(outcome="done")
+            return "awaiting"
+        self.stats.done += 1
+        self.metrics.settles.inc(outcome="done")
+        return "done"
 
     def _backoff(self, attempts: int) -> float:
         base = min(self.retry_backoff * 2 ** max(attempts - 1, 0), self.max_retry_backoff)
@@ -428,28 +454,28 @@ class Worker:
                 metadata={**latest.metadata, "ordinal": ordinal, "ended_by": event_type},
             )
         run_id = latest.run_id if latest is not None else None
-        await self.store.commit(
-            claim.thread_id,
-            Commit(
-                token=claim.token,
-                checkpoint=checkpoint,
-                events=(EventDraft(type=event_type, data=data, run_id=run_id),),
-                operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
-                settle=_done(settle),
-            ),
+        commit = Commit(
+            token=claim.token,
+            checkpoint=checkpoint,
+            events=(EventDraft(type=event_type, data=data, run_id=run_id),),
+            operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
+            settle=_done(settle),
+        )
+        await self._observe.calls(
+            "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )
 
     async def _note(
         self, claim: Claim, event_type: str, data: dict[str, Any], settle: str | None = None
     ) -> None:
         """An event for observers; ``settle``: the dispatch settled ``Done`` with it."""
-        await self.store.commit(
-            claim.thread_id,
-            Commit(
-                token=claim.token,
-                events=(EventDraft(type=event_type, data=data),),
-                settle=_done(settle),
-            ),
+        commit = Commit(
+            token=claim.token,
+            events=(EventDraft(type=event_type, data=data),),
+            settle=_done(settle),
+        )
+        await self._observe.calls(
+            "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )
 
 

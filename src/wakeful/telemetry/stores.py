@@ -94,3 +94,16 @@ class StoreCalls:
                 self.seconds.observe(
                     time.perf_counter() - started, store=self.system, operation=operation
                 )
+
+    async def timed(self, operation: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Await ``call()`` recording its latency only, no span: for a call that mostly
+        finds nothing (a worker's poll), whose span is recorded only when it found work."""
+        if self.seconds is None:
+            return await call()
+        started = time.perf_counter()
+        try:
+            return await call()
+        finally:
+            self.seconds.observe(
+                time.perf_counter() - started, store=self.system, operation=operation
+            )
