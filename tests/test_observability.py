@@ -11,8 +11,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from tests.metrics_support import sample
 from tests.runtime_support import eventually
+from tests.server_support import ALPHA, OPERATOR, exhausted_dispatch, running_api
 from tests.telemetry_support import attr, children, named, one, spans
-from wakeful import ManualClock
+from wakeful import DispatchConflict, ManualClock, telemetry
 from wakeful.agent import Agent, StreamPolicy, tool
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.metrics import Metrics, serve_metrics
@@ -226,3 +227,50 @@ async def test_a_workers_metrics_count_the_work_it_did() -> None:
     assert sample(text, f"wakeful_store_write_duration_seconds_count{{{polls}}}") >= 1
     assert sample(text, "wakeful_worker_running_dispatches") == 0
     assert sample(text, "process_cpu_seconds_total") > 0
+
+
+@pytest.mark.asyncio
+async def test_an_http_submit_continues_the_callers_trace_and_metrics_show_the_fleet(
+    spans: InMemorySpanExporter,
+) -> None:
+    store = MemoryStore()
+    await store.register_worker("w1")
+    await exhausted_dispatch(store, "dq", "tq")
+    caller_trace, caller_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    async with running_api(store) as api:
+        accepted = await api.client(ALPHA).post(
+            "/v1/threads/t1/runs",
+            json={"target": "echo"},
+            headers={"traceparent": f"00-{caller_trace}-{caller_span}-01"},
+        )
+        assert accepted.status_code == 202
+        await api.client(OPERATOR).post("/v1/dispatches/dq/quarantine")
+        scrape = (await api.client(None).get("/metrics")).text
+    finished = spans.get_finished_spans()
+    request = one(finished, "POST /v1/threads/{thread_id}/runs")
+    assert request.context is not None and request.parent is not None
+    assert f"{request.context.trace_id:032x}" == caller_trace
+    assert f"{request.parent.span_id:016x}" == caller_span
+    assert attr(request, "http.response.status_code") == 202
+    submitted = one(finished, "wakeful.submit start")
+    assert submitted.parent is not None and submitted.parent.span_id == request.context.span_id
+    (stored,) = await store.list_dispatches(thread_id="t1")
+    assert stored.payload["trace"]["traceparent"].split("-")[1] == caller_trace
+    assert sample(scrape, "wakeful_workers_live") == 1
+    assert sample(scrape, "wakeful_leases_live") == 0
+    assert sample(scrape, "wakeful_quarantines_total") == 1
+    assert sample(scrape, 'wakeful_queue_depth{status="pending"}') == 1
+
+
+@pytest.mark.asyncio
+async def test_a_resubmission_from_another_trace_is_the_same_dispatch(
+    spans: InMemorySpanExporter,
+) -> None:
+    store = MemoryStore(ManualClock())
+    with telemetry.span("first"):
+        first = await submit(store, "t", "g", {"n": 1}, dispatch_id="d1")
+    with telemetry.span("retry"):
+        again = await submit(store, "t", "g", {"n": 1}, dispatch_id="d1")
+    assert again == first
+    with pytest.raises(DispatchConflict), telemetry.span("different"):
+        await submit(store, "t", "g", {"n": 2}, dispatch_id="d1")
