@@ -44,9 +44,9 @@ from wakeful.runtime.claims import ClaimPolicy, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.graph import CompiledGraph, NodeSpec, TaskSpec
-from wakeful.runtime.spans import step_span, task_span, traced_metadata
+from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span, traced_metadata
 from wakeful.store.contract import ThreadStore
-from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls, finish, use
+from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
 log = logging.getLogger("wakeful.runtime")
 
@@ -221,16 +221,9 @@ class Execution:
     async def run(self) -> RunOutcome:
         """The run to its end; inside the attempt's span, which ends with it (failed only
         when the run failed or was fenced)."""
-        ended: BaseException | None = None
-        with use(self.attempt):
-            try:
-                return await self._run()
-            except BaseException as exc:
-                ended = exc
-                raise
-            finally:
-                self.attempt.set_attribute("wakeful.run.status", self.status)
-                finish(self.attempt, ended if self.status in ("failed", "fenced") else None)
+        if self.attempt is NO_SPAN:
+            return await self._run()
+        return await in_attempt(self.attempt, self._run, lambda: self.status)
 
     async def _run(self) -> RunOutcome:
         self._renewer.start()
@@ -262,7 +255,10 @@ class Execution:
             await self._check_yield()
             cp = self.checkpoint
             step = int(cp.metadata.get("step", 0))
-            with step_span(traced, step, len(cp.frontier)):
+            if traced:
+                with step_span(step, len(cp.frontier)):
+                    outcome = await self._superstep(cp, step, traced)
+            else:
                 outcome = await self._superstep(cp, step, traced)
             if outcome is not None:
                 return outcome
@@ -333,10 +329,13 @@ class Execution:
         async def one(entry: dict[str, Any]) -> TaskResult:
             recorded = self.writes.get(entry["id"])
             if recorded is not None:
-                with task_span(traced, entry, step, reused=True):
-                    return TaskResult(entry, updates=recorded.value.get("updates") or {})
+                if traced:
+                    reused_task(entry, step)
+                return TaskResult(entry, updates=recorded.value.get("updates") or {})
             async with limit:
-                with task_span(traced, entry, step) as span:
+                if not traced:
+                    return await self._run_task(cp, step, entry, answers)
+                with task_span(entry, step) as span:
                     result = await self._run_task(cp, step, entry, answers)
                     if result.error is not None:
                         span.set_attribute("wakeful.task.error", result.error)
@@ -466,7 +465,8 @@ class Execution:
     ) -> Checkpoint:
         ordinal = int(cp.metadata.get("ordinal", 0)) + 1
         metadata = {**cp.metadata, "ordinal": ordinal, "answers": {}, "tickets": [], **meta}
-        metadata = traced_metadata(metadata, self.trace)
+        if self.trace:
+            metadata = traced_metadata(metadata, self.trace)
         return Checkpoint(
             id=f"{self.run_id}-c{ordinal}",
             parent=cp.id,

@@ -7,13 +7,16 @@ starts its attempt with a link to the crashed one."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from wakeful import telemetry
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
 if TYPE_CHECKING:
     from wakeful.metrics import Metrics
+
+T = TypeVar("T")
 
 TRACE_KEY = "trace"
 """The checkpoint metadata key holding the trace context of the attempt that wrote it."""
@@ -57,25 +60,45 @@ def store_calls(store: object, metrics: Metrics | None) -> StoreCalls | None:
     return StoreCalls(store, seconds)
 
 
-def task_span(traced: bool, entry: dict[str, Any], step: int, reused: bool = False) -> Any:
-    """The span of one task (a ``with`` target), ``NO_SPAN`` for an untraced run."""
-    if not traced:
-        return NO_SPAN
-    return telemetry.span(
-        f"wakeful.task {entry['node']}",
-        {
-            "wakeful.task.id": entry["id"],
-            "wakeful.node": entry["node"],
-            "wakeful.step": step,
-            "wakeful.task.reused": reused,
-        },
-    )
+def _task_attributes(entry: dict[str, Any], step: int, reused: bool) -> dict[str, Any]:
+    return {
+        "wakeful.task.id": entry["id"],
+        "wakeful.node": entry["node"],
+        "wakeful.step": step,
+        "wakeful.task.reused": reused,
+    }
 
 
-def step_span(traced: bool, step: int, tasks: int) -> Any:
-    """The span of one superstep, ``NO_SPAN`` for an untraced run."""
-    if not traced:
-        return NO_SPAN
+def task_span(entry: dict[str, Any], step: int) -> Any:
+    """The span of one task of a traced run (a ``with`` target)."""
+    return telemetry.span(f"wakeful.task {entry['node']}", _task_attributes(entry, step, False))
+
+
+def reused_task(entry: dict[str, Any], step: int) -> None:
+    """A zero-length span for a task whose recorded result a recovery reuses."""
+    name = f"wakeful.task {entry['node']}"
+    telemetry.finish(telemetry.start(name, _task_attributes(entry, step, True)))
+
+
+def step_span(step: int, tasks: int) -> Any:
+    """The span of one superstep of a traced run (a ``with`` target)."""
     return telemetry.span(
         f"wakeful.superstep {step}", {"wakeful.step": step, "wakeful.step.tasks": tasks}
     )
+
+
+async def in_attempt(
+    attempt: SpanLike, run: Callable[[], Awaitable[T]], status: Callable[[], str]
+) -> T:
+    """Await ``run()`` with ``attempt`` current, then end the span with the run's
+    ``status()`` (failed only when the run failed or was fenced)."""
+    ended: BaseException | None = None
+    with telemetry.use(attempt):
+        try:
+            return await run()
+        except BaseException as exc:
+            ended = exc
+            raise
+        finally:
+            attempt.set_attribute("wakeful.run.status", status())
+            telemetry.finish(attempt, ended if status() in ("failed", "fenced") else None)
