@@ -4,12 +4,15 @@ from ``/metrics`` with ``prometheus_client.parser``."""
 from __future__ import annotations
 
 import asyncio
+import json
+import re
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from tests.metrics_support import sample
+from tests.metrics_support import families, sample
 from tests.runtime_support import eventually
 from tests.server_support import ALPHA, OPERATOR, exhausted_dispatch, running_api
 from tests.telemetry_support import attr, children, named, one, spans
@@ -22,6 +25,7 @@ from wakeful.runtime import START, Graph, Runtime, append
 from wakeful.store.memory import MemoryStore
 
 __all__ = ["spans"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class State(TypedDict):
@@ -274,3 +278,18 @@ async def test_a_resubmission_from_another_trace_is_the_same_dispatch(
     assert again == first
     with pytest.raises(DispatchConflict), telemetry.span("different"):
         await submit(store, "t", "g", {"n": 2}, dispatch_id="d1")
+
+
+@pytest.mark.asyncio
+async def test_the_grafana_dashboard_charts_only_metrics_wakeful_exposes() -> None:
+    dashboard = json.loads((ROOT / "docs" / "grafana-dashboard.json").read_text("utf-8"))
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    charted = {
+        re.sub(r"_(bucket|count|sum|total)$", "", name)
+        for expr in exprs
+        for name in re.findall(r"\bwakeful_[a-z_]+", expr)
+    }
+    async with running_api(MemoryStore()) as api:
+        scrape = (await api.client(None).get("/metrics")).text
+    exposed = set(families(scrape))
+    assert charted and charted <= exposed, charted - exposed
