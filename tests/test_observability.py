@@ -21,7 +21,7 @@ from wakeful.agent import Agent, StreamPolicy, tool
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.metrics import Metrics, serve_metrics
 from wakeful.providers.scripted import Fail, Scripted, calls, reply
-from wakeful.runtime import START, Graph, Runtime, append
+from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
 from wakeful.store.memory import MemoryStore
 
 __all__ = ["spans"]
@@ -293,3 +293,44 @@ async def test_the_grafana_dashboard_charts_only_metrics_wakeful_exposes() -> No
         scrape = (await api.client(None).get("/metrics")).text
     exposed = set(families(scrape))
     assert charted and charted <= exposed, charted - exposed
+
+
+@pytest.mark.asyncio
+async def test_a_tool_call_run_again_after_a_recovery_is_marked_replayed(
+    spans: InMemorySpanExporter,
+) -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    charged: list[int] = []
+    stuck = asyncio.Event()
+
+    @tool(replay="keyed")
+    async def charge(amount: int) -> str:
+        """Charge a card."""
+        charged.append(amount)
+        if len(charged) == 1:
+            await stuck.wait()  # the first attempt never finishes
+        return "charged"
+
+    provider = Scripted.of(calls(("c1", "charge", {"amount": 5})), reply("Done."))
+    agent = Agent("payer", provider, tools=[charge], sleep=no_sleep)
+    agent.stream_policy = StreamPolicy(checkpoints=False)
+
+    async def never(seconds: float) -> None:
+        await asyncio.Event().wait()
+
+    policy = ClaimPolicy(ttl=5, renew_every=1)
+    first = await agent.start(Runtime(store, policy, clock, renew_sleep=never), "t", "Pay.")
+    await eventually(lambda: charged == [5])
+    clock.advance(60)  # the first attempt's claim expired: it counts as crashed
+    recovered = await agent.recover(Runtime(store, policy, clock, renew_sleep=never), "t")
+    await first.cancel()
+    assert recovered.text == "Done." and charged == [5, 5]
+    replayed = [
+        s
+        for s in named(spans.get_finished_spans(), "execute_tool charge")
+        if attr(s, "wakeful.tool.outcome") == "ok"
+    ]
+    assert len(replayed) == 1
+    assert attr(replayed[0], "wakeful.tool.execution") == "replayed"
+    assert attr(replayed[0], "wakeful.tool.replay") == "keyed"
