@@ -51,6 +51,7 @@ PLAN = (
     Module("sqlite_store", 150, ("--n", "1000")),
     Module("postgres_store", 200, ("--n", "1000"), postgres=True),
     Module("runtime_graph", 120, ("--runs", "150")),
+    Module("telemetry_cost", 150, ("--runs", "150")),
     Module("streaming", 90),
     Module("dispatch", 300, ("--n", "1000", "--n-single", "300"), postgres=True),
     Module("scale", 150, postgres=True),

@@ -68,6 +68,13 @@ METHOD = {
         "memory, file and SQLite stores, beside LangGraph's `InMemorySaver` and `SqliteSaver` "
         "running the same graph."
     ),
+    "telemetry_cost": (
+        "The `runtime_graph` graph on the memory and SQLite stores with tracing off "
+        "(`telemetry.configure(enabled=False)`), with the OpenTelemetry API and no SDK (the "
+        "default), and with the SDK recording every span (11 per run) into an in-memory "
+        "exporter through a `BatchSpanProcessor`, interleaved round by round; ratios against "
+        "tracing off (decision 0018 compares with the code before instrumentation)."
+    ),
     "streaming": (
         "Deltas per second through the agent's model node from a provider pacing 10,000 "
         "deltas/s, with stream checkpoints on vs off (file and SQLite stores)."

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+from tests.metrics_support import families, sample
 from tests.runtime_support import eventually
 from wakeful import ManualClock
 from wakeful.fleet import LocalWake, Registry, Worker, submit
@@ -39,12 +44,58 @@ async def test_a_worker_counts_leases_and_settles_and_serves_them() -> None:
         await worker.stop(2)
         await running
     assert response.startswith("HTTP/1.0 200 OK")
-    assert 'wakeful_settles_total{outcome="done"} 1' in response
-    assert "wakeful_leases_total 1" in response
+    text = response.split("\r\n\r\n", 1)[1]
+    assert sample(text, 'wakeful_settles_total{outcome="done"}') == 1
+    assert sample(text, "wakeful_leases_total") == 1
 
 
 def test_render_is_prometheus_text() -> None:
     metrics = Metrics()
     metrics.retries.inc()
+    metrics.http_seconds.observe(0.003, route="/x", method="GET")
     text = metrics.render()
-    assert "# TYPE wakeful_retries_total counter" in text and "wakeful_retries_total 1" in text
+    assert families(text)["wakeful_retries"] == "counter"
+    assert sample(text, "wakeful_retries_total") == 1
+    bucket = 'wakeful_http_request_duration_seconds_bucket{route="/x",method="GET",le="0.005"}'
+    assert sample(text, bucket) == 1
+    assert (
+        metrics.retries.value() == 1 and metrics.http_seconds.count(route="/x", method="GET") == 1
+    )
+
+
+def test_two_metrics_objects_do_not_share_values() -> None:
+    first, second = Metrics(), Metrics()
+    first.leases.inc(2)
+    assert second.leases.value() == 0 and first.leases.value() == 2
+    with pytest.raises(ValueError, match="takes labels"):
+        first.settles.inc(kind="x")
+
+
+COUNT_IN_CHILD = """
+import sys
+from wakeful.metrics import Metrics
+metrics = Metrics()
+metrics.leases.inc(int(sys.argv[1]))
+metrics.run_seconds.observe(0.2, target="g", outcome="done")
+"""
+
+
+def test_multiprocess_mode_aggregates_every_worker_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    for leases in (1, 2):
+        done = subprocess.run(
+            [sys.executable, "-c", COUNT_IN_CHILD, str(leases)],
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr.decode()
+    assert list(tmp_path.glob("*.db")), "each process wrote its values to the directory"
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    text = Metrics().render()
+    assert sample(text, "wakeful_leases_total") == 3
+    done_runs = 'wakeful_run_duration_seconds_count{target="g",outcome="done"}'
+    assert sample(text, done_runs) == 2
+    assert families(text)["wakeful_run_duration_seconds"] == "histogram"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from tests.metrics_support import sample
 from tests.server_support import (
     ALPHA,
     BETA,
@@ -123,14 +124,11 @@ async def test_health_probes() -> None:
         assert down.headers["retry-after"] == "1"
         assert (await client.get("/healthz")).status_code == 200
         metrics = await client.get("/metrics")
-        assert metrics.status_code == 200 and "wakeful_store_up 0" in metrics.text
+        assert metrics.status_code == 200 and sample(metrics.text, "wakeful_store_up") == 0
 
 
 def _sample(text: str, name: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not in the scrape")
+    return sample(text, name)
 
 
 @pytest.mark.asyncio

@@ -1,97 +1,132 @@
-"""Prometheus metrics, hand-written (no dependency): counters with labels and the text
-exposition format (version 0.0.4).
+"""Prometheus metrics through ``prometheus-client``: counters, histograms and gauges with
+labels, process metrics, the text exposition format, and its multiprocess mode.
 
-``Metrics`` is the one registry of a process. The HTTP layer counts requests, submits,
-conflicts and fenced writes; a worker holding the same object counts leases, retries and
-stream-checkpoint failures. Gauges (queue depth) are computed at scrape time by the caller
-and passed to ``render``. This module imports nothing from the web stack, so a worker can
-use it without FastAPI installed; ``serve_metrics`` exposes it from a worker process.
-"""
+``Metrics`` is the set of a process's metrics, in a registry of its own (so two ``Metrics``
+never clash). The HTTP layer counts requests, submits and conflicts; a worker holding the
+same object counts leases, settles, retries, queue wait and run durations, and its runtime
+and agents record store-write latency, model and tool timings. Scrape-time gauges (queue
+depth, live workers) are computed by the caller and passed to ``render``.
+
+Multiprocess mode: with ``PROMETHEUS_MULTIPROC_DIR`` set (before the first ``Metrics`` is
+made) every process writes its values to files there and ``render`` aggregates the files of
+all processes, as ``prometheus_client.multiprocess`` documents; see
+``docs/observability.md``. ``prometheus_client`` is imported when the first ``Metrics`` is
+made, so importing this module stays cheap."""
 
 from __future__ import annotations
 
 import asyncio
-import math
-import threading
+import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+F = TypeVar("F", bound="_Family")
+
+FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+"""Buckets (seconds) for store writes and HTTP requests."""
+SLOW = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
+"""Buckets (seconds) for queue waits, runs and tools."""
+FIRST_TOKEN = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0)
+TOKEN_RATE = (1.0, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0, 1280.0)
 
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+def multiprocess() -> bool:
+    """Whether ``prometheus_client`` runs in multiprocess mode in this process."""
+    return bool(os.environ.get(MULTIPROC_ENV))
 
 
-def _labels(names: tuple[str, ...], values: tuple[str, ...]) -> str:
-    if not names:
-        return ""
-    pairs = ",".join(f'{n}="{_escape(v)}"' for n, v in zip(names, values, strict=True))
-    return "{" + pairs + "}"
+class _Family:
+    """A ``prometheus_client`` metric registered in ``registry`` (default: a registry of
+    its own), called with labels as keywords."""
+
+    kind = "untyped"
+
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        labels: Iterable[str] = (),
+        *,
+        registry: Any = None,
+        **options: Any,
+    ) -> None:
+        from prometheus_client import CollectorRegistry
+
+        self.name = name
+        self.help = help
+        self.labels = tuple(labels)
+        self._registry = registry if registry is not None else CollectorRegistry()
+        self._metric = self._make(name, help, self.labels, self._registry, **options)
+        self._children: dict[tuple[str, ...], Any] = {}
+
+    @staticmethod
+    def _make(name: str, help: str, labels: tuple[str, ...], registry: Any, **options: Any) -> Any:
+        raise NotImplementedError
+
+    def _child(self, labels: Mapping[str, str]) -> Any:
+        if not self.labels:
+            if labels:
+                raise ValueError(f"{self.name} takes no labels, got {sorted(labels)}")
+            return self._metric
+        if set(labels) != set(self.labels):
+            raise ValueError(f"{self.name} takes labels {self.labels}, got {sorted(labels)}")
+        key = tuple(str(labels[name]) for name in self.labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._metric.labels(*key)
+        return child
+
+    def _sample(self, suffix: str, labels: Mapping[str, str]) -> float:
+        self._child(labels)  # checks the label names
+        found = self._registry.get_sample_value(self.name + suffix, dict(labels))
+        return float(found or 0.0)
 
 
-def _number(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-class Counter:
+class Counter(_Family):
     """A monotonically increasing count per label combination. Thread-safe."""
 
     kind = "counter"
 
-    def __init__(self, name: str, help: str, labels: Iterable[str] = ()) -> None:
-        self.name = name
-        self.help = help
-        self.labels = tuple(labels)
-        self._values: dict[tuple[str, ...], float] = {}
-        self._lock = threading.Lock()
+    @staticmethod
+    def _make(name: str, help: str, labels: tuple[str, ...], registry: Any, **options: Any) -> Any:
+        from prometheus_client import Counter as PromCounter
+
+        return PromCounter(name, help, labels, registry=registry, **options)
 
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         if amount < 0:
             raise ValueError("a counter only goes up")
-        key = self._key(labels)
-        with self._lock:
-            self._values[key] = self._values.get(key, 0.0) + amount
+        self._child(labels).inc(amount)
 
     def value(self, **labels: str) -> float:
-        with self._lock:
-            return self._values.get(self._key(labels), 0.0)
-
-    def _key(self, labels: Mapping[str, str]) -> tuple[str, ...]:
-        if set(labels) != set(self.labels):
-            raise ValueError(f"{self.name} takes labels {self.labels}, got {sorted(labels)}")
-        return tuple(str(labels[name]) for name in self.labels)
-
-    def samples(self) -> list[tuple[str, str, float]]:
-        with self._lock:
-            items = sorted(self._values.items())
-        if not items and not self.labels:
-            items = [((), 0.0)]
-        return [(self.name, _labels(self.labels, key), value) for key, value in items]
+        """This process's count for ``labels``."""
+        return self._sample("", labels)
 
 
-class Summary:
-    """Observations as ``_sum`` and ``_count`` per label combination (no quantiles)."""
+class Histogram(_Family):
+    """Observations in ``buckets``, with ``_sum`` and ``_count``, per label combination."""
 
-    kind = "summary"
+    kind = "histogram"
 
-    def __init__(self, name: str, help: str, labels: Iterable[str] = ()) -> None:
-        self.name = name
-        self.help = help
-        self.labels = tuple(labels)
-        self._sum = Counter(name + "_sum", help, self.labels)
-        self._count = Counter(name + "_count", help, self.labels)
+    @staticmethod
+    def _make(name: str, help: str, labels: tuple[str, ...], registry: Any, **options: Any) -> Any:
+        from prometheus_client import Histogram as PromHistogram
+
+        return PromHistogram(name, help, labels, registry=registry, **options)
 
     def observe(self, value: float, **labels: str) -> None:
-        self._sum.inc(max(value, 0.0), **labels)
-        self._count.inc(1.0, **labels)
+        self._child(labels).observe(max(value, 0.0))
 
-    def samples(self) -> list[tuple[str, str, float]]:
-        return self._sum.samples() + self._count.samples()
+    def count(self, **labels: str) -> float:
+        """This process's number of observations for ``labels``."""
+        return self._sample("_count", labels)
+
+
+class Summary(Histogram):
+    """Kept for compatibility: a histogram (its ``_sum`` and ``_count`` are as before)."""
 
 
 @dataclass(frozen=True)
@@ -104,96 +139,202 @@ class Gauge:
     values: Mapping[tuple[str, ...], float] = field(default_factory=dict)
     kind = "gauge"
 
-    def samples(self) -> list[tuple[str, str, float]]:
-        return [
-            (self.name, _labels(self.labels, key), value)
-            for key, value in sorted(self.values.items())
-        ]
+
+class LiveGauge(_Family):
+    """A gauge this process sets (in multiprocess mode: summed over live processes)."""
+
+    kind = "gauge"
+
+    @staticmethod
+    def _make(name: str, help: str, labels: tuple[str, ...], registry: Any, **options: Any) -> Any:
+        from prometheus_client import Gauge as PromGauge
+
+        return PromGauge(name, help, labels, registry=registry, multiprocess_mode="livesum")
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        self._child(labels).inc(amount)
+
+    def dec(self, amount: float = 1.0, **labels: str) -> None:
+        self._child(labels).dec(amount)
+
+    def value(self, **labels: str) -> float:
+        return self._sample("", labels)
 
 
 class Metrics:
-    """The process's counters. Share one instance between the server and a worker."""
+    """The process's metrics. Share one instance between the server and a worker."""
 
     def __init__(self) -> None:
-        self._families: dict[str, Counter | Summary] = {}
-        self.http_requests = self.counter(
+        from prometheus_client import CollectorRegistry
+
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._families: dict[str, _Family] = {}
+        if not multiprocess():  # process metrics are per process: not aggregable
+            from prometheus_client import PlatformCollector, ProcessCollector
+
+            ProcessCollector(registry=self.registry)
+            PlatformCollector(registry=self.registry)
+        self._define()
+
+    def _define(self) -> None:
+        c, h = self.counter, self.histogram
+        self.http_requests = c(
             "wakeful_http_requests_total",
             "HTTP requests by route template, method and status.",
             ("route", "method", "status"),
         )
-        self.http_seconds = self.summary(
+        self.http_seconds = h(
             "wakeful_http_request_duration_seconds",
             "Time to answer HTTP requests (to the end of the response).",
             ("route", "method"),
+            FAST,
         )
-        self.submits = self.counter(
+        self.submits = c(
             "wakeful_submits_total",
             "Work accepted through the API (start, resume, cancel, message), replays included.",
             ("kind",),
         )
-        self.conflicts = self.counter(
+        self.conflicts = c(
             "wakeful_conflicts_total", "Requests answered 409 Conflict, by route.", ("route",)
         )
-        self.stale_claims = self.counter(
+        self.stale_claims = c(
             "wakeful_stale_claims_total",
             "Fenced writes refused because the claim token was stale (StaleClaim seen).",
         )
-        self.leases = self.counter("wakeful_leases_total", "Dispatches leased by workers.")
-        self.retries = self.counter(
-            "wakeful_retries_total", "Dispatches settled for a retry by workers."
-        )
-        self.stream_checkpoint_failures = self.counter(
+        self.leases = c("wakeful_leases_total", "Dispatches leased by workers.")
+        self.retries = c("wakeful_retries_total", "Dispatches settled for a retry by workers.")
+        self.stream_checkpoint_failures = c(
             "wakeful_stream_checkpoint_failures_total",
             "Stream checkpoints that could not be read, written or deleted.",
         )
-        self.settles = self.counter(
+        self.settles = c(
             "wakeful_settles_total", "Dispatches settled by workers, by outcome.", ("outcome",)
         )
-        self.stalled_runs = self.counter(
+        self.stalled_runs = c(
             "wakeful_stalled_runs_total",
             "Runs whose claim stopped being renewed because they made no progress and were "
             "not waiting for ClaimPolicy.stall_after seconds (another worker takes them over).",
         )
-        self.exhausted = self.counter(
+        self.exhausted = c(
             "wakeful_exhausted_total", "Exhausted dispatches terminalised as indeterminate."
         )
+        self.quarantines = c("wakeful_quarantines_total", "Dispatches quarantined by an operator.")
+        self.commit_seconds = h(
+            "wakeful_store_write_duration_seconds",
+            "Store writes (commit, claim_and_commit, claim_next, settle) by store and operation.",
+            ("store", "operation"),
+            FAST,
+        )
+        self.queue_wait = h(
+            "wakeful_queue_wait_seconds",
+            "From a dispatch becoming available (enqueue, or a retry's due time) to its lease.",
+            ("kind",),
+            SLOW,
+        )
+        self.run_seconds = h(
+            "wakeful_run_duration_seconds",
+            "One worker attempt at a dispatch, lease to settle, by target and outcome.",
+            ("target", "outcome"),
+            SLOW,
+        )
+        self.first_token = h(
+            "wakeful_model_time_to_first_token_seconds",
+            "From sending a model request to its first streamed delta.",
+            ("model",),
+            FIRST_TOKEN,
+        )
+        self.token_rate = h(
+            "wakeful_model_output_tokens_per_second",
+            "Output tokens per second of a model turn (first delta to end).",
+            ("model",),
+            TOKEN_RATE,
+        )
+        self.model_retries = c(
+            "wakeful_model_retries_total",
+            "Model stream failures retried or recovered, by error kind.",
+            ("model", "kind"),
+        )
+        self.recoveries = c(
+            "wakeful_stream_recoveries_total",
+            "Stream recovery plans used (retry, R1-R4, resumed).",
+            ("kind",),
+        )
+        self.tool_seconds = h(
+            "wakeful_tool_duration_seconds",
+            "Tool calls that ran, by tool and outcome.",
+            ("tool", "outcome"),
+            SLOW,
+        )
+        self.running = self.live_gauge(
+            "wakeful_worker_running_dispatches",
+            "Dispatches this worker process is running now (its live leases).",
+        )
+
+    def _register(
+        self, family: type[F], name: str, help: str, labels: Iterable[str], **options: Any
+    ) -> F:
+        existing = self._families.get(name)
+        if existing is not None:
+            if type(existing) is not family:
+                raise ValueError(f"{name} is registered as a {existing.kind}")
+            return existing
+        made = family(name, help, labels, registry=self.registry, **options)
+        self._families[name] = made
+        return made
 
     def counter(self, name: str, help: str, labels: Iterable[str] = ()) -> Counter:
         """Register (or return the registered) counter ``name``."""
-        existing = self._families.get(name)
-        if isinstance(existing, Counter):
-            return existing
-        if existing is not None:
-            raise ValueError(f"{name} is registered as a {existing.kind}")
-        made = Counter(name, help, labels)
-        self._families[name] = made
-        return made
+        return self._register(Counter, name, help, labels)
 
-    def summary(self, name: str, help: str, labels: Iterable[str] = ()) -> Summary:
-        existing = self._families.get(name)
-        if isinstance(existing, Summary):
-            return existing
-        if existing is not None:
-            raise ValueError(f"{name} is registered as a {existing.kind}")
-        made = Summary(name, help, labels)
-        self._families[name] = made
-        return made
+    def histogram(
+        self, name: str, help: str, labels: Iterable[str] = (), buckets: Iterable[float] = FAST
+    ) -> Histogram:
+        """Register (or return the registered) histogram ``name``."""
+        return self._register(Histogram, name, help, labels, buckets=tuple(buckets))
+
+    def summary(self, name: str, help: str, labels: Iterable[str] = ()) -> Histogram:
+        """Kept for compatibility: registers a histogram (it has ``_sum`` and ``_count``)."""
+        return self.histogram(name, help, labels)
+
+    def live_gauge(self, name: str, help: str, labels: Iterable[str] = ()) -> LiveGauge:
+        """Register (or return) a gauge this process sets; summed over live processes in
+        multiprocess mode."""
+        return self._register(LiveGauge, name, help, labels)
 
     def render(self, gauges: Iterable[Gauge] = ()) -> str:
-        """The exposition text of every counter and summary, then ``gauges``."""
-        lines: list[str] = []
-        families: list[Counter | Summary | Gauge] = [*self._families.values(), *gauges]
-        for family in families:
-            lines.append(f"# HELP {family.name} {_escape(family.help)}")
-            lines.append(f"# TYPE {family.name} {family.kind}")
-            for name, labels, value in family.samples():
-                lines.append(f"{name}{labels} {_number(value)}")
-        return "\n".join(lines) + "\n"
+        """The exposition text of every metric (of every process in multiprocess mode),
+        then the scrape-time ``gauges``."""
+        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client.core import GaugeMetricFamily
+
+        source = self.registry
+        if multiprocess():
+            from prometheus_client.multiprocess import MultiProcessCollector
+
+            source = CollectorRegistry()
+            MultiProcessCollector(source)  # type: ignore[no-untyped-call]
+        text = generate_latest(source).decode()
+        computed = list(gauges)
+        if not computed:
+            return text
+
+        class _Computed:
+            def collect(self) -> Iterable[Any]:
+                for gauge in computed:
+                    family = GaugeMetricFamily(gauge.name, gauge.help, labels=gauge.labels)
+                    for key, value in sorted(gauge.values.items()):
+                        family.add_metric(list(key), value)
+                    yield family
+
+        extra = CollectorRegistry(auto_describe=False)
+        extra.register(_Computed())
+        return text + generate_latest(extra).decode()
 
 
 async def serve_metrics(metrics: Metrics, host: str, port: int) -> asyncio.Server:
     """A minimal HTTP endpoint answering ``GET /metrics`` (for worker processes, which run
-    no web framework). Close the returned server to stop it."""
+    no web framework), served from the event loop (no thread). Close the returned server
+    to stop it."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -223,4 +364,14 @@ async def serve_metrics(metrics: Metrics, host: str, port: int) -> asyncio.Serve
     return await asyncio.start_server(handle, host, port)
 
 
-__all__ = ["CONTENT_TYPE", "Counter", "Gauge", "Metrics", "Summary", "serve_metrics"]
+__all__ = [
+    "CONTENT_TYPE",
+    "Counter",
+    "Gauge",
+    "Histogram",
+    "LiveGauge",
+    "Metrics",
+    "Summary",
+    "multiprocess",
+    "serve_metrics",
+]

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 import msgspec
 
+from wakeful.agent.observe import ToolObserver
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery
 from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext
 from wakeful.errors import InvalidInput, OutcomeUnknown
@@ -97,7 +98,8 @@ class Agent:
         self.sleep = sleep
         self.counters: dict[str, int] = {}
         self.metrics: Metrics | None = None
-        """Set (by a worker, or by you) to count stream-checkpoint failures in metrics."""
+        """Set (by a worker, or by you) to record model, tool and stream-checkpoint
+        metrics there."""
         self.graph = self._compile()
 
     # ---------------------------------------------------------------- graph
@@ -138,6 +140,7 @@ class Agent:
             counters=self.counters,
             on_checkpoint_failure=self._checkpoint_failed,
             waiting=ctx.waiting,
+            metrics=self.metrics,
         )
         turn = await recovery.turn(request)
         ctx.append_message(
@@ -198,8 +201,29 @@ class Agent:
             approved, reason = _decision(decision)
             if not approved:
                 return "denied", f"denied: {reason}" if reason else "denied by the user"
+        seen = ToolObserver(
+            name, str(call.get("id")), tool.replay, ctx.idempotency_key, self.metrics
+        )
+        try:
+            outcome, content = await self._run_tool(tool, arguments, call, ctx, seen)
+        except BaseException as exc:
+            seen.done("error", ran=False, error=exc)
+            raise
+        seen.done(outcome, ran=outcome != "indeterminate")
+        return outcome, content
+
+    async def _run_tool(
+        self,
+        tool: Tool,
+        arguments: dict[str, Any],
+        call: dict[str, Any],
+        ctx: NodeContext,
+        seen: ToolObserver,
+    ) -> tuple[str, str]:
+        name = tool.name
         if tool.replay == "never":
             if ctx.has_mark("started"):
+                seen.run("indeterminate")
                 return _indeterminate(name, call, ctx)
             await ctx.mark("started")
         ctx.emit_live("tool.started", {"call_id": call.get("id"), "tool": name})
@@ -212,7 +236,8 @@ class Agent:
             replay=tool.replay,
         )
         try:
-            with ctx.waiting():  # a tool call may take long: the claim stays renewed
+            # a tool call may take long: the claim stays renewed meanwhile
+            with ctx.waiting(), seen.run("replayed" if ctx.recovered else "run"):
                 value = await tool.call(arguments, tool_ctx)
         except OutcomeUnknown:
             # Not an error: the effect may have happened, and a model told "failed" may call

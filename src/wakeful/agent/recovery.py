@@ -26,10 +26,11 @@ import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from wakeful.agent.observe import TurnObserver
 from wakeful.background import BackgroundTask, StopSignal
 from wakeful.providers.base import (
     MAX_RETRY_AFTER,
@@ -44,6 +45,9 @@ from wakeful.providers.base import (
 )
 from wakeful.records import Message, StreamCheckpoint
 from wakeful.store.contract import StreamCheckpointStore
+
+if TYPE_CHECKING:
+    from wakeful.metrics import Metrics
 
 log = logging.getLogger("wakeful.agent")
 
@@ -177,9 +181,13 @@ class StreamRecovery:
     """Marks the run as known to be waiting (``NodeContext.waiting``) while the model
     streams (its silence is bounded by ``idle_timeout``) and during a backoff sleep."""
     _saver: BackgroundTask | None = field(default=None, init=False)
+    metrics: Metrics | None = None
+    """Where the model metrics go (time to first token, tokens/s, retries, recoveries)."""
+    _seen: TurnObserver = field(init=False)
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
+        self._seen = TurnObserver(None, self.provider, None)
         if not self.policy.checkpoints:
             self.checkpoints = None
 
@@ -187,11 +195,15 @@ class StreamRecovery:
         """One complete turn (see the module docstring). Every checkpoint write has landed
         when this returns, so ``discard`` cannot be overtaken by a late write (unless a write
         hung past ``wakeful.background.STOP_TIMEOUT`` twice and was abandoned, which is
-        logged)."""
-        try:
-            return await self._turn(request)
-        finally:
-            await self._drain_saves()
+        logged). Observed as one ``chat`` span (see ``agent.observe``)."""
+        with TurnObserver(request, self.provider, self.metrics) as seen:
+            self._seen = seen
+            try:
+                turn = await self._turn(request)
+            finally:
+                await self._drain_saves()
+            seen.finished(turn)
+            return turn
 
     async def _turn(self, request: ModelRequest) -> Turn:
         acc = Accumulator()
@@ -205,9 +217,9 @@ class StreamRecovery:
             if saved.in_flight_tool is not None:
                 acc.calls[len(acc.calls)] = dict(saved.in_flight_tool)
             attempts = saved.retry_count
-            recoveries.append("resumed")
+            self._recovered(recoveries, "resumed")
             plan = plan_for(acc)
-            recoveries.append(plan)
+            self._recovered(recoveries, plan)
             self._log_recovery(plan, "resumed from the stream checkpoint of an interrupted turn")
             if plan == "R2":
                 return self._finish(acc, "tool_use", None, recoveries, complete_only=True)
@@ -226,7 +238,8 @@ class StreamRecovery:
                 await self._drain_saves()
                 await self._save(acc, attempts, force=True)
                 plan = plan_for(acc)
-                recoveries.append(plan if not acc.empty() else "retry")
+                self._seen.failed(error, plan)
+                self._recovered(recoveries, plan if not acc.empty() else "retry")
                 self._emit("stream.interrupted", {"kind": error.kind, "plan": plan})
                 self._log_recovery(
                     plan if not acc.empty() else "retry",
@@ -247,6 +260,10 @@ class StreamRecovery:
             PLANS.get(plan, plan),
             extra={"run_id": self.run_id, "thread_id": self.thread_id, "plan": plan, "reason": why},
         )
+
+    def _recovered(self, recoveries: list[str], plan: str) -> None:
+        recoveries.append(plan)
+        self._seen.recovered(plan)
 
     def _after_interruption(
         self, plan: str, acc: Accumulator, request: ModelRequest
@@ -269,12 +286,15 @@ class StreamRecovery:
     async def _consume(self, request: ModelRequest, acc: Accumulator, attempts: int) -> StreamEnd:
         since_save = 0
         last_save = time.monotonic()
+        self._seen.attempt()
         stream = self.provider.stream(request)
         guarded = _idle_guard(stream, self.policy.idle_timeout)
         try:
             async for item in guarded:
                 if isinstance(item, StreamEnd):
+                    self._seen.ended(item)
                     return item
+                self._seen.delta()
                 acc.feed(item)
                 if isinstance(item, TextDelta):
                     self._emit("text.delta", {"text": item.text})

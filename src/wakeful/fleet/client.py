@@ -10,10 +10,18 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+import msgspec
+
+from wakeful import telemetry
+from wakeful.errors import DispatchConflict
 from wakeful.fleet.wake import Wake
 from wakeful.ids import check_id, check_optional_id
 from wakeful.records import Dispatch
 from wakeful.store.contract import DispatchQueue
+
+TRACE_FIELD = "trace"
+"""The payload field with the submitter's W3C trace context (only while tracing is on):
+the worker that leases the dispatch continues that trace."""
 
 
 def tenant_of(d: Dispatch) -> str | None:
@@ -28,9 +36,46 @@ def tenant_of(d: Dispatch) -> str | None:
 
 
 async def _enqueue(queue: DispatchQueue, dispatch: Dispatch, wake: Wake | None) -> Dispatch:
-    stored = await queue.enqueue(dispatch)
+    attributes = {
+        "wakeful.dispatch.id": dispatch.dispatch_id,
+        "wakeful.dispatch.kind": dispatch.kind,
+        "wakeful.thread.id": dispatch.thread_id,
+        "messaging.operation.type": "send",
+    }
+    producer = telemetry.kind("producer")
+    with telemetry.span(f"wakeful.submit {dispatch.kind}", attributes, kind=producer):
+        carrier = telemetry.inject()
+        if carrier and isinstance(dispatch.payload, dict):
+            payload = {**dispatch.payload, TRACE_FIELD: carrier}
+            dispatch = msgspec.structs.replace(dispatch, payload=payload)
+        try:
+            stored = await queue.enqueue(dispatch)
+        except DispatchConflict as conflict:
+            stored = await _replayed(queue, dispatch, conflict)
     if wake is not None:
         await wake.notify()
+    return stored
+
+
+def _untraced(payload: object) -> object:
+    """The payload as JSON would carry it, without the trace context."""
+    if isinstance(payload, dict):
+        payload = {k: v for k, v in payload.items() if k != TRACE_FIELD}
+    return msgspec.json.decode(msgspec.json.encode(payload))
+
+
+async def _replayed(
+    queue: DispatchQueue, dispatch: Dispatch, conflict: DispatchConflict
+) -> Dispatch:
+    """A resubmission that differs from the stored dispatch only by its trace context is
+    the same request (its first trace stands); anything else re-raises the conflict."""
+    stored = await queue.get_dispatch(dispatch.dispatch_id)
+    same = stored is not None and (
+        (stored.thread_id, stored.kind, stored.dedupe_key, _untraced(stored.payload))
+        == (dispatch.thread_id, dispatch.kind, dispatch.dedupe_key, _untraced(dispatch.payload))
+    )
+    if stored is None or not same:
+        raise conflict
     return stored
 
 

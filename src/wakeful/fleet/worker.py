@@ -8,6 +8,7 @@ is recovered (reusing every finished task); exhausted work is terminalised as
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import time
@@ -30,6 +31,7 @@ from wakeful.errors import (
     WorkerSuperseded,
 )
 from wakeful.fleet.client import tenant_of
+from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.wake import NoWake, Wake
@@ -109,6 +111,7 @@ class Worker:
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
         self._ready = asyncio.Event()
+        self._observe = WorkerObserver(self.store, self.metrics, self.registry, self.clock)
         for target in self.registry.targets():
             if target.agent is not None and target.agent.metrics is None:
                 target.agent.metrics = self.metrics
@@ -182,17 +185,24 @@ class Worker:
         while not self._stopping.is_set():
             free = self.concurrency - len(self._running)
             leases: list[Lease] = []
+            polled = (time.time_ns(), 0)
             if free > 0:
                 try:
-                    leases = await self.store.claim_next(self.holder, self.claims.ttl, free)
+                    leases = await self._observe.calls.timed(
+                        "claim_next",
+                        functools.partial(
+                            self.store.claim_next, self.holder, self.claims.ttl, free
+                        ),
+                    )
                 except WakefulError as exc:
                     log.warning("claiming work failed: %s", exc)
                 self.stats.polls += 1
+            polled = (polled[0], time.time_ns())
             for lease in leases:
                 self.stats.claimed += 1
                 self.metrics.leases.inc()
                 did = lease.dispatch.dispatch_id
-                task = asyncio.create_task(self._handle(lease), name=f"dispatch:{did}")
+                task = asyncio.create_task(self._handle(lease, polled), name=f"dispatch:{did}")
                 self._running[did] = (task, None)
                 task.add_done_callback(self._on_done(did))
             if leases and len(self._running) < self.concurrency:
@@ -219,7 +229,13 @@ class Worker:
 
     # ---------------------------------------------------------------- one dispatch
 
-    async def _handle(self, lease: Lease) -> None:
+    async def _handle(self, lease: Lease, polled: tuple[int, int] = (0, 0)) -> None:
+        with self._observe.dispatch(lease, polled) as attempt:
+            attempt.outcome = await self._attempt(lease)
+
+    async def _attempt(self, lease: Lease) -> str:
+        """Run and settle one lease; how it ended (``done``, ``awaiting``, ``retry``,
+        ``fenced``)."""
         d, claim = lease.dispatch, lease.claim
         fields = _log_fields(d)
         started = time.monotonic()
@@ -238,7 +254,7 @@ class Worker:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
             self._log_end(d, fields, started, "fenced", f"a newer owner has it ({exc})")
-            return
+            return "fenced"
         except RunYielded:
             outcome = Retry(0.0, "the worker shut down; recovering elsewhere")
         except Exception as exc:
@@ -247,12 +263,17 @@ class Worker:
             if isinstance(outcome, Settled):
                 outcome = outcome.outcome  # the run's last commit settled it
             else:
-                await self.store.settle(d.dispatch_id, claim.token, outcome)
+                settled = outcome
+                await self._observe.calls(
+                    "settle",
+                    lambda: self.store.settle(d.dispatch_id, claim.token, settled),
+                    d.thread_id,
+                )
         except StaleClaim:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
             self._log_end(d, fields, started, "fenced", "settled by a newer owner")
-            return
+            return "fenced"
         ending = self._endings.pop(d.dispatch_id, None)
         if isinstance(outcome, Retry):
             log.warning(
@@ -272,12 +293,14 @@ class Worker:
             self.stats.retried += 1
             self.metrics.retries.inc()
             self.metrics.settles.inc(outcome="retry")
-        elif isinstance(outcome, Awaiting):
+            return "retry"
+        if isinstance(outcome, Awaiting):
             self.stats.awaiting += 1
             self.metrics.settles.inc(outcome="awaiting")
-        else:
-            self.stats.done += 1
-            self.metrics.settles.inc(outcome="done")
+            return "awaiting"
+        self.stats.done += 1
+        self.metrics.settles.inc(outcome="done")
+        return "done"
 
     def _log_end(
         self,
@@ -518,15 +541,15 @@ class Worker:
                 metadata={**latest.metadata, "ordinal": ordinal, "ended_by": event_type},
             )
         run_id = latest.run_id if latest is not None else None
-        await self.store.commit(
-            claim.thread_id,
-            Commit(
-                token=claim.token,
-                checkpoint=checkpoint,
-                events=(EventDraft(type=event_type, data=data, run_id=run_id),),
-                operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
-                settle=_done(settle),
-            ),
+        commit = Commit(
+            token=claim.token,
+            checkpoint=checkpoint,
+            events=(EventDraft(type=event_type, data=data, run_id=run_id),),
+            operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
+            settle=_done(settle),
+        )
+        await self._observe.calls(
+            "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )
 
     async def _note(
@@ -537,13 +560,13 @@ class Worker:
         if settle is not None:
             data = {**data, "dispatch_id": settle}
             self._endings[settle] = f"{event_type}: {data.get('reason')}"
-        await self.store.commit(
-            claim.thread_id,
-            Commit(
-                token=claim.token,
-                events=(EventDraft(type=event_type, data=data),),
-                settle=_done(settle),
-            ),
+        commit = Commit(
+            token=claim.token,
+            events=(EventDraft(type=event_type, data=data),),
+            settle=_done(settle),
+        )
+        await self._observe.calls(
+            "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )
 
 

@@ -70,6 +70,7 @@ class NodeContext:
         services: TaskServices,
         arg: Any = None,
         progress: Progress | None = None,
+        recovered: bool = False,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -80,6 +81,9 @@ class NodeContext:
         """The claim token this run writes under; pass it to a system that can fence."""
         self.idempotency_key = idempotency_key(thread_id, run_id, step, task_id)
         self.arg = arg
+        self.recovered = recovered
+        """The run was recovered at this task's superstep: an earlier attempt may have
+        started this task (a tool then says it replayed the call)."""
         self._answers = answers
         self._interrupts = 0
         self._emit_live = emit_live

@@ -22,6 +22,7 @@ from wakeful.background import BackgroundTask, StopSignal
 from wakeful.errors import StoreUnavailable
 from wakeful.records import Commit, Receipt
 from wakeful.store.contract import ThreadStore
+from wakeful.telemetry import StoreCalls
 
 Durability = Literal["sync", "async", "exit"]
 DURABILITIES = ("sync", "async", "exit")
@@ -29,14 +30,18 @@ DURABILITIES = ("sync", "async", "exit")
 RETRIES = 5
 
 
-async def commit_retrying(store: ThreadStore, thread_id: str, commit: Commit) -> Receipt:
+async def commit_retrying(
+    store: ThreadStore, thread_id: str, commit: Commit, calls: StoreCalls | None = None
+) -> Receipt:
     """Commit, retrying ``StoreUnavailable`` a bounded number of times. Safe because every
     runtime commit carries an operation id: a retry of an applied commit returns its
-    receipt instead of applying it twice."""
+    receipt instead of applying it twice. ``calls`` observes each attempt (span, latency)."""
     delay = 0.05
     for attempt in range(RETRIES):
         try:
-            return await store.commit(thread_id, commit)
+            if calls is None:
+                return await store.commit(thread_id, commit)
+            return await calls("commit", lambda: store.commit(thread_id, commit), thread_id)
         except StoreUnavailable:
             if attempt == RETRIES - 1 or commit.operation_id is None:
                 raise
@@ -48,9 +53,10 @@ async def commit_retrying(store: ThreadStore, thread_id: str, commit: Commit) ->
 class Writer:
     """The ``sync`` writer, and the base of the others."""
 
-    def __init__(self, store: ThreadStore, thread_id: str) -> None:
+    def __init__(self, store: ThreadStore, thread_id: str, calls: StoreCalls | None = None) -> None:
         self.store = store
         self.thread_id = thread_id
+        self.calls = calls
         self.failure: BaseException | None = None
 
     async def submit(self, commit: Commit) -> None:
@@ -61,7 +67,7 @@ class Writer:
         """A synchronous commit, after everything submitted before it."""
         await self.flush()
         try:
-            return await commit_retrying(self.store, self.thread_id, commit)
+            return await commit_retrying(self.store, self.thread_id, commit, self.calls)
         except BaseException as exc:
             self.failure = self.failure or exc
             raise
@@ -77,8 +83,14 @@ class Writer:
 class AsyncWriter(Writer):
     """Commits in order on one background task, with backpressure (``queue_size``)."""
 
-    def __init__(self, store: ThreadStore, thread_id: str, queue_size: int = 64) -> None:
-        super().__init__(store, thread_id)
+    def __init__(
+        self,
+        store: ThreadStore,
+        thread_id: str,
+        queue_size: int = 64,
+        calls: StoreCalls | None = None,
+    ) -> None:
+        super().__init__(store, thread_id, calls)
         # None: a wake-up from close(), so that a drain waiting for work sees its signal
         self._queue: asyncio.Queue[Commit | None] = asyncio.Queue(maxsize=queue_size)
         self._task = BackgroundTask(f"writer:{thread_id}", self._drain)
@@ -94,7 +106,7 @@ class AsyncWriter(Writer):
             commit = await self._queue.get()
             try:
                 if commit is not None and self.failure is None and not signal.is_set():
-                    await commit_retrying(self.store, self.thread_id, commit)
+                    await commit_retrying(self.store, self.thread_id, commit, self.calls)
             except Exception as exc:
                 self.failure = exc
             finally:
@@ -116,8 +128,14 @@ class AsyncWriter(Writer):
 class ExitWriter(Writer):
     """Folds intermediate commits into the next synchronous one."""
 
-    def __init__(self, store: ThreadStore, thread_id: str, base_checkpoint: str | None) -> None:
-        super().__init__(store, thread_id)
+    def __init__(
+        self,
+        store: ThreadStore,
+        thread_id: str,
+        base_checkpoint: str | None,
+        calls: StoreCalls | None = None,
+    ) -> None:
+        super().__init__(store, thread_id, calls)
         self._base = base_checkpoint
         self._held: list[Commit] = []
 
@@ -144,12 +162,16 @@ class ExitWriter(Writer):
 
 
 def make_writer(
-    mode: str, store: ThreadStore, thread_id: str, base_checkpoint: str | None
+    mode: str,
+    store: ThreadStore,
+    thread_id: str,
+    base_checkpoint: str | None,
+    calls: StoreCalls | None = None,
 ) -> Writer:
     if mode == "sync":
-        return Writer(store, thread_id)
+        return Writer(store, thread_id, calls)
     if mode == "async":
-        return AsyncWriter(store, thread_id)
+        return AsyncWriter(store, thread_id, calls=calls)
     if mode == "exit":
-        return ExitWriter(store, thread_id, base_checkpoint)
+        return ExitWriter(store, thread_id, base_checkpoint, calls)
     raise ValueError(f"durability must be one of {DURABILITIES}, got {mode!r}")

@@ -46,7 +46,9 @@ from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.graph import CompiledGraph, NodeSpec, TaskSpec
+from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span, traced_metadata
 from wakeful.store.contract import ThreadStore
+from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
 log = logging.getLogger("wakeful.runtime")
 
@@ -124,6 +126,13 @@ class Execution:
     """The leased dispatch this run settles with its ending commit (a worker's run)."""
     claim_ended: bool = False
     """The ending commit also ended the claim (``release`` or ``settle``)."""
+    attempt: SpanLike = NO_SPAN
+    """This attempt's span (started at admission; ``run`` makes it current and ends it)."""
+    trace: dict[str, str] = field(default_factory=dict)
+    """The attempt's W3C trace context, recorded in each checkpoint it commits."""
+    calls: StoreCalls | None = None
+    recovered_at: str | None = None
+    """The checkpoint a recovery continued from: its tasks may have started before."""
     status: str = "running"
     yield_requested: bool = False
     fence: BaseException | None = None
@@ -136,7 +145,9 @@ class Execution:
     _task: asyncio.Task[Any] | None = None
 
     def __post_init__(self) -> None:
-        self._writer = make_writer(self.durability, self.store, self.thread_id, self.checkpoint.id)
+        self._writer = make_writer(
+            self.durability, self.store, self.thread_id, self.checkpoint.id, self.calls
+        )
         self._renewer = Renewer(
             self.store,
             self.thread_id,
@@ -237,6 +248,13 @@ class Execution:
             raise RunYielded(self.thread_id, self.run_id)
 
     async def run(self) -> RunOutcome:
+        """The run to its end; inside the attempt's span, which ends with it (failed only
+        when the run failed or was fenced)."""
+        if self.attempt is NO_SPAN:
+            return await self._run()
+        return await in_attempt(self.attempt, self._run, lambda: self.status)
+
+    async def _run(self) -> RunOutcome:
         self._task = asyncio.current_task()
         self._renewer.start()
         release = self.release_claim
@@ -265,79 +283,98 @@ class Execution:
                     log.warning("releasing %s failed: %s", self.thread_id, exc)
 
     async def _loop(self) -> RunOutcome:
+        traced = self.attempt is not NO_SPAN
         while True:
             self.progress.moved()
             self._check()
             await self._check_yield()
             cp = self.checkpoint
             step = int(cp.metadata.get("step", 0))
-            if step >= self.graph.max_steps:
-                error = f"step limit of {self.graph.max_steps} supersteps reached"
-                await self._end("failed", "run.failed", {"error": error})
-                raise RunFailed(self.thread_id, self.run_id, error)
-            results = await self._run_frontier(cp, step)
+            if traced:
+                with step_span(step, len(cp.frontier)):
+                    outcome = await self._superstep(cp, step, traced)
+            else:
+                outcome = await self._superstep(cp, step, traced)
+            if outcome is not None:
+                return outcome
+
+    async def _superstep(self, cp: Checkpoint, step: int, traced: bool) -> RunOutcome | None:
+        """One superstep: the frontier's tasks, the barrier and its commit. Returns the
+        outcome when the run ends or suspends with it."""
+        if step >= self.graph.max_steps:
+            error = f"step limit of {self.graph.max_steps} supersteps reached"
+            await self._end("failed", "run.failed", {"error": error})
+            raise RunFailed(self.thread_id, self.run_id, error)
+        results = await self._run_frontier(cp, step, traced)
+        self._check()
+        tickets = tuple(r.ticket for r in results if r.ticket is not None)
+        if tickets:
+            return await self._suspend(cp, results, tickets)
+        failed = [r for r in results if r.error is not None]
+        if failed and all(r.transient for r in failed):
+            await self._writer.flush()
             self._check()
-            tickets = tuple(r.ticket for r in results if r.ticket is not None)
-            if tickets:
-                return await self._suspend(cp, results, tickets)
-            failed = [r for r in results if r.error is not None]
-            if failed and all(r.transient for r in failed):
-                await self._writer.flush()
-                self._check()
-                self.status = "interrupted"
-                raise RunInterrupted(self.thread_id, self.run_id, str(failed[0].error))
-            if failed:
-                error = f"node {failed[0].entry['node']!r} failed: {failed[0].error}"
-                await self._end("failed", "run.failed", {"error": error})
-                raise RunFailed(self.thread_id, self.run_id, error)
-            try:
-                state, tasks = self._barrier(cp, results)
-            except Exception as exc:
-                error = f"barrier of step {step} failed: {exc}"
-                await self._end("failed", "run.failed", {"error": error})
-                raise RunFailed(self.thread_id, self.run_id, error) from exc
-            nxt = self._next_checkpoint(
-                cp, "running" if tasks else "completed", state, frontier_entries(step + 1, tasks)
+            self.status = "interrupted"
+            raise RunInterrupted(self.thread_id, self.run_id, str(failed[0].error))
+        if failed:
+            error = f"node {failed[0].entry['node']!r} failed: {failed[0].error}"
+            await self._end("failed", "run.failed", {"error": error})
+            raise RunFailed(self.thread_id, self.run_id, error)
+        try:
+            state, tasks = self._barrier(cp, results)
+        except Exception as exc:
+            error = f"barrier of step {step} failed: {exc}"
+            await self._end("failed", "run.failed", {"error": error})
+            raise RunFailed(self.thread_id, self.run_id, error) from exc
+        nxt = self._next_checkpoint(
+            cp, "running" if tasks else "completed", state, frontier_entries(step + 1, tasks)
+        )
+        nxt = msgspec.structs.replace(nxt, metadata={**nxt.metadata, "step": step + 1})
+        carried = tuple(e for r in results for e in r.events)
+        messages = tuple(m for r in results for m in r.messages)
+        outbox = tuple(o for r in results for o in r.outbox)
+        callbacks = tuple(c for r in results for c in r.callbacks)
+        if not tasks:
+            await self._commit_now(
+                nxt,
+                EventDraft(type="run.completed", run_id=self.run_id),
+                events=carried,
+                messages=messages,
+                outbox=outbox,
+                ending=Done(),
             )
-            nxt = msgspec.structs.replace(nxt, metadata={**nxt.metadata, "step": step + 1})
-            carried = tuple(e for r in results for e in r.events)
-            messages = tuple(m for r in results for m in r.messages)
-            outbox = tuple(o for r in results for o in r.outbox)
-            callbacks = tuple(c for r in results for c in r.callbacks)
-            if not tasks:
-                await self._commit_now(
-                    nxt,
-                    EventDraft(type="run.completed", run_id=self.run_id),
-                    events=carried,
-                    messages=messages,
-                    outbox=outbox,
-                    ending=Done(),
-                )
-                await self._run_callbacks(callbacks)
-                self.status = "completed"
-                return RunOutcome(
-                    thread_id=self.thread_id, run_id=self.run_id, status="completed", state=state
-                )
-            event = EventDraft(type="step.completed", data={"step": step}, run_id=self.run_id)
-            await self._writer.submit(
-                self._commit(nxt, events=(*carried, event), messages=messages)
-            )
-            self._recorded(messages)
-            self.checkpoint, self.writes = nxt, {}
             await self._run_callbacks(callbacks)
+            self.status = "completed"
+            return RunOutcome(
+                thread_id=self.thread_id, run_id=self.run_id, status="completed", state=state
+            )
+        event = EventDraft(type="step.completed", data={"step": step}, run_id=self.run_id)
+        await self._writer.submit(self._commit(nxt, events=(*carried, event), messages=messages))
+        self._recorded(messages)
+        self.checkpoint, self.writes = nxt, {}
+        await self._run_callbacks(callbacks)
+        return None
 
     # ---------------------------------------------------------------- tasks
 
-    async def _run_frontier(self, cp: Checkpoint, step: int) -> list[TaskResult]:
+    async def _run_frontier(self, cp: Checkpoint, step: int, traced: bool) -> list[TaskResult]:
         limit = asyncio.Semaphore(self.graph.max_concurrency)
         answers = dict(cp.metadata.get("answers", {}))
 
         async def one(entry: dict[str, Any]) -> TaskResult:
             recorded = self.writes.get(entry["id"])
             if recorded is not None:
+                if traced:
+                    reused_task(entry, step)
                 return TaskResult(entry, updates=recorded.value.get("updates") or {})
             async with limit:
-                return await self._run_task(cp, step, entry, answers)
+                if not traced:
+                    return await self._run_task(cp, step, entry, answers)
+                with task_span(entry, step) as span:
+                    result = await self._run_task(cp, step, entry, answers)
+                    if result.error is not None:
+                        span.set_attribute("wakeful.task.error", result.error)
+                    return result
 
         return list(await asyncio.gather(*(one(e) for e in cp.frontier)))
 
@@ -366,6 +403,7 @@ class Execution:
                 services=self,
                 arg=entry.get("arg"),
                 progress=self.progress,
+                recovered=cp.id == self.recovered_at,
             )
             try:
                 updates = await _call(spec, entry, cp.state, ctx)
@@ -466,6 +504,8 @@ class Execution:
     ) -> Checkpoint:
         ordinal = int(cp.metadata.get("ordinal", 0)) + 1
         metadata = {**cp.metadata, "ordinal": ordinal, "answers": {}, "tickets": [], **meta}
+        if self.trace:
+            metadata = traced_metadata(metadata, self.trace)
         return Checkpoint(
             id=f"{self.run_id}-c{ordinal}",
             parent=cp.id,

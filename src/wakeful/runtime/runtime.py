@@ -7,10 +7,11 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
+from wakeful import telemetry
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import (
     GraphChanged,
@@ -40,7 +41,12 @@ from wakeful.runtime.durability import DURABILITIES, commit_retrying
 from wakeful.runtime.events import LiveEvent, LiveHub, subscribe
 from wakeful.runtime.graph import START, CompiledGraph
 from wakeful.runtime.loop import Execution, RunOutcome, frontier_entries
+from wakeful.runtime.spans import begin_run, link_crashed, store_calls, traced_metadata
 from wakeful.store.contract import ThreadStore
+from wakeful.telemetry import NO_SPAN, SpanLike
+
+if TYPE_CHECKING:
+    from wakeful.metrics import Metrics
 
 
 class RunHandle:
@@ -130,6 +136,8 @@ class _Admission:
         self.messages = tuple(messages)
         self.consume = tuple(consume)
         self.metadata = dict(metadata or {})
+        self.trace: dict[str, str] = {}
+        """The admitting attempt's trace context, recorded in the first checkpoint."""
 
     def build(
         self, thread_id: str, snap: ThreadSnapshot | None, clock: Clock
@@ -151,14 +159,17 @@ class _Admission:
             created_at=clock.now(),
             tenant=self.tenant,
             frontier=frontier_entries(0, tasks),
-            metadata={
-                **self.metadata,
-                "step": 0,
-                "ordinal": 0,
-                "graph": graph.name,
-                "fingerprint": graph.fingerprint,
-                "durability": self.durability,
-            },
+            metadata=traced_metadata(
+                {
+                    **self.metadata,
+                    "step": 0,
+                    "ordinal": 0,
+                    "graph": graph.name,
+                    "fingerprint": graph.fingerprint,
+                    "durability": self.durability,
+                },
+                self.trace,
+            ),
         )
         event = EventDraft(type="run.started", data={"graph": graph.name}, run_id=self.run_id)
         commit = Commit(
@@ -177,8 +188,8 @@ class Runtime:
 
     ``holder`` names this runtime in claims (default: a fresh id). ``sleep`` is how node
     retries wait between attempts and ``renew_sleep`` how the renewal task waits between
-    renewals (tests pass controllable ones). ``metrics`` counts runs found stalled
-    (``ClaimPolicy.stall_after``)."""
+    renewals (tests pass controllable ones). ``metrics``: record store-write latency there
+    (a worker passes its own) and count runs found stalled (``ClaimPolicy.stall_after``)."""
 
     def __init__(
         self,
@@ -245,26 +256,33 @@ class Runtime:
         durability: str,
         release: bool,
         dispatch_id: str | None = None,
+        attempt: SpanLike = NO_SPAN,
+        recovered_at: str | None = None,
     ) -> RunHandle:
-        return RunHandle(
-            Execution(
-                store=self.store,
-                graph=graph,
-                thread_id=thread_id,
-                claim=claim,
-                checkpoint=checkpoint,
-                writes={w.task_id: w for w in writes if w.checkpoint_id == checkpoint.id},
-                durability=durability,
-                policy=self.claims,
-                clock=self.clock,
-                sleep=self.sleep,
-                renew_sleep=self.renew_sleep,
-                publish_live=self.live.emit,
-                release_claim=release,
-                settle_dispatch=None if release else dispatch_id,
-                metrics=self.metrics,
+        with telemetry.use(attempt):  # the run's tasks start inside its attempt's span
+            return RunHandle(
+                Execution(
+                    store=self.store,
+                    graph=graph,
+                    thread_id=thread_id,
+                    claim=claim,
+                    checkpoint=checkpoint,
+                    writes={w.task_id: w for w in writes if w.checkpoint_id == checkpoint.id},
+                    durability=durability,
+                    policy=self.claims,
+                    clock=self.clock,
+                    sleep=self.sleep,
+                    renew_sleep=self.renew_sleep,
+                    publish_live=self.live.emit,
+                    release_claim=release,
+                    settle_dispatch=None if release else dispatch_id,
+                    attempt=attempt,
+                    trace=telemetry.inject(attempt) if attempt is not NO_SPAN else {},
+                    calls=store_calls(self.store, self.metrics),
+                    metrics=self.metrics,
+                    recovered_at=recovered_at,
+                )
             )
-        )
 
     async def start(
         self,
@@ -307,19 +325,30 @@ class Runtime:
         admission = _Admission(
             graph, input, durability, tenant, run_id, messages, consume, metadata
         )
-        if claim is None:
+        attempt = begin_run("start", thread_id, graph.name, run_id)
+        admission.trace = telemetry.inject(attempt) if attempt is not NO_SPAN else {}
+        try:
+            with telemetry.use(attempt):
+                if claim is None:
 
-            def build(snap: ThreadSnapshot | None) -> tuple[Checkpoint, Commit]:
-                return admission.build(thread_id, snap, self.clock)
+                    def build(snap: ThreadSnapshot | None) -> tuple[Checkpoint, Commit]:
+                        return admission.build(thread_id, snap, self.clock)
 
-            claim, first = await self._claim_with_commit(thread_id, tenant, build)
-            return self._execute(graph, thread_id, claim, first, (), durability, True)
-        claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
-        first, commit = admission.build(thread_id, snap, self.clock)
-        await commit_retrying(
-            self.store, thread_id, msgspec.structs.replace(commit, token=claim.token)
+                    claim, first = await self._claim_with_commit(thread_id, tenant, build)
+                    owned = True
+                else:
+                    claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
+                    first, commit = admission.build(thread_id, snap, self.clock)
+                    await self._commit(
+                        thread_id, msgspec.structs.replace(commit, token=claim.token)
+                    )
+                    owned = False
+        except BaseException as exc:
+            telemetry.finish(attempt, exc)
+            raise
+        return self._execute(
+            graph, thread_id, claim, first, (), durability, owned, dispatch_id, attempt
         )
-        return self._execute(graph, thread_id, claim, first, (), durability, False, dispatch_id)
 
     async def recover(
         self,
@@ -338,32 +367,67 @@ class Runtime:
         finished task's result is reused. ``claim``, ``snapshot`` and ``dispatch_id`` as for
         ``start``."""
         owned = claim is None
-        claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
+        attempt = begin_run("recover", thread_id, graph.name)
         try:
-            latest = snap.checkpoint if snap is not None else None
-            if latest is None or latest.status != "running":
-                raise NothingToRecover(thread_id, latest.status if latest else None)
-            self._check_graph(thread_id, latest, graph, allow_graph_change)
-            mode = durability or str(latest.metadata.get("durability", "sync"))
-            event = EventDraft(
-                type="run.recovered",
-                data={"holder": self.holder, "reused": len(snap.writes) if snap else 0},
-                run_id=latest.run_id,
-            )
-            await commit_retrying(
-                self.store,
-                thread_id,
-                Commit(
-                    token=claim.token,
-                    events=(event,),
-                    operation_id=f"{latest.id}:recovered:{claim.token}",
-                ),
-            )
-        except BaseException:
-            await self._give_back(thread_id, claim, owned)
+            with telemetry.use(attempt):
+                claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
+                try:
+                    latest, mode = await self._recovery(
+                        thread_id, graph, snap, claim, durability, allow_graph_change, attempt
+                    )
+                except BaseException:
+                    await self._give_back(thread_id, claim, owned)
+                    raise
+        except BaseException as exc:
+            telemetry.finish(attempt, exc)
             raise
         assert snap is not None
-        return self._execute(graph, thread_id, claim, latest, snap.writes, mode, owned, dispatch_id)
+        return self._execute(
+            graph,
+            thread_id,
+            claim,
+            latest,
+            snap.writes,
+            mode,
+            owned,
+            dispatch_id,
+            attempt,
+            recovered_at=latest.id,
+        )
+
+    async def _recovery(
+        self,
+        thread_id: str,
+        graph: CompiledGraph,
+        snap: ThreadSnapshot | None,
+        claim: Claim,
+        durability: str | None,
+        allow_graph_change: bool,
+        attempt: SpanLike,
+    ) -> tuple[Checkpoint, str]:
+        """Check that the thread has a run to recover and record ``run.recovered``; the
+        checkpoint to continue from and the durability mode."""
+        latest = snap.checkpoint if snap is not None else None
+        if latest is None or latest.status != "running":
+            raise NothingToRecover(thread_id, latest.status if latest else None)
+        self._check_graph(thread_id, latest, graph, allow_graph_change)
+        attempt.set_attribute("wakeful.run.id", latest.run_id)
+        link_crashed(attempt, latest.metadata)
+        mode = durability or str(latest.metadata.get("durability", "sync"))
+        event = EventDraft(
+            type="run.recovered",
+            data={"holder": self.holder, "reused": len(snap.writes) if snap else 0},
+            run_id=latest.run_id,
+        )
+        await self._commit(
+            thread_id,
+            Commit(
+                token=claim.token,
+                events=(event,),
+                operation_id=f"{latest.id}:recovered:{claim.token}",
+            ),
+        )
+        return latest, mode
 
     async def resume(
         self,
@@ -384,27 +448,38 @@ class Runtime:
         it, the claim and the resuming commit are one atomic write, as in ``start``);
         ``resumed_by`` (a dispatch id) is recorded in the run's checkpoints so a redelivered
         resume can tell it was already applied. ``dispatch_id`` as for ``start``."""
-        if claim is None:
+        attempt = begin_run("resume", thread_id, graph.name)
+        trace = telemetry.inject(attempt) if attempt is not NO_SPAN else {}
+        try:
+            with telemetry.use(attempt):
+                if claim is None:
 
-            def build(snap: ThreadSnapshot | None) -> tuple[_Resumption, Commit]:
-                return self._resumption(
-                    thread_id, snap, graph, answers, allow_graph_change, resumed_by
-                )
+                    def build(snap: ThreadSnapshot | None) -> tuple[_Resumption, Commit]:
+                        return self._resumption(
+                            thread_id, snap, graph, answers, allow_graph_change, resumed_by, trace
+                        )
 
-            claim, (latest, resumed, carried) = await self._claim_with_commit(
-                thread_id, tenant, build
-            )
-            mode = durability or str(latest.metadata.get("durability", "sync"))
-            return self._execute(graph, thread_id, claim, resumed, carried, mode, True)
-        claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
-        (latest, resumed, carried), commit = self._resumption(
-            thread_id, snap, graph, answers, allow_graph_change, resumed_by
-        )
-        await commit_retrying(
-            self.store, thread_id, msgspec.structs.replace(commit, token=claim.token)
-        )
+                    claim, (latest, resumed, carried) = await self._claim_with_commit(
+                        thread_id, tenant, build
+                    )
+                    owned = True
+                else:
+                    claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
+                    (latest, resumed, carried), commit = self._resumption(
+                        thread_id, snap, graph, answers, allow_graph_change, resumed_by, trace
+                    )
+                    await self._commit(
+                        thread_id, msgspec.structs.replace(commit, token=claim.token)
+                    )
+                    owned = False
+        except BaseException as exc:
+            telemetry.finish(attempt, exc)
+            raise
+        attempt.set_attribute("wakeful.run.id", latest.run_id)
         mode = durability or str(latest.metadata.get("durability", "sync"))
-        return self._execute(graph, thread_id, claim, resumed, carried, mode, False, dispatch_id)
+        return self._execute(
+            graph, thread_id, claim, resumed, carried, mode, owned, dispatch_id, attempt
+        )
 
     def _resumption(
         self,
@@ -414,6 +489,7 @@ class Runtime:
         answers: Mapping[str, Any],
         allow_graph_change: bool,
         resumed_by: str | None,
+        trace: dict[str, str],
     ) -> tuple[_Resumption, Commit]:
         """The suspended checkpoint, the resuming one and the carried writes, and the commit
         (token 0) that resumes the run, from the thread as read. Raises the refusals."""
@@ -433,13 +509,16 @@ class Runtime:
             parent=latest.id,
             status="running",
             created_at=self.clock.now(),
-            metadata={
-                **latest.metadata,
-                "ordinal": ordinal,
-                "answers": merged,
-                "tickets": [],
-                **({"resumed_by": resumed_by} if resumed_by else {}),
-            },
+            metadata=traced_metadata(
+                {
+                    **latest.metadata,
+                    "ordinal": ordinal,
+                    "answers": merged,
+                    "tickets": [],
+                    **({"resumed_by": resumed_by} if resumed_by else {}),
+                },
+                trace,
+            ),
         )
         carried = tuple(msgspec.structs.replace(w, checkpoint_id=resumed.id) for w in snap.writes)
         event = EventDraft(
@@ -476,15 +555,31 @@ class Runtime:
             version = snap.version if snap is not None else 0
             commit = msgspec.structs.replace(commit, expected_version=version)
             try:
-                claim, _ = await self.store.claim_and_commit(
-                    thread_id, self.holder, self.claims.ttl, commit
-                )
+                claim = await self._claim_and_commit(thread_id, commit)
             except VersionConflict:
                 continue  # the thread moved between the read and the claim: read again
             return claim, built
         raise StoreUnavailable(
             f"thread {thread_id!r} changed under {ADMISSION_ATTEMPTS} admissions in a row"
         )
+
+    async def _claim_and_commit(self, thread_id: str, commit: Commit) -> Claim:
+        calls = store_calls(self.store, self.metrics)
+        ttl = self.claims.ttl
+        if calls is None:
+            claim, _ = await self.store.claim_and_commit(thread_id, self.holder, ttl, commit)
+        else:
+            claim, _ = await calls(
+                "claim_and_commit",
+                lambda: self.store.claim_and_commit(thread_id, self.holder, ttl, commit),
+                thread_id,
+            )
+        return claim
+
+    async def _commit(self, thread_id: str, commit: Commit) -> None:
+        """An admission's commit under a claim the caller holds (observed, retried)."""
+        calls = store_calls(self.store, self.metrics)
+        await commit_retrying(self.store, thread_id, commit, calls)
 
     async def delete_thread(self, thread_id: str, *, tenant: str | None = None) -> None:
         """Delete the thread and everything in it; refused with ``ThreadBusy`` while a run

@@ -17,6 +17,7 @@ from typing import Any
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from wakeful import telemetry
 from wakeful.errors import InvalidInput
 from wakeful.metrics import Metrics
 from wakeful.server.auth import Authenticator, Caller
@@ -66,13 +67,16 @@ class Gateway:
                 status[0] = int(message["status"])
             await send(message)
 
+        span = _server_span(scope)
         try:
-            await self._handle(scope, receive, sending, status)
+            with telemetry.use(span):
+                await self._handle(scope, receive, sending, status)
         finally:
             route = self._route(scope)
             method = str(scope.get("method", ""))
             method = method if method in METHODS else "OTHER"  # bounded label values
             code = str(status[0] or 500)
+            _end_server_span(span, method, route, status[0] or 500)
             self.metrics.http_requests.inc(route=route, method=method, status=code)
             self.metrics.http_seconds.observe(
                 time.perf_counter() - started, route=route, method=method
@@ -258,3 +262,32 @@ def _compile(template: str) -> re.Pattern[str]:
 
 
 __all__ = ["CALLER_KEY", "Gateway"]
+
+
+def _server_span(scope: Scope) -> telemetry.SpanLike:
+    """The request's server span, continuing the caller's ``traceparent`` if it sent one."""
+    if telemetry.tracer() is None:
+        return telemetry.NO_SPAN
+    carrier = {
+        name.decode("latin-1"): value.decode("latin-1")
+        for name, value in scope.get("headers", ())
+        if name in (b"traceparent", b"tracestate")
+    }
+    method = str(scope.get("method", ""))
+    return telemetry.start(
+        method if method in METHODS else "HTTP",
+        {"http.request.method": method, "url.path": str(scope.get("path", ""))},
+        kind=telemetry.kind("server"),
+        parent=telemetry.extract(carrier),
+    )
+
+
+def _end_server_span(span: telemetry.SpanLike, method: str, route: str, status: int) -> None:
+    if span is telemetry.NO_SPAN:
+        return
+    span.set_attribute("http.route", route)
+    span.set_attribute("http.response.status_code", status)
+    span.update_name(f"{method} {route}")  # type: ignore[attr-defined]
+    if status >= 500:
+        span.set_attribute("error.type", str(status))
+    telemetry.finish(span)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from datetime import UTC, datetime, timedelta
 
 from fastapi import APIRouter, Response
 
@@ -20,6 +21,9 @@ log = logging.getLogger("wakeful.server")
 READY_TIMEOUT = 5.0
 QUEUE_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
 PAGE = 1000
+WORKER_LIVE = timedelta(seconds=60)
+"""A worker counts as live while its last heartbeat is this recent (a worker heartbeats
+every ttl/3: 10 s with the default 30 s ttl)."""
 
 
 @router.get("/healthz")
@@ -44,15 +48,21 @@ async def readyz(state: StateDep) -> Health:
 
 
 async def _queue_gauges(state: ServerState) -> list[Gauge]:
+    # The store contract has no cheap count yet (issue 27): the bounded paging stays.
     depth: dict[tuple[str, ...], float] = {}
     capped: dict[tuple[str, ...], float] = {}
     bound = state.queue_depth_bound
+    now = datetime.now(UTC)
+    live_leases = 0
     for status in QUEUE_STATUSES:
         count, after = 0, None
         while count < bound:
             want = min(PAGE, bound - count)
             rows = await state.store.list_dispatches(status=status, after=after, limit=want)
             count += len(rows)
+            live_leases += sum(
+                1 for d in rows if d.lease_until is not None and d.lease_until >= now
+            )
             if len(rows) < want:
                 break
             after = rows[-1].dispatch_id
@@ -71,6 +81,26 @@ async def _queue_gauges(state: ServerState) -> list[Gauge]:
             ("status",),
             capped,
         ),
+        Gauge(
+            "wakeful_leases_live",
+            f"Leased dispatches whose lease has not expired (of at most {bound} counted).",
+            (),
+            {(): float(live_leases)},
+        ),
+    ]
+
+
+async def _worker_gauges(state: ServerState) -> list[Gauge]:
+    since = datetime.now(UTC) - WORKER_LIVE
+    workers = await state.store.list_workers()
+    live = sum(1 for w in workers if w.last_heartbeat >= since)
+    return [
+        Gauge(
+            "wakeful_workers_live",
+            f"Registered workers with a heartbeat in the last {WORKER_LIVE.seconds} s.",
+            (),
+            {(): float(live)},
+        )
     ]
 
 
@@ -84,7 +114,7 @@ async def metrics(state: StateDep) -> Response:
     stale claims, worker counters, and queue depth by status (computed now, bounded)."""
     gauges: list[Gauge] = []
     try:
-        gauges = await _queue_gauges(state)
+        gauges = await _queue_gauges(state) + await _worker_gauges(state)
         up = 1.0
     except Exception as exc:
         log.warning("metrics: queue depth unavailable: %s: %s", type(exc).__name__, exc)

@@ -100,7 +100,9 @@ async def get_dispatch(dispatch_id: DispatchId, state: StateDep, caller: CallerD
 async def quarantine(dispatch_id: DispatchId, state: StateDep, caller: OperatorDep) -> DispatchView:
     """Park exhausted work (every attempt used, no live lease) so it is not terminalised
     automatically; anything else is 409."""
-    return dispatch_view(await state.store.quarantine(dispatch_id))
+    parked = await state.store.quarantine(dispatch_id)
+    state.metrics.quarantines.inc()
+    return dispatch_view(parked)
 
 
 @operators.get("/quarantine", responses=errors(403, 404))
