@@ -418,3 +418,31 @@ def test_logging_options_on_every_command(url: str) -> None:
     done = cli("threads", "list", "--log-level", "debug", "--log-format", "json", store=url)
     assert done.returncode == 0, done.stderr
     assert cli("status", "--log-level", "loud", store=url).returncode == 2
+
+
+def test_command_log_lines_name_their_trace_when_tracing_is_on() -> None:
+    import logging
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from wakeful import telemetry
+    from wakeful.cli.logs import JsonFormatter, TextFormatter, configure
+
+    configure("info", "json")
+    handler = logging.getLogger().handlers[0]
+    record = logging.LogRecord("wakeful.fleet", logging.INFO, __file__, 1, "hello", (), None)
+    handler.filter(record)
+    assert "trace_id" not in json.loads(JsonFormatter().format(record))
+    telemetry.configure(TracerProvider())
+    try:
+        span = telemetry.start("work", {})
+        with telemetry.use(span):
+            record = logging.LogRecord("wakeful.fleet", logging.INFO, __file__, 1, "hi", (), None)
+            handler.filter(record)
+        telemetry.finish(span, None)
+        entry = json.loads(JsonFormatter().format(record))
+        assert len(entry["trace_id"]) == 32 and len(entry["span_id"]) == 16
+        assert f"[trace_id={entry['trace_id']} " in TextFormatter().format(record)
+    finally:
+        telemetry.configure(None)
+        configure("warning", "text")

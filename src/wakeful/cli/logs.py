@@ -17,6 +17,8 @@ from typing import Any
 
 import click
 
+from wakeful.telemetry.logs import TraceContextFilter
+
 LEVELS = ("debug", "info", "warning", "error")
 SERVICE_COMMANDS = frozenset({"worker", "relay", "serve", "hand-serve"})
 """Long-running commands log at ``info`` by default (one line per dispatch, ...); the rest
@@ -29,8 +31,13 @@ _NOISY = ("psycopg.pool", "psycopg", "nats", "httpx", "httpcore")
 
 
 def fields(record: logging.LogRecord) -> dict[str, Any]:
-    """The structured fields given with ``extra=...``."""
-    return {k: v for k, v in vars(record).items() if k not in _STANDARD}
+    """The structured fields given with ``extra=...``, and the trace and span ids of a record
+    written inside a span (``wakeful.telemetry``; absent when tracing is off)."""
+    found = {k: v for k, v in vars(record).items() if k not in _STANDARD}
+    for name in ("trace_id", "span_id"):
+        if not found.get(name):
+            found.pop(name, None)
+    return found
 
 
 def _timestamp(record: logging.LogRecord) -> str:
@@ -41,6 +48,9 @@ def _timestamp(record: logging.LogRecord) -> str:
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         line = f"{_timestamp(record)} {record.levelname} {record.name}: {record.getMessage()}"
+        trace_id = getattr(record, "trace_id", "")
+        if trace_id:
+            line += f" [trace_id={trace_id} span_id={getattr(record, 'span_id', '')}]"
         if record.exc_info:
             line += "\n" + self.formatException(record.exc_info)
         return line
@@ -64,6 +74,7 @@ def configure(level: str, fmt: str) -> None:
     """Route every logger to stderr at ``level`` in ``fmt`` (replacing earlier handlers)."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(TraceContextFilter())  # a line names the trace it was written in
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
