@@ -19,7 +19,6 @@ log = logging.getLogger("wakeful.server")
 
 READY_TIMEOUT = 5.0
 QUEUE_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
-PAGE = 1000
 
 
 @router.get("/healthz")
@@ -44,20 +43,11 @@ async def readyz(state: StateDep) -> Health:
 
 
 async def _queue_gauges(state: ServerState) -> list[Gauge]:
-    depth: dict[tuple[str, ...], float] = {}
-    capped: dict[tuple[str, ...], float] = {}
     bound = state.queue_depth_bound
-    for status in QUEUE_STATUSES:
-        count, after = 0, None
-        while count < bound:
-            want = min(PAGE, bound - count)
-            rows = await state.store.list_dispatches(status=status, after=after, limit=want)
-            count += len(rows)
-            if len(rows) < want:
-                break
-            after = rows[-1].dispatch_id
-        depth[(status,)] = float(count)
-        capped[(status,)] = 1.0 if count >= bound else 0.0
+    # One store call: each status counted over its index range, up to the bound.
+    counts = await state.store.queue_depths(limit=bound)
+    depth = {(status,): float(counts[status]) for status in QUEUE_STATUSES}
+    capped = {(status,): 1.0 if counts[status] >= bound else 0.0 for status in QUEUE_STATUSES}
     return [
         Gauge(
             "wakeful_queue_depth",
