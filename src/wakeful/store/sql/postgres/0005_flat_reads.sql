@@ -175,38 +175,68 @@ $fn$;
 -- p_owner, only the dispatches a tenant may see: on its threads, and not submitted for
 -- another tenant. EXECUTE plans each call for its filters (a cached generic plan would have
 -- to serve every combination).
+--
+-- The filters that pick the index are written "= ANY (ARRAY[...])" and ordered by: with a
+-- plain equality the planner treats the column as constant, so the seq index walked with a
+-- filter satisfies ORDER BY seq too, and with statistics it chose that walk (across every
+-- other tenant's or status's rows). ANY keeps the column in the ordering, which only the
+-- composite index provides; sorts, sequential and bitmap scans are disabled, so that index
+-- range is the plan.
 CREATE FUNCTION @schema@.list_dispatches(p_floor bigint, p_status text, p_thread text,
                                          p_owner text, p_limit integer)
 RETURNS SETOF @schema@.dispatches
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_sort = off
 AS $fn$
+DECLARE
+    lead text;
+    filters text := '';
+    ordering text := 'seq';
 BEGIN
+    -- the index: by thread (one thread's page), else by owner, else by status, else seq
+    lead := CASE WHEN p_thread IS NOT NULL THEN 'thread_id = ANY (ARRAY[$3])'
+                 WHEN p_owner IS NOT NULL THEN 'owner = ANY (ARRAY[$4])' END;
+    IF lead IS NOT NULL THEN
+        filters := ' AND ' || lead;
+        ordering := CASE WHEN p_thread IS NOT NULL THEN 'thread_id' ELSE 'owner' END;
+        IF p_status IS NOT NULL THEN
+            filters := filters || ' AND status = ANY (ARRAY[$2])';
+            ordering := ordering || ', status';
+        END IF;
+        ordering := ordering || ', seq';
+    ELSIF p_status IS NOT NULL THEN
+        filters := ' AND status = ANY (ARRAY[$2])';
+        ordering := 'status, seq';
+    END IF;
+    IF p_owner IS NOT NULL THEN
+        filters := filters || ' AND owner = $4 AND (tenant IS NULL OR tenant = $4)';
+    END IF;
     RETURN QUERY EXECUTE
-        'SELECT * FROM @schema@.dispatches WHERE seq > $1'
-        || CASE WHEN p_status IS NULL THEN '' ELSE ' AND status = $2' END
-        || CASE WHEN p_thread IS NULL THEN '' ELSE ' AND thread_id = $3' END
-        || CASE WHEN p_owner IS NULL THEN ''
-                ELSE ' AND owner = $4 AND (tenant IS NULL OR tenant = $4)' END
-        || ' ORDER BY seq LIMIT $5'
+        'SELECT * FROM @schema@.dispatches WHERE seq > $1' || filters
+        || ' ORDER BY ' || ordering || ' LIMIT $5'
         USING p_floor, p_status, p_thread, p_owner, p_limit;
 END
 $fn$;
 
--- Threads with at least one commit, by id after p_after, only p_tenant's when given.
+-- Threads with at least one commit, by id after p_after, only p_tenant's when given (the
+-- tenant written as in list_dispatches, for the same reason).
 CREATE FUNCTION @schema@.list_threads(p_tenant text, p_after text, p_limit integer)
 RETURNS SETOF @schema@.threads
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_sort = off
 AS $fn$
 BEGIN
     RETURN QUERY EXECUTE
         'SELECT * FROM @schema@.threads WHERE present AND version > 0'
-        || CASE WHEN p_tenant IS NULL THEN '' ELSE ' AND tenant = $1' END
+        || CASE WHEN p_tenant IS NULL THEN '' ELSE ' AND tenant = ANY (ARRAY[$1])' END
         || CASE WHEN p_after IS NULL THEN '' ELSE ' AND thread_id > $2' END
-        || ' ORDER BY thread_id LIMIT $3'
+        || CASE WHEN p_tenant IS NULL THEN ' ORDER BY thread_id'
+                ELSE ' ORDER BY tenant, thread_id' END
+        || ' LIMIT $3'
         USING p_tenant, p_after, p_limit;
 END
 $fn$;
@@ -221,11 +251,16 @@ RETURNS TABLE (o_status text, o_count bigint)
 LANGUAGE plpgsql STABLE
 SET enable_seqscan = off
 SET enable_bitmapscan = off
+SET enable_sort = off
 AS $fn$
 BEGIN
+    -- ordered by (status, seq), with the status as ANY, as in list_dispatches: otherwise the
+    -- planner may count through another index holding status in a later column (a scan of
+    -- all of it)
     RETURN QUERY
         SELECT s.status, (SELECT count(*) FROM (SELECT 1 FROM @schema@.dispatches d
-                                                   WHERE d.status = s.status
+                                                   WHERE d.status = ANY (ARRAY[s.status])
+                                                   ORDER BY d.status, d.seq
                                                    LIMIT p_limit) c)
           FROM unnest(ARRAY['pending', 'leased', 'awaiting', 'quarantined'])
                AS s(status);
