@@ -160,8 +160,7 @@ def fill_sqlite(conn: sqlite3.Connection, shape: Shape, now: datetime | None = N
 
     def checkpoint(cp_id: str, parent: str, owner: str) -> str:
         return (
-            f"replace(replace(replace(?, 'CPID', {cp_id}), 'PARENT', {parent}), "
-            f"'TENANT', {owner})"
+            f"replace(replace(replace(?, 'CPID', {cp_id}), 'PARENT', {parent}), 'TENANT', {owner})"
         )
 
     columns = (

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import sqlite3
@@ -140,7 +141,7 @@ def build_postgres(db: Database, shape: Shape) -> str:
             conn.execute(f"ALTER TABLE wakeful.{table} SET (autovacuum_enabled = false)")
         with conn.transaction():
             for statement in postgres_statements('"wakeful"', shape):
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
     return db.dsn
 
 
@@ -167,12 +168,12 @@ def run(args: argparse.Namespace) -> tuple[dict[Key, list[dict[str, float]]], st
             started = time.perf_counter()
             url = build_sqlite(path, shape)
             print(f"sqlite {size:,}: built in {time.perf_counter() - started:.1f} s", flush=True)
-            for r in range(args.rounds):
+            for _ in range(args.rounds):
                 found.setdefault(("sqlite", "no stats", size), []).append(
                     asyncio.run(measure(url, shape, args.calls))
                 )
             analyze_sqlite(path)
-            for r in range(args.rounds):
+            for _ in range(args.rounds):
                 found.setdefault(("sqlite", "analyzed", size), []).append(
                     asyncio.run(measure(url, shape, args.calls))
                 )
@@ -185,22 +186,20 @@ def run(args: argparse.Namespace) -> tuple[dict[Key, list[dict[str, float]]], st
                 dsn = build_postgres(db, shape)
                 took = time.perf_counter() - started
                 print(f"postgresql {size:,}: built in {took:.1f} s", flush=True)
-                for r in range(args.rounds):
+                for _ in range(args.rounds):
                     found.setdefault(("postgresql", "no stats", size), []).append(
                         asyncio.run(measure(dsn, shape, args.calls))
                     )
                 analyze_postgres(dsn)
-                for r in range(args.rounds):
+                for _ in range(args.rounds):
                     found.setdefault(("postgresql", "analyzed", size), []).append(
                         asyncio.run(measure(dsn, shape, args.calls))
                     )
             except Exception as exc:  # no server or no driver: SQLite still runs
                 skipped = f"PostgreSQL skipped: {type(exc).__name__}: {exc}"
             finally:
-                try:
+                with contextlib.suppress(Exception):
                     db.drop()
-                except Exception:
-                    pass
     finally:
         shutil.rmtree(directory, ignore_errors=True)
     return found, skipped

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import psycopg
 import pytest
-
 from benchmarks.scale_data import QUIET, Shape, postgres_statements
+
 from tests.postgres_support import SCHEMA, Databases
 
 pytest_plugins = ["tests.postgres_fixtures"]
@@ -56,7 +56,7 @@ def _nested_plans(conn: psycopg.Connection, query: str) -> str:
     notes: list[str] = []
     conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
     with conn.transaction(force_rollback=True):
-        conn.execute(query)  # type: ignore[arg-type]
+        conn.execute(query)
     conn._notice_handlers.clear()
     return "\n".join(notes)
 
@@ -68,10 +68,10 @@ async def test_every_hot_path_reads_its_index_range(
     dsn = await pg_databases.clone()
     with psycopg.connect(dsn, autocommit=True) as conn:
         for table in ("threads", "dispatches", "checkpoints", "events", "messages"):
-            conn.execute(f"ALTER TABLE {S}.{table} SET (autovacuum_enabled = false)")  # type: ignore[arg-type]
+            conn.execute(f"ALTER TABLE {S}.{table} SET (autovacuum_enabled = false)")
         with conn.transaction():
             for statement in postgres_statements(S, Shape(3000, 600, 200, 500, 50, 20)):
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
         if analyzed:
             conn.execute("ANALYZE")
         conn.execute("LOAD 'auto_explain'")
@@ -81,7 +81,7 @@ async def test_every_hot_path_reads_its_index_range(
             "auto_explain.log_level = notice",
             "client_min_messages = notice",
         ):
-            conn.execute(f"SET {setting}")  # type: ignore[arg-type]
+            conn.execute(f"SET {setting}")
         for name, (query, wanted) in CALLS.items():
             plans = _nested_plans(conn, query)
             for want in wanted:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-
 from benchmarks.scale_data import QUIET, Shape, fill_sqlite
+
 from wakeful.records import Dispatch
 from wakeful.store.sqlite import open_sqlite_store, queue, reads
 
@@ -138,7 +138,7 @@ def _steps(path: Path) -> int:
 
 @pytest.mark.asyncio
 async def test_claim_next_does_not_step_over_live_leases(tmp_path: Path) -> None:
-    steps = {}
+    steps: dict[int, int] = {}
     for held in (0, 800):
         path = tmp_path / f"leases-{held}.db"
         async with await open_sqlite_store(f"sqlite:///{path}") as store:

@@ -42,7 +42,7 @@ from wakeful.store.contract import Store
 from wakeful.store.memory import MemoryStore
 from wakeful.store.sqlite import connection, parse_url, retention
 from wakeful.store.sqlite.migrations import Migration, current_version, migrate, shipped
-from wakeful.store.sqlite.queue import _AVAILABLE
+from wakeful.store.sqlite.queue import _DUE, _LAPSED
 
 case = pytest.mark.asyncio
 
@@ -353,17 +353,20 @@ async def test_prune_of_settled_dispatches_in_batches(
 # ------------------------------------------------------------------ plans and threads
 
 
-def test_claim_next_walks_the_runnable_index_without_sorting(tmp_path: Path) -> None:
+def test_claim_next_walks_the_due_index_without_sorting(tmp_path: Path) -> None:
     db = tmp_path / "plan.db"
     raw = sqlite3.connect(db, isolation_level=None)
     try:
         migrate(raw, sqlite_url(db), shipped(), 0)
-        plan = " | ".join(
-            row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + _AVAILABLE, {"now": 0})
+        due, lapsed = (
+            " | ".join(row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + q, {"now": 0}))
+            for q in (_DUE, _LAPSED)
         )
     finally:
         raw.close()
-    assert "dispatches_runnable" in plan and "TEMP B-TREE" not in plan, plan
+    assert "dispatches_due" in due and "TEMP B-TREE" not in due, due
+    # only the lapsed leases are read (a range of lease_expires), then put in claim order
+    assert "USING INDEX dispatches_lapsing (lease_expires<?)" in lapsed, lapsed
 
 
 @case

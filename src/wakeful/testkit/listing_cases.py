@@ -80,9 +80,7 @@ class ListingCases(Harness):
             await kit.store.list_dispatches(tenant="")
 
     @case
-    async def test_queue_depths_count_open_work_by_status_up_to_the_limit(
-        self, kit: Kit
-    ) -> None:
+    async def test_queue_depths_count_open_work_by_status_up_to_the_limit(self, kit: Kit) -> None:
         empty = await kit.store.queue_depths()
         assert empty == {"pending": 0, "leased": 0, "awaiting": 0, "quarantined": 0}
         for i in range(5):

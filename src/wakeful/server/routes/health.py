@@ -46,8 +46,12 @@ async def _queue_gauges(state: ServerState) -> list[Gauge]:
     bound = state.queue_depth_bound
     # One store call: each status counted over its index range, up to the bound.
     counts = await state.store.queue_depths(limit=bound)
-    depth = {(status,): float(counts[status]) for status in QUEUE_STATUSES}
-    capped = {(status,): 1.0 if counts[status] >= bound else 0.0 for status in QUEUE_STATUSES}
+    depth: dict[tuple[str, ...], float] = {
+        (status,): float(counts[status]) for status in QUEUE_STATUSES
+    }
+    capped: dict[tuple[str, ...], float] = {
+        (status,): 1.0 if counts[status] >= bound else 0.0 for status in QUEUE_STATUSES
+    }
     return [
         Gauge(
             "wakeful_queue_depth",

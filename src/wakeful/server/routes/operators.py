@@ -37,6 +37,7 @@ from wakeful.server.views import dispatch_view, errors, thread_view
 router = APIRouter(prefix="/v1", tags=["dispatches"])
 operators = APIRouter(prefix="/v1", tags=["operators"])
 
+
 @router.get("/workers")
 async def list_workers(state: StateDep, caller: CallerDep) -> WorkerList:
     """Registered workers with their generation and last heartbeat (any authenticated

@@ -10,6 +10,7 @@ thread row before the dispatch row, the one lock order of the schema.
 from __future__ import annotations
 
 import uuid
+
 from wakeful.errors import DispatchConflict, InvalidInput, NotFound, StoreUnavailable
 from wakeful.ids import check_count, check_id, check_seconds
 from wakeful.records import (

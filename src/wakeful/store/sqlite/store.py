@@ -52,8 +52,8 @@ from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
     check_claim_and_commit,
     check_commit,
-    check_dispatch,
     check_depth_limit,
+    check_dispatch,
     check_listing,
     check_outcome,
     check_policy,
