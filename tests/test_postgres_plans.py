@@ -90,3 +90,4 @@ async def test_every_hot_path_reads_its_index_range(
                 assert banned not in plans, (name, plans)
             if name != "claim_next":  # the few lapsed leases are sorted by claim order
                 assert "Sort" not in plans, (name, plans)
+            assert "Filter: (status" not in plans, (name, plans)  # the status is in the range

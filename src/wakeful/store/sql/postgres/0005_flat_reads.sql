@@ -202,8 +202,9 @@ BEGIN
         filters := ' AND ' || lead;
         ordering := CASE WHEN p_thread IS NOT NULL THEN 'thread_id' ELSE 'owner' END;
         IF p_status IS NOT NULL THEN
-            filters := filters || ' AND status = ANY (ARRAY[$2])';
-            ordering := ordering || ', status';
+            -- a plain equality here: the composite index then yields (lead, seq) order from
+            -- the exact range, where ANY on a second column would become a filter
+            filters := filters || ' AND status = $2';
         END IF;
         ordering := ordering || ', seq';
     ELSIF p_status IS NOT NULL THEN
