@@ -15,6 +15,9 @@ Run ``python -m benchmarks.scale [--rounds 3] [--dsn URL] [--commits 200] [--log
   threads, each holding one completed checkpoint of the ~1.5 kB state and one event, claim
   released: in the memory store (created in process) and in the file store (its projection
   after opening a log of those threads).
+
+Read and claim paths against the number of threads, dispatches and events (issue 27) are
+``benchmarks.scale_paths``, run beside this module by ``make bench``.
 """
 
 from __future__ import annotations

@@ -165,8 +165,12 @@ class Alternating:
         thread_id: str | None = None,
         after: str | None = None,
         limit: int = 100,
+        tenant: str | None = None,
     ) -> list[Dispatch]:
-        return await self.next().list_dispatches(status, thread_id, after, limit)
+        return await self.next().list_dispatches(status, thread_id, after, limit, tenant)
+
+    async def queue_depths(self, limit: int = 10_000) -> dict[DispatchStatus, int]:
+        return await self.next().queue_depths(limit)
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:
         return await self.next().quarantine(dispatch_id)

@@ -42,7 +42,7 @@ from wakeful.store.contract import Store
 from wakeful.store.memory import MemoryStore
 from wakeful.store.sqlite import connection, parse_url, retention
 from wakeful.store.sqlite.migrations import Migration, current_version, migrate, shipped
-from wakeful.store.sqlite.queue import _AVAILABLE
+from wakeful.store.sqlite.queue import _DUE, _LAPSED
 
 case = pytest.mark.asyncio
 
@@ -140,6 +140,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
     assert [(version, name) for version, name, _ in rows] == [
         (1, "0001_initial"),
         (2, "0002_dispatch_tenant"),
+        (3, "0003_flat_reads"),
     ]
     later = ManualClock()
     later.advance(3600)
@@ -162,7 +163,7 @@ async def test_a_database_from_a_newer_wakeful_is_refused_untouched(tmp_path: Pa
         await open_store(sqlite_url(db))
     message = str(refused.value)
     assert "99" in message and "newer" in message and "Upgrade wakeful" in message
-    assert [row[0] for row in _schema_rows(db)] == [1, 2, 99]
+    assert [row[0] for row in _schema_rows(db)] == [1, 2, 3, 99]
 
 
 @case
@@ -353,17 +354,20 @@ async def test_prune_of_settled_dispatches_in_batches(
 # ------------------------------------------------------------------ plans and threads
 
 
-def test_claim_next_walks_the_runnable_index_without_sorting(tmp_path: Path) -> None:
+def test_claim_next_walks_the_due_index_without_sorting(tmp_path: Path) -> None:
     db = tmp_path / "plan.db"
     raw = sqlite3.connect(db, isolation_level=None)
     try:
         migrate(raw, sqlite_url(db), shipped(), 0)
-        plan = " | ".join(
-            row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + _AVAILABLE, {"now": 0})
+        due, lapsed = (
+            " | ".join(row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + q, {"now": 0}))
+            for q in (_DUE, _LAPSED)
         )
     finally:
         raw.close()
-    assert "dispatches_runnable" in plan and "TEMP B-TREE" not in plan, plan
+    assert "dispatches_due" in due and "TEMP B-TREE" not in due, due
+    # only the lapsed leases are read (a range of lease_expires), then put in claim order
+    assert "USING INDEX dispatches_lapsing (lease_expires<?)" in lapsed, lapsed
 
 
 @case

@@ -227,9 +227,20 @@ class DispatchQueue(Protocol):
         thread_id: str | None = None,
         after: str | None = None,
         limit: int = 100,
+        tenant: str | None = None,
     ) -> list[Dispatch]:
-        """Dispatches in enqueue order after the dispatch id ``after``, filtered (each with
-        its ``tenant``; the store does not filter on it: the caller does)."""
+        """Dispatches in enqueue order after the dispatch id ``after``, filtered. With
+        ``tenant``, only those the tenant may see: on threads whose tenant is fixed to it
+        (``ThreadSnapshot.tenant``), and submitted for it or for no tenant
+        (``Dispatch.tenant`` is ``tenant`` or ``None``). SQL stores answer every filter from an
+        index range in enqueue order, so a page costs what it returns, not what other tenants
+        or statuses hold."""
+        ...
+
+    async def queue_depths(self, limit: int = 10_000) -> dict[DispatchStatus, int]:
+        """How many dispatches are ``pending``, ``leased``, ``awaiting`` and ``quarantined``
+        (the four keys, always), each counted up to ``limit``: a count equal to ``limit``
+        means "at least". The cost is bounded by ``limit`` per status, not by the queue."""
         ...
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:

@@ -52,6 +52,8 @@ from wakeful.store.projection import (
     settled_record,
 )
 from wakeful.store.validate import (
+    QUEUE_DEPTH_STATUSES,
+    check_depth_limit,
     check_dispatch,
     check_listing,
     check_outcome,
@@ -170,21 +172,38 @@ class ProjectedQueue(ProjectedCore):
         thread_id: str | None = None,
         after: str | None = None,
         limit: int = 100,
+        tenant: str | None = None,
     ) -> list[Dispatch]:
-        limit = check_listing(status, thread_id, after, limit)
+        limit = check_listing(status, thread_id, after, limit, tenant)
         state = self._open()
         floor = state.dispatch_order.get(after, 0) if after is not None else 0
         if after is not None and after not in state.dispatch_order:
             raise NotFound("dispatch cursor", after)
+
+        def visible(d: Dispatch) -> bool:
+            if tenant is None:
+                return True
+            owner = state.threads.get(d.thread_id)
+            return owner is not None and owner.tenant == tenant and d.tenant in (None, tenant)
+
         rows = [
             d
             for d in state.dispatches.values()
             if state.dispatch_order[d.dispatch_id] > floor
             and (status is None or d.status == status)
             and (thread_id is None or d.thread_id == thread_id)
+            and visible(d)
         ]
         rows.sort(key=lambda d: state.dispatch_order[d.dispatch_id])
         return rows[:limit]
+
+    async def queue_depths(self, limit: int = 10_000) -> dict[DispatchStatus, int]:
+        limit = check_depth_limit(limit)
+        counts: dict[DispatchStatus, int] = dict.fromkeys(QUEUE_DEPTH_STATUSES, 0)
+        for d in self._open().dispatches.values():
+            if d.status in counts:
+                counts[d.status] += 1
+        return {status: min(count, limit) for status, count in counts.items()}
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:
         state, d = self._dispatch(dispatch_id)

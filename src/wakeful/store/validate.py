@@ -31,6 +31,7 @@ from wakeful.records import (
     Awaiting,
     Commit,
     Dispatch,
+    DispatchStatus,
     Done,
     RetentionPolicy,
     Retry,
@@ -302,10 +303,22 @@ def check_policy(policy: object) -> RetentionPolicy:
 DISPATCH_STATUSES = frozenset(("pending", "leased", "awaiting", "done", "quarantined"))
 
 
-def check_listing(status: object, thread_id: object, after: object, limit: object) -> int:
+def check_listing(
+    status: object, thread_id: object, after: object, limit: object, tenant: object = None
+) -> int:
     """The arguments of ``list_dispatches``; returns the page size."""
     if status is not None and status not in DISPATCH_STATUSES:
         raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
     check_optional_id("thread_id", thread_id)
+    check_optional_id("tenant", tenant)
     check_optional_id("after", after)
     return check_count("limit", limit, minimum=1)
+
+
+QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
+"""The statuses ``queue_depths`` counts: open work (``done`` is history)."""
+
+
+def check_depth_limit(limit: object) -> int:
+    """The argument of ``queue_depths``."""
+    return check_count("limit", limit, minimum=1, maximum=2**31 - 1)

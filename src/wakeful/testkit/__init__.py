@@ -21,6 +21,7 @@ from wakeful.testkit.commit_cases import CommitCases
 from wakeful.testkit.drop_cases import DropCases
 from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
+from wakeful.testkit.listing_cases import ListingCases
 from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.queue_cases import QueueCases
 from wakeful.testkit.stateful import run_stateful
@@ -42,6 +43,7 @@ class StoreConformance(
     DropCases,
     FoldCases,
     QueueCases,
+    ListingCases,
     MessagingCases,
     TenantCases,
     ValueCases,
@@ -58,6 +60,7 @@ __all__ = [
     "FoldCases",
     "Harness",
     "Kit",
+    "ListingCases",
     "MessagingCases",
     "QueueCases",
     "StatefulCases",

@@ -20,7 +20,6 @@ log = logging.getLogger("wakeful.server")
 
 READY_TIMEOUT = 5.0
 QUEUE_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
-PAGE = 1000
 WORKER_LIVE = timedelta(seconds=60)
 """A worker counts as live while its last heartbeat is this recent (a worker heartbeats
 every ttl/3: 10 s with the default 30 s ttl)."""
@@ -48,26 +47,15 @@ async def readyz(state: StateDep) -> Health:
 
 
 async def _queue_gauges(state: ServerState) -> list[Gauge]:
-    # The store contract has no cheap count yet (issue 27): the bounded paging stays.
-    depth: dict[tuple[str, ...], float] = {}
-    capped: dict[tuple[str, ...], float] = {}
     bound = state.queue_depth_bound
-    now = datetime.now(UTC)
-    live_leases = 0
-    for status in QUEUE_STATUSES:
-        count, after = 0, None
-        while count < bound:
-            want = min(PAGE, bound - count)
-            rows = await state.store.list_dispatches(status=status, after=after, limit=want)
-            count += len(rows)
-            live_leases += sum(
-                1 for d in rows if d.lease_until is not None and d.lease_until >= now
-            )
-            if len(rows) < want:
-                break
-            after = rows[-1].dispatch_id
-        depth[(status,)] = float(count)
-        capped[(status,)] = 1.0 if count >= bound else 0.0
+    # One store call: each status counted over its index range, up to the bound.
+    counts = await state.store.queue_depths(limit=bound)
+    depth: dict[tuple[str, ...], float] = {
+        (status,): float(counts[status]) for status in QUEUE_STATUSES
+    }
+    capped: dict[tuple[str, ...], float] = {
+        (status,): 1.0 if counts[status] >= bound else 0.0 for status in QUEUE_STATUSES
+    }
     return [
         Gauge(
             "wakeful_queue_depth",
@@ -83,9 +71,10 @@ async def _queue_gauges(state: ServerState) -> list[Gauge]:
         ),
         Gauge(
             "wakeful_leases_live",
-            f"Leased dispatches whose lease has not expired (of at most {bound} counted).",
+            f"Dispatches leased to a worker (at most {bound} counted; a lapsed lease counts "
+            "until its dispatch is claimed again).",
             (),
-            {(): float(live_leases)},
+            {(): float(counts["leased"])},
         ),
     ]
 

@@ -12,6 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Response
 
 from wakeful.errors import NotFound
+from wakeful.fleet.client import tenant_of
 from wakeful.server.access import (
     CallerDep,
     DispatchFilter,
@@ -36,11 +37,6 @@ from wakeful.server.views import dispatch_view, errors, thread_view
 router = APIRouter(prefix="/v1", tags=["dispatches"])
 operators = APIRouter(prefix="/v1", tags=["operators"])
 
-SCAN_BATCH = 200
-SCAN_LIMIT = 5000
-"""Dispatches looked at per listing request for a tenant (filtering by thread owner); when
-reached, the page may be short and ``next_after`` continues the scan."""
-
 
 @router.get("/workers")
 async def list_workers(state: StateDep, caller: CallerDep) -> WorkerList:
@@ -62,30 +58,31 @@ async def list_dispatches(
     after: IdCursor = None,
     limit: Limit = 100,
 ) -> DispatchPage:
-    """Dispatches in enqueue order, filtered; a tenant sees those of its threads."""
+    """Dispatches in enqueue order, filtered; a tenant sees those of its threads. A page may
+    hold fewer than ``limit`` dispatches while ``next_after`` continues the listing."""
     visible = DispatchFilter(state.store, caller)
     if thread_id is not None:
         await visible_thread(state.store, caller, thread_id)
     if after is not None and not caller.operator:
         await visible.get(after)  # a cursor of another tenant is not found
-    rows: list[DispatchView] = []
-    cursor, scanned = after, 0
-    while len(rows) < limit and scanned < SCAN_LIMIT:
-        batch = await state.store.list_dispatches(
-            status=status, thread_id=thread_id, after=cursor, limit=SCAN_BATCH
-        )
-        for d in batch:
-            scanned += 1
-            cursor = d.dispatch_id
-            if await visible.visible(d):
-                rows.append(dispatch_view(d))
-                if len(rows) == limit:
-                    break
-        if len(batch) < SCAN_BATCH:
-            if len(rows) < limit:
-                cursor = None
-            break
-    return DispatchPage(dispatches=rows, next_after=cursor)
+    # A tenant's page comes from the store already scoped (an index range of the tenant's
+    # dispatches): what other tenants hold costs it nothing.
+    batch = await state.store.list_dispatches(
+        status=status,
+        thread_id=thread_id,
+        after=after,
+        limit=limit,
+        tenant=None if caller.operator else caller.tenant,
+    )
+    rows = [
+        dispatch_view(d)
+        for d in batch
+        # work queued before dispatches carried a tenant names it in its payload only
+        if caller.operator or tenant_of(d) in (None, caller.tenant)
+    ]
+    return DispatchPage(
+        dispatches=rows, next_after=batch[-1].dispatch_id if len(batch) == limit else None
+    )
 
 
 @router.get("/dispatches/{dispatch_id}", responses=errors(404))

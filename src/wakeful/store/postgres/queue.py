@@ -10,7 +10,6 @@ thread row before the dispatch row, the one lock order of the schema.
 from __future__ import annotations
 
 import uuid
-from typing import Any
 
 from wakeful.errors import DispatchConflict, InvalidInput, NotFound, StoreUnavailable
 from wakeful.ids import check_count, check_id, check_seconds
@@ -28,6 +27,8 @@ from wakeful.store.postgres.codec import DISPATCH_COLUMNS, DISPATCH_WIDTH
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
 from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.validate import (
+    QUEUE_DEPTH_STATUSES,
+    check_depth_limit,
     check_dispatch,
     check_listing,
     check_outcome,
@@ -51,11 +52,11 @@ _REQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.requeue(%s)"
 _PURGE = "SELECT @schema@.purge(%s)"
 _GET = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.dispatches WHERE dispatch_id = %s"
 _CURSOR = "SELECT seq FROM @schema@.dispatches WHERE dispatch_id = %s"
+# Through functions that leave the planner only index plans in page order (migration 0005).
 _LIST = f"""
-SELECT {DISPATCH_COLUMNS} FROM @schema@.dispatches
- WHERE seq > %(floor)s {{status}} {{thread}}
- ORDER BY seq LIMIT %(limit)s
+SELECT {DISPATCH_COLUMNS} FROM @schema@.list_dispatches(%s, %s, %s, %s, %s)
 """
+_DEPTHS = "SELECT o_status, o_count FROM @schema@.queue_depths(%s)"
 _CANCEL_BUDGET = Dispatch(dispatch_id="cancel", thread_id="t", kind="cancel").max_attempts
 """A cancel dispatch gets the default retry budget, as in the reference store."""
 _REGISTER = "SELECT @schema@.register_worker(%s, %s)"
@@ -159,26 +160,25 @@ class QueueOps:
         thread_id: str | None = None,
         after: str | None = None,
         limit: int = 100,
+        tenant: str | None = None,
     ) -> list[Dispatch]:
-        limit = check_listing(status, thread_id, after, limit)
+        limit = check_listing(status, thread_id, after, limit, tenant)
         floor = 0
         if after is not None:
             found = await self._db.fetchone(_CURSOR, (after,), idempotent=True)
             if found is None:
                 raise NotFound("dispatch cursor", after)
             floor = found[0]
-        query = _LIST.format(
-            status="" if status is None else "AND status = %(status)s",
-            thread="" if thread_id is None else "AND thread_id = %(thread)s",
+        rows = await self._db.fetchall(
+            _LIST, (floor, status, thread_id, tenant, limit), idempotent=True
         )
-        params: dict[str, Any] = {
-            "floor": floor,
-            "status": status,
-            "thread": thread_id,
-            "limit": limit,
-        }
-        rows = await self._db.fetchall(query, params, idempotent=True)
         return [codec.dispatch(row) for row in rows]
+
+    async def queue_depths(self, limit: int = 10_000) -> dict[DispatchStatus, int]:
+        limit = check_depth_limit(limit)
+        rows = await self._db.fetchall(_DEPTHS, (limit,), idempotent=True)
+        counts = {status: int(count) for status, count in rows}
+        return {status: counts.get(status, 0) for status in QUEUE_DEPTH_STATUSES}
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:
         check_id("dispatch_id", dispatch_id)

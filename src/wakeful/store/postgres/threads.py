@@ -89,12 +89,11 @@ SELECT t.event_floor, e.seq, e.at, e.body
  WHERE t.thread_id = %(thread)s AND t.present
  ORDER BY e.seq
 """
+# Through a function that leaves the planner only index plans in page order (migration 0005).
 _LIST = """
 SELECT thread_id, tenant, version, latest_checkpoint, status, message_count, next_seq - 1,
        updated_at
-  FROM @schema@.threads
- WHERE present AND version > 0 {tenant} {after}
- ORDER BY thread_id LIMIT %(limit)s
+  FROM @schema@.list_threads(%s, %s, %s)
 """
 _HISTORY = """
 SELECT body, at FROM @schema@.checkpoints WHERE thread_id = %(thread)s {before}
@@ -304,13 +303,7 @@ class ThreadOps:
         check_optional_id("tenant", tenant)
         check_optional_id("after", after)
         limit = check_count("limit", limit, minimum=1)
-        query = _LIST.format(
-            tenant="" if tenant is None else "AND tenant = %(tenant)s",
-            after="" if after is None else "AND thread_id > %(after)s",
-        )
-        rows = await self._db.fetchall(
-            query, {"tenant": tenant, "after": after, "limit": limit}, idempotent=True
-        )
+        rows = await self._db.fetchall(_LIST, (tenant, after, limit), idempotent=True)
         return [
             ThreadSummary(
                 thread_id=tid,

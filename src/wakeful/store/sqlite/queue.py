@@ -19,7 +19,14 @@ from wakeful.errors import (
     StaleClaim,
     WorkerSuperseded,
 )
-from wakeful.records import Dispatch, Lease, Outcome, WorkerIdentity, WorkerInfo
+from wakeful.records import (
+    Dispatch,
+    DispatchStatus,
+    Lease,
+    Outcome,
+    WorkerIdentity,
+    WorkerInfo,
+)
 from wakeful.store.projected import cancel_intent
 from wakeful.store.sqlite import reads
 from wakeful.store.sqlite.claims import (
@@ -31,7 +38,7 @@ from wakeful.store.sqlite.claims import (
 )
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
-from wakeful.store.validate import check_outcome, same_request
+from wakeful.store.validate import QUEUE_DEPTH_STATUSES, check_outcome, same_request
 
 _BY_ID = f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE dispatch_id = ?"
 
@@ -115,44 +122,61 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
     return stored
 
 
-# Available: pending and due, or leased (the thread's claim is no longer live, so the lease
-# expired or was ended), on a thread without a live claim; priority then enqueue order.
-# INDEXED BY: walk the runnable index in claim order and stop after ``limit`` rows, instead
-# of sorting every open dispatch (what the planner picks without statistics).
-_AVAILABLE = (
-    "SELECT d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_runnable "
-    "LEFT JOIN threads AS t ON t.thread_id = d.thread_id "
-    "WHERE d.status IN ('pending', 'leased') "
-    "AND (d.status = 'leased' OR d.available_at <= :now) "
-    "AND (t.token IS NULL OR t.expires_at < :now) "
-    "ORDER BY d.priority DESC, d.seq"
+# Available: pending and due, or leased with a lapsed lease (``lease_expires``, kept by
+# triggers from the thread's claim: migration 0003), on a thread without a live claim;
+# priority then enqueue order. Two index walks merged here: the pending range in claim order
+# stops after ``limit`` threads, and the lapsed range holds only the leases whose claim ended,
+# so neither steps over live leases. INDEXED BY: the planner may not sort the range instead.
+_LIVE = "LEFT JOIN threads AS t ON t.thread_id = d.thread_id"
+_FREE = "(t.token IS NULL OR t.expires_at < :now)"
+_DUE = (
+    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_due "
+    f"{_LIVE} WHERE d.status = 'pending' AND d.available_at <= :now AND {_FREE} "
+    f"ORDER BY d.priority DESC, d.seq"
 )
+_LAPSED = (
+    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d "
+    f"INDEXED BY dispatches_lapsing {_LIVE} "
+    f"WHERE d.status = 'leased' AND d.lease_expires < :now AND {_FREE} "
+    f"ORDER BY d.priority DESC, d.seq"
+)
+
+
+def _available(conn: sqlite3.Connection, now: datetime, limit: int) -> list[tuple[int, str]]:
+    """Up to ``limit`` (seq, thread) of available dispatches in claim order, one per thread."""
+    params = {"now": to_us(now)}
+    due, lapsed = conn.execute(_DUE, params), conn.execute(_LAPSED, params)
+    chosen: list[tuple[int, str]] = []
+    threads: set[str] = set()
+    try:
+        a, b = due.fetchone(), lapsed.fetchone()
+        while len(chosen) < limit and (a is not None or b is not None):
+            if a is not None and (b is None or (-a[0], a[1]) < (-b[0], b[1])):
+                row, a = a, due.fetchone()
+            else:
+                row, b = b, lapsed.fetchone()
+            if row[2] not in threads:
+                threads.add(row[2])
+                chosen.append((row[1], row[2]))
+    finally:
+        due.close()
+        lapsed.close()
+    return chosen
 
 
 def claim_next(
     conn: sqlite3.Connection, now: datetime, holder: str, ttl: float, limit: int
 ) -> list[Lease]:
-    chosen: list[tuple[int, str]] = []
-    threads: set[str] = set()
-    cursor = conn.execute(_AVAILABLE, {"now": to_us(now)})
-    try:
-        for seq, thread_id in cursor:
-            if thread_id not in threads:
-                threads.add(thread_id)
-                chosen.append((seq, thread_id))
-                if len(chosen) == limit:
-                    break
-    finally:
-        cursor.close()
+    chosen = _available(conn, now, limit)
     expires = now + timedelta(seconds=ttl)
     leases = []
     for seq, thread_id in chosen:
         claim = grant_claim(conn, thread_id, holder, expires)
         row = conn.execute(
             f"UPDATE dispatches SET status = 'leased', attempts = attempts + 1, token = ?, "
-            f"holder = ?, lease_until = ?, updated_at = ? WHERE seq = ? "
+            f"holder = ?, lease_until = ?, lease_expires = ?, updated_at = ? WHERE seq = ? "
             f"RETURNING {DISPATCH_COLUMNS}",
-            (claim.token, holder, to_us(expires), to_us(now), seq),
+            (claim.token, holder, to_us(expires), to_us(expires), to_us(now), seq),
         ).fetchone()
         d = dispatch_of(row)
         bind_tenant(conn, thread_id, d.tenant)
@@ -300,12 +324,15 @@ def purge(conn: sqlite3.Connection, dispatch_id: str) -> None:
     conn.execute("DELETE FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
 
 
+# Each filter combination has an index holding its rows in enqueue order (seq is the rowid,
+# so the unfiltered listing walks the table itself): a page reads what it returns.
 def list_dispatches(
     conn: sqlite3.Connection,
     status: str | None,
     thread_id: str | None,
     after: str | None,
     limit: int,
+    tenant: str | None = None,
 ) -> list[Dispatch]:
     floor = 0
     if after is not None:
@@ -321,9 +348,26 @@ def list_dispatches(
     if thread_id is not None:
         sql += " AND thread_id = ?"
         params.append(thread_id)
+    if tenant is not None:
+        sql += " AND owner = ? AND (tenant IS NULL OR tenant = ?)"
+        params.extend((tenant, tenant))
     sql += " ORDER BY seq LIMIT ?"
     params.append(limit)
     return [dispatch_of(row) for row in conn.execute(sql, params)]
+
+
+_DEPTH = (
+    "SELECT count(*) FROM (SELECT 1 FROM dispatches INDEXED BY dispatches_by_status "
+    "WHERE status = ? LIMIT ?)"
+)
+
+
+def queue_depths(conn: sqlite3.Connection, limit: int) -> dict[DispatchStatus, int]:
+    """Open dispatches by status, each counted up to ``limit`` over its index range."""
+    return {
+        status: conn.execute(_DEPTH, (status, limit)).fetchone()[0]
+        for status in QUEUE_DEPTH_STATUSES
+    }
 
 
 def register_worker(conn: sqlite3.Connection, now: datetime, worker_id: str) -> WorkerIdentity:

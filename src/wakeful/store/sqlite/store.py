@@ -52,6 +52,7 @@ from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
     check_claim_and_commit,
     check_commit,
+    check_depth_limit,
     check_dispatch,
     check_listing,
     check_outcome,
@@ -290,9 +291,16 @@ class SqliteStore:
         thread_id: str | None = None,
         after: str | None = None,
         limit: int = 100,
+        tenant: str | None = None,
     ) -> list[Dispatch]:
-        limit = check_listing(status, thread_id, after, limit)
-        return await self._read(lambda c: queue.list_dispatches(c, status, thread_id, after, limit))
+        limit = check_listing(status, thread_id, after, limit, tenant)
+        return await self._read(
+            lambda c: queue.list_dispatches(c, status, thread_id, after, limit, tenant)
+        )
+
+    async def queue_depths(self, limit: int = 10_000) -> dict[DispatchStatus, int]:
+        limit = check_depth_limit(limit)
+        return await self._read(lambda c: queue.queue_depths(c, limit))
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:
         check_id("dispatch_id", dispatch_id)

@@ -1,0 +1,278 @@
+"""Read and claim paths against deployment size (issue 27): each must stay flat.
+
+Run ``python -m benchmarks.scale_paths [--sizes 1000,100000,1000000] [--calls 20]
+[--rounds 3] [--dsn URL] [--max-events N]``.
+
+For each size (committed threads) a store is built with set-based inserts
+(``benchmarks.scale_data``: the public API would need most of an hour for a million threads)
+on SQLite and on PostgreSQL (a fresh database, autovacuum off for its tables so "without
+statistics" stays so): ``size`` committed threads over ten tenants, ``size / 10`` pending
+dispatches (at most 100,000) on threads without commits, ``size / 100`` leased ones (at most
+10,000) held by live claims, one done dispatch per thread, a big thread of
+``min(10 * size, --max-events)`` events, and a quiet tenant with one thread. Each path is
+then called ``--calls`` times per round through the store API, first without statistics and
+again after ``ANALYZE``; the figure is the median call. A path is flat when its time at the
+largest size is at most 1.5x its time at the smallest (per store, per statistics state).
+
+Paths: ``read`` of a thread, the tail of the big thread's events (``events_after``, which is
+also what an SSE resume reads) and of its messages, the first thread page (operator and
+tenant), the first pending page (operator), a tenant's dispatch page (the quiet tenant's:
+<= 20 ms whatever the others hold; and a busy tenant's), one thread's dispatches of one
+status, ``queue_depths`` (what a ``/metrics`` scrape calls, bound 10,000), and ``claim_next``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import DEFAULT_DSN, Collector, Database, Result, rounds_argument
+from benchmarks.scale_data import BIG, QUIET, Shape, fill_sqlite, postgres_statements
+from wakeful import open_store
+from wakeful.records import Done
+from wakeful.store.contract import Store
+
+FLAT = 1.5
+TENANT_PAGE_MS = 20.0
+SCRAPE_MS = 20.0
+SCRAPE_BOUND = 10_000
+"""The server's default ``queue_depth_bound``."""
+
+Call = Callable[[Store], Awaitable[Any]]
+
+
+def shape_for(size: int, max_events: int) -> Shape:
+    return Shape(
+        threads=size,
+        pending=min(size // 10, 100_000),
+        leased=min(size // 100, 10_000),
+        events=min(10 * size, max_events),
+        messages=min(size, 20_000),
+        checkpoints=100,
+    )
+
+
+def paths(shape: Shape) -> dict[str, Call]:
+    middle = f"t{shape.threads // 2:08d}"
+
+    async def claim(store: Store) -> Any:
+        leases = await store.claim_next("bench-claimer", 60)
+        return leases
+
+    return {
+        "read": lambda s: s.read(middle),
+        "events tail (SSE resume)": lambda s: s.events_after(BIG, shape.events - 100, 100),
+        "messages tail": lambda s: s.messages(BIG, shape.messages - 100, 100),
+        "thread page, operator": lambda s: s.list_threads(limit=100),
+        "thread page, tenant": lambda s: s.list_threads(tenant="tenant-3", limit=100),
+        "pending page, operator": lambda s: s.list_dispatches(status="pending", limit=100),
+        "dispatch page, quiet tenant": lambda s: s.list_dispatches(tenant=QUIET, limit=100),
+        "dispatch page, busy tenant": lambda s: s.list_dispatches(tenant="tenant-3", limit=100),
+        "one thread's done dispatches": lambda s: s.list_dispatches(
+            status="done", thread_id=middle, limit=100
+        ),
+        "queue_depths (metrics scrape)": lambda s: s.queue_depths(limit=SCRAPE_BOUND),
+        "claim_next": claim,
+    }
+
+
+async def measure(url: str, shape: Shape, calls: int) -> dict[str, float]:
+    """Milliseconds per call (median of ``calls``) of every path, on the store at ``url``."""
+    out: dict[str, float] = {}
+    async with open_store(url) as store:
+        for name, call in paths(shape).items():
+            await call(store)  # warm: connections, prepared statements, page cache
+            times = []
+            for _ in range(calls):
+                start = time.perf_counter()
+                result = await call(store)
+                times.append((time.perf_counter() - start) * 1e3)
+                if name == "claim_next":
+                    for lease in result:  # keep the queue as built
+                        await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
+            out[name] = statistics.median(times)
+    return out
+
+
+async def _migrated(url: str) -> None:
+    async with open_store(url):
+        pass
+
+
+def build_sqlite(path: Path, shape: Shape) -> str:
+    url = f"sqlite:///{path}"
+    asyncio.run(_migrated(url))
+    conn = sqlite3.connect(path)
+    try:
+        fill_sqlite(conn, shape)
+        conn.commit()
+    finally:
+        conn.close()
+    return url
+
+
+def analyze_sqlite(path: Path) -> None:
+    conn = sqlite3.connect(path)
+    try:
+        conn.execute("ANALYZE")
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def build_postgres(db: Database, shape: Shape) -> str:
+    import psycopg
+
+    db.create()
+    asyncio.run(_migrated(db.dsn))
+    with psycopg.connect(db.dsn, autocommit=True) as conn:
+        for table in ("threads", "dispatches", "checkpoints", "events", "messages"):
+            conn.execute(f"ALTER TABLE wakeful.{table} SET (autovacuum_enabled = false)")
+        with conn.transaction():
+            for statement in postgres_statements('"wakeful"', shape):
+                conn.execute(statement)
+    return db.dsn
+
+
+def analyze_postgres(dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("VACUUM ANALYZE")
+
+
+Key = tuple[str, str, int]
+"""(store, statistics state, size)."""
+
+
+def _measure_all(
+    found: dict[Key, list[dict[str, float]]],
+    store: str,
+    state: str,
+    urls: dict[int, str],
+    shapes: dict[int, Shape],
+    args: argparse.Namespace,
+) -> None:
+    """Rounds interleave the sizes, so that load from elsewhere hits them alike."""
+    for r in range(args.rounds):
+        order = list(urls) if r % 2 == 0 else list(reversed(urls))
+        for size in order:
+            found.setdefault((store, state, size), []).append(
+                asyncio.run(measure(urls[size], shapes[size], args.calls))
+            )
+
+
+def run(args: argparse.Namespace) -> tuple[dict[Key, list[dict[str, float]]], str | None]:
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    shapes = {size: shape_for(size, args.max_events) for size in sizes}
+    found: dict[Key, list[dict[str, float]]] = {}
+    skipped: str | None = None
+    directory = Path(tempfile.mkdtemp(prefix="wakeful-bench-paths-"))
+    try:
+        paths = {size: directory / f"paths-{size}.db" for size in sizes}
+        urls = {}
+        for size in sizes:
+            started = time.perf_counter()
+            urls[size] = build_sqlite(paths[size], shapes[size])
+            took = time.perf_counter() - started
+            print(f"sqlite {size:,}: built in {took:.1f} s", flush=True)
+        _measure_all(found, "sqlite", "no stats", urls, shapes, args)
+        for size in sizes:
+            analyze_sqlite(paths[size])
+        _measure_all(found, "sqlite", "analyzed", urls, shapes, args)
+        for path in paths.values():
+            path.unlink()
+        dbs = {
+            size: Database(args.dsn, f"wakeful_bench_paths_{os.getpid()}_{size}") for size in sizes
+        }
+        try:
+            dsns = {}
+            for size in sizes:
+                started = time.perf_counter()
+                dsns[size] = build_postgres(dbs[size], shapes[size])
+                took = time.perf_counter() - started
+                print(f"postgresql {size:,}: built in {took:.1f} s", flush=True)
+            _measure_all(found, "postgresql", "no stats", dsns, shapes, args)
+            for dsn in dsns.values():
+                analyze_postgres(dsn)
+            _measure_all(found, "postgresql", "analyzed", dsns, shapes, args)
+        except Exception as exc:  # no server or no driver: SQLite still ran
+            skipped = f"PostgreSQL skipped: {type(exc).__name__}: {exc}"
+        finally:
+            for db in dbs.values():
+                with contextlib.suppress(Exception):
+                    db.drop()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return found, skipped
+
+
+def report(
+    found: dict[Key, list[dict[str, float]]], sizes: list[int], skipped: str | None
+) -> list[Result]:
+    out = Collector("scale_paths")
+    small, large = sizes[0], sizes[-1]
+    for store, state in dict.fromkeys((k[0], k[1]) for k in found):
+        print(f"{store}, {state} (ms per call, medians)")
+        names = list(found[(store, state, small)][0])
+        print(f"  {'path':<32}" + "".join(f"{s:>12,}" for s in sizes) + f"{'ratio':>8}")
+        for name in names:
+            per = {s: [r[name] for r in found[(store, state, s)]] for s in sizes}
+            med = {s: statistics.median(v) for s, v in per.items()}
+            cells = "".join(f"{med[s]:>12.2f}" for s in sizes)
+            print(f"  {name:<32}{cells}{med[large] / med[small]:>7.2f}x")
+            out.add(
+                f"{name}, {store}, {state}, {large:,} threads",
+                per[large],
+                "ms",
+                higher_is_better=False,
+                anchor=f"the same path at {small:,} threads",
+                anchor_samples=per[small],
+                # a count grows with what it counts, up to its bound: judged absolutely
+                target=None if name.startswith("queue_depths") else FLAT,
+            )
+            limit = {
+                "dispatch page, quiet tenant": TENANT_PAGE_MS,
+                "queue_depths (metrics scrape)": SCRAPE_MS,
+            }.get(name)
+            if limit is not None:
+                out.add(
+                    f"{name}, {store}, {state}, {large:,} threads, absolute",
+                    per[large],
+                    "ms",
+                    higher_is_better=False,
+                    anchor="limit (ms)",
+                    anchor_samples=limit,
+                    target=1.0,
+                )
+    if skipped:
+        print(skipped)
+        out.skip("paths, postgresql", "ms", skipped)
+    return out.results
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.scale_paths")
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="server to benchmark (admin DSN)")
+    parser.add_argument("--sizes", default="1000,100000,1000000", help="committed threads")
+    parser.add_argument("--calls", type=int, default=20, help="timed calls per path and round")
+    parser.add_argument("--max-events", type=int, default=10_000_000, help="big thread cap")
+    rounds_argument(parser, default=1)
+    args = parser.parse_args(argv if argv is not None else [])
+    found, skipped = run(args)
+    return report(found, [int(x) for x in args.sizes.split(",") if x], skipped)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
