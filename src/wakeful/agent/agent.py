@@ -125,6 +125,7 @@ class Agent:
             system=self.instructions or None,
             tools=tuple(t.spec for t in self.tools.values()),
         )
+        message_id = f"m-{ctx.idempotency_key}-a"
         recovery = StreamRecovery(
             provider=self.model,
             policy=self.stream_policy,
@@ -137,11 +138,12 @@ class Agent:
             live=ctx.emit_live,
             counters=self.counters,
             on_checkpoint_failure=self._checkpoint_failed,
+            message_id=message_id,
         )
         turn = await recovery.turn(request)
         ctx.append_message(
             Message(
-                id=f"m-{ctx.idempotency_key}-a",
+                id=message_id,
                 role="assistant",
                 content=turn.text,
                 tool_calls=turn.tool_calls,
@@ -152,6 +154,11 @@ class Agent:
                     "recoveries": turn.recoveries,
                 },
             )
+        )
+        # The turn as committed, for stream clients: what their live deltas must add up to.
+        ctx.emit(
+            "message.completed",
+            {"message_id": message_id, "content": turn.text, "tool_calls": turn.tool_calls},
         )
         if turn.recoveries:
             ctx.emit("model.recovered", {"plans": turn.recoveries})

@@ -162,6 +162,9 @@ class StreamRecovery:
     live: Live | None = None
     counters: dict[str, int] = field(default_factory=dict)
     on_checkpoint_failure: Callable[[], None] | None = None
+    message_id: str | None = None
+    """The id the committed assistant message will have; live deltas and checkpoints name
+    the turn by it."""
     _saving: asyncio.Task[None] | None = field(default=None, init=False)
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
 
@@ -238,13 +241,13 @@ class StreamRecovery:
         last_save = time.monotonic()
         stream = self.provider.stream(request)
         guarded = _idle_guard(stream, self.policy.idle_timeout)
+        self._emit_start(acc)
         try:
             async for item in guarded:
                 if isinstance(item, StreamEnd):
                     return item
+                self._emit_delta(acc, item)
                 acc.feed(item)
-                if isinstance(item, TextDelta):
-                    self._emit("text.delta", {"text": item.text})
                 since_save += 1
                 now = time.monotonic()
                 elapsed = now - last_save
@@ -260,6 +263,45 @@ class StreamRecovery:
             if aclose is not None:
                 await aclose()
         raise ProviderError("connection", "the stream ended before the turn was complete")
+
+    def _emit_start(self, acc: Accumulator) -> None:
+        """Where this attempt's deltas start: the text kept so far (``offset`` characters)
+        and the complete calls kept (``tool_calls``); anything a listener holds beyond them
+        was discarded (a restart, or a replacement process resuming from a checkpoint)."""
+        if self.live is not None:
+            self.live(
+                "message.started",
+                {
+                    "message_id": self.message_id,
+                    "task_id": self.task_id,
+                    "token": self.token,
+                    "offset": len(acc.text),
+                    "tool_calls": len(acc.calls),
+                },
+            )
+
+    def _emit_delta(self, acc: Accumulator, item: TextDelta | ToolCallDelta) -> None:
+        """A live delta with its position in the turn (so a listener can place it)."""
+        if self.live is None:
+            return
+        if isinstance(item, TextDelta):
+            data = {"text": item.text, "offset": len(acc.text)}
+            self.live("text.delta", {**data, "message_id": self.message_id, "token": self.token})
+            return
+        index = acc.offset + item.index
+        call = acc.calls.get(index)
+        self.live(
+            "tool_call.delta",
+            {
+                "index": index,
+                "id": item.id,
+                "name": item.name,
+                "arguments": item.arguments,
+                "offset": len(call["arguments"]) if call is not None else 0,
+                "message_id": self.message_id,
+                "token": self.token,
+            },
+        )
 
     def _finish(
         self,
@@ -335,6 +377,7 @@ class StreamRecovery:
             retry_count=attempts,
             token=self.token,
             task_id=self.task_id,
+            message_id=self.message_id,
         )
 
     async def _put(self, checkpoint: StreamCheckpoint) -> None:
