@@ -53,6 +53,17 @@ def _wake(kind: str, url: str | None) -> Any:
     return LocalWake() if kind == "local" else NoWake()
 
 
+def _live(kind: str, url: str | None, store: str) -> Any:
+    from wakeful.fleet.live import open_live
+
+    if kind == "postgres" and not url:
+        url = store if store.startswith(("postgresql:", "postgres:")) else None
+    try:
+        return open_live(kind, url)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--live-url") from None
+
+
 async def _until_signalled() -> None:
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -72,6 +83,13 @@ async def _until_signalled() -> None:
 @click.option("--wake-url", default=None)
 @click.option("--grace", default=10.0, show_default=True, help="Shutdown grace in seconds.")
 @click.option("--metrics-port", default=None, type=int, help="Serve /metrics on this port.")
+@click.option(
+    "--live",
+    type=click.Choice(["none", "postgres", "nats"]),
+    default="none",
+    help="Publish model deltas for stream servers (docs/http-api.md, stream modes).",
+)
+@click.option("--live-url", default=None, help="The live channel's URL (postgres: the store's).")
 @run_async
 async def worker(
     store: str | None,
@@ -84,6 +102,8 @@ async def worker(
     wake_url: str | None,
     grace: float,
     metrics_port: int | None,
+    live: str,
+    live_url: str | None,
 ) -> None:
     """Claim and run dispatches until SIGTERM (then stop gracefully)."""
     from wakeful import open_store
@@ -91,6 +111,7 @@ async def worker(
     from wakeful.runtime import ClaimPolicy
 
     registry = load_object(app)
+    channel = _live(live, live_url, store_url(store))
     async with open_store(store_url(store)) as opened:
         w = Worker(
             opened,
@@ -100,6 +121,7 @@ async def worker(
             wake=_wake(wake, wake_url),
             worker_id=worker_id or f"worker-{uuid.uuid4().hex[:12]}",
             poll_interval=poll,
+            live=channel,
         )
         running = asyncio.create_task(w.run())
         exporter = None
@@ -114,6 +136,8 @@ async def worker(
         if exporter is not None:
             exporter.close()
             await exporter.wait_closed()
+        if channel is not None:
+            await channel.close()
         console.print(f"stopped: {w.stats}")
 
 
@@ -201,12 +225,40 @@ async def run_command(
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True)
 @click.option("--tokens", default=None, help="JSON file of bearer token -> tenant.")
-def serve(store: str | None, app: str | None, host: str, port: int, tokens: str | None) -> None:
+@click.option(
+    "--live",
+    type=click.Choice(["none", "postgres", "nats"]),
+    default="none",
+    help="Receive model deltas from workers (else streams follow the stream checkpoints).",
+)
+@click.option("--live-url", default=None, help="The live channel's URL (postgres: the store's).")
+def serve(
+    store: str | None,
+    app: str | None,
+    host: str,
+    port: int,
+    tokens: str | None,
+    live: str,
+    live_url: str | None,
+) -> None:
     """Serve the HTTP API."""
     from wakeful.server import serve as serve_api
 
     registry = load_object(app) if app else None
-    serve_api(store_url(store), host=host, port=port, tokens=tokens, registry=registry)
+    url = store_url(store)
+    if live == "postgres" and not live_url:
+        live_url = url if url.startswith(("postgresql:", "postgres:")) else None
+        if live_url is None:
+            raise click.BadParameter("--live postgres needs --live-url", param_hint="--live-url")
+    serve_api(
+        url,
+        host=host,
+        port=port,
+        tokens=tokens,
+        registry=registry,
+        live=live,
+        live_url=live_url,
+    )
 
 
 @click.group()

@@ -29,6 +29,7 @@ from wakeful.errors import (
     WorkerSuperseded,
 )
 from wakeful.fleet.client import tenant_of
+from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.wake import NoWake, Wake
@@ -92,6 +93,9 @@ class Worker:
     clock: Clock = field(default_factory=SystemClock)
     stats: WorkerStats = field(default_factory=WorkerStats)
     metrics: Metrics = field(default_factory=Metrics)
+    live: LiveChannel | None = None
+    """Where the runs' model deltas are published for stream servers in other processes
+    (``wakeful.fleet.live``); the caller opens and closes it."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
@@ -122,6 +126,8 @@ class Worker:
         self.identity = await self.store.register_worker(self.worker_id)
         self.holder = f"{self.worker_id}.g{self.identity.generation}"
         self._runtime = Runtime(self.store, self.claims, self.clock, holder=self.holder)
+        if self.live is not None:
+            self._runtime.live = PublishingHub(self.live)
         self._ready.set()
         background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
         if self.relay:

@@ -10,10 +10,11 @@ from collections.abc import Callable, Mapping
 
 import uvicorn
 
+from wakeful.fleet.live import open_live
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.serving import ReadyServer
 from wakeful.fleet.wake import Wake
-from wakeful.server.app import close_streams, create_app, open_streams
+from wakeful.server.app import close_feeds, close_streams, create_app, open_streams
 from wakeful.server.auth import load_tokens
 from wakeful.store import open_store
 
@@ -31,6 +32,7 @@ class Server(ReadyServer):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         close_streams(self.config.app)
         await super().shutdown(sockets)
+        await close_feeds(self.config.app)
 
 
 def resolve_tokens(tokens: TokenSource) -> dict[str, str]:
@@ -52,14 +54,18 @@ async def run_server(
     graceful_seconds: int = 10,
     on_ready: Callable[[str, int], None] | None = None,
     stop: asyncio.Event | None = None,
+    live: str = "none",
+    live_url: str | None = None,
 ) -> None:
     """Open the store, serve the API until uvicorn stops (SIGINT / SIGTERM, or ``stop`` is
     set), close the store. ``port=0`` picks a free port; ``on_ready(host, port)`` is called
     once listening. Open event streams end at shutdown (clients resume with
-    ``Last-Event-ID``)."""
+    ``Last-Event-ID``). ``live`` names the channel model deltas arrive on (``none``,
+    ``postgres``, ``nats``; ``wakeful.fleet.live.open_live``) at ``live_url``."""
     table = resolve_tokens(tokens)
+    channel = open_live(live, live_url)
     async with open_store(store_url) as store:
-        app = create_app(store, registry, table, wake=wake)
+        app = create_app(store, registry, table, wake=wake, live=channel)
         config = uvicorn.Config(
             app,
             host=host,
@@ -81,6 +87,8 @@ async def run_server(
             stopping.cancel()
             server.should_exit = True
         await serving
+        if channel is not None:
+            await channel.close()
 
 
 def serve(
@@ -92,6 +100,8 @@ def serve(
     registry: Registry | None = None,
     log_level: str = "info",
     on_ready: Callable[[str, int], None] | None = None,
+    live: str = "none",
+    live_url: str | None = None,
 ) -> None:
     """Blocking: serve the API over the store at ``store_url`` (``wakeful serve``)."""
     asyncio.run(
@@ -103,6 +113,8 @@ def serve(
             registry=registry,
             log_level=log_level,
             on_ready=on_ready,
+            live=live,
+            live_url=live_url,
         )
     )
 
