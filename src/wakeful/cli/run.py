@@ -54,7 +54,7 @@ def _wake(kind: str, url: str | None) -> Any:
 
 
 def _live(kind: str, url: str | None, store: str) -> Any:
-    from wakeful.fleet.live import open_live
+    from wakeful.fleet.livechannels import open_live
 
     if kind == "postgres" and not url:
         url = store if store.startswith(("postgresql:", "postgres:")) else None

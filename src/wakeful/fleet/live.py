@@ -207,26 +207,6 @@ class PublishingHub(LiveHub):
                 log.exception("publishing live events failed")
 
 
-def open_live(kind: str, url: str | None = None) -> LiveChannel | None:
-    """The channel named on a command line: ``none``, ``local``, ``postgres`` (``url``: a
-    PostgreSQL URL) or ``nats`` (``url``: a NATS URL, default ``nats://127.0.0.1:4222``)."""
-    if kind == "none":
-        return None
-    if kind == "local":
-        return LocalLive()
-    if kind == "postgres":
-        if not url:
-            raise ValueError("a postgres live channel needs a postgresql:// URL")
-        from wakeful.fleet.pglive import PostgresLive
-
-        return PostgresLive(url)
-    if kind == "nats":
-        from wakeful.fleet.natslive import NatsLive
-
-        return NatsLive(url or "nats://127.0.0.1:4222")
-    raise ValueError(f"unknown live channel {kind!r}: none, local, postgres or nats")
-
-
 __all__ = [
     "MESSAGE_EVENTS",
     "LiveChannel",
@@ -235,7 +215,6 @@ __all__ = [
     "Subscribers",
     "decode",
     "encode",
-    "open_live",
     "split",
     "thread_key",
 ]

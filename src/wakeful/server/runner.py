@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 
 import uvicorn
 
-from wakeful.fleet.live import open_live
+from wakeful.fleet.livechannels import open_live
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.serving import ReadyServer
 from wakeful.fleet.wake import Wake
