@@ -240,12 +240,18 @@ class Feed:
     async def _refresh(self) -> None:
         snap = await self.store.read(self.thread_id)
         self._last_poll = asyncio.get_running_loop().time()
-        if snap is None or (self.snapshot is not None and snap.tenant != self.tenant):
+        existed = self.snapshot is not None and self.snapshot.version > 0
+        if snap is None:
+            self.gone = existed  # deleted while followed (a thread not written yet is fine)
+            return
+        if existed and snap.tenant != self.tenant:
             self.gone = True
             return
         if snap.last_seq < self.seen_seq:  # deleted and written again: numbers restarted
             self.gone = True
             return
+        if not existed:
+            self.tenant = snap.tenant
         self.snapshot = snap
         if snap.checkpoint is not None:
             self._remember(snap.checkpoint.id, snap.checkpoint.state)

@@ -130,8 +130,8 @@ class _Stream:
         catch_up_until = loop.time() + CATCH_UP
         while not self.state.closing.is_set() and not self.ended:
             changed = feed.changed
-            if feed.gone and not self.caller.operator:
-                return
+            if feed.gone:
+                return  # the thread was deleted (or is another tenant's now): reconnect
             sent = False
             if self.position < feed.seen_seq:
                 before = self.position
