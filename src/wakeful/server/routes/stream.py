@@ -181,6 +181,11 @@ class _Stream:
 
     async def _event(self, feed: Feed, event: Event) -> AsyncIterator[bytes]:
         parts = durable_parts(event, self.modes)
+        ending = (
+            self.until_run is not None and event.run_id == self.until_run and event.type in TERMINAL
+        )
+        if ending:
+            parts.append(("end", {"run_id": event.run_id, "type": event.type, "seq": event.seq}))
         skip = self.skip[1] if self.skip is not None and self.skip[0] == event.seq else 0
         self.skip = None
         for index, (name, data) in enumerate(parts):
@@ -193,9 +198,7 @@ class _Stream:
             yield frame(fid, name, _encode(data))
         if event.type == "message.completed" and isinstance(event.data, dict):
             self.cursor.done.add(str(event.data.get("message_id")))
-        if self.until_run is not None and event.run_id == self.until_run and event.type in TERMINAL:
-            end = {"run_id": event.run_id, "type": event.type, "seq": event.seq}
-            yield frame(str(event.seq), "end", msgspec.json.encode(end))
+        if ending:
             self.ended = True
 
 
