@@ -58,6 +58,7 @@ PLAN = (
     # The full sizes (1,000 / 100,000 / 1,000,000 threads) are the module's default; a
     # million takes several minutes per store to build on the 2-CPU machine.
     Module("scale_paths", 420, ("--sizes", "1000,100000"), postgres=True),
+    Module("live_stream", 180, postgres=True),
 )
 ALL = [m.name for m in PLAN]
 SKIPPED_EXIT = 3

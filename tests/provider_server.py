@@ -11,6 +11,7 @@ import json
 import socket
 import struct
 import threading
+import time
 import tomllib
 from collections import deque
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class Reply:
     drop: Literal["fin", "rst"] = "fin"
     stall_after: int | None = None
     chunk_size: int | None = None
+    pace: float = 0.0
+    """Seconds between two events (a model writing slowly)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +99,12 @@ class _Handler(BaseHTTPRequestHandler):
             if i == reply.stall_after:
                 owner.release.wait(timeout=30)
                 return None
-            self._send(frame, reply)
+            if reply.pace and i:
+                time.sleep(reply.pace)
+            try:
+                self._send(frame, reply)
+            except OSError:
+                return None  # the client went away (a worker killed mid-reply)
         if reply.drop_after == len(reply.events):
             return self._cut(reply.drop, owner.release)
         if reply.stall_after == len(reply.events):

@@ -32,6 +32,7 @@ from wakeful.errors import (
     OperationConflict,
     OutcomeUnknown,
     ReplayUnavailable,
+    RequestRefused,
     RunCancelled,
     RunFailed,
     RunInProgress,
@@ -82,6 +83,7 @@ from wakeful.store.contract import Store
 
 if TYPE_CHECKING:
     from wakeful.agent import Agent, AgentReply, tool
+    from wakeful.client import Client, SyncClient
     from wakeful.fleet import Registry, Worker
     from wakeful.fleet.client import cancel, resume, send_message, submit
     from wakeful.fleet.hand import (
@@ -117,6 +119,8 @@ _LAZY: dict[str, str] = {
     "Runtime": "wakeful.runtime",
     "Send": "wakeful.runtime",
     "Agent": "wakeful.agent",
+    "Client": "wakeful.client",
+    "SyncClient": "wakeful.client",
     "AgentReply": "wakeful.agent",
     "tool": "wakeful.agent",
     "Registry": "wakeful.fleet",
@@ -160,6 +164,7 @@ __all__ = [
     "CheckpointWriteFailed",
     "Claim",
     "ClaimPolicy",
+    "Client",
     "Clock",
     "Commit",
     "CorruptStore",
@@ -196,6 +201,7 @@ __all__ = [
     "Receipt",
     "Registry",
     "ReplayUnavailable",
+    "RequestRefused",
     "RetentionPolicy",
     "Retry",
     "RunCancelled",
@@ -217,6 +223,7 @@ __all__ = [
     "StoreUnavailable",
     "StreamCheckpoint",
     "StreamCheckpointError",
+    "SyncClient",
     "SystemClock",
     "TenantMismatch",
     "ThreadBusy",

@@ -418,3 +418,17 @@ class RunInterrupted(WakefulError):
             f"run {run_id!r} on thread {thread_id!r} stopped after a transient failure "
             f"({cause}); its progress is kept, recover it later"
         )
+
+
+class RequestRefused(WakefulError):
+    """The HTTP API answered a request with a problem document that no other error class
+    stands for: 400 (undecodable body), 401 (missing or unknown token), 403 (an operator route
+    with a tenant token), 413 (body too large), 500 (the server failed; ``problem`` carries its
+    ``error_id``). ``status`` and ``problem`` are the answer; fix the request or the
+    credentials, or report the ``error_id``."""
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        self.status = status
+        self.problem = problem
+        detail = problem.get("detail") or problem.get("title") or "request refused"
+        super().__init__(f"HTTP {status}: {detail}")

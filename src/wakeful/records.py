@@ -327,3 +327,6 @@ class StreamCheckpoint(msgspec.Struct, frozen=True, kw_only=True):
     task_id: str | None = None
     """The task (model step) of the run the turn belongs to, so a checkpoint left over from
     an earlier step is never mistaken for the current one."""
+    message_id: str | None = None
+    """The id the assistant message will have once the turn is committed (what a live stream
+    of the turn names it by)."""

@@ -127,6 +127,7 @@ class Agent:
             system=self.instructions or None,
             tools=tuple(t.spec for t in self.tools.values()),
         )
+        message_id = f"m-{ctx.idempotency_key}-a"
         recovery = StreamRecovery(
             provider=self.model,
             policy=self.stream_policy,
@@ -141,11 +142,12 @@ class Agent:
             on_checkpoint_failure=self._checkpoint_failed,
             waiting=ctx.waiting,
             metrics=self.metrics,
+            message_id=message_id,
         )
         turn = await recovery.turn(request)
         ctx.append_message(
             Message(
-                id=f"m-{ctx.idempotency_key}-a",
+                id=message_id,
                 role="assistant",
                 content=turn.text,
                 tool_calls=turn.tool_calls,
@@ -156,6 +158,11 @@ class Agent:
                     "recoveries": turn.recoveries,
                 },
             )
+        )
+        # The turn as committed, for stream clients: what their live deltas must add up to.
+        ctx.emit(
+            "message.completed",
+            {"message_id": message_id, "content": turn.text, "tool_calls": turn.tool_calls},
         )
         if turn.recoveries:
             ctx.emit("model.recovered", {"plans": turn.recoveries})

@@ -184,6 +184,9 @@ class StreamRecovery:
     metrics: Metrics | None = None
     """Where the model metrics go (time to first token, tokens/s, retries, recoveries)."""
     _seen: TurnObserver = field(init=False)
+    message_id: str | None = None
+    """The id the committed assistant message will have; live deltas and checkpoints name
+    the turn by it."""
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
@@ -289,15 +292,15 @@ class StreamRecovery:
         self._seen.attempt()
         stream = self.provider.stream(request)
         guarded = _idle_guard(stream, self.policy.idle_timeout)
+        self._emit_start(acc)
         try:
             async for item in guarded:
                 if isinstance(item, StreamEnd):
                     self._seen.ended(item)
                     return item
                 self._seen.delta()
+                self._emit_delta(acc, item)
                 acc.feed(item)
-                if isinstance(item, TextDelta):
-                    self._emit("text.delta", {"text": item.text})
                 since_save += 1
                 now = time.monotonic()
                 elapsed = now - last_save
@@ -313,6 +316,45 @@ class StreamRecovery:
             if aclose is not None:
                 await aclose()
         raise ProviderError("connection", "the stream ended before the turn was complete")
+
+    def _emit_start(self, acc: Accumulator) -> None:
+        """Where this attempt's deltas start: the text kept so far (``offset`` characters)
+        and the complete calls kept (``tool_calls``); anything a listener holds beyond them
+        was discarded (a restart, or a replacement process resuming from a checkpoint)."""
+        if self.live is not None:
+            self.live(
+                "message.started",
+                {
+                    "message_id": self.message_id,
+                    "task_id": self.task_id,
+                    "token": self.token,
+                    "offset": len(acc.text),
+                    "tool_calls": len(acc.calls),
+                },
+            )
+
+    def _emit_delta(self, acc: Accumulator, item: TextDelta | ToolCallDelta) -> None:
+        """A live delta with its position in the turn (so a listener can place it)."""
+        if self.live is None:
+            return
+        if isinstance(item, TextDelta):
+            data = {"text": item.text, "offset": len(acc.text)}
+            self.live("text.delta", {**data, "message_id": self.message_id, "token": self.token})
+            return
+        index = acc.offset + item.index
+        call = acc.calls.get(index)
+        self.live(
+            "tool_call.delta",
+            {
+                "index": index,
+                "id": item.id,
+                "name": item.name,
+                "arguments": item.arguments,
+                "offset": len(call["arguments"]) if call is not None else 0,
+                "message_id": self.message_id,
+                "token": self.token,
+            },
+        )
 
     def _finish(
         self,
@@ -394,6 +436,7 @@ class StreamRecovery:
             retry_count=attempts,
             token=self.token,
             task_id=self.task_id,
+            message_id=self.message_id,
         )
 
     async def _put(self, checkpoint: StreamCheckpoint) -> None:

@@ -65,6 +65,46 @@ def _wake(kind: str, url: str | None) -> Any:
     return LocalWake() if kind == "local" else NoWake()
 
 
+def _live_url(kind: str, url: str | None, store: str) -> str | None:
+    """``--live-url``, or for ``--live postgres`` the store's URL when it is PostgreSQL."""
+    if kind == "postgres" and not url:
+        url = store if store.startswith(("postgresql:", "postgres:")) else None
+        if url is None:
+            raise click.BadParameter("--live postgres needs --live-url", param_hint="--live-url")
+    return url
+
+
+def _live(kind: str, url: str | None, store: str) -> Any:
+    """The live channel model deltas are published on (``None``: none)."""
+    from wakeful.fleet.livechannels import open_live
+
+    try:
+        return open_live(kind, _live_url(kind, url, store))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--live-url") from None
+
+
+LIVE_OPTIONS = (
+    click.option(
+        "--live",
+        type=click.Choice(["none", "postgres", "nats"]),
+        default="none",
+        show_default=True,
+        help="Channel for the runs' model deltas between workers and stream servers "
+        "(docs/http-api.md, stream modes); without one, streams follow the stream checkpoints.",
+    ),
+    click.option(
+        "--live-url", default=None, help="The live channel's URL (postgres: the store's)."
+    ),
+)
+
+
+def live_options(fn: Any) -> Any:
+    for option in reversed(LIVE_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
 def check_port(host: str, port: int) -> None:
     """Fail with one line (exit 4) when ``host:port`` cannot be listened on, before a
     server starts and fails deep inside its startup."""
@@ -161,6 +201,7 @@ def _summary(worker_id: str, stats: Any, seconds: float) -> None:
     show_default=True,
     help="Address of the /metrics endpoint (0.0.0.0 for every interface).",
 )
+@live_options
 @json_option
 @run_async
 async def worker(
@@ -175,6 +216,8 @@ async def worker(
     grace: float,
     metrics_port: int | None,
     metrics_host: str,
+    live: str,
+    live_url: str | None,
     as_json: bool,
 ) -> None:
     """Claim and run dispatches until SIGTERM or SIGINT (then stop gracefully, letting running
@@ -188,6 +231,7 @@ async def worker(
     if metrics_port is not None:
         check_port(metrics_host, metrics_port)
     url = store_url(store)
+    channel = _live(live, live_url, url)
     loop = asyncio.get_running_loop()
     started = loop.time()
     async with open_store(url) as opened:
@@ -199,6 +243,7 @@ async def worker(
             wake=signal_wake,
             worker_id=worker_id or f"worker-{uuid.uuid4().hex[:12]}",
             poll_interval=poll,
+            live=channel,
         )
         running = asyncio.create_task(w.run(), name="worker")
         exporter = None
@@ -222,6 +267,8 @@ async def worker(
             if exporter is not None:
                 exporter.close()
                 await exporter.wait_closed()
+            if channel is not None:
+                await channel.close()
         running.result()
     stats = {**vars(w.stats), "uptime": round(loop.time() - started, 3)}
     emit(
@@ -302,6 +349,7 @@ async def relay(store: str | None, drain: bool, as_json: bool) -> None:
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds a request body may take to arrive; later it is answered 408.",
 )
+@live_options
 def serve(
     store: str | None,
     app: str | None,
@@ -309,6 +357,8 @@ def serve(
     port: int,
     tokens: str | None,
     body_timeout: float,
+    live: str,
+    live_url: str | None,
 ) -> None:
     """Serve the HTTP API until SIGTERM or SIGINT (OpenAPI at /openapi.json, docs at /docs)."""
     from wakeful.server import load_tokens
@@ -316,16 +366,20 @@ def serve(
 
     registry = load_registry(app) if app else None
     table_of_tokens = load_tokens(tokens)
+    url = store_url(store)
+    live_url = _live_url(live, live_url, url)
     check_port(host, port)
     level = logging.getLevelName(logging.getLogger().level).lower()
     with startup_failure("the HTTP API", host, port):
         serve_api(
-            store_url(store),
+            url,
             host=host,
             port=port,
             tokens=table_of_tokens,
             registry=registry,
             body_timeout=body_timeout,
+            live=live,
+            live_url=live_url,
             log_level=level if level in ("debug", "info", "warning", "error") else "info",
         )
 

@@ -31,6 +31,7 @@ from wakeful.errors import (
     WorkerSuperseded,
 )
 from wakeful.fleet.client import tenant_of
+from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
@@ -96,6 +97,9 @@ class Worker:
     clock: Clock = field(default_factory=SystemClock)
     stats: WorkerStats = field(default_factory=WorkerStats)
     metrics: Metrics = field(default_factory=Metrics)
+    live: LiveChannel | None = None
+    """Where the runs' model deltas are published for stream servers in other processes
+    (``wakeful.fleet.live``); the caller opens and closes it."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
@@ -132,6 +136,8 @@ class Worker:
         self._runtime = Runtime(
             self.store, self.claims, self.clock, holder=self.holder, metrics=self.metrics
         )
+        if self.live is not None:
+            self._runtime.live = PublishingHub(self.live)
         self._ready.set()
         # Each stops on its own signal, in bounded time (wakeful.background).
         background = [BackgroundTask("heartbeat", self._heartbeat, logger=log)]

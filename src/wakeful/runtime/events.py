@@ -44,8 +44,9 @@ class LiveHub:
         """Deliver soon on ``loop``, from any thread: events are handed over in batches, one
         loop callback per batch (``call_soon_threadsafe`` per event, which wakes the loop
         through its self-pipe, cost about 22 µs a delta). An event for a thread nobody
-        subscribes to in this process is dropped at once: live events are never stored."""
-        if thread_id not in self._queues:
+        subscribes to in this process is dropped at once (unless ``forwards`` it): live
+        events are never stored."""
+        if thread_id not in self._queues and not self.forwards(type):
             return
         with self._lock:
             batch = self._batches.get(loop)
@@ -65,6 +66,11 @@ class LiveHub:
         except RuntimeError:  # the loop is closed: nobody is left to deliver to
             with self._lock:
                 self._batches.pop(loop, None)
+
+    def forwards(self, type: str) -> bool:
+        """Whether events of ``type`` go beyond this process's subscribers (a subclass that
+        publishes them elsewhere says so, so ``emit`` does not drop them)."""
+        return False
 
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:

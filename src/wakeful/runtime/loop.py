@@ -337,7 +337,7 @@ class Execution:
         if not tasks:
             await self._commit_now(
                 nxt,
-                EventDraft(type="run.completed", run_id=self.run_id),
+                EventDraft(type="run.completed", run_id=self.run_id, checkpoint_id=nxt.id),
                 events=carried,
                 messages=messages,
                 outbox=outbox,
@@ -348,7 +348,9 @@ class Execution:
             return RunOutcome(
                 thread_id=self.thread_id, run_id=self.run_id, status="completed", state=state
             )
-        event = EventDraft(type="step.completed", data={"step": step}, run_id=self.run_id)
+        event = EventDraft(
+            type="step.completed", data={"step": step}, run_id=self.run_id, checkpoint_id=nxt.id
+        )
         await self._writer.submit(self._commit(nxt, events=(*carried, event), messages=messages))
         self._recorded(messages)
         self.checkpoint, self.writes = nxt, {}
@@ -431,7 +433,7 @@ class Execution:
         )
         done = EventDraft(
             type="task.completed",
-            data={"node": spec.name, "step": step},
+            data={"node": spec.name, "step": step, "updates": updates},
             run_id=self.run_id,
             checkpoint_id=cp.id,
             task_id=entry["id"],

@@ -171,7 +171,12 @@ class _Admission:
                 self.trace,
             ),
         )
-        event = EventDraft(type="run.started", data={"graph": graph.name}, run_id=self.run_id)
+        event = EventDraft(
+            type="run.started",
+            data={"graph": graph.name},
+            run_id=self.run_id,
+            checkpoint_id=first.id,
+        )
         commit = Commit(
             token=0,
             checkpoint=first,

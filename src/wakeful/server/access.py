@@ -45,6 +45,8 @@ class ServerState:
     queue_depth_bound: int = 10_000
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server shuts down: open event streams end so connections can close."""
+    feeds: Any = None
+    """The ``wakeful.server.feeds.Feeds`` of the thread streams."""
 
 
 def get_state(request: Request) -> ServerState:

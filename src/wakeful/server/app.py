@@ -13,6 +13,7 @@ from fastapi import FastAPI, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPBearer
 
+from wakeful.fleet.live import LiveChannel
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
 from wakeful.metrics import Metrics
@@ -20,9 +21,10 @@ from wakeful.redact import install_redaction
 from wakeful.server import apidocs
 from wakeful.server.access import ServerState
 from wakeful.server.auth import Authenticator
+from wakeful.server.feeds import Feeds
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
 from wakeful.server.problems import HANDLERS, MEDIA_TYPE
-from wakeful.server.routes import events, health, operators, runs, threads
+from wakeful.server.routes import events, health, operators, runs, stream, threads
 from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.server")
@@ -120,6 +122,8 @@ def create_app(
     sse_keepalive: float = 15.0,
     stream_max_seconds: float | None = None,
     queue_depth_bound: int = 10_000,
+    live: LiveChannel | None = None,
+    stream_poll_interval: float = 0.025,
 ) -> FastAPI:
     """The HTTP API over ``store``.
 
@@ -131,7 +135,10 @@ def create_app(
     ``sse_keepalive`` is the idle interval between keep-alive comments of an event stream;
     ``stream_max_seconds`` ends streams after that long (clients resume with
     ``Last-Event-ID``); ``queue_depth_bound`` bounds the dispatches counted per status when
-    ``/metrics`` is scraped."""
+    ``/metrics`` is scraped. ``live`` is the channel workers publish model deltas on
+    (``wakeful.fleet.live``; the caller opens and closes it); without one, ``messages``
+    streams follow the runs' stream checkpoints, read every ``stream_poll_interval``
+    seconds while a client streams a running thread."""
     if max_body_bytes < 1:
         raise ValueError("max_body_bytes must be positive")
     if sse_keepalive <= 0:
@@ -163,12 +170,14 @@ def create_app(
         sse_keepalive=sse_keepalive,
         stream_max_seconds=stream_max_seconds,
         queue_depth_bound=queue_depth_bound,
+        feeds=Feeds(store, live, poll_interval=stream_poll_interval),
     )
     secured = [Security(bearer)]
     for router in (
         runs.router,
         threads.router,
         events.router,
+        stream.router,
         operators.router,
         operators.operators,
     ):
@@ -193,6 +202,13 @@ def close_streams(app: Any) -> None:
         state.closing.set()
 
 
+async def close_feeds(app: Any) -> None:
+    """Stop the app's thread followers (after its streams ended)."""
+    state = getattr(getattr(app, "state", None), "wakeful", None)
+    if isinstance(state, ServerState) and isinstance(state.feeds, Feeds):
+        await state.feeds.close()
+
+
 def open_streams(app: Any) -> None:
     """Let the app stream again (a server starts serving it, maybe after a shutdown)."""
     state = getattr(getattr(app, "state", None), "wakeful", None)
@@ -204,6 +220,7 @@ __all__ = [
     "DEFAULT_BODY_TIMEOUT",
     "DEFAULT_MAX_BODY",
     "WakefulAPI",
+    "close_feeds",
     "close_streams",
     "create_app",
     "open_streams",

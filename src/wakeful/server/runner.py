@@ -10,11 +10,18 @@ from collections.abc import Callable, Mapping
 
 import uvicorn
 
+from wakeful.fleet.livechannels import open_live
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.serving import ReadyServer
 from wakeful.fleet.wake import Wake
 from wakeful.redact import install_redaction
-from wakeful.server.app import DEFAULT_BODY_TIMEOUT, close_streams, create_app, open_streams
+from wakeful.server.app import (
+    DEFAULT_BODY_TIMEOUT,
+    close_feeds,
+    close_streams,
+    create_app,
+    open_streams,
+)
 from wakeful.server.auth import load_tokens
 from wakeful.store import open_store
 
@@ -32,6 +39,7 @@ class Server(ReadyServer):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         close_streams(self.config.app)
         await super().shutdown(sockets)
+        await close_feeds(self.config.app)
 
 
 def resolve_tokens(tokens: TokenSource) -> dict[str, str]:
@@ -54,15 +62,20 @@ async def run_server(
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     on_ready: Callable[[str, int], None] | None = None,
     stop: asyncio.Event | None = None,
+    live: str = "none",
+    live_url: str | None = None,
 ) -> None:
     """Open the store, serve the API until uvicorn stops (SIGINT / SIGTERM, or ``stop`` is
     set), close the store. ``port=0`` picks a free port; ``on_ready(host, port)`` is called
     once listening. Open event streams end at shutdown (clients resume with
     ``Last-Event-ID``). A request body that has not arrived after ``body_timeout`` seconds
-    is answered 408. Log lines (uvicorn's access log included) have credentials redacted."""
+    is answered 408. Log lines (uvicorn's access log included) have credentials redacted.
+    ``live`` names the channel model deltas arrive on (``none``, ``postgres``, ``nats``;
+    ``wakeful.fleet.livechannels.open_live``) at ``live_url``."""
     table = resolve_tokens(tokens)
+    channel = open_live(live, live_url)
     async with open_store(store_url) as store:
-        app = create_app(store, registry, table, wake=wake, body_timeout=body_timeout)
+        app = create_app(store, registry, table, wake=wake, body_timeout=body_timeout, live=channel)
         config = uvicorn.Config(
             app,
             host=host,
@@ -85,6 +98,8 @@ async def run_server(
             stopping.cancel()
             server.should_exit = True
         await serving
+        if channel is not None:
+            await channel.close()
 
 
 def serve(
@@ -97,6 +112,8 @@ def serve(
     log_level: str = "info",
     body_timeout: float = DEFAULT_BODY_TIMEOUT,
     on_ready: Callable[[str, int], None] | None = None,
+    live: str = "none",
+    live_url: str | None = None,
 ) -> None:
     """Blocking: serve the API over the store at ``store_url`` (``wakeful serve``)."""
     asyncio.run(
@@ -109,6 +126,8 @@ def serve(
             log_level=log_level,
             body_timeout=body_timeout,
             on_ready=on_ready,
+            live=live,
+            live_url=live_url,
         )
     )
 
