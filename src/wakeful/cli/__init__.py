@@ -6,6 +6,7 @@ from __future__ import annotations
 import click
 
 from wakeful.cli.inspect import dispatches, quarantine, threads, workers
+from wakeful.cli.langgraph import langgraph
 from wakeful.cli.providers import providers
 from wakeful.cli.run import bench, demo, hand, migrate, relay, run_command, serve, worker
 
@@ -22,6 +23,7 @@ for command in (demo, worker, relay, run_command, serve, hand, migrate, bench):
 for group in (threads, dispatches, quarantine, workers):
     cli.add_command(group)
 cli.add_command(providers)
+cli.add_command(langgraph)
 
 
 def main() -> None:

@@ -1,0 +1,136 @@
+"""``wakeful langgraph import``: copy threads from a LangGraph ``SqliteSaver`` or
+``PostgresSaver`` database into a wakeful store (read with ``WakefulSaver``).
+
+Exit codes: 0 every thread imported (or already there); 3 the SQLite file does not exist;
+4 some threads were skipped (held by a live process, or a wakeful runtime thread of the same
+id): the summary names them, run again later; 5 a database did not answer; 6 invalid input
+(an unknown URL, not a LangGraph database, a pickled value without ``--allow-pickle``)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from wakeful.cli.common import (
+    EXIT_CONFLICT,
+    EXIT_INVALID,
+    emit,
+    errors,
+    json_option,
+    run_async,
+    store_option,
+    store_url,
+    table,
+)
+
+
+@click.group("langgraph")
+def langgraph() -> None:
+    """LangGraph threads (the ``langgraph`` extra)."""
+
+
+@langgraph.command("import")
+@click.option(
+    "--from",
+    "source_url",
+    required=True,
+    metavar="URL",
+    help="The LangGraph database: sqlite:///path.db or postgresql://...",
+)
+@store_option
+@click.option(
+    "--thread",
+    "threads",
+    multiple=True,
+    metavar="ID",
+    help="Import only this thread (repeatable). Default: every thread.",
+)
+@click.option(
+    "--allow-pickle",
+    is_flag=True,
+    help="Copy pickled values (read them with WakefulSaver(..., allow_pickle=True)).",
+)
+@json_option
+def import_command(
+    source_url: str, store: str | None, threads: tuple[str, ...], allow_pickle: bool, as_json: bool
+) -> None:
+    """Copy every thread (checkpoints of every namespace and pending writes) from a
+    SqliteSaver/PostgresSaver database into the store; what the store already has is kept,
+    so running it again resumes or catches up. Exit 0 done, 3 no such SQLite file, 4 some
+    threads skipped (busy), 5 unavailable, 6 invalid input."""
+    try:
+        from wakeful.langgraph import WakefulSaver
+        from wakeful.langgraph.importing import ImportSummary, import_threads
+        from wakeful.langgraph.sources import open_source
+    except ModuleNotFoundError as exc:
+        errors.print(
+            f"[red]error:[/red] {exc}; install it with: pip install 'wakeful[langgraph]'",
+            highlight=False,
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_INVALID)
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
+    from wakeful import open_store
+
+    progress = Progress(
+        TextColumn("importing"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("threads"),
+        TimeElapsedColumn(),
+        console=errors,
+        transient=True,
+        disable=as_json or not errors.is_terminal,
+    )
+    task = progress.add_task("threads", total=None)
+
+    @run_async
+    async def run() -> ImportSummary:
+        async with (
+            open_source(source_url) as source,
+            open_store(store_url(store)) as target,
+        ):
+            # fencing="off": each commit claims the thread for its atomic step only.
+            saver = WakefulSaver(target, fencing="off", cache_threads=1)
+            with progress:
+                return await import_threads(
+                    source,
+                    saver,
+                    threads=threads or None,
+                    allow_pickle=allow_pickle,
+                    on_count=lambda n: progress.update(task, total=n),
+                    on_thread=lambda _thread, _outcome: progress.advance(task),
+                )
+
+    summary = run()
+
+    def render(s: Any) -> None:
+        rows = [
+            ("source", s.source),
+            ("threads read", s.threads),
+            ("threads imported", s.imported),
+            ("threads already there", s.unchanged),
+            ("checkpoints added", s.checkpoints),
+            ("writes added", s.writes),
+            ("commits", s.commits),
+            ("seconds", f"{s.seconds:.1f}"),
+        ]
+        rows += [(f"skipped {thread}", why) for thread, why in s.skipped.items()]
+        table("langgraph import", ["", ""], rows)
+
+    emit(summary, as_json, render)
+    if summary.skipped:
+        errors.print(
+            f"{len(summary.skipped)} thread(s) skipped; run the import again once they are free",
+            highlight=False,
+        )
+        sys.exit(EXIT_CONFLICT)
