@@ -8,22 +8,25 @@ id): the summary names them, run again later; 5 a database did not answer; 6 inv
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from typing import Any
 
 import click
+from rich.markup import escape
 
 from wakeful.cli.common import (
     EXIT_CONFLICT,
     EXIT_INVALID,
     emit,
     errors,
+    exit_code,
     json_option,
-    run_async,
     store_option,
     store_url,
     table,
 )
+from wakeful.errors import WakefulError
 
 
 @click.group("langgraph")
@@ -93,10 +96,9 @@ def import_command(
     )
     task = progress.add_task("threads", total=None)
 
-    @run_async
     async def run() -> ImportSummary:
         async with (
-            open_source(source_url) as source,
+            open_source(source_url, allow_pickle=allow_pickle) as source,
             open_store(store_url(store)) as target,
         ):
             # fencing="off": each commit claims the thread for its atomic step only.
@@ -111,7 +113,13 @@ def import_command(
                     on_thread=lambda _thread, _outcome: progress.advance(task),
                 )
 
-    summary = run()
+    try:
+        summary = asyncio.run(run())
+    except WakefulError as exc:
+        # One line however long (drivers' messages span several): scripts read one line.
+        message = escape(" ".join(str(exc).split()))
+        errors.print(f"[red]error:[/red] {message}", highlight=False, soft_wrap=True)
+        sys.exit(exit_code(exc))
 
     def render(s: Any) -> None:
         rows = [

@@ -25,9 +25,10 @@ from typing import Any, Protocol, TypeVar
 from urllib.parse import quote, urlsplit
 
 import ormsgpack
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from wakeful.errors import InvalidInput, NotFound, StoreUnavailable, UnsupportedStore
-from wakeful.langgraph.codec import is_plain_json
+from wakeful.langgraph.codec import PICKLE, is_plain_json
 
 TASKS = "__pregel_tasks"
 """LangGraph's channel of pending ``Send`` packets (``langgraph.checkpoint.serde.types``)."""
@@ -101,13 +102,15 @@ def raw_value(value: Any) -> Any:
 
 
 @asynccontextmanager
-async def open_source(url: str) -> AsyncIterator[Source]:
-    """The LangGraph database at ``url``. Raises ``InvalidInput`` for another scheme or a
-    database without LangGraph's tables, ``NotFound`` for a missing SQLite file,
-    ``StoreUnavailable`` for a PostgreSQL server that does not answer."""
+async def open_source(url: str, *, allow_pickle: bool = False) -> AsyncIterator[Source]:
+    """The LangGraph database at ``url``. ``allow_pickle``: a SQLite checkpoint pickled as a
+    whole may be unpickled to split it (a pickle runs code when read). Raises
+    ``InvalidInput`` for another scheme or a database without LangGraph's tables,
+    ``NotFound`` for a missing SQLite file, ``StoreUnavailable`` for a PostgreSQL server
+    that does not answer."""
     scheme = urlsplit(url).scheme.lower() if isinstance(url, str) else ""
     if scheme == "sqlite":
-        source = SqliteSource(url)
+        source = SqliteSource(url, allow_pickle=allow_pickle)
         try:
             yield source
         finally:
@@ -132,9 +135,10 @@ async def open_source(url: str) -> AsyncIterator[Source]:
 class SqliteSource:
     """A ``SqliteSaver`` database, opened read-only. Its calls run in a worker thread."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, allow_pickle: bool = False) -> None:
         from wakeful.store.sqlite import parse_url
 
+        self._allow_pickle = allow_pickle
         try:
             path = Path(parse_url(url))
         except UnsupportedStore as exc:
@@ -155,7 +159,9 @@ class SqliteSource:
                 for row in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
             }
         except sqlite3.DatabaseError as exc:
-            raise InvalidInput("--from", f"{path} is not a readable SQLite database: {exc}") from None
+            raise InvalidInput(
+                "--from", f"{path} is not a readable SQLite database: {exc}"
+            ) from None
         if not {"checkpoints", "writes"} <= tables:
             self._db.close()
             raise InvalidInput(
@@ -207,7 +213,7 @@ class SqliteSource:
                 self._db.execute("COMMIT")
             for ns, cid, parent, kind, blob, metadata in rows:
                 where = f"thread {thread_id!r} checkpoint {cid!r}"
-                body, values = split_checkpoint(kind, bytes(blob), where)
+                body, values = split_checkpoint(kind, bytes(blob), where, self._allow_pickle)
                 thread.checkpoints.append(
                     SourceCheckpoint(ns, cid, parent, body, values, _json(metadata, where))
                 )
@@ -220,10 +226,13 @@ class SqliteSource:
         return await self._call(read)
 
 
-def split_checkpoint(kind: str, blob: bytes, where: str) -> tuple[Any, dict[str, Any]]:
+def split_checkpoint(
+    kind: str, blob: bytes, where: str, allow_pickle: bool
+) -> tuple[Any, dict[str, Any]]:
     """A SQLite checkpoint (channel values inline) -> (body, values), without deserializing
     anything LangGraph's serializer encoded: ``msgpack`` is split at the msgpack level,
-    ``json`` (old savers) at the JSON level; other types are refused."""
+    ``json`` (old savers) at the JSON level; ``pickle`` (a saver with ``pickle_fallback``)
+    is unpickled only with ``allow_pickle``; other types are refused."""
     if kind == "msgpack":
         try:
             decoded = raw_unpack(blob)
@@ -239,10 +248,28 @@ def split_checkpoint(kind: str, blob: bytes, where: str) -> tuple[Any, dict[str,
         return loaded, {
             str(k): Typed("json", json.dumps(v).encode("utf-8")) for k, v in values.items()
         }
+    if kind == PICKLE:
+        if not allow_pickle:
+            raise InvalidInput(
+                where,
+                "the checkpoint is pickled (its saver fell back to pickle for a value), and a "
+                "pickle runs code when it is read; rerun with --allow-pickle if every writer "
+                "of the source was trusted",
+            )
+        # Unpickled once, here; each value is then serialized on its own, so only the
+        # values msgpack cannot carry stay pickles.
+        serde = JsonPlusSerializer(pickle_fallback=True)
+        loaded = serde.loads_typed((kind, blob))
+        if not isinstance(loaded, dict):
+            raise InvalidInput(where, "the stored checkpoint is not a dict")
+        values = loaded.pop("channel_values", None) or {}
+        return Typed(*serde.dumps_typed(loaded)), {
+            str(k): Typed(*serde.dumps_typed(v)) for k, v in values.items()
+        }
     raise InvalidInput(
         where,
-        f"the checkpoint is stored as {kind!r}, which the import cannot split without running "
-        "the serializer; only msgpack and json checkpoints (LangGraph's defaults) import",
+        f"the checkpoint is stored as {kind!r} (a custom serializer's type), which the import "
+        "cannot split; only LangGraph's default serializer's checkpoints import",
     )
 
 
