@@ -135,7 +135,7 @@ async def async_postgres_rate(dsn: str, runs: int, k: int) -> float:
     )
     await pool.open(wait=True)
     try:
-        saver = AsyncPostgresSaver(pool)  # type: ignore[arg-type]
+        saver = AsyncPostgresSaver(pool)
         await saver.setup()
         return await async_rate(saver, runs, k, f"lg{k}")
     finally:
