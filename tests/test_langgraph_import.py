@@ -360,3 +360,50 @@ def test_a_terminal_gets_a_progress_bar_and_a_summary(tmp_path: Path) -> None:
     text = shown.decode("utf-8", "replace")
     assert "importing" in text and "2/2" in text, text
     assert "threads imported" in text and "checkpoints added" in text
+
+
+@pytest.mark.asyncio
+@pytest.mark.postgres
+async def test_pending_sends_of_old_postgres_checkpoints_migrate_as_postgres_saver_reads_them(
+    pg_databases: Databases,
+) -> None:
+    """A checkpoint of format < 4 kept its pending sends as its parent's ``TASKS`` writes;
+    ``PostgresSaver`` moves them into the checkpoint when it reads it, and so does the
+    import."""
+    import psycopg
+    from langgraph.types import Send
+
+    dsn = await pg_databases.clone()
+    async with source_saver(dsn) as src:
+        await (
+            chat_graph()
+            .compile(checkpointer=src)
+            .ainvoke({"log": [], "messages": []}, config("old"))
+        )
+        root = [
+            t for t in await listing(src, "old") if not t.config["configurable"]["checkpoint_ns"]
+        ]
+        newest, parent = root[0], root[1]
+        kind, blob = src.serde.dumps_typed(Send("ask", {"log": ["sent"]}))
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            "UPDATE checkpoints SET checkpoint = jsonb_set(checkpoint, '{v}', '3') "
+            "WHERE thread_id = 'old' AND checkpoint_id = %s",
+            (newest.config["configurable"]["checkpoint_id"],),
+        )
+        await conn.execute(
+            "INSERT INTO checkpoint_writes (thread_id, checkpoint_ns, checkpoint_id, task_id, "
+            "task_path, idx, channel, type, blob) VALUES ('old', '', %s, 'sender', '', 0, "
+            "'__pregel_tasks', %s, %s)",
+            (parent.config["configurable"]["checkpoint_id"], kind, blob),
+        )
+    async with source_saver(dsn) as src:
+        expected = await listing(src, "old")
+    migrated = next(t for t in expected if t.config == newest.config)
+    assert migrated.checkpoint["channel_values"]["__pregel_tasks"] == [
+        Send("ask", {"log": ["sent"]})
+    ]
+    summary = imported(dsn, store=dsn)
+    assert summary["imported"] == 1
+    async with WakefulSaver.from_url(dsn) as wk:
+        assert await listing(wk, "old") == expected
