@@ -11,10 +11,11 @@ import json
 import operator
 import os
 import pty
+import sqlite3
 import subprocess
 import sys
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, closing
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -23,6 +24,7 @@ from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langgraph.checkpoint.base import BaseCheckpointSaver
 from langgraph.checkpoint.postgres.aio import AsyncPostgresSaver
 from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
@@ -313,14 +315,18 @@ def test_bad_input_is_one_error_line_with_its_exit_code(tmp_path: Path) -> None:
     store = f"sqlite:///{tmp_path / 'wakeful.db'}"
     not_langgraph = tmp_path / "other.db"
     not_langgraph.write_bytes(b"")
+    empty = tmp_path / "empty-langgraph.db"
+    with closing(sqlite3.connect(empty)) as conn:
+        SqliteSaver(conn).setup()
     cases = [
         ("mysql://localhost/db", 6, "not a LangGraph database URL"),
         (f"sqlite:///{tmp_path / 'missing.db'}", 3, "does not exist"),
         (f"sqlite:///{not_langgraph}", 6, "no LangGraph SqliteSaver tables"),
         ("postgresql://postgres@127.0.0.1:1/none", 5, "did not answer"),
+        (f"sqlite:///{empty}", 3, "'nope' does not exist"),
     ]
     for url, code, message in cases:
-        done = cli("langgraph", "import", "--from", url, store=store)
+        done = cli("langgraph", "import", "--from", url, "--thread", "nope", store=store)
         assert done.returncode == code, (url, done.stderr)
         [line] = done.stderr.strip().splitlines()
         assert line.startswith("error:") and message in line, line

@@ -1,10 +1,11 @@
 """``wakeful langgraph import``: copy threads from a LangGraph ``SqliteSaver`` or
 ``PostgresSaver`` database into a wakeful store (read with ``WakefulSaver``).
 
-Exit codes: 0 every thread imported (or already there); 3 the SQLite file does not exist;
-4 some threads were skipped (held by a live process, or a wakeful runtime thread of the same
-id): the summary names them, run again later; 5 a database did not answer; 6 invalid input
-(an unknown URL, not a LangGraph database, a pickled value without ``--allow-pickle``)."""
+Exit codes: 0 every thread imported (or already there); 3 the SQLite file or a ``--thread``
+does not exist; 4 some threads were skipped (held by a live process, or run on wakeful since
+they were imported, or a wakeful runtime thread of the same id): the summary names them; 5 a
+database did not answer; 6 invalid input (an unknown URL, not a LangGraph database, a
+pickled value without ``--allow-pickle``)."""
 
 from __future__ import annotations
 
@@ -61,8 +62,9 @@ def import_command(
 ) -> None:
     """Copy every thread (checkpoints of every namespace and pending writes) from a
     SqliteSaver/PostgresSaver database into the store; what the store already has is kept,
-    so running it again resumes or catches up. Exit 0 done, 3 no such SQLite file, 4 some
-    threads skipped (busy), 5 unavailable, 6 invalid input."""
+    so running it again resumes or catches up. Exit 0 done, 3 no such SQLite file or
+    thread, 4 some threads skipped (busy, or ran on wakeful since), 5 unavailable, 6
+    invalid input."""
     try:
         from wakeful.langgraph import WakefulSaver
         from wakeful.langgraph.importing import ImportSummary, import_threads
@@ -103,15 +105,18 @@ def import_command(
         ):
             # fencing="off": each commit claims the thread for its atomic step only.
             saver = WakefulSaver(target, fencing="off", cache_threads=1)
-            with progress:
-                return await import_threads(
-                    source,
-                    saver,
-                    threads=threads or None,
-                    allow_pickle=allow_pickle,
-                    on_count=lambda n: progress.update(task, total=n),
-                    on_thread=lambda _thread, _outcome: progress.advance(task),
-                )
+            try:
+                with progress:
+                    return await import_threads(
+                        source,
+                        saver,
+                        threads=threads or None,
+                        allow_pickle=allow_pickle,
+                        on_count=lambda n: progress.update(task, total=n),
+                        on_thread=lambda _thread, _outcome: progress.advance(task),
+                    )
+            finally:
+                await saver.aclose()
 
     try:
         summary = asyncio.run(run())

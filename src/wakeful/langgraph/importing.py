@@ -26,7 +26,14 @@ from typing import Any
 
 import msgspec
 
-from wakeful.errors import InvalidInput, InvalidState, StaleClaim, ThreadBusy, VersionConflict
+from wakeful.errors import (
+    InvalidInput,
+    InvalidState,
+    NotFound,
+    StaleClaim,
+    ThreadBusy,
+    VersionConflict,
+)
 from wakeful.langgraph.codec import PICKLE, is_plain_json
 from wakeful.langgraph.index import ThreadIndex
 from wakeful.langgraph.saver import WakefulSaver
@@ -71,12 +78,16 @@ async def import_threads(
     on_count: Callable[[int], None] | None = None,
 ) -> ImportSummary:
     """Import every thread of ``source`` (or only ``threads``) through ``saver``. Raises
+    ``NotFound`` for a named thread the source lacks (before importing anything) and
     ``InvalidInput`` for a value the import must not or cannot carry (a pickle without
     ``allow_pickle``, an unreadable checkpoint); what was committed before stays."""
     started = time.monotonic()
     summary = ImportSummary(source=source.description)
     ids = await source.thread_ids()
     if threads is not None:
+        missing = sorted(set(threads) - set(ids))
+        if missing:
+            raise NotFound("source thread", ", ".join(missing))
         wanted = set(threads)
         ids = [t for t in ids if t in wanted]
     if on_count is not None:
