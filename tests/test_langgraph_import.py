@@ -116,6 +116,7 @@ def cli(*args: str, store: str) -> subprocess.CompletedProcess[str]:
 def imported(url: str, *args: str, store: str, code: int = 0) -> dict[str, Any]:
     done = cli("langgraph", "import", "--from", url, "--json", *args, store=store)
     assert done.returncode == code, done.stderr
+    assert done.stderr == "", "--json prints the summary only"
     summary: dict[str, Any] = json.loads(done.stdout)
     return summary
 

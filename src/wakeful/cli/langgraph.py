@@ -142,8 +142,10 @@ def import_command(
 
     emit(summary, as_json, render)
     if summary.skipped:
-        errors.print(
-            f"{len(summary.skipped)} thread(s) skipped; run the import again once they are free",
-            highlight=False,
-        )
+        if not as_json:  # --json is quiet: the summary names the skipped threads
+            errors.print(
+                f"{len(summary.skipped)} thread(s) skipped: busy ones can be imported once "
+                "they are free; diverged ones ran on wakeful since and stay as they are",
+                highlight=False,
+            )
         sys.exit(EXIT_CONFLICT)
