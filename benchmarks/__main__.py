@@ -59,6 +59,7 @@ PLAN = (
     # million takes several minutes per store to build on the 2-CPU machine.
     Module("scale_paths", 420, ("--sizes", "1000,100000"), postgres=True),
     Module("live_stream", 180, postgres=True),
+    Module("langgraph_saver", 240, ("--runs", "120"), postgres=True),
 )
 ALL = [m.name for m in PLAN]
 SKIPPED_EXIT = 3

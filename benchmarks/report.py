@@ -90,6 +90,15 @@ METHOD = {
         "the worker running a long node (ttl 2 s, renew every 0.5 s, poll every 0.25 s) "
         "until the other worker process re-enters the node."
     ),
+    "langgraph_saver": (
+        'The same 3-node linear LangGraph graph (`durability="sync"`, a fresh thread per '
+        'run) on `WakefulSaver` (default `fencing="auto"`: each run claims its thread '
+        "before its first node, one durable write more than LangGraph's savers make, then 9 "
+        "fenced commits) beside LangGraph's `SqliteSaver` (`graph.invoke`; concurrent: OS "
+        "threads) and `AsyncSqliteSaver` on the same disk, and `AsyncPostgresSaver` (pool "
+        "of 16) on the same server, sequential and 8 (SQLite) or 16 (PostgreSQL) concurrent "
+        "threads. `InMemorySaver` (no storage) shows what LangGraph itself costs."
+    ),
     "scale": (
         "Commit cost on a thread holding 1, 100 or 10,000 messages on each store (must stay "
         "flat; judged as 10k/1 <= 1.5x), file store open time vs log size, and `tracemalloc` "

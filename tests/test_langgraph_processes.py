@@ -1,4 +1,4 @@
-"""``WakefulSaver`` across real processes on one SQLite store: a second process gets
+"""``WakefulSaver`` across real processes on one SQLite or PostgreSQL store: a second process gets
 ``ThreadBusy`` before any node runs; a SIGKILLed holder's thread is resumed elsewhere
 without rerunning the node whose write was saved; a SIGSTOPped holder whose claim was taken
 over is fenced after SIGCONT and the history does not interleave."""
@@ -17,12 +17,24 @@ from typing import Any
 import pytest
 
 from tests.langgraph_support import fan_out
+from tests.postgres_support import Databases
 from tests.runtime_support import eventually
 from wakeful.errors import ThreadBusy
 from wakeful.langgraph import WakefulSaver
 
+pytest_plugins = ["tests.postgres_fixtures"]
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG: Any = {"configurable": {"thread_id": "t"}}
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The store the processes share: a SQLite file, or a fresh PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'store.db'}"
+    databases: Databases = request.getfixturevalue("pg_databases")
+    return asyncio.run(databases.clone())
 
 
 def _spawn(*args: str) -> subprocess.Popen[bytes]:
@@ -52,8 +64,9 @@ async def _resume_after_expiry(saver: WakefulSaver, graph: Any) -> dict[str, Any
 
 
 @pytest.mark.asyncio
-async def test_busy_then_sigkill_then_resume_reuses_the_saved_write(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'store.db'}"
+async def test_busy_then_sigkill_then_resume_reuses_the_saved_write(
+    tmp_path: Path, url: str
+) -> None:
     counter, ready = tmp_path / "calls.txt", tmp_path / "ready"
     child = _spawn(url, str(counter), str(ready), "child-1")
     try:
@@ -82,8 +95,7 @@ async def test_busy_then_sigkill_then_resume_reuses_the_saved_write(tmp_path: Pa
 
 
 @pytest.mark.asyncio
-async def test_sigstopped_holder_is_fenced_after_takeover(tmp_path: Path) -> None:
-    url = f"sqlite:///{tmp_path / 'store.db'}"
+async def test_sigstopped_holder_is_fenced_after_takeover(tmp_path: Path, url: str) -> None:
     counter, ready, go = tmp_path / "calls.txt", tmp_path / "ready", tmp_path / "go"
     outcome = tmp_path / "ready.outcome"
     child = _spawn(url, str(counter), str(ready), "child-1", str(go))

@@ -13,6 +13,7 @@ import click
 from wakeful.cli.admin import migrate, prune, status
 from wakeful.cli.common import as_failure
 from wakeful.cli.inspect import dispatches, threads, workers
+from wakeful.cli.langgraph import langgraph
 from wakeful.cli.logs import logging_options
 from wakeful.cli.providers import providers
 from wakeful.cli.quarantine import quarantine
@@ -72,6 +73,7 @@ for command in (
     quarantine,
     workers,
     providers,
+    langgraph,
 ):
     cli.add_command(command)
 

@@ -125,6 +125,12 @@ class ThreadIndex:
                 chosen.extend(e.item for e in self.writes[key].values())
         return chosen
 
+    def holds(self, item: dict[str, Any]) -> bool:
+        """True if this thread already has the checkpoint or write ``item`` (by its key)."""
+        if item["k"] == "c":
+            return (item["ns"], item["id"]) in self.checkpoints
+        return (item["task"], item["idx"]) in self.writes.get(item_key(item), {})
+
     def is_empty(self) -> bool:
         return not self.checkpoints and not self.writes
 

@@ -6,12 +6,11 @@ the records into a ``ThreadIndex`` kept per thread (least recently used first ou
 trusted while this saver holds the thread's claim; otherwise one ``read`` tells whether it
 is still current and only newer records are fetched.
 
-Fencing (``fencing=``): ``"auto"`` (default) claims a thread at its first write and keeps
-the claim renewed while the thread is in use; ``"hold"`` writes only inside
-``saver.hold(thread_id)``; ``"off"`` claims and releases inside every write (one atomic
-step), for a single process. In every mode a write prepared against a view of the thread
-that another writer has since changed is refused with ``VersionConflict``: histories of two
-processes never interleave.
+Fencing (``fencing=``): ``"auto"`` (default) claims a thread when a run starts and keeps the
+claim renewed while the thread is in use; ``"hold"`` writes only inside ``saver.hold``;
+``"off"`` claims and releases inside every write (one atomic step), for a single process.
+In every mode a write prepared against a view of the thread another writer has changed since
+is refused with ``VersionConflict``: histories of two processes never interleave.
 """
 
 from __future__ import annotations
@@ -40,6 +39,7 @@ from langgraph.checkpoint.base import (
     get_checkpoint_metadata,
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from wakeful.errors import InvalidInput, InvalidState, StaleClaim, VersionConflict
 from wakeful.ids import check_id
@@ -69,6 +69,16 @@ RUN_MARKER = "__pregel_runtime"
 LOCK_STRIPES = 256
 
 
+def not_held(lg_thread: str) -> InvalidState:
+    return InvalidState(
+        "thread",
+        lg_thread,
+        "not held",
+        "this saver runs with fencing='hold': run the graph inside "
+        "`async with saver.hold(thread_id)`",
+    )
+
+
 class WakefulSaver(BaseCheckpointSaver[str]):
     """A LangGraph checkpointer with wakeful's guarantees: fenced writers, atomic fsynced
     commits, recovery after a crash. Use it as ``graph.compile(checkpointer=saver)``."""
@@ -93,14 +103,18 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         LangGraph's serializer protocol (default ``JsonPlusSerializer`` without pickle;
         plain JSON values are then stored as themselves). ``allow_pickle``: accept the
         ``pickle`` type from a serializer that falls back to it (off: such values are
-        refused). ``cache_threads``: how many thread indexes stay in memory."""
+        refused; without ``serde`` it makes the default serializer fall back to pickle).
+        ``cache_threads``: how many thread indexes stay in memory."""
+        plain_json = serde is None
+        if serde is None and allow_pickle:
+            serde = JsonPlusSerializer(pickle_fallback=True)
         super().__init__(serde=serde)
         if fencing not in ("auto", "hold", "off"):
             raise InvalidInput("fencing", "must be 'auto', 'hold' or 'off'")
         self.store = store
         self.fencing: Fencing = fencing
         self.holder = check_id("holder", holder or default_holder())
-        self.codec = ValueCodec(self.serde, plain_json=serde is None, allow_pickle=allow_pickle)
+        self.codec = ValueCodec(self.serde, plain_json=plain_json, allow_pickle=allow_pickle)
         self._holds = Holds(store, ttl, renew_every, idle_release)
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
         self._fenced: dict[str, StaleClaim | VersionConflict] = {}
@@ -413,8 +427,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         call_on(self._loop, self.aprune(thread_ids, strategy=strategy))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
-        """Versions as ``InMemorySaver`` makes them (a counter, then a random tie-break),
-        so threads imported from LangGraph's own savers keep comparing correctly."""
+        """Versions as LangGraph's savers make them (a counter, a random tie-break)."""
         number = 0 if current is None else int(str(current).split(".")[0])
         return f"{number + 1:032}.{random.random():016}"
 
@@ -430,13 +443,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
                 return
             self._holds.forget(thread)
             if self.fencing == "hold":
-                raise InvalidState(
-                    "thread",
-                    lg_thread,
-                    "not held",
-                    "this saver runs with fencing='hold': run the graph inside "
-                    "`async with saver.hold(thread_id)`",
-                )
+                raise not_held(lg_thread)
             if self.fencing == "auto":
                 claim = await self.store.claim(thread, self.holder, self._holds.ttl)
                 self._holds.start(claim, explicit=False)
@@ -517,13 +524,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             if thread in self._fenced:
                 raise self._fenced[thread]
             if self.fencing == "hold" and hold is None:
-                raise InvalidState(
-                    "thread",
-                    lg_thread,
-                    "not held",
-                    "this saver runs with fencing='hold': run the graph inside "
-                    "`async with saver.hold(thread_id)`",
-                )
+                raise not_held(lg_thread)
             cached = self._cache.get(thread)
             idx = cached if cached is not None else await self._view(thread)
             if idx.foreign:
