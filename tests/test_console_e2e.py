@@ -218,3 +218,106 @@ def test_checkpoint_state_and_diff(page: Any, rig: Fleet) -> None:
     diff.locator("li.d-added:has-text('$.total')").wait_for()
     diff.locator("li.d-changed:has-text('$.numbers[0]')").wait_for()
     shoot(page, "checkpoint-diff")
+
+
+def test_quarantine_then_requeue_a_dispatch(page: Any, rig: Fleet) -> None:
+    for w in rig.workers:  # no worker may take the exhausted work before the operator does
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+            w.wait(timeout=30)
+
+    async def exhaust(store: Any) -> None:
+        from tests.server_support import exhausted_dispatch
+
+        await exhausted_dispatch(store, "d-console-stuck", "console-stuck")
+
+    with_store(rig, exhaust)
+    sign_in(page, rig, OPERATOR)
+    page.goto(f"{rig.url}/console/#/queue")
+    page.click("#queue-tabs [data-status=pending]")
+    row = page.locator("tr[data-dispatch='d-console-stuck']")
+    row.locator("text=2/1").wait_for()  # attempts past the budget
+    row.locator("text=boom").wait_for()  # the last error
+    row.locator("[data-action=quarantine]").click()
+    page.click("[data-testid=confirm-ok]")
+    page.click("#queue-tabs [data-status=quarantined]")
+    page.wait_for_selector("[data-count=quarantined]:text-is('1')")
+    row.locator("[data-action=inspect]").click()
+    page.wait_for_selector("#inspection:has-text('d-console-stuck')")
+    shoot(page, "queue")
+    row.locator("[data-action=requeue]").click()
+    page.click("[data-testid=confirm-ok]")
+    page.wait_for_selector("[data-count=quarantined]:text-is('0')")
+    page.click("#queue-tabs [data-status=pending]")
+    row.locator("text=0/1").wait_for()  # pending again with a fresh budget
+
+    async def status(store: Any) -> str:
+        d = await store.get_dispatch("d-console-stuck")
+        return str(d.status) if d is not None else "gone"
+
+    assert with_store(rig, status) == "pending"
+    page.click("#queue-tabs [data-status=pending]")
+    assert row.locator("[data-action=quarantine]").count() == 0  # a fresh budget
+    with_store(rig, purge_stuck)
+
+
+async def purge_stuck(store: Any) -> None:
+    [lease] = await store.claim_next("cleaner", 30)
+    from wakeful.records import Done
+
+    await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
+
+
+def test_operator_views_workers_and_overview(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    sign_in(page, rig, OPERATOR)
+    page.goto(f"{rig.url}/console/#/threads")
+    for thread in ("console-hello", "console-crash", "console-ship"):
+        page.locator(f"tr[data-thread='{thread}']").wait_for()
+    shoot(page, "threads")
+    page.fill("#search", "console-s")
+    page.click("#thread-search button")
+    page.locator("tr[data-thread='console-ship']").wait_for()
+    page.locator("tr[data-thread='console-sort']").wait_for()
+    assert page.locator("tr[data-thread]").count() == 2
+    page.select_option("#status-filter", "completed")
+    page.fill("#target-filter", "sorter")
+    page.click("#thread-search button")
+    page.wait_for_url(re.compile(r"target=sorter"))
+    page.locator("tr[data-thread='console-sort']").wait_for()
+    assert page.locator("tr[data-thread]").count() == 1
+    page.goto(f"{rig.url}/console/#/workers")
+    live = rig.workers[-1]
+    assert live.poll() is None
+    page.fill("#live-within", "5")  # the test's workers beat every 2/3 s (ttl 2 s)
+    page.dispatch_event("#live-within", "change")
+    page.locator("#workers .s-live").first.wait_for()
+    page.locator("tr[data-worker='doomed'] .s-expired").wait_for()
+    shoot(page, "workers")
+    page.goto(f"{rig.url}/console/#/overview")
+    page.locator("[data-figure=pending] b").wait_for()
+    line = page.locator("#depth-chart polyline[data-series=pending]")
+    wait_until(lambda: len((line.get_attribute("points") or "").split()) >= 3, "three samples")
+    shoot(page, "overview")
+
+
+def test_a_tenant_sees_neither_other_tenants_threads_nor_operator_views(
+    page: Any, rig: Fleet
+) -> None:
+    sign_in(page, rig, BETA)
+    assert page.inner_text("#role") == "beta"
+    page.goto(f"{rig.url}/console/#/threads")
+    page.wait_for_selector("#no-threads")
+    assert page.locator("tr[data-thread]").count() == 0
+    for view in ("queue", "workers", "overview"):
+        assert not page.locator(f"#nav a[data-view={view}]").is_visible()
+    page.goto(f"{rig.url}/console/#/queue")
+    page.wait_for_selector("#forbidden")
+    page.goto(f"{rig.url}/console/#/threads/console-hello")
+    page.wait_for_selector("#banner:has-text('404')")
+    assert page.locator(".msg").count() == 0
+    # the expired-token path: the server no longer knows the token, the page asks again
+    page.evaluate("sessionStorage.setItem('wakeful.console.token', 'revoked-token-000')")
+    page.goto(f"{rig.url}/console/#/threads")
+    page.reload()
+    page.wait_for_selector("#signin")

@@ -43,7 +43,7 @@ export function threadView(main, threadId, { showError }) {
     dispatches: new Map(),
     runs: [],
     checkpoints: [],
-    picked: { a: null, b: null },
+    picked: { a: null, b: null, byUser: false },
     seen: new Set(),
   };
   let closed = false;
@@ -146,7 +146,9 @@ export function threadView(main, threadId, { showError }) {
       state.dispatches = new Map(dispatches.dispatches.map((d) => [d.payload?.run_id || `run-${d.dispatch_id}`, d]));
       state.checkpoints = checkpoints.checkpoints;
       state.messages = messages;
-      if (!state.checkpoints.some((c) => c.id === state.picked.a)) state.picked.a = state.checkpoints[0]?.id ?? null;
+      if (!state.picked.byUser || !state.checkpoints.some((c) => c.id === state.picked.a)) {
+        state.picked = { a: state.checkpoints[0]?.id ?? null, b: null }; // follow the latest
+      }
       drawHeader();
       drawTickets();
       drawConversation();
@@ -158,7 +160,7 @@ export function threadView(main, threadId, { showError }) {
   }
 
   function pick(picked) {
-    state.picked = picked;
+    state.picked = { ...picked, byUser: true };
     renderCheckpoints(parts.checkpoints, state.checkpoints, state.picked, pick);
   }
 

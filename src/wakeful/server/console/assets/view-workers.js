@@ -6,19 +6,34 @@ import { ago, badge, clear, h, table, time } from "./dom.js";
 
 const REFRESH = 2000;
 const LIVE_WITHIN = 30; // seconds: three heartbeats at the default claim ttl of 30 s
+const SETTING = "wakeful.console.liveWithin";
 
 export function workersView(main, { showError }) {
   const list = h("div", { id: "workers" });
+  let within = Number(sessionStorage.getItem(SETTING)) || LIVE_WITHIN;
+  const threshold = h("input", { type: "number", min: 1, max: 3600, id: "live-within", value: within });
+  threshold.addEventListener("change", () => {
+    within = Math.max(1, Number(threshold.value) || LIVE_WITHIN);
+    sessionStorage.setItem(SETTING, String(within));
+    load();
+  });
   clear(
     main,
     h("h1", {}, "Workers"),
-    h("p", { class: "muted" }, `A worker is live while its last heartbeat is under ${LIVE_WITHIN} s old; a stopped or killed worker shows as expired, and a newer registration of the same id as a higher generation.`),
+    h(
+      "p",
+      { class: "muted" },
+      "A worker is live while its last heartbeat is at most ",
+      threshold,
+      " s old (a worker beats every third of its lease ttl); a stopped or killed worker shows as expired, a newer registration of the same id as a higher generation.",
+    ),
     list,
   );
   let closed = false;
   let timer = null;
 
   async function load() {
+    clearTimeout(timer);
     try {
       const [workers, leased] = await Promise.all([get("/v1/workers"), get("/v1/dispatches", { status: "leased", limit: 1000 })]);
       if (closed) return;
@@ -31,7 +46,7 @@ export function workersView(main, { showError }) {
       }
       const rows = workers.workers.map((w) => {
         const age = (now - new Date(w.last_heartbeat).getTime()) / 1000;
-        const live = age <= LIVE_WITHIN;
+        const live = age <= within;
         const held = leases.get(`${w.worker_id}.g${w.generation}`) || [];
         return h(
           "tr",
