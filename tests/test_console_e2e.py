@@ -294,8 +294,17 @@ def test_operator_views_workers_and_overview(page: Any, rig: Fleet) -> None:
     page.locator("#workers .s-live").first.wait_for()
     page.locator("tr[data-worker='doomed'] .s-expired").wait_for()
     shoot(page, "workers")
+    for w in rig.workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+            w.wait(timeout=30)
     page.goto(f"{rig.url}/console/#/overview")
     page.locator("[data-figure=pending] b").wait_for()
+    for i in range(12):  # a backlog the figures show, then see drain
+        submit(rig, f"console-batch-{i:02}", "sorter", {"numbers": [i, 1]})
+    page.locator("[data-figure=pending] b:text-is('12')").wait_for()
+    rig.worker("drainer")
+    page.locator("[data-figure=pending] b:text-is('0')").wait_for()
     line = page.locator("#depth-chart polyline[data-series=pending]")
     wait_until(lambda: len((line.get_attribute("points") or "").split()) >= 3, "three samples")
     shoot(page, "overview")

@@ -6,6 +6,7 @@ import { parseMetrics, total } from "./promtext.js";
 
 const EVERY = 2000;
 const WINDOW = 10 * 60 * 1000;
+const MIN_SPAN = 60 * 1000;
 const DEPTHS = ["pending", "leased", "awaiting", "quarantined"];
 const COLORS = { pending: "#0b6bcb", leased: "#1a7f37", awaiting: "#9a6700", quarantined: "#c62828", submitted: "#6e40c9", settled: "#1a7f37" };
 const history = []; // kept while the tab lives, so returning to the view shows the last minutes
@@ -85,9 +86,11 @@ function chart(points, series) {
   const height = 160;
   const pad = 28;
   const end = Date.now();
-  const start = end - WINDOW;
+  const first = points.length ? points[0].at : end;
+  const start = Math.max(end - WINDOW, Math.min(first, end - MIN_SPAN)); // grows to 10 min
+  const span = end - start;
   const top = Math.max(1, ...points.flatMap((p) => series.map((s) => p[s] || 0)));
-  const x = (at) => pad + ((at - start) / WINDOW) * (width - pad - 4);
+  const x = (at) => pad + ((at - start) / span) * (width - pad - 4);
   const y = (v) => height - pad + 4 - (v / top) * (height - pad - 4);
   const lines = series.map((s) =>
     svg("polyline", {
@@ -101,7 +104,7 @@ function chart(points, series) {
   const axis = svg("g", { class: "axis" },
     svg("line", { x1: pad, y1: height - pad + 4, x2: width, y2: height - pad + 4 }),
     svg("text", { x: 2, y: 12 }, document.createTextNode(String(Math.round(top * 10) / 10))),
-    svg("text", { x: pad, y: height - 6 }, document.createTextNode("-10 min")),
+    svg("text", { x: pad, y: height - 6 }, document.createTextNode(`-${Math.round(span / 1000)} s`)),
     svg("text", { x: width - 30, y: height - 6 }, document.createTextNode("now")),
   );
   return [
