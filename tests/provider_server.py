@@ -11,6 +11,7 @@ import json
 import socket
 import struct
 import threading
+import time
 import tomllib
 from collections import deque
 from dataclasses import dataclass, field
@@ -32,8 +33,7 @@ class Reply:
     the terminating chunk; ``"rst"`` first waits for ``ProviderServer.release`` (so the client
     has read what came before) and then resets it. ``stall_after=n`` sends n events and then
     nothing until the server is released or closed. ``chunk_size`` splits every frame into
-    chunks of that many bytes (splitting UTF-8 characters and CRLF pairs). ``pause`` is the
-    time in seconds between two events: a model that writes slowly."""
+    chunks of that many bytes (splitting UTF-8 characters and CRLF pairs)."""
 
     status: int = 200
     headers: list[tuple[str, str]] = field(default_factory=list)
@@ -45,7 +45,8 @@ class Reply:
     drop: Literal["fin", "rst"] = "fin"
     stall_after: int | None = None
     chunk_size: int | None = None
-    pause: float = 0.0
+    pace: float = 0.0
+    """Seconds between two events (a model writing slowly)."""
 
 
 @dataclass(frozen=True)
@@ -98,9 +99,12 @@ class _Handler(BaseHTTPRequestHandler):
             if i == reply.stall_after:
                 owner.release.wait(timeout=30)
                 return None
-            if i and reply.pause and owner.release.wait(timeout=reply.pause):
-                return None  # closing: stop writing
-            self._send(frame, reply)
+            if reply.pace and i:
+                time.sleep(reply.pace)
+            try:
+                self._send(frame, reply)
+            except OSError:
+                return None  # the client went away (a worker killed mid-reply)
         if reply.drop_after == len(reply.events):
             return self._cut(reply.drop, owner.release)
         if reply.stall_after == len(reply.events):

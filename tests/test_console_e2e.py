@@ -127,7 +127,7 @@ def test_reply_streams_live_before_the_run_completes(page: Any, rig: Fleet) -> N
     if not streams_route(rig):
         pytest.skip("needs GET /v1/threads/{id}/stream (issue 19); the console falls back")
     words = [f"word{i} " for i in range(12)]
-    rig.model.push(Reply(events=openai_text(*words), pause=0.4))
+    rig.model.push(Reply(events=openai_text(*words), pace=0.4))
     running_worker(rig)
     sign_in(page, rig, ALPHA)
     submit(rig, "console-live", "chat", "Talk slowly")
@@ -150,7 +150,7 @@ def test_worker_killed_mid_reply_recovery_is_marked_and_the_reply_finishes(
     before = len(rig.model.received)
     parts = ["Once ", "upon ", "a ", "time, "]
     rig.model.push(
-        Reply(events=openai_text(*parts), pause=0.3, stall_after=len(parts) + 1),
+        Reply(events=openai_text(*parts), pace=0.3, stall_after=len(parts) + 1),
         Reply(events=openai_text("happily ", "ever ", "after.")),
     )
     first = rig.worker("doomed")
