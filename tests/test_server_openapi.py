@@ -24,6 +24,8 @@ ROUTES = {
     ("get", "/v1/threads/{thread_id}/messages"),
     ("get", "/v1/threads/{thread_id}/runs"),
     ("get", "/v1/threads/{thread_id}/events"),
+    ("get", "/v1/threads/{thread_id}/checkpoints"),
+    ("get", "/v1/whoami"),
     ("post", "/v1/threads/{thread_id}/runs"),
     ("post", "/v1/threads/{thread_id}/resume"),
     ("post", "/v1/threads/{thread_id}/cancel"),

@@ -87,7 +87,7 @@ export function follow(path, { lastEventId = null, onFrame, onState = () => {}, 
   };
 }
 
-// Parse an SSE byte stream (https://html.spec.whatwg.org/#event-stream-interpretation).
+// Parse an SSE byte stream (the HTML standard, "event stream interpretation").
 async function read(body, emit) {
   const reader = body.getReader();
   const decoder = new TextDecoder();
