@@ -54,6 +54,7 @@ PLAN = (
     Module("streaming", 90),
     Module("dispatch", 300, ("--n", "1000", "--n-single", "300"), postgres=True),
     Module("scale", 150, postgres=True),
+    Module("console", 240),
 )
 ALL = [m.name for m in PLAN]
 SKIPPED_EXIT = 3

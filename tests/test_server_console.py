@@ -50,7 +50,7 @@ def test_every_asset_the_page_imports_is_shipped_and_nothing_loads_from_elsewher
     names = set(console.ASSETS)
     for name, asset in console.ASSETS.items():
         text = asset.body.decode("utf-8")
-        for imported in re.findall(r"from \"\./([\w.-]+)\"", text):
+        for imported in re.findall(r"(?:from |import\()\"\./([\w.-]+)\"", text):
             assert imported in names, f"{name} imports {imported}, which is not shipped"
         assert "http://" not in text.replace("http://www.w3.org/2000/svg", ""), name
         assert "https://" not in text, name

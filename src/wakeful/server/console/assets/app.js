@@ -2,12 +2,16 @@
 
 import { ApiError, call, session } from "./api.js";
 import { clear, h } from "./dom.js";
-import { overviewView } from "./view-overview.js";
-import { queueView } from "./view-queue.js";
-import { threadView } from "./view-thread.js";
 import { threadsView } from "./view-threads.js";
-import { workersView } from "./view-workers.js";
 
+// The first view's module is imported up front; the others when first opened.
+const lazy = (file, name) => async (...args) => (await import(file))[name](...args);
+const threadView = lazy("./view-thread.js", "threadView");
+const queueView = lazy("./view-queue.js", "queueView");
+const workersView = lazy("./view-workers.js", "workersView");
+const overviewView = lazy("./view-overview.js", "overviewView");
+
+const IDENTITY = "wakeful.console.identity";
 const main = document.getElementById("main");
 const banner = document.getElementById("banner");
 let current = null; // the mounted view's cleanup
@@ -61,8 +65,20 @@ async function signIn(token) {
   const identity = await call("GET", "/v1/whoami", { token });
   session.token = token;
   session.identity = identity;
+  sessionStorage.setItem(IDENTITY, JSON.stringify(identity));
   renderChrome();
   return identity;
+}
+
+// The identity of the token in this tab, remembered at sign-in so a reload shows the first
+// view at once; it is checked again in the background (the token may have been revoked).
+function remembered() {
+  try {
+    const identity = JSON.parse(sessionStorage.getItem(IDENTITY) || "null");
+    return identity && typeof identity.operator === "boolean" ? identity : null;
+  } catch {
+    return null;
+  }
 }
 
 function renderChrome() {
@@ -82,6 +98,7 @@ function renderChrome() {
 function signOut(message) {
   session.token = "";
   session.identity = null;
+  sessionStorage.removeItem(IDENTITY);
   if (current) current();
   current = null;
   renderChrome();
@@ -115,7 +132,19 @@ function route() {
       clear(main, h("p", { class: "error", id: "forbidden" }, "This view is for operators."));
       return;
     }
-    current = mount(match) || null;
+    let cleanup = null;
+    let left = false;
+    current = () => {
+      left = true;
+      if (cleanup) cleanup();
+    };
+    Promise.resolve(mount(match)).then(
+      (made) => {
+        cleanup = made || null;
+        if (left && cleanup) cleanup(); // navigated away while the module loaded
+      },
+      (error) => showError(error),
+    );
     return;
   }
   location.hash = "#/threads";
@@ -124,6 +153,17 @@ function route() {
 async function start() {
   document.getElementById("signout").addEventListener("click", () => signOut());
   window.addEventListener("hashchange", route);
+  const known = session.token ? remembered() : null;
+  if (known) {
+    session.identity = known;
+    renderChrome();
+    route();
+    signIn(session.token).catch((error) => {
+      if (error instanceof ApiError && error.status === 401) signOut("The server no longer accepts this token: sign in again.");
+      else showError(error);
+    });
+    return;
+  }
   try {
     if (session.token) await signIn(session.token);
     else await signIn(""); // a server in development mode needs no token
