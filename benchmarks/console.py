@@ -143,7 +143,11 @@ def first_view_ms(base: str, token: str, rounds: int) -> tuple[list[float], int]
                 )
                 page = context.new_page()
                 sizes: list[int] = []
-                page.on("response", lambda r: sizes.append(len(r.body()) if r.ok else 0))
+
+                def count(response: Any, into: list[int] = sizes) -> None:
+                    into.append(len(response.body()) if response.ok else 0)
+
+                page.on("response", count)
                 page.goto(f"{base}/console/#/threads")
                 page.wait_for_selector("tr[data-thread]")
                 mark = page.evaluate(

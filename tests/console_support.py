@@ -22,8 +22,8 @@ import httpx
 import pytest
 
 from tests.chat_server import ChatServer
-from wakeful import open_store
 from tests.cli_support import ROOT, WAKEFUL, cli_env, free_port
+from wakeful import open_store
 
 CHROMIUM = os.environ.get("WAKEFUL_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [

@@ -78,7 +78,7 @@ async def test_whoami_in_development_mode() -> None:
     assert me == {"tenant": None, "operator": True, "development": True}
 
 
-async def _ids(api: Api, token: str, **params: object) -> tuple[list[str], str | None]:
+async def _ids(api: Api, token: str, **params: str | int) -> tuple[list[str], str | None]:
     r = await api.client(token).get("/v1/threads", params=params)
     assert r.status_code == 200, r.text
     page = r.json()
