@@ -310,7 +310,8 @@ def serve(
     tokens: str | None,
     body_timeout: float,
 ) -> None:
-    """Serve the HTTP API until SIGTERM or SIGINT (OpenAPI at /openapi.json, docs at /docs)."""
+    """Serve the HTTP API until SIGTERM or SIGINT (OpenAPI at /openapi.json, docs at /docs,
+    the web console at /console/)."""
     from wakeful.server import load_tokens
     from wakeful.server import serve as serve_api
 
