@@ -329,3 +329,17 @@ def test_a_tenant_sees_neither_other_tenants_threads_nor_operator_views(
     page.goto(f"{rig.url}/console/#/threads")
     page.reload()
     page.wait_for_selector("#signin")
+
+
+def test_cancel_a_running_run(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    rig.model.push(Reply(events=openai_text(*[f"w{i} " for i in range(40)]), pace=0.25))
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-cancel", "chat", "Talk for a while")
+    page.goto(f"{rig.url}/console/#/threads/console-cancel")
+    page.wait_for_selector("#thread-status .s-running")
+    page.click("#cancel-run")
+    page.click("[data-testid=confirm-ok]")
+    page.wait_for_selector("#cancel-sent")
+    page.wait_for_selector("#thread-status .s-cancelled")
+    page.locator("#timeline li[data-type='run.cancelled']").wait_for()

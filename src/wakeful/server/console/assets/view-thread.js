@@ -45,6 +45,8 @@ export function threadView(main, threadId, { showError }) {
     checkpoints: [],
     picked: { a: null, b: null, byUser: false },
     seen: new Set(),
+    answered: new Set(),
+    cancelled: false,
   };
   let closed = false;
   let stream = null;
@@ -62,7 +64,8 @@ export function threadView(main, threadId, { showError }) {
       if (!(await confirmAction(`Cancel the work of thread ${threadId}?`, "Cancel run"))) return;
       try {
         await post(`${base}/cancel`, { reason: "cancelled from the console" });
-        parts.header.append(h("p", { class: "notice", id: "cancel-sent" }, "Cancel requested: the run stops at its next commit."));
+        state.cancelled = true;
+        drawHeader();
       } catch (error) {
         showError(error);
       }
@@ -81,6 +84,7 @@ export function threadView(main, threadId, { showError }) {
         h("dt", {}, "updated"), h("dd", { title: t.updated_at ?? "" }, time(t.updated_at)),
       ),
       cancel,
+      state.cancelled ? h("p", { class: "notice", id: "cancel-sent" }, "Cancel requested: the run stops at its next commit.") : null,
     );
   }
 
@@ -90,7 +94,11 @@ export function threadView(main, threadId, { showError }) {
       clear(parts.tickets);
       return;
     }
-    clear(parts.tickets, h("h2", {}, "Open tickets"), tickets.map(ticketForm));
+    clear(parts.tickets, h("h2", {}, "Open tickets"), tickets.map((t) => (state.answered.has(t.id) ? answeredNote(t) : ticketForm(t))));
+  }
+
+  function answeredNote(ticket) {
+    return h("p", { class: "notice", "data-answered": ticket.id }, `Answered ${ticket.id}: the run continues.`);
   }
 
   function ticketForm(ticket) {
@@ -99,7 +107,8 @@ export function threadView(main, threadId, { showError }) {
     const send = async (value) => {
       try {
         await post(`${base}/resume`, { answers: { [ticket.id]: value } });
-        form.replaceWith(h("p", { class: "notice", "data-answered": ticket.id }, `Answered ${ticket.id}: the run continues.`));
+        state.answered.add(ticket.id); // a refresh before the run resumes keeps the note
+        form.replaceWith(answeredNote(ticket));
       } catch (error) {
         showError(error);
       }
