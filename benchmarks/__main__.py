@@ -60,6 +60,7 @@ PLAN = (
     Module("scale_paths", 420, ("--sizes", "1000,100000"), postgres=True),
     Module("live_stream", 180, postgres=True),
     Module("langgraph_saver", 240, ("--runs", "120"), postgres=True),
+    Module("console", 240),
 )
 ALL = [m.name for m in PLAN]
 SKIPPED_EXIT = 3

@@ -118,8 +118,10 @@ async def seed_thread(
     messages: int = 0,
     tickets: tuple[str, ...] = (),
     state: Any = None,
+    graph: str = "g",
 ) -> None:
-    """Commit one checkpoint of ``run_id`` (with events and messages) under a claim."""
+    """Commit one checkpoint of ``run_id`` of ``graph`` (with events and messages) under a
+    claim."""
     claim = await store.claim(thread_id, "seeder", 30)
     snap = await store.read(thread_id)
     latest = snap.checkpoint if snap is not None else None
@@ -133,7 +135,7 @@ async def seed_thread(
         created_at=datetime.now(UTC),
         tenant=tenant,
         metadata={
-            "graph": "g",
+            "graph": graph,
             "tickets": [
                 {"id": t, "task_id": "task", "node": "ask", "question": f"q {t}?"} for t in tickets
             ],

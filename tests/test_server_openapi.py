@@ -26,6 +26,8 @@ ROUTES = {
     ("get", "/v1/threads/{thread_id}/events"),
     ("get", "/v1/threads/{thread_id}/stream"),
     ("post", "/v1/threads/{thread_id}/runs/stream"),
+    ("get", "/v1/threads/{thread_id}/checkpoints"),
+    ("get", "/v1/whoami"),
     ("post", "/v1/threads/{thread_id}/runs"),
     ("post", "/v1/threads/{thread_id}/resume"),
     ("post", "/v1/threads/{thread_id}/cancel"),

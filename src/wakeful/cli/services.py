@@ -360,7 +360,8 @@ def serve(
     live: str,
     live_url: str | None,
 ) -> None:
-    """Serve the HTTP API until SIGTERM or SIGINT (OpenAPI at /openapi.json, docs at /docs)."""
+    """Serve the HTTP API until SIGTERM or SIGINT (OpenAPI at /openapi.json, docs at /docs,
+    the web console at /console/)."""
     from wakeful.server import load_tokens
     from wakeful.server import serve as serve_api
 

@@ -18,13 +18,13 @@ from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
 from wakeful.metrics import Metrics
 from wakeful.redact import install_redaction
-from wakeful.server import apidocs
+from wakeful.server import apidocs, console
 from wakeful.server.access import ServerState
 from wakeful.server.auth import Authenticator
 from wakeful.server.feeds import Feeds
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
 from wakeful.server.problems import HANDLERS, MEDIA_TYPE
-from wakeful.server.routes import events, health, operators, runs, stream, threads
+from wakeful.server.routes import events, health, operators, runs, session, stream, threads
 from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.server")
@@ -39,7 +39,8 @@ PROBLEM_REF = {"$ref": "#/components/schemas/Problem"}
 DESCRIPTION = """\
 The HTTP API of wakeful: submit, resume and cancel runs; read threads, messages, runs and
 events (JSON pages, or Server-Sent Events resumable with `Last-Event-ID`); list workers and
-dispatches; and the operator routes for quarantined work.
+dispatches; and the operator routes for quarantined work. A web console is served at
+`/console`.
 
 Routes under `/v1` need `Authorization: Bearer <token>`; a token maps to a tenant, and a
 thread of another tenant is reported as missing (404). Tokens of tenant `*` are operators.
@@ -180,10 +181,12 @@ def create_app(
         stream.router,
         operators.router,
         operators.operators,
+        session.router,
     ):
         app.include_router(router, dependencies=secured)
     app.include_router(health.router)
     app.include_router(apidocs.router)
+    app.include_router(console.router)
     app.add_middleware(
         Gateway,
         authenticator=authenticator,

@@ -196,6 +196,35 @@ class RunPage(BaseModel):
     )
 
 
+class CheckpointView(BaseModel):
+    """One checkpoint of a thread's history."""
+
+    id: str
+    parent: str | None
+    run_id: str
+    status: RunStatus
+    created_at: datetime
+    committed_at: datetime = Field(description="When the store committed it.")
+    state: Any = Field(default=None, description="The state it recorded (unless `state=false`).")
+    frontier: list[Any] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class CheckpointPage(BaseModel):
+    checkpoints: list[CheckpointView]
+    next_before: str | None = Field(
+        description="Pass as ``before`` for older checkpoints; null at the end."
+    )
+
+
+class Identity(BaseModel):
+    """Who a bearer token is."""
+
+    tenant: str | None = Field(description="The tenant (null for operators).")
+    operator: bool = Field(description="Whether the operator routes are open to it.")
+    development: bool = Field(description="The server has no tokens: everyone is an operator.")
+
+
 class DispatchView(_View):
     dispatch_id: str
     thread_id: str

@@ -1,4 +1,5 @@
-"""Reading threads: the list (the caller's tenant only), one thread, its messages."""
+"""Reading threads: the list (the caller's tenant only, filtered), one thread, its messages and
+its checkpoint history."""
 
 from __future__ import annotations
 
@@ -6,14 +7,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from wakeful.server.access import CallerDep, StateDep, visible_thread
+from wakeful.records import ThreadSummary
+from wakeful.server.access import CallerDep, ServerState, StateDep, json_field, visible_thread
 from wakeful.server.problems import Forbidden
 from wakeful.server.routes.params import MAX_SEQ, IdCursor, Limit, ThreadId
 from wakeful.server.schemas import (
     ID_PATTERN,
     MAX_ID,
+    CheckpointPage,
+    CheckpointView,
     MessagePage,
     MessageView,
+    RunStatus,
     ThreadPage,
     ThreadSummaryView,
     ThreadView,
@@ -21,6 +26,42 @@ from wakeful.server.schemas import (
 from wakeful.server.views import errors, thread_view
 
 router = APIRouter(prefix="/v1", tags=["threads"])
+
+SCAN_BATCH = 500
+SCAN_LIMIT = 5000
+"""Threads looked at per filtered listing request (``status``, ``target``); when reached,
+the page may be short and ``next_after`` continues the scan. ``prefix`` alone reads only the
+index range of the prefix."""
+
+
+class _Filter:
+    """The optional filters of the thread list. ``target`` needs each candidate's latest
+    checkpoint (the summary does not carry the graph), so it is checked last."""
+
+    def __init__(
+        self, state: ServerState, prefix: str | None, status: str | None, target: str | None
+    ) -> None:
+        self.state = state
+        self.prefix = prefix
+        self.status = status
+        self.target = target
+
+    @property
+    def scanning(self) -> bool:
+        return self.status is not None or self.target is not None
+
+    def past_prefix(self, row: ThreadSummary) -> bool:
+        """The store lists ids in byte order, so the prefix's ids are one contiguous range."""
+        return self.prefix is not None and not row.thread_id.startswith(self.prefix)
+
+    async def keeps(self, row: ThreadSummary) -> bool:
+        if self.status is not None and row.status != self.status:
+            return False
+        if self.target is None:
+            return True
+        snap = await self.state.store.read(row.thread_id)
+        cp = snap.checkpoint if snap is not None else None
+        return cp is not None and json_field(cp.metadata, "graph") == self.target
 
 
 @router.get("/threads", responses=errors(403))
@@ -38,19 +79,88 @@ async def list_threads(
             "its own tenant (else 403).",
         ),
     ] = None,
+    prefix: Annotated[
+        str | None,
+        Query(
+            pattern=ID_PATTERN,
+            max_length=MAX_ID,
+            description="Only threads whose id starts with this (an index range).",
+        ),
+    ] = None,
+    status: Annotated[
+        RunStatus | None, Query(description="Only threads whose latest run has this status.")
+    ] = None,
+    target: Annotated[
+        str | None,
+        Query(
+            pattern=ID_PATTERN,
+            max_length=MAX_ID,
+            description="Only threads whose latest checkpoint is of this graph (target).",
+        ),
+    ] = None,
 ) -> ThreadPage:
     """Threads with at least one commit, ordered by id, paged by cursor (``after`` is the
-    last id of the previous page). A tenant token sees only its tenant's threads."""
+    last id of the previous page). A tenant token sees only its tenant's threads.
+
+    ``status`` and ``target`` filter while scanning at most 5000 threads per request: a
+    page can then be short (even empty) with a ``next_after`` that continues the scan;
+    ``next_after`` is null only at the end."""
     if caller.operator:
         scope = tenant
     elif tenant is not None and tenant != caller.tenant:
         raise Forbidden("a tenant token may list only its own tenant's threads")
     else:
         scope = caller.tenant
-    rows = await state.store.list_threads(tenant=scope, after=after, limit=limit)
+    chosen = _Filter(state, prefix, status, target)
+    cursor = after
+    kept: list[ThreadSummary] = []
+    if prefix is not None and (after is None or after < prefix):
+        cursor = prefix  # the listing is exclusive: the id equal to the prefix is read alone
+        exact = await _summary(state, scope, prefix)
+        if exact is not None and await chosen.keeps(exact):
+            kept.append(exact)
+    batch = SCAN_BATCH if chosen.scanning else limit
+    scanned, ended = 0, False
+    while len(kept) < limit and scanned < SCAN_LIMIT:
+        rows = await state.store.list_threads(tenant=scope, after=cursor, limit=batch)
+        for row in rows:
+            if chosen.past_prefix(row):
+                ended = True
+                break
+            scanned += 1
+            cursor = row.thread_id
+            if await chosen.keeps(row):
+                kept.append(row)
+                if len(kept) == limit:
+                    break
+        if ended or len(rows) < batch:
+            ended = ended or len(kept) < limit
+            break
+    if kept and len(kept) == limit:
+        cursor = kept[-1].thread_id
     return ThreadPage(
-        threads=[ThreadSummaryView.model_validate(r, from_attributes=True) for r in rows],
-        next_after=rows[-1].thread_id if len(rows) == limit else None,
+        threads=[ThreadSummaryView.model_validate(r, from_attributes=True) for r in kept],
+        next_after=None if ended or cursor is None else cursor,
+    )
+
+
+async def _summary(state: ServerState, scope: str | None, thread_id: str) -> ThreadSummary | None:
+    """The listing row of one thread, as ``list_threads`` would give it."""
+    snap = await state.store.read(thread_id)
+    cp = snap.checkpoint if snap is not None else None
+    if snap is None or cp is None or snap.version == 0:
+        return None
+    if scope is not None and snap.tenant != scope:
+        return None
+    return ThreadSummary(
+        thread_id=thread_id,
+        tenant=snap.tenant,
+        version=snap.version,
+        checkpoint_id=cp.id,
+        status=cp.status,
+        message_count=snap.message_count,
+        last_seq=snap.last_seq,
+        updated_at=cp.created_at,
     )
 
 
@@ -78,4 +188,47 @@ async def list_messages(
     return MessagePage(
         messages=[MessageView.model_validate(m, from_attributes=True) for m in rows],
         next_after=after + len(rows),
+    )
+
+
+@router.get("/threads/{thread_id}/checkpoints", responses=errors(404))
+async def list_checkpoints(
+    thread_id: ThreadId,
+    state: StateDep,
+    caller: CallerDep,
+    before: Annotated[
+        str | None,
+        Query(
+            pattern=ID_PATTERN,
+            max_length=MAX_ID,
+            description="A checkpoint id (``next_before``): the checkpoints older than it.",
+        ),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=100, description="Checkpoints per page.")] = 20,
+    state_included: Annotated[
+        bool,
+        Query(alias="state", description="Include each checkpoint's state (false: ids only)."),
+    ] = True,
+) -> CheckpointPage:
+    """The thread's checkpoint history, newest first, each with the state it recorded (the
+    console shows the state at any checkpoint and diffs two). Retention may have removed
+    old checkpoints."""
+    await visible_thread(state.store, caller, thread_id)
+    rows = await state.store.checkpoints(thread_id, before=before, limit=limit)
+    views = [
+        CheckpointView(
+            id=cp.id,
+            parent=cp.parent,
+            run_id=cp.run_id,
+            status=cp.status,
+            created_at=cp.created_at,
+            committed_at=at,
+            state=cp.state if state_included else None,
+            frontier=list(cp.frontier),
+            metadata=dict(cp.metadata),
+        )
+        for cp, at in rows
+    ]
+    return CheckpointPage(
+        checkpoints=views, next_before=rows[-1][0].id if len(rows) == limit else None
     )

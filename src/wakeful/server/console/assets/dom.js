@@ -1,0 +1,104 @@
+// Small DOM helpers. Every text goes through textContent (never innerHTML), so data from
+// the API can never become markup.
+
+export function h(tag, attrs, ...kids) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (key.startsWith("on") && typeof value === "function") {
+      node.addEventListener(key.slice(2), value);
+    } else if (key === "dataset") {
+      Object.assign(node.dataset, value);
+    } else {
+      node.setAttribute(key, value === true ? "" : String(value));
+    }
+  }
+  append(node, kids);
+  return node;
+}
+
+function append(node, kids) {
+  for (const kid of kids) {
+    if (kid === undefined || kid === null || kid === false) continue;
+    if (Array.isArray(kid)) append(node, kid);
+    else node.append(kid instanceof Node ? kid : String(kid));
+  }
+}
+
+export function clear(node, ...kids) {
+  node.replaceChildren();
+  append(node, kids);
+  return node;
+}
+
+const SVG = "http://www.w3.org/2000/svg";
+
+export function svg(tag, attrs, ...kids) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [key, value] of Object.entries(attrs || {})) node.setAttribute(key, String(value));
+  for (const kid of kids) if (kid) node.append(kid);
+  return node;
+}
+
+export function time(value) {
+  if (!value) return "";
+  const at = new Date(value);
+  if (Number.isNaN(at.getTime())) return String(value);
+  return at.toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+}
+
+export function ago(value, now = Date.now()) {
+  if (!value) return "";
+  const seconds = Math.round((now - new Date(value).getTime()) / 1000);
+  if (seconds < 0) return `in ${-seconds} s`;
+  if (seconds < 120) return `${seconds} s ago`;
+  if (seconds < 7200) return `${Math.round(seconds / 60)} min ago`;
+  return `${Math.round(seconds / 3600)} h ago`;
+}
+
+export function badge(status) {
+  const text = status || "new";
+  return h("span", { class: `badge s-${text}` }, text);
+}
+
+export function json(value) {
+  return h("pre", { class: "json" }, JSON.stringify(value, null, 2));
+}
+
+export function short(value, max = 120) {
+  const text = typeof value === "string" ? value : JSON.stringify(value);
+  if (text === undefined) return "";
+  return text.length > max ? `${text.slice(0, max - 1)}…` : text;
+}
+
+export function table(headers, rows, attrs = {}) {
+  return h(
+    "table",
+    attrs,
+    h("thead", {}, h("tr", {}, headers.map((name) => h("th", {}, name)))),
+    h("tbody", {}, rows),
+  );
+}
+
+// An in-page confirmation (a modal <dialog>): resolves true when the user confirms.
+export function confirmAction(question, action = "Confirm") {
+  return new Promise((resolve) => {
+    const dialog = h(
+      "dialog",
+      { class: "confirm", "data-testid": "confirm" },
+      h("p", {}, question),
+      h(
+        "form",
+        { method: "dialog" },
+        h("button", { value: "cancel", class: "secondary" }, "Cancel"),
+        h("button", { value: "ok", class: "danger", "data-testid": "confirm-ok" }, action),
+      ),
+    );
+    dialog.addEventListener("close", () => {
+      resolve(dialog.returnValue === "ok");
+      dialog.remove();
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}

@@ -1,0 +1,126 @@
+// Parts of the thread view: the conversation, runs with their recoveries, the timeline
+// and checkpoints with a diff.
+
+import { diff } from "./diff.js";
+import { ago, badge, clear, h, json, short, table, time } from "./dom.js";
+
+// Recovery marks from durable events, per run.
+export function marksOf(event) {
+  const data = event.data && typeof event.data === "object" ? event.data : {};
+  if (event.type === "run.recovered") return [{ kind: "takeover", title: `taken over by ${data.holder ?? "?"}, ${data.reused ?? 0} results reused` }];
+  if (event.type === "model.recovered") return (data.plans || []).map((plan) => ({ kind: String(plan), title: "model stream recovery" }));
+  if (event.type === "run.resumed") return [{ kind: "resumed", title: `answered ${(data.answered || []).join(", ")}` }];
+  if (event.type === "run.stalled") return [{ kind: "stalled", title: `idle ${data.idle_seconds ?? "?"} s` }];
+  return [];
+}
+
+export function markChip(mark) {
+  return h("span", { class: `mark m-${mark.kind.replace(/[^A-Za-z0-9]/g, "")}`, title: mark.title }, mark.kind);
+}
+
+export function renderMessages(node, messages, live) {
+  const items = messages.map((m) =>
+    h(
+      "div",
+      { class: `msg r-${m.role}`, "data-message": m.id },
+      h("div", { class: "who" }, m.role, m.metadata && m.metadata.recoveries && m.metadata.recoveries.length ? m.metadata.recoveries.map((k) => markChip({ kind: k, title: "stream recovery" })) : null),
+      h("div", { class: "text" }, contentText(m.content)),
+      (m.tool_calls || []).map((c) => h("div", { class: "tool" }, `→ ${c.name || c.function?.name || "tool"}(${short(c.arguments ?? c.function?.arguments ?? "", 200)})`)),
+    ),
+  );
+  const bubbles = [...live.values()].map((m) =>
+    h(
+      "div",
+      { class: "msg r-assistant live", "data-live": m.message_id || "live" },
+      h("div", { class: "who" }, "assistant ", h("span", { class: "pulse" }, "writing…")),
+      h("div", { class: "text", id: "live-text" }, m.text),
+      m.calls.map((c) => h("div", { class: "tool" }, `→ ${c.name || "tool"}(${c.arguments})`)),
+    ),
+  );
+  clear(node, items.length || bubbles.length ? [items, bubbles] : h("p", { class: "muted" }, "No messages yet."));
+}
+
+function contentText(content) {
+  if (content === null || content === undefined) return "";
+  if (typeof content === "string") return content;
+  if (Array.isArray(content)) return content.map((part) => (typeof part === "string" ? part : part.text ?? JSON.stringify(part))).join("");
+  return JSON.stringify(content);
+}
+
+export function renderRuns(node, runs, marks, dispatches) {
+  const rows = runs.map((r) => {
+    const d = dispatches.get(r.run_id);
+    const chips = [...(marks.get(r.run_id) || [])].map(markChip);
+    if (d && d.attempts > 1) chips.unshift(markChip({ kind: `retries ${d.attempts - 1}`, title: d.last_error || "" }));
+    return h(
+      "tr",
+      { "data-run": r.run_id },
+      h("td", {}, r.run_id),
+      h("td", {}, badge(r.status)),
+      h("td", {}, r.graph ?? ""),
+      h("td", { class: "marks" }, chips),
+      h("td", { class: "num" }, d ? `${d.attempts}/${d.max_attempts}` : ""),
+      h("td", { title: r.started_at ?? "" }, time(r.started_at)),
+      h("td", { title: r.updated_at ?? "" }, ago(r.updated_at)),
+    );
+  });
+  clear(node, rows.length ? table(["run", "outcome", "graph", "recoveries", "attempts", "started", "updated"], rows, { class: "list", id: "runs" }) : h("p", { class: "muted" }, "No runs."));
+}
+
+export function timelineRow(event) {
+  const marks = marksOf(event);
+  const data = event.data === null || event.data === undefined ? "" : short(event.data, 160);
+  return h(
+    "li",
+    { class: marks.length ? "recovery" : event.type.startsWith("run.") ? "run" : "", "data-seq": event.seq, "data-type": event.type },
+    h("span", { class: "seq" }, `#${event.seq}`),
+    h("span", { class: "etype" }, event.type),
+    marks.map(markChip),
+    h("span", { class: "muted" }, event.run_id ?? ""),
+    h("span", { class: "data" }, data),
+    h("span", { class: "muted at" }, time(event.created_at)),
+  );
+}
+
+// Checkpoints: pick A (and B) to see the state at A, or the diff from A to B.
+export function renderCheckpoints(node, checkpoints, picked, onPick) {
+  if (!checkpoints.length) {
+    clear(node, h("p", { class: "muted" }, "No checkpoints."));
+    return;
+  }
+  const byId = new Map(checkpoints.map((c) => [c.id, c]));
+  const rows = checkpoints.map((c) =>
+    h(
+      "tr",
+      { "data-checkpoint": c.id, class: picked.a === c.id || picked.b === c.id ? "picked" : "" },
+      h("td", {}, h("input", { type: "radio", name: "cp-a", "aria-label": `state at ${c.id}`, checked: picked.a === c.id, onchange: () => onPick({ ...picked, a: c.id }) })),
+      h("td", {}, h("input", { type: "radio", name: "cp-b", "aria-label": `diff to ${c.id}`, checked: picked.b === c.id, onchange: () => onPick({ ...picked, b: c.id }) })),
+      h("td", {}, c.id),
+      h("td", {}, c.run_id),
+      h("td", {}, badge(c.status)),
+      h("td", { title: c.committed_at }, time(c.committed_at)),
+    ),
+  );
+  const a = byId.get(picked.a);
+  const b = byId.get(picked.b);
+  let detail;
+  if (a && b && a.id !== b.id) {
+    const changes = diff(a.state, b.state);
+    detail = h(
+      "div",
+      { id: "checkpoint-diff" },
+      h("h3", {}, `Diff ${a.id} → ${b.id}`),
+      changes.length
+        ? h("ul", { class: "diff" }, changes.map((c) => h("li", { class: `d-${c.kind}` }, h("code", {}, c.path), ` ${c.kind}: `, c.kind !== "added" ? h("del", {}, short(c.before, 300)) : null, c.kind === "changed" ? " → " : null, c.kind !== "removed" ? h("ins", {}, short(c.after, 300)) : null)))
+        : h("p", { class: "muted" }, "The states are equal."),
+    );
+  } else if (a) {
+    detail = h("div", { id: "checkpoint-state" }, h("h3", {}, `State at ${a.id}`), json(a.state));
+  }
+  clear(
+    node,
+    h("p", { class: "muted" }, "A: the state at a checkpoint. B: a second one to diff against A."),
+    table(["A", "B", "checkpoint", "run", "status", "committed"], rows, { class: "list compact" }),
+    detail,
+  );
+}

@@ -1,0 +1,288 @@
+// A thread: header and actions, open tickets, the conversation with the reply streaming
+// live, runs with their recoveries, the live event timeline, checkpoints and diffs.
+
+import { ApiError, enc, get, post } from "./api.js";
+import { ago, badge, clear, confirmAction, h, json, time } from "./dom.js";
+import { follow } from "./sse.js";
+import { marksOf, renderCheckpoints, renderMessages, renderRuns, timelineRow } from "./thread-parts.js";
+
+const TIMELINE_BACKLOG = 200;
+const TIMELINE_MAX = 500;
+const MESSAGE_PAGES = 20;
+
+export function threadView(main, threadId, { showError }) {
+  const base = `/v1/threads/${enc(threadId)}`;
+  const parts = {
+    header: h("div", { class: "thread-head", id: "thread-head" }),
+    tickets: h("div", { id: "tickets" }),
+    conversation: h("div", { class: "conversation", id: "conversation" }),
+    runs: h("div", { id: "runs-panel" }),
+    timeline: h("ol", { class: "timeline", id: "timeline", reversed: true }),
+    checkpoints: h("div", { id: "checkpoints" }),
+    link: h("span", { class: "link-state", id: "live-state" }, "connecting…"),
+  };
+  clear(
+    main,
+    parts.header,
+    parts.tickets,
+    h(
+      "div",
+      { class: "columns" },
+      h("section", {}, h("h2", {}, "Conversation"), parts.conversation),
+      h("section", {}, h("h2", {}, "Events ", parts.link), parts.timeline),
+    ),
+    h("section", {}, h("h2", {}, "Runs"), parts.runs),
+    h("section", {}, h("h2", {}, "Checkpoints"), parts.checkpoints),
+  );
+
+  const state = {
+    thread: null,
+    messages: [],
+    live: new Map(),
+    marks: new Map(),
+    dispatches: new Map(),
+    runs: [],
+    checkpoints: [],
+    picked: { a: null, b: null, byUser: false },
+    seen: new Set(),
+    answered: new Set(),
+    cancelled: false,
+  };
+  let closed = false;
+  let stream = null;
+  let timer = null;
+
+  function drawConversation() {
+    renderMessages(parts.conversation, state.messages, state.live);
+  }
+
+  function drawHeader() {
+    const t = state.thread;
+    const claim = t.claim;
+    const cancel = h("button", { class: "danger", id: "cancel-run", disabled: !["running", "suspended", null].includes(t.status) }, "Cancel run");
+    cancel.addEventListener("click", async () => {
+      if (!(await confirmAction(`Cancel the work of thread ${threadId}?`, "Cancel run"))) return;
+      try {
+        await post(`${base}/cancel`, { reason: "cancelled from the console" });
+        state.cancelled = true;
+        drawHeader();
+      } catch (error) {
+        showError(error);
+      }
+    });
+    clear(
+      parts.header,
+      h("h1", {}, h("span", { class: "muted" }, "thread "), h("span", { id: "thread-id" }, threadId), " ", h("span", { id: "thread-status" }, badge(t.status))),
+      h(
+        "dl",
+        { class: "facts" },
+        h("dt", {}, "tenant"), h("dd", {}, t.tenant ?? "—"),
+        h("dt", {}, "graph"), h("dd", {}, t.graph ?? "—"),
+        h("dt", {}, "run"), h("dd", {}, t.run_id ?? "—"),
+        h("dt", {}, "version"), h("dd", {}, t.version),
+        h("dt", {}, "claim"), h("dd", {}, claim ? `${claim.holder} (token ${claim.token}, expires ${ago(claim.expires_at)})` : "none"),
+        h("dt", {}, "updated"), h("dd", { title: t.updated_at ?? "" }, time(t.updated_at)),
+      ),
+      cancel,
+      state.cancelled ? h("p", { class: "notice", id: "cancel-sent" }, "Cancel requested: the run stops at its next commit.") : null,
+    );
+  }
+
+  function drawTickets() {
+    const tickets = state.thread.tickets || [];
+    if (!tickets.length) {
+      clear(parts.tickets);
+      return;
+    }
+    clear(parts.tickets, h("h2", {}, "Open tickets"), tickets.map((t) => (state.answered.has(t.id) ? answeredNote(t) : ticketForm(t))));
+  }
+
+  function answeredNote(ticket) {
+    return h("p", { class: "notice", "data-answered": ticket.id }, `Answered ${ticket.id}: the run continues.`);
+  }
+
+  function ticketForm(ticket) {
+    const approval = ticket.question && typeof ticket.question === "object" && ticket.question.approval;
+    const answer = h("textarea", { rows: 2, name: "answer", placeholder: "answer (JSON or text)" });
+    const send = async (value) => {
+      try {
+        await post(`${base}/resume`, { answers: { [ticket.id]: value } });
+        state.answered.add(ticket.id); // a refresh before the run resumes keeps the note
+        form.replaceWith(answeredNote(ticket));
+      } catch (error) {
+        showError(error);
+      }
+    };
+    const form = h(
+      "form",
+      { class: "card ticket", "data-ticket": ticket.id },
+      h("div", {}, h("b", {}, ticket.id), ` (${ticket.node})`),
+      approval
+        ? h("p", {}, `Run tool ${approval.tool} with `, h("code", {}, JSON.stringify(approval.arguments)), "?")
+        : json(ticket.question),
+      approval
+        ? [
+            h("button", { type: "button", class: "approve", onclick: () => send("approve") }, "Approve"),
+            h("button", { type: "button", class: "danger", onclick: () => send("deny") }, "Deny"),
+          ]
+        : [answer, h("button", { type: "submit", class: "approve" }, "Answer")],
+    );
+    form.addEventListener("submit", (event) => {
+      event.preventDefault();
+      let value = answer.value.trim();
+      try {
+        value = JSON.parse(value);
+      } catch {
+        // plain text is an answer too
+      }
+      send(value);
+    });
+    return form;
+  }
+
+  async function refresh() {
+    try {
+      const [thread, runs, dispatches, checkpoints] = await Promise.all([
+        get(base),
+        get(`${base}/runs`, { limit: 20 }),
+        get("/v1/dispatches", { thread_id: threadId, limit: 200 }),
+        get(`${base}/checkpoints`, { limit: 30 }),
+      ]);
+      const messages = await allMessages();
+      if (closed) return;
+      state.thread = thread;
+      state.runs = runs.runs;
+      state.dispatches = new Map(dispatches.dispatches.map((d) => [d.payload?.run_id || `run-${d.dispatch_id}`, d]));
+      state.checkpoints = checkpoints.checkpoints;
+      state.messages = messages;
+      if (!state.picked.byUser || !state.checkpoints.some((c) => c.id === state.picked.a)) {
+        state.picked = { a: state.checkpoints[0]?.id ?? null, b: null }; // follow the latest
+      }
+      drawHeader();
+      drawTickets();
+      drawConversation();
+      renderRuns(parts.runs, state.runs, state.marks, state.dispatches);
+      renderCheckpoints(parts.checkpoints, state.checkpoints, state.picked, pick);
+    } catch (error) {
+      if (!closed) showError(error);
+    }
+  }
+
+  function pick(picked) {
+    state.picked = { ...picked, byUser: true };
+    renderCheckpoints(parts.checkpoints, state.checkpoints, state.picked, pick);
+  }
+
+  async function allMessages() {
+    const out = [];
+    for (let i = 0; i < MESSAGE_PAGES; i++) {
+      const page = await get(`${base}/messages`, { after: out.length, limit: 100 });
+      out.push(...page.messages);
+      if (page.messages.length < 100) break;
+    }
+    return out;
+  }
+
+  function soon() {
+    clearTimeout(timer);
+    timer = setTimeout(refresh, 150);
+  }
+
+  function onEvent(event) {
+    if (typeof event !== "object" || event === null || !Number.isInteger(event.seq) || state.seen.has(event.seq)) return;
+    state.seen.add(event.seq);
+    for (const mark of marksOf(event)) {
+      if (!state.marks.has(event.run_id)) state.marks.set(event.run_id, []);
+      state.marks.get(event.run_id).push(mark);
+    }
+    parts.timeline.prepend(timelineRow(event));
+    while (parts.timeline.children.length > TIMELINE_MAX) parts.timeline.lastChild.remove();
+    if (/^run\.(completed|failed|cancelled|suspended|indeterminate)$/.test(event.type)) {
+      for (const [key, m] of state.live) if (m.run_id === event.run_id) state.live.delete(key);
+    }
+    soon();
+  }
+
+  function liveMessage(data) {
+    const key = data.message_id || data.run_id || "live";
+    if (!state.live.has(key)) state.live.set(key, { message_id: key, run_id: data.run_id, text: "", calls: [] });
+    return state.live.get(key);
+  }
+
+  function onMessageFrame(kind, data) {
+    if (kind === "complete") {
+      state.live.delete(data.message_id);
+      soon();
+    } else if (kind === "delta") {
+      const m = liveMessage(data);
+      const offset = Number.isInteger(data.offset) ? data.offset : m.text.length;
+      m.text = m.text.slice(0, offset) + data.text; // a resent or rewound part replaces what was there
+    } else if (kind === "reset") {
+      const m = liveMessage(data);
+      m.text = m.text.slice(0, data.offset);
+      m.calls = m.calls.slice(0, data.tool_calls);
+    } else if (kind === "tool") {
+      const m = liveMessage(data);
+      const call = m.calls[data.index] || { name: data.name, arguments: "" };
+      call.arguments = call.arguments.slice(0, data.offset) + data.arguments;
+      m.calls[data.index] = call;
+    }
+    drawConversation();
+  }
+
+  function onFrame(frame) {
+    if (frame.event === "error") {
+      showError(new ApiError(frame.data?.status || 0, frame.data));
+    } else if (frame.event.startsWith("messages/")) {
+      onMessageFrame(frame.event.slice("messages/".length), frame.data);
+    } else if (frame.event === "text.delta") {
+      // fallback: a live text delta forwarded on the events stream
+      const m = liveMessage({ run_id: frame.data?.run_id });
+      m.text += frame.data?.data?.text ?? "";
+      drawConversation();
+    } else if (!["metadata", "end", "message"].includes(frame.event)) {
+      onEvent(frame.data);
+    }
+  }
+
+  function onState(kind, why) {
+    parts.link.textContent = kind === "live" ? "● live" : kind === "reconnecting" ? `reconnecting… (${why})` : `stopped (${why})`;
+    parts.link.className = `link-state l-${kind}`;
+  }
+
+  function connect(after) {
+    stream = follow(`${base}/stream?modes=events,messages&after=${after}`, {
+      onFrame,
+      onState,
+      onRefused: (error) => {
+        if (closed) return;
+        if (error.status === 404 || error.status === 422) {
+          // a server without the stream route (or its modes): durable events only
+          parts.link.dataset.mode = "events";
+          stream = follow(`${base}/events?after=${after}`, { onFrame, onState });
+        } else showError(error);
+      },
+    });
+  }
+
+  (async () => {
+    try {
+      state.thread = await get(base);
+    } catch (error) {
+      clear(parts.header, h("h1", {}, `thread ${threadId}`));
+      showError(error);
+      return;
+    }
+    if (closed) return;
+    drawHeader();
+    const after = Math.max((state.thread.event_floor || 1) - 1, state.thread.last_seq - TIMELINE_BACKLOG, 0);
+    connect(after);
+    await refresh();
+  })();
+
+  return () => {
+    closed = true;
+    clearTimeout(timer);
+    if (stream) stream.close();
+  };
+}

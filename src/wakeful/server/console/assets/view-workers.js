@@ -1,0 +1,81 @@
+// Workers: live or expired (by the age of the last heartbeat), incarnation, generation,
+// the leases each holds, refreshed every few seconds.
+
+import { get } from "./api.js";
+import { ago, badge, clear, h, table, time } from "./dom.js";
+
+const REFRESH = 2000;
+const LIVE_WITHIN = 30; // seconds: three heartbeats at the default claim ttl of 30 s
+const SETTING = "wakeful.console.liveWithin";
+
+export function workersView(main, { showError }) {
+  const list = h("div", { id: "workers" });
+  let within = Number(sessionStorage.getItem(SETTING)) || LIVE_WITHIN;
+  const threshold = h("input", { type: "number", min: 1, max: 3600, id: "live-within", value: within });
+  threshold.addEventListener("change", () => {
+    within = Math.max(1, Number(threshold.value) || LIVE_WITHIN);
+    sessionStorage.setItem(SETTING, String(within));
+    load();
+  });
+  clear(
+    main,
+    h("h1", {}, "Workers"),
+    h(
+      "p",
+      { class: "muted" },
+      "A worker is live while its last heartbeat is at most ",
+      threshold,
+      " s old (a worker beats every third of its lease ttl); a stopped or killed worker shows as expired, a newer registration of the same id as a higher generation.",
+    ),
+    list,
+  );
+  let closed = false;
+  let timer = null;
+
+  async function load() {
+    clearTimeout(timer);
+    try {
+      const [workers, leased] = await Promise.all([get("/v1/workers"), get("/v1/dispatches", { status: "leased", limit: 1000 })]);
+      if (closed) return;
+      const now = Date.now();
+      const leases = new Map();
+      for (const d of leased.dispatches) {
+        if (!d.holder || (d.lease_until && new Date(d.lease_until).getTime() < now)) continue;
+        if (!leases.has(d.holder)) leases.set(d.holder, []);
+        leases.get(d.holder).push(d);
+      }
+      const rows = workers.workers.map((w) => {
+        const age = (now - new Date(w.last_heartbeat).getTime()) / 1000;
+        const live = age <= within;
+        const held = leases.get(`${w.worker_id}.g${w.generation}`) || [];
+        return h(
+          "tr",
+          { "data-worker": w.worker_id },
+          h("td", {}, w.worker_id),
+          h("td", {}, badge(live ? "live" : "expired")),
+          h("td", {}, h("code", {}, w.incarnation_id)),
+          h("td", { class: "num" }, w.generation),
+          h("td", { class: "num", "data-leases": held.length }, held.length),
+          h("td", {}, held.slice(0, 5).map((d) => h("a", { href: `#/threads/${encodeURIComponent(d.thread_id)}`, class: "chip" }, d.thread_id))),
+          h("td", { title: w.last_heartbeat }, ago(w.last_heartbeat, now)),
+          h("td", {}, time(w.registered_at)),
+        );
+      });
+      clear(
+        list,
+        rows.length
+          ? table(["worker", "state", "incarnation", "generation", "leases", "threads", "last heartbeat", "registered"], rows, { class: "list" })
+          : h("p", { class: "muted" }, "No worker has registered."),
+      );
+    } catch (error) {
+      if (!closed) showError(error);
+    }
+    if (!closed) timer = setTimeout(load, REFRESH);
+  }
+
+  load();
+  return () => {
+    closed = true;
+    clearTimeout(timer);
+  };
+}

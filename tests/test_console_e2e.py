@@ -1,0 +1,345 @@
+"""The console end to end: real ``wakeful serve`` and ``wakeful worker`` processes over one
+SQLite store, the local model server, and Debian's Chromium driven by Playwright. Every wait
+is Playwright's (or a poll) with a deadline. Each view is photographed into docs/console/."""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.console_support import (
+    ALPHA,
+    BETA,
+    CHROMIUM_ARGS,
+    OPERATOR,
+    SHOTS,
+    Fleet,
+    chromium_or_skip,
+    fleet,
+    wait_until,
+    with_store,
+)
+from tests.provider_server import Reply, openai_text
+
+pytestmark = pytest.mark.slow
+
+playwright_api = pytest.importorskip("playwright.sync_api")
+WAIT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with fleet(tmp_path_factory.mktemp("console")) as made:
+        yield made
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    path = chromium_or_skip()
+    with playwright_api.sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=path, args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1360, "height": 900})
+    made = context.new_page()
+    made.set_default_timeout(WAIT_MS)
+    errors: list[str] = []
+    made.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield made
+    context.close()
+    assert not errors, errors  # no uncaught script error on any page
+
+
+def sign_in(page: Any, rig: Fleet, token: str) -> None:
+    page.goto(f"{rig.url}/console/")
+    page.fill("#token", token)
+    page.click("#signin button[type=submit]")
+    page.wait_for_selector("#nav:not([hidden])")
+
+
+def shoot(page: Any, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
+
+
+def test_sign_in_refuses_a_wrong_token_and_keeps_the_token_out_of_urls_and_cookies(
+    page: Any, rig: Fleet
+) -> None:
+    page.goto(f"{rig.url}/console/")
+    page.fill("#token", "not-a-token-000")
+    page.click("#signin button[type=submit]")
+    page.wait_for_selector("#signin-error:has-text('not valid')")
+    shoot(page, "sign-in")
+    sign_in(page, rig, ALPHA)
+    assert page.inner_text("#role") == "alpha"
+    assert page.evaluate("sessionStorage.getItem('wakeful.console.token')") == ALPHA
+    assert page.context.cookies() == []
+    assert ALPHA not in page.url
+
+
+def test_submit_a_run_and_see_it_complete(page: Any, rig: Fleet) -> None:
+    rig.model.push(Reply(events=openai_text("Hello ", "from ", "the ", "console.")))
+    if not any(w.poll() is None for w in rig.workers):
+        rig.worker("w1")
+    sign_in(page, rig, ALPHA)
+    page.fill("#new-thread", "console-hello")
+    page.fill("#new-target", "chat")
+    page.fill("#new-input", '"Say hello"')
+    page.click("#new-run button[type=submit]")
+    page.wait_for_url(re.compile(r"#/threads/console-hello$"))
+    page.wait_for_selector("#thread-status .s-completed")
+    page.wait_for_selector(".msg.r-assistant:has-text('Hello from the console.')")
+    page.wait_for_selector("#timeline li[data-type='run.completed']")
+    page.wait_for_selector("#runs tr .s-completed")
+    assert page.inner_text(".msg.r-user .text") == "Say hello"
+    shoot(page, "thread")
+
+
+def streams_route(rig: Fleet) -> bool:
+    """Whether the server has the thread stream of issue 19 (``messages`` mode)."""
+    with rig.api() as api:
+        paths = api.get("/openapi.json").json()["paths"]
+    return "/v1/threads/{thread_id}/stream" in paths
+
+
+def running_worker(rig: Fleet) -> None:
+    if not any(w.poll() is None for w in rig.workers):
+        rig.worker(f"w{len(rig.workers) + 1}")
+
+
+def submit(rig: Fleet, thread_id: str, target: str, value: Any, token: str = ALPHA) -> str:
+    with rig.api(token) as api:
+        r = api.post(f"/v1/threads/{thread_id}/runs", json={"target": target, "input": value})
+        assert r.status_code == 202, r.text
+        return str(r.json()["run_id"])
+
+
+def test_reply_streams_live_before_the_run_completes(page: Any, rig: Fleet) -> None:
+    if not streams_route(rig):
+        pytest.skip("needs GET /v1/threads/{id}/stream (issue 19); the console falls back")
+    words = [f"word{i} " for i in range(12)]
+    rig.model.push(Reply(events=openai_text(*words), pace=0.4))
+    running_worker(rig)
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-live", "chat", "Talk slowly")
+    page.goto(f"{rig.url}/console/#/threads/console-live")
+    page.wait_for_selector("#live-text:has-text('word1 ')")
+    assert page.inner_text("#thread-status") == "running"  # the reply is still being written
+    shoot(page, "thread-live")
+    page.wait_for_selector("#thread-status .s-completed")
+    page.wait_for_selector(f".msg.r-assistant:has-text('{''.join(words).strip()}')")
+    assert page.locator(".msg.live").count() == 0
+
+
+def test_worker_killed_mid_reply_recovery_is_marked_and_the_reply_finishes(
+    page: Any, rig: Fleet
+) -> None:
+    for w in rig.workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGKILL)
+            w.wait()
+    before = len(rig.model.received)
+    parts = ["Once ", "upon ", "a ", "time, "]
+    rig.model.push(
+        Reply(events=openai_text(*parts), pace=0.3, stall_after=len(parts) + 1),
+        Reply(events=openai_text("happily ", "ever ", "after.")),
+    )
+    first = rig.worker("doomed")
+    sign_in(page, rig, ALPHA)
+    run_id = submit(rig, "console-crash", "chat", "Tell a story")
+    page.goto(f"{rig.url}/console/#/threads/console-crash")
+    page.wait_for_selector("#thread-status .s-running")
+    wait_until(lambda: len(rig.model.received) > before, "the model request")
+    # the worker saved what it has of the reply (the stream checkpoint) before it dies
+    wait_until(lambda: saved_text(rig, run_id).startswith("Once upon"), "a stream checkpoint")
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    rig.worker("rescuer")
+    page.wait_for_selector("#thread-status .s-completed", timeout=60_000)
+    continuation = rig.model.received[-1].body["messages"]
+    partial = continuation[-2]["content"]  # what the recovered run asked the model to continue
+    assert partial.startswith("Once upon")
+    expected = partial + "happily ever after."
+    page.wait_for_selector(f".msg.r-assistant .text:text-is('{expected}')")
+    row = page.locator(f"#runs tr[data-run='{run_id}']")
+    row.locator(".mark.m-takeover").wait_for()
+    row.locator(".mark.m-R1").wait_for()
+    page.locator("#timeline li[data-type='run.recovered']").wait_for()
+    shoot(page, "thread-recovered")
+
+
+def saved_text(rig: Fleet, run_id: str) -> str:
+    async def read(store: Any) -> str:
+        saved = await store.stream_checkpoints.get(run_id)
+        return saved.partial_text if saved is not None else ""
+
+    return str(with_store(rig, read))
+
+
+def test_approving_a_ticket_continues_the_run(page: Any, rig: Fleet) -> None:
+    rig.model.tool_arguments["ship"] = {"order": 7}
+    running_worker(rig)
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-ship", "shipper", "Ship order 7")
+    page.goto(f"{rig.url}/console/#/threads/console-ship")
+    page.wait_for_selector("#thread-status .s-suspended")
+    ticket = page.locator("#tickets form.ticket")
+    ticket.locator("text=Run tool ship").wait_for()
+    shoot(page, "thread-ticket")
+    ticket.locator("button.approve").click()
+    page.wait_for_selector("#tickets [data-answered]")
+    page.wait_for_selector("#thread-status .s-completed")
+    page.wait_for_selector(".msg.r-tool:has-text('order 7 shipped')")
+    page.wait_for_selector(".msg.r-assistant:has-text('Done: order 7 shipped')")
+    page.locator("#timeline li[data-type='run.resumed']").wait_for()
+
+
+def test_checkpoint_state_and_diff(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-sort", "sorter", {"numbers": [3, 1, 2]})
+    page.goto(f"{rig.url}/console/#/threads/console-sort")
+    page.wait_for_selector("#thread-status .s-completed")
+    page.wait_for_selector("#checkpoint-state:has-text('\"total\": 6')")
+    rows = page.locator("#checkpoints tr[data-checkpoint]")
+    assert rows.count() >= 3
+    rows.last.locator("input[name=cp-a]").check()  # the first checkpoint: the input
+    rows.first.locator("input[name=cp-b]").check()  # the last: sorted, with a total
+    diff = page.locator("#checkpoint-diff")
+    diff.locator("li.d-added:has-text('$.total')").wait_for()
+    diff.locator("li.d-changed:has-text('$.numbers[0]')").wait_for()
+    shoot(page, "checkpoint-diff")
+
+
+def test_quarantine_then_requeue_a_dispatch(page: Any, rig: Fleet) -> None:
+    for w in rig.workers:  # no worker may take the exhausted work before the operator does
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+            w.wait(timeout=30)
+
+    async def exhaust(store: Any) -> None:
+        from tests.server_support import exhausted_dispatch
+
+        await exhausted_dispatch(store, "d-console-stuck", "console-stuck")
+
+    with_store(rig, exhaust)
+    sign_in(page, rig, OPERATOR)
+    page.goto(f"{rig.url}/console/#/queue")
+    page.click("#queue-tabs [data-status=pending]")
+    row = page.locator("tr[data-dispatch='d-console-stuck']")
+    row.locator("text=2/1").wait_for()  # attempts past the budget
+    row.locator("text=boom").wait_for()  # the last error
+    row.locator("[data-action=quarantine]").click()
+    page.click("[data-testid=confirm-ok]")
+    page.click("#queue-tabs [data-status=quarantined]")
+    page.wait_for_selector("[data-count=quarantined]:text-is('1')")
+    row.locator("[data-action=inspect]").click()
+    page.wait_for_selector("#inspection:has-text('d-console-stuck')")
+    shoot(page, "queue")
+    row.locator("[data-action=requeue]").click()
+    page.click("[data-testid=confirm-ok]")
+    page.wait_for_selector("[data-count=quarantined]:text-is('0')")
+    page.click("#queue-tabs [data-status=pending]")
+    row.locator("text=0/1").wait_for()  # pending again with a fresh budget
+
+    async def status(store: Any) -> str:
+        d = await store.get_dispatch("d-console-stuck")
+        return str(d.status) if d is not None else "gone"
+
+    assert with_store(rig, status) == "pending"
+    page.click("#queue-tabs [data-status=pending]")
+    assert row.locator("[data-action=quarantine]").count() == 0  # a fresh budget
+    with_store(rig, purge_stuck)
+
+
+async def purge_stuck(store: Any) -> None:
+    [lease] = await store.claim_next("cleaner", 30)
+    from wakeful.records import Done
+
+    await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
+
+
+def test_operator_views_workers_and_overview(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    sign_in(page, rig, OPERATOR)
+    page.goto(f"{rig.url}/console/#/threads")
+    for thread in ("console-hello", "console-crash", "console-ship"):
+        page.locator(f"tr[data-thread='{thread}']").wait_for()
+    shoot(page, "threads")
+    page.fill("#search", "console-s")
+    page.click("#thread-search button")
+    page.locator("tr[data-thread='console-ship']").wait_for()
+    page.locator("tr[data-thread='console-sort']").wait_for()
+    assert page.locator("tr[data-thread]").count() == 2
+    page.select_option("#status-filter", "completed")
+    page.fill("#target-filter", "sorter")
+    page.click("#thread-search button")
+    page.wait_for_url(re.compile(r"target=sorter"))
+    page.locator("tr[data-thread='console-sort']").wait_for()
+    assert page.locator("tr[data-thread]").count() == 1
+    page.goto(f"{rig.url}/console/#/workers")
+    live = rig.workers[-1]
+    assert live.poll() is None
+    page.fill("#live-within", "5")  # the test's workers beat every 2/3 s (ttl 2 s)
+    page.dispatch_event("#live-within", "change")
+    page.locator("#workers .s-live").first.wait_for()
+    page.locator("tr[data-worker='doomed'] .s-expired").wait_for()
+    shoot(page, "workers")
+    for w in rig.workers:
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+            w.wait(timeout=30)
+    page.goto(f"{rig.url}/console/#/overview")
+    page.locator("[data-figure=pending] b").wait_for()
+    for i in range(12):  # a backlog the figures show, then see drain
+        submit(rig, f"console-batch-{i:02}", "sorter", {"numbers": [i, 1]})
+    page.locator("[data-figure=pending] b:text-is('12')").wait_for()
+    rig.worker("drainer")
+    page.locator("[data-figure=pending] b:text-is('0')").wait_for()
+    line = page.locator("#depth-chart polyline[data-series=pending]")
+    wait_until(lambda: len((line.get_attribute("points") or "").split()) >= 3, "three samples")
+    shoot(page, "overview")
+
+
+def test_a_tenant_sees_neither_other_tenants_threads_nor_operator_views(
+    page: Any, rig: Fleet
+) -> None:
+    sign_in(page, rig, BETA)
+    assert page.inner_text("#role") == "beta"
+    page.goto(f"{rig.url}/console/#/threads")
+    page.wait_for_selector("#no-threads")
+    assert page.locator("tr[data-thread]").count() == 0
+    for view in ("queue", "workers", "overview"):
+        assert not page.locator(f"#nav a[data-view={view}]").is_visible()
+    page.goto(f"{rig.url}/console/#/queue")
+    page.wait_for_selector("#forbidden")
+    page.goto(f"{rig.url}/console/#/threads/console-hello")
+    page.wait_for_selector("#banner:has-text('404')")
+    assert page.locator(".msg").count() == 0
+    # the expired-token path: the server no longer knows the token, the page asks again
+    page.evaluate("sessionStorage.setItem('wakeful.console.token', 'revoked-token-000')")
+    page.goto(f"{rig.url}/console/#/threads")
+    page.reload()
+    page.wait_for_selector("#signin")
+
+
+def test_cancel_a_running_run(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    rig.model.push(Reply(events=openai_text(*[f"w{i} " for i in range(40)]), pace=0.25))
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-cancel", "chat", "Talk for a while")
+    page.goto(f"{rig.url}/console/#/threads/console-cancel")
+    page.wait_for_selector("#thread-status .s-running")
+    page.click("#cancel-run")
+    page.click("[data-testid=confirm-ok]")
+    page.wait_for_selector("#cancel-sent")
+    page.wait_for_selector("#thread-status .s-cancelled")
+    page.locator("#timeline li[data-type='run.cancelled']").wait_for()
