@@ -10,6 +10,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -40,7 +41,14 @@ ALPHA = "alpha-token-0001"
 BETA = "beta-token-00001"
 OPERATOR = "operator-token-01"
 TOKENS = {ALPHA: "alpha", BETA: "beta", OPERATOR: "*"}
-SHOTS = ROOT / "docs" / "console"
+SHOTS = (
+    ROOT / "docs" / "console"
+    if os.environ.get("WAKEFUL_SCREENSHOTS") == "docs"
+    else Path(tempfile.gettempdir()) / "wakeful-console-shots"
+)
+"""Where the e2e tests photograph each view: docs/console/ when ``WAKEFUL_SCREENSHOTS=docs``
+(to refresh the set docs/console.md shows), else a temporary folder, so a test run leaves
+the checkout as it was."""
 DEADLINE = 30.0
 
 

@@ -1,6 +1,6 @@
 """The console end to end: real ``wakeful serve`` and ``wakeful worker`` processes over one
 SQLite store, the local model server, and Debian's Chromium driven by Playwright. Every wait
-is Playwright's (or a poll) with a deadline. Each view is photographed into docs/console/."""
+is Playwright's (or a poll) with a deadline. Each view is photographed (into docs/console/ with ``WAKEFUL_SCREENSHOTS=docs``)."""
 
 from __future__ import annotations
 

@@ -285,3 +285,18 @@ class Problem(BaseModel):
     status: int
     detail: str
     instance: str | None = Field(default=None, description="The request path.")
+
+
+SSE_EVENT: dict[str, object] = {
+    "type": "object",
+    "description": "One Server-Sent Event, as a client parses it from the stream (the event "
+    "stream schema of the OpenAPI specification): `data` is a JSON document.",
+    "required": ["data"],
+    "properties": {
+        "data": {"type": "string"},
+        "event": {"type": "string"},
+        "id": {"type": "string"},
+        "retry": {"type": "integer", "minimum": 0},
+    },
+}
+"""The schema of each event of an SSE response (schemathesis validates every event by it)."""

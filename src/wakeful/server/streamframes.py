@@ -33,6 +33,8 @@ TERMINAL = frozenset(
     ("run.completed", "run.suspended", "run.failed", "run.cancelled", "run.indeterminate")
 )
 
+CURSOR_PATTERN = r"^[0-9]{1,19}(\.[0-9]{1,3}|/[0-9a-f]{12}/[0-9]{1,12})?$"
+"""A frame id, as the OpenAPI document states it (``parse_cursor`` reads the parts)."""
 _CURSOR = re.compile(r"(\d{1,19})(?:\.(\d{1,3})|/([0-9a-f]{12})/(\d{1,12}))?")
 
 

@@ -26,7 +26,7 @@ from wakeful.server.access import CallerDep, ServerState, StateDep, visible_thre
 from wakeful.server.auth import Caller
 from wakeful.server.problems import problem_for
 from wakeful.server.routes.params import MAX_SEQ, Limit, SeqCursor, ThreadId
-from wakeful.server.schemas import EventPage, EventView
+from wakeful.server.schemas import SSE_EVENT, EventPage, EventView
 from wakeful.server.views import errors
 
 router = APIRouter(prefix="/v1", tags=["events"])
@@ -38,7 +38,7 @@ _STREAM_DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "A page of events (JSON), or with `Accept: text/event-stream` an SSE "
         "stream: `id: <seq>`, `event: <type>`, `data: <event JSON>`.",
-        "content": {EVENT_STREAM: {"schema": {"type": "string"}}},
+        "content": {EVENT_STREAM: {"schema": SSE_EVENT}},
     }
 }
 

@@ -34,8 +34,9 @@ from wakeful.server.inflight import Cursor
 from wakeful.server.problems import problem_for
 from wakeful.server.routes import runs
 from wakeful.server.routes.params import IdempotencyKey, SeqCursor, ThreadId
-from wakeful.server.schemas import ID_PATTERN, MAX_ID, SubmitRun
+from wakeful.server.schemas import ID_PATTERN, MAX_ID, SSE_EVENT, SubmitRun
 from wakeful.server.streamframes import (
+    CURSOR_PATTERN,
     MODES,
     TERMINAL,
     StreamCursor,
@@ -60,14 +61,19 @@ _DOC: dict[int | str, dict[str, Any]] = {
     200: {
         "description": "A Server-Sent Events stream of the modes asked for (see the HTTP API "
         "reference, Streams).",
-        "content": {EVENT_STREAM: {"schema": {"type": "string"}}},
+        "content": {EVENT_STREAM: {"schema": SSE_EVENT}},
     }
 }
+
+_MODE = "(" + "|".join(MODES) + ")"
+MODES_PATTERN = f"^({_MODE}(,{_MODE})*)?$"  # empty: the default modes
 
 Modes = Annotated[
     str | None,
     Query(
         max_length=200,
+        # documented, not enforced by pydantic: the route's own check names the unknown mode
+        json_schema_extra={"pattern": MODES_PATTERN},
         description=f"Comma-separated stream modes: {', '.join(MODES)} (default "
         "events,messages). An unknown mode is 422.",
     ),
@@ -77,6 +83,8 @@ LastEventId = Annotated[
     Header(
         alias="Last-Event-ID",
         max_length=64,
+        # documented, not enforced by pydantic: parse_cursor's refusal says what an id is
+        json_schema_extra={"pattern": CURSOR_PATTERN},
         description="Resume after this frame id (takes precedence over `after`).",
     ),
 ]
