@@ -1,6 +1,7 @@
 """The console end to end: real ``wakeful serve`` and ``wakeful worker`` processes over one
 SQLite store, the local model server, and Debian's Chromium driven by Playwright. Every wait
-is Playwright's (or a poll) with a deadline. Each view is photographed (into docs/console/ with ``WAKEFUL_SCREENSHOTS=docs``)."""
+is Playwright's (or a poll) with a deadline. Each view is photographed (into docs/console/
+with ``WAKEFUL_SCREENSHOTS=docs``)."""
 
 from __future__ import annotations
 
