@@ -41,6 +41,15 @@ def nats_server_binary() -> str:
     return found
 
 
+def stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` is stopped (state ``T`` in /proc)."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):
+            states.append(stat.read_text().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
 class PrivateNats:
     """One nats-server on ``127.0.0.1:port`` (a free one by default)."""
 
@@ -70,9 +79,10 @@ class PrivateNats:
         while time.monotonic() < end:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"nats-server exited with {self.proc.returncode}")
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=0.5
-            ) as conn:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as conn,
+            ):
                 conn.settimeout(2)
                 if conn.recv(4).startswith(b"INFO"):
                     return
@@ -83,8 +93,16 @@ class PrivateNats:
         assert self.proc is not None and self.proc.poll() is None
         os.kill(self.proc.pid, sig)
 
-    def freeze(self) -> None:
+    def freeze(self, deadline: float = 5.0) -> None:
+        """SIGSTOP, returning once every thread of the server is stopped (a signal is
+        delivered asynchronously: a thread running on another core goes on for a moment)."""
         self._signal(signal.SIGSTOP)
+        assert self.proc is not None
+        end = time.monotonic() + deadline
+        while not stopped(self.proc.pid):
+            if time.monotonic() > end:
+                raise RuntimeError("nats-server did not stop on SIGSTOP")
+            time.sleep(0.005)
 
     def thaw(self) -> None:
         self._signal(signal.SIGCONT)
@@ -116,4 +134,4 @@ def private_nats(directory: Path) -> Iterator[PrivateNats]:
         server.stop()
 
 
-__all__ = ["PrivateNats", "free_port", "nats_server_binary", "private_nats"]
+__all__ = ["PrivateNats", "free_port", "nats_server_binary", "private_nats", "stopped"]

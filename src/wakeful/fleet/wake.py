@@ -133,8 +133,7 @@ class HintSender:
                 await self._send()
             except Exception as exc:
                 self._log.warning(
-                    "%s: the wake could not be sent and is dropped (workers still poll): "
-                    "%s: %s",
+                    "%s: the wake could not be sent and is dropped (workers still poll): %s: %s",
                     self.name,
                     type(exc).__name__,
                     exc,

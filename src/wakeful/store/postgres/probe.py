@@ -22,7 +22,10 @@ CLOSE_GRACE = 1.0
 
 
 async def execute_within(
-    conn: psycopg.AsyncConnection[Any], query: str | sql.Composed, params: tuple[Any, ...] | None, timeout: float
+    conn: psycopg.AsyncConnection[Any],
+    query: str | sql.Composed,
+    params: tuple[Any, ...] | None,
+    timeout: float,
 ) -> None:
     """Run ``query`` on ``conn``, answered within ``timeout`` seconds, or raise
     ``psycopg.OperationalError`` with ``conn`` closed (also when the caller is cancelled
