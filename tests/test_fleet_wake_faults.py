@@ -250,8 +250,9 @@ class State(TypedDict, total=False):
     n: int
 
 
-def quick_registry(finished: dict[str, float]) -> Registry:
+def quick_registry(finished: dict[str, float], seconds: float = 0.0) -> Registry:
     async def work(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        await asyncio.sleep(seconds)  # the work itself: a dispatch occupies its slot this long
         finished[ctx.run_id] = time.monotonic()
         return {"n": 1}
 
@@ -302,11 +303,14 @@ async def test_a_freed_slot_and_a_stop_reach_the_worker_without_the_wake() -> No
 @pytest.mark.asyncio
 async def test_nats_frozen_for_10_s_during_a_200_dispatch_drain(nats: PrivateNats) -> None:
     """Two workers wake only through NATS (their polling floor is 30 s): a submit never
-    blocks longer than the bound, and 5 s after SIGCONT dispatches run as fast as before."""
+    blocks longer than the bound, and 5 s after SIGCONT dispatches run as fast as before.
+    Each dispatch takes 0.3 s, so work is running when the server freezes and slots free up
+    while it is frozen (a worker's signal to itself used to go through NATS and, on the
+    thaw, leave the worker deaf)."""
     subject = f"wakeful.test.{new_id()}"
     store = MemoryStore()
     finished: dict[str, float] = {}
-    registry = quick_registry(finished)
+    registry = quick_registry(finished, 0.3)
     wakes = [NatsWake(nats.url, subject) for _ in range(3)]
     workers = [
         Worker(store, registry, concurrency=2, wake=wake, poll_interval=30, relay=False)
@@ -343,6 +347,6 @@ async def test_nats_frozen_for_10_s_during_a_200_dispatch_drain(nats: PrivateNat
     assert max(blocked) < NOTIFY_BOUND + SLACK, max(blocked)
     during = [finished[run] - at for run, at in submitted.items() if at >= thawed]
     assert len(late) >= 25
-    assert max(late.values()) < 2.0, sorted(late.values())[-5:]
-    assert sorted(before)[len(before) // 2] < 1.0, "the normal latency before the freeze"
+    assert max(late.values()) < 2.3, sorted(late.values())[-5:]
+    assert sorted(before)[len(before) // 2] < 1.3, "the normal latency before the freeze"
     assert during  # measured: dispatches submitted in the first 5 s after SIGCONT
