@@ -46,6 +46,7 @@ CELLS: tuple[tuple[str, str], ...] = (
     ("hand_kill", "sqlite"),
     ("relay_replace", "sqlite"),
     ("relay_replace", "postgres"),
+    ("nats_freeze", "sqlite"),
 )
 """Append only: a cell's index is part of its seeds."""
 

@@ -865,6 +865,12 @@ def relay_replace(t: Trial) -> None:
     trial(t)
 
 
+def nats_freeze(t: Trial) -> None:
+    from tests.chaos.natstrial import nats_freeze as trial  # it imports this module
+
+    trial(t)
+
+
 DRIVERS: dict[str, Callable[[Trial], None]] = {
     "worker_kill": worker_kill,
     "worker_stop": worker_stop,
@@ -875,4 +881,5 @@ DRIVERS: dict[str, Callable[[Trial], None]] = {
     "corrupt_log": corrupt_log,
     "hand_kill": hand_kill,
     "relay_replace": relay_replace,
+    "nats_freeze": nats_freeze,
 }
