@@ -3,7 +3,8 @@
 Modes:
   ``worker``: a fleet worker (relay on) running ``tests.chaos.workload`` through
       ``Recording``; with ``drain`` it stops by itself once the store has no pending or
-      leased dispatch, nothing running here and nothing staged, three checks in a row.
+      leased dispatch, nothing running here and nothing staged, three checks in a row;
+      with ``wake_url`` it wakes through NATS (``subject``) and polls every ``poll`` s.
   ``writer``: concurrent writers committing to their threads under claims that may lapse
       (random pauses without renewal), so takeovers and stale commits happen; until killed.
   ``relay``: delivers staged outbox entries in small batches; with ``drain`` until empty.
@@ -36,7 +37,8 @@ from tests.chaos.probe import PID, Faults, Recording
 from tests.chaos.workload import registry
 from wakeful import open_store
 from wakeful.errors import StaleClaim, StoreUnavailable, ThreadBusy, WakefulError
-from wakeful.fleet import Worker
+from wakeful.fleet import NoWake, Worker
+from wakeful.fleet.natswake import NatsWake
 from wakeful.records import Checkpoint, Commit, EventDraft, Message
 from wakeful.runtime import ClaimPolicy
 from wakeful.store.contract import Store
@@ -96,6 +98,7 @@ async def worker_main(url: str, directory: Path, cfg: dict[str, Any]) -> None:
     raw, recording, faults = await open_recorded(url, directory, cfg)
     store = cast(Store, recording)
     ttl = float(cfg["ttl"])
+    wake = NatsWake(str(cfg["wake_url"]), str(cfg["subject"])) if cfg.get("wake_url") else NoWake()
     worker = Worker(
         store,
         hand_registry(faults, int(cfg["seed"]), cfg)
@@ -104,7 +107,8 @@ async def worker_main(url: str, directory: Path, cfg: dict[str, Any]) -> None:
         concurrency=int(cfg.get("concurrency", 2)),
         claims=ClaimPolicy(ttl=ttl, renew_every=ttl / 4),
         worker_id=cfg["name"],
-        poll_interval=0.05,
+        wake=wake,
+        poll_interval=float(cfg.get("poll", 0.05)),
         retry_backoff=0.05,
         max_retry_backoff=0.5,
         relay=True,
@@ -125,6 +129,7 @@ async def worker_main(url: str, directory: Path, cfg: dict[str, Any]) -> None:
                 await task
     await worker.stop(grace=5)
     await running
+    await wake.close()
     await raw.close()
     ledger.append(directory / f"stats-{cfg['name']}.jsonl", asdict(worker.stats))
 

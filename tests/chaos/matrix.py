@@ -44,6 +44,9 @@ CELLS: tuple[tuple[str, str], ...] = (
     ("torn_log", "file"),
     ("corrupt_log", "file"),
     ("hand_kill", "sqlite"),
+    ("relay_replace", "sqlite"),
+    ("relay_replace", "postgres"),
+    ("nats_freeze", "sqlite"),
 )
 """Append only: a cell's index is part of its seeds."""
 

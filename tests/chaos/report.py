@@ -408,6 +408,28 @@ KINDS: tuple[tuple[str, str, str], ...] = (
             "(not faulted) finishes the runs"
         ),
     ),
+    (
+        "`relay_replace`",
+        "SQLite, PostgreSQL",
+        (
+            "two threads exchange outbox messages (one every 0.4 s) while the elected relay, "
+            "a `wakeful relay` process with its default claim ttl, is SIGKILLed 3-6 times, "
+            "each time 0.1-0.6 s after it delivered, and a replacement started at once; "
+            "nothing else delivers: every message must arrive once, and the delivery lag's "
+            "p99 stay below the documented bound (ttl + 2 s)"
+        ),
+    ),
+    (
+        "`nats_freeze`",
+        "SQLite",
+        (
+            "two workers that wake only through a private `nats-server` (their polling floor "
+            "is 20 s) run agent threads; the server is SIGSTOPped for 3-10 s or SIGKILLed and "
+            "restarted after 1-5 s; every submit and message sent with the wake must return "
+            "within the notify bound, and probe messages sent 5 s after the server is back "
+            "must run within 3 s"
+        ),
+    ),
 )
 """(kind, stores, what a trial does)"""
 
@@ -452,9 +474,12 @@ LIMITS = """## Limits and what is not covered
   corrupt logs stand in for what a power loss or a bad disk leaves.
 - PostgreSQL restarts are few (each takes seconds and disturbs every other client of the
   server); backend kills mid-commit are covered by `tests/test_postgres_faults.py`.
-- NATS wakes and the HTTP server are not in the matrix. The remote hand is (`hand_kill`),
-  with the hand killed; a worker killed mid-call through the hand is covered by
-  `tests/test_fleet_integration.py`, not by the matrix.
+- The HTTP server is not in the matrix. NATS wakes are (`nats_freeze`, a private server per
+  trial); a PostgreSQL wake or LISTEN connection whose server freezes is covered by
+  `tests/test_fleet_wake_faults.py` (through a TCP proxy: the shared server is never
+  frozen), not by the matrix. The remote hand is (`hand_kill`), with the hand killed; a
+  worker killed mid-call through the hand is covered by `tests/test_fleet_integration.py`,
+  not by the matrix.
 
 ## Running it
 

@@ -859,6 +859,18 @@ def hand_kill(t: Trial) -> None:
     trial(t)
 
 
+def relay_replace(t: Trial) -> None:
+    from tests.chaos.relaytrial import relay_replace as trial  # it imports this module
+
+    trial(t)
+
+
+def nats_freeze(t: Trial) -> None:
+    from tests.chaos.natstrial import nats_freeze as trial  # it imports this module
+
+    trial(t)
+
+
 DRIVERS: dict[str, Callable[[Trial], None]] = {
     "worker_kill": worker_kill,
     "worker_stop": worker_stop,
@@ -868,4 +880,6 @@ DRIVERS: dict[str, Callable[[Trial], None]] = {
     "torn_log": torn_log,
     "corrupt_log": corrupt_log,
     "hand_kill": hand_kill,
+    "relay_replace": relay_replace,
+    "nats_freeze": nats_freeze,
 }

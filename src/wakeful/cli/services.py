@@ -285,9 +285,17 @@ async def worker(
     is_flag=True,
     help="Deliver what the outbox holds now and exit, instead of running until SIGTERM.",
 )
+@click.option(
+    "--ttl",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(min=0.2),
+    help="Seconds of the relay's election claim, renewed every step: a killed relay's "
+    "successor takes over within this long.",
+)
 @json_option
 @run_async
-async def relay(store: str | None, drain: bool, as_json: bool) -> None:
+async def relay(store: str | None, drain: bool, ttl: float, as_json: bool) -> None:
     """Run the outbox relay (one elected process per store) until SIGTERM, or with --drain
     deliver the staged outbox once and exit."""
     from wakeful import open_store
@@ -307,7 +315,15 @@ async def relay(store: str | None, drain: bool, as_json: bool) -> None:
                 lambda _: console.print(f"delivered {delivered} messages", highlight=False),
             )
             return
-        loop = RelayLoop(opened, f"relay-{uuid.uuid4().hex[:8]}", ClaimPolicy(), NoWake())
+        holder = f"relay-{uuid.uuid4().hex[:8]}"
+        loop = RelayLoop(opened, holder, ClaimPolicy(), NoWake(), ttl=ttl)
+        log.info(
+            "relay %s running on %s (claim ttl %.1f s); SIGTERM stops it",
+            holder,
+            describe_url(store_url(store)),
+            ttl,
+            extra={"relay": holder, "ttl": ttl},
+        )
         stop = asyncio.Event()
         task = asyncio.create_task(loop.run(stop), name="relay")
         try:

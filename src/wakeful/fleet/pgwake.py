@@ -1,15 +1,23 @@
 """A wake signal over PostgreSQL ``LISTEN``/``NOTIFY``.
 
 ``notify()`` runs ``SELECT pg_notify(channel, '')`` on a lazily opened autocommit connection
-kept for the next notify. ``wait()`` listens on a second, dedicated autocommit connection
-(opened and ``LISTEN``-ing on the first wait or ``listen()``). Notifications that arrive
-while nobody waits stay buffered on that connection, so the next wait returns at once.
+kept for the next notify, from a background send (``HintSender``): it waits for the send at
+most ``NOTIFY_BOUND`` seconds, and the send itself gives up after ``NOTIFY_TIMEOUT``.
+``wait()`` listens on a second, dedicated autocommit connection (opened and ``LISTEN``-ing
+on the first wait or ``listen()``). Notifications that arrive while nobody waits stay
+buffered on that connection, so the next wait returns at once.
 
 Wakes are hints (see ``wakeful.fleet.wake``): nothing here raises for a lost or unreachable
 server. A failed notify is logged and dropped; a wait whose listening connection is lost
 logs a warning, sleeps out its timeout and returns False, and the next wait reconnects and
 listens again. Notifications sent while no connection listened are lost; the worker's
 polling floor picks that work up.
+
+A frozen server or a network gone silent loses nothing either: a listening connection
+quiet for ``HEALTH_INTERVAL`` seconds is probed, and a probe (or a notify) not answered
+within its timeout counts as a lost connection (closed under the statement, see
+``wakeful.store.postgres.probe``). A wait therefore returns within its timeout plus at
+most ``PROBE_TIMEOUT``.
 
 A burst coalesces: once a wait sees a notification, it makes one round trip on the
 listening connection (PostgreSQL delivers every notification committed before it) and
@@ -31,7 +39,9 @@ from psycopg import sql
 
 from wakeful.background import pause
 from wakeful.errors import InvalidInput
+from wakeful.fleet.wake import HintSender
 from wakeful.ids import check_seconds
+from wakeful.store.postgres.probe import PROBE_TIMEOUT, execute_within, probe
 
 log = logging.getLogger("wakeful.fleet.pgwake")
 
@@ -46,7 +56,13 @@ CLOSE_TIMEOUT = 2.0
 under it (with a warning)."""
 NOTIFY_BACKOFF = 2.0
 """After a notify could not reach the server, notifies are dropped at once for this many
-seconds (a caller that notifies after each enqueue is not slowed down by an outage)."""
+seconds (the background send does not hammer a server that is down)."""
+NOTIFY_TIMEOUT = 2.0
+"""Seconds one ``pg_notify`` may take before its connection counts as lost."""
+HEALTH_INTERVAL = 5.0
+"""Seconds a listening connection may stay quiet before a wait probes it."""
+CONNECT_FLOOR = 0.5
+"""Seconds a wait gives a (re)connection at least, even when its own timeout is shorter."""
 
 _CHANNEL = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
@@ -76,11 +92,13 @@ class PostgresWake:
         self._listener: psycopg.AsyncConnection[object] | None = None
         self._notifier: psycopg.AsyncConnection[object] | None = None
         self._wait_lock = asyncio.Lock()
-        self._notify_lock = asyncio.Lock()
         self._waiting: asyncio.Task[bool] | None = None
         self._closed = False
         self._closing = asyncio.Event()
         self._notify_after = 0.0
+        self._heard = 0.0
+        """``loop.time()`` of the last sign of life on the listening connection."""
+        self._sender = HintSender(f"postgres wake on {self.channel!r}", self._send, logger=log)
 
     @property
     def listener_pid(self) -> int | None:
@@ -97,32 +115,32 @@ class PostgresWake:
     # ---------------------------------------------------------------- notify
 
     async def notify(self) -> None:
-        """Send one notification; on a lost connection, reconnect once. Never raises for an
-        unreachable server (logged at warning, then notifies are dropped at once for
-        ``NOTIFY_BACKOFF`` seconds): the wake is a hint."""
+        """Send one notification, waiting for the send at most ``NOTIFY_BOUND`` seconds (it
+        goes on in the background); on a lost connection the send reconnects once. Never
+        raises for an unreachable server (logged at warning, then notifies are dropped at
+        once for ``NOTIFY_BACKOFF`` seconds): the wake is a hint."""
+        if not self._closed:
+            await self._sender.notify()
+
+    async def _send(self) -> None:
         if self._closed:
             return
         if self._notifier is None and time.monotonic() < self._notify_after:
             log.debug("postgres wake: server unreachable, the wake on %r is dropped", self.channel)
             return
-        async with self._notify_lock:
-            for attempt in (1, 2):
-                try:
-                    if self._notifier is None or self._notifier.closed:
-                        self._notifier = await self._connect()
-                    await self._notifier.execute("SELECT pg_notify(%s, '')", (self.channel,))
-                    return
-                except psycopg.Error as exc:
-                    await _discard(self._notifier)
-                    self._notifier = None
-                    if attempt == 2:
-                        self._notify_after = time.monotonic() + NOTIFY_BACKOFF
-                        log.warning(
-                            "postgres wake: notify on %r failed, the wake is dropped "
-                            "(workers still poll): %s",
-                            self.channel,
-                            exc,
-                        )
+        for attempt in (1, 2):
+            try:
+                if self._notifier is None or self._notifier.closed:
+                    self._notifier = await self._connect()
+                notify = "SELECT pg_notify(%s, '')"
+                await execute_within(self._notifier, notify, (self.channel,), NOTIFY_TIMEOUT)
+                return
+            except psycopg.Error:
+                await _discard(self._notifier)
+                self._notifier = None
+                if attempt == 2:
+                    self._notify_after = time.monotonic() + NOTIFY_BACKOFF
+                    raise
 
     # ---------------------------------------------------------------- wait
 
@@ -139,11 +157,13 @@ class PostgresWake:
         self._listener = None
         conn = await self._connect()
         try:
-            await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self.channel)))
+            listen = sql.SQL("LISTEN {}").format(sql.Identifier(self.channel))
+            await execute_within(conn, listen, None, PROBE_TIMEOUT)
         except BaseException:
             await _discard(conn)
             raise
         self._listener = conn
+        self._heard = asyncio.get_running_loop().time()
         return conn
 
     async def wait(self, timeout: float) -> bool:
@@ -170,22 +190,28 @@ class PostgresWake:
     async def _wait(self, deadline: float) -> bool:
         loop = asyncio.get_running_loop()
         try:
-            conn = await self._listening()
+            async with asyncio.timeout(max(deadline - loop.time(), CONNECT_FLOOR)):
+                conn = await self._listening()
             received = False
             while not received and not self._closed:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
+                if loop.time() - self._heard >= HEALTH_INTERVAL:
+                    await probe(conn)  # a frozen server or a silent network fails here
+                    self._heard = loop.time()
+                    continue
                 async for _ in conn.notifies(timeout=min(remaining, WAIT_SLICE), stop_after=1):
                     received = True
             if received:
                 # Every notification committed before this round trip is delivered before
                 # its answer: discard them all, one wake per batch.
-                await conn.execute("SELECT 1")
+                await probe(conn)
                 async for _ in conn.notifies(timeout=0):
                     pass
+                self._heard = loop.time()
             return received
-        except (psycopg.Error, OSError) as exc:
+        except (psycopg.Error, OSError, TimeoutError) as exc:
             log.warning(
                 "postgres wake: the connection listening on %r was lost or could not be "
                 "opened; treating this wait as a timeout and reconnecting on the next: %s",
@@ -225,9 +251,9 @@ class PostgresWake:
             self._wait_lock.release()
         await _discard(self._listener)
         self._listener = None
-        async with self._notify_lock:
-            await _discard(self._notifier)
-            self._notifier = None
+        await self._sender.close()
+        await _discard(self._notifier)
+        self._notifier = None
 
     async def __aenter__(self) -> PostgresWake:
         return self

@@ -1,5 +1,11 @@
 """The outbox relay and the sweeper, run by one process at a time per store: the one that
-holds the claim on the well-known thread ``RELAY_THREAD``."""
+holds the claim on the well-known thread ``RELAY_THREAD``.
+
+The election claim is short (``RELAY_TTL``) and renewed at every step, so a relay that dies
+(SIGKILL, a lost host) stops blocking its successors within ``ttl`` seconds: delivery after
+a relay crash is late by at most about ``ttl + interval`` plus the successor's own start.
+The claim only elects; it does not fence deliveries (each is idempotent by message id), so
+a claim that lapses under a slow step costs at most a second relay's duplicate effort."""
 
 from __future__ import annotations
 
@@ -8,7 +14,7 @@ import contextlib
 import logging
 
 from wakeful.background import StopSignal, pause
-from wakeful.errors import StaleClaim, ThreadBusy, WakefulError
+from wakeful.errors import InvalidInput, StaleClaim, ThreadBusy, WakefulError
 from wakeful.fleet.wake import Wake
 from wakeful.records import Claim, RetentionPolicy
 from wakeful.runtime.claims import ClaimPolicy
@@ -18,10 +24,18 @@ log = logging.getLogger("wakeful.fleet")
 
 RELAY_THREAD = "wakeful.relay"
 
+RELAY_TTL = 3.0
+"""Seconds the relay's election claim lasts unless renewed (``RelayLoop(ttl=...)``,
+``wakeful relay --ttl``). Renewals are one cheap write per step."""
+
 
 class RelayLoop:
     """While elected: deliver staged outbox entries (waking workers when something was
-    delivered) and, every ``sweep_every`` seconds, apply the retention policy."""
+    delivered) and, every ``sweep_every`` seconds, apply the retention policy.
+
+    ``ttl``: seconds of the election claim, by default the shorter of ``RELAY_TTL`` and
+    ``claims.ttl``. A step runs every ``interval`` seconds, at most every ``ttl / 4``, and
+    renews the claim; a long drain renews between its batches too."""
 
     def __init__(
         self,
@@ -33,13 +47,18 @@ class RelayLoop:
         interval: float = 0.5,
         sweep_every: float = 300.0,
         batch: int = 100,
+        *,
+        ttl: float | None = None,
     ) -> None:
         self.store = store
         self.holder = holder
         self.claims = claims
         self.wake = wake
         self.retention = retention
-        self.interval = interval
+        self.ttl = min(RELAY_TTL, claims.ttl) if ttl is None else ttl
+        if not self.ttl > 0:
+            raise InvalidInput("ttl", f"the relay's claim ttl must be > 0 seconds, not {ttl}")
+        self.interval = min(interval, self.ttl / 4)
         self.sweep_every = sweep_every
         self.batch = batch
         self.delivered = 0
@@ -72,7 +91,12 @@ class RelayLoop:
     async def drain(self) -> int:
         """Deliver until the outbox is empty; returns how many entries were handled."""
         total = 0
+        loop = asyncio.get_running_loop()
+        renew_at = loop.time() + self.interval
         while True:
+            if self._claim is not None and loop.time() >= renew_at:
+                await self._elected()  # a long drain keeps its claim (or learns it lost it)
+                renew_at = loop.time() + self.interval
             try:
                 handled = await self.store.relay_outbox(self.batch)
             except WakefulError as exc:
@@ -89,11 +113,9 @@ class RelayLoop:
     async def _elected(self) -> bool:
         try:
             if self._claim is None:
-                self._claim = await self.store.claim(RELAY_THREAD, self.holder, self.claims.ttl)
+                self._claim = await self.store.claim(RELAY_THREAD, self.holder, self.ttl)
             else:
-                self._claim = await self.store.renew(
-                    RELAY_THREAD, self._claim.token, self.claims.ttl
-                )
+                self._claim = await self.store.renew(RELAY_THREAD, self._claim.token, self.ttl)
             return True
         except ThreadBusy:
             return False

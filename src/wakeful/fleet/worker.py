@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from wakeful.background import STOP_TIMEOUT, BackgroundTask, StopSignal
+from wakeful.background import BackgroundTask, StopSignal
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import (
     CheckpointWriteFailed,
@@ -35,7 +35,7 @@ from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
-from wakeful.fleet.wake import NoWake, Wake
+from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
 from wakeful.records import (
@@ -80,8 +80,9 @@ class Worker:
     """``Worker(store, registry, concurrency, claims=ClaimPolicy(...), wake=...)``.
 
     ``poll_interval`` is the floor: the queue is polled at least that often whatever the
-    wake signal does. ``relay`` runs the outbox relay and the sweeper in this worker when it
-    wins the election (a claim on a well-known thread)."""
+    wake signal does; the worker's signals to itself (a slot freed up, a stop) are local and
+    never go through the wake. ``relay`` runs the outbox relay and the sweeper in this worker
+    when it wins the election (a short claim on a well-known thread, ``RelayLoop``)."""
 
     store: Store
     registry: Registry
@@ -110,7 +111,7 @@ class Worker:
         self._handles: dict[str, RunHandle] = {}
         self._endings: dict[str, str] = {}
         """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
-        self._notifying: set[asyncio.Task[None]] = set()
+        self._waiter = WakeWaiter(self.wake)
         self.identity: Any = None
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
@@ -153,14 +154,13 @@ class Worker:
                 task.signal.set()
             for task in background:
                 await task.stop()
-            if self._notifying:
-                await asyncio.wait(self._notifying, timeout=STOP_TIMEOUT)
+            await self._waiter.close()
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop claiming; let running work finish within ``grace`` seconds, then ask the
         rest to stop at their next checkpoint (they are retried elsewhere)."""
         self._stopping.set()
-        await self.wake.notify()
+        self._waiter.nudge()
         tasks = [t for t, _ in self._running.values()]
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace)
@@ -183,7 +183,7 @@ class Worker:
             except WorkerSuperseded:
                 log.error("worker %s was superseded by a newer registration", self.worker_id)
                 self._stopping.set()
-                await self.wake.notify()
+                self._waiter.nudge()
             except WakefulError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
@@ -213,7 +213,7 @@ class Worker:
                 task.add_done_callback(self._on_done(did))
             if leases and len(self._running) < self.concurrency:
                 continue  # there may be more
-            await self.wake.wait(self.poll_interval)
+            await self._waiter.wait(self.poll_interval)
         if self._running:
             await asyncio.wait([t for t, _ in self._running.values()])
 
@@ -228,10 +228,8 @@ class Worker:
             self.wake_local()
 
     def wake_local(self) -> None:
-        """A slot freed up: look for more work now."""
-        task = asyncio.get_running_loop().create_task(self.wake.notify())
-        self._notifying.add(task)  # kept until done: run() waits for them (bounded)
-        task.add_done_callback(self._notifying.discard)
+        """A slot freed up: look for more work now (locally; no network involved)."""
+        self._waiter.nudge()
 
     # ---------------------------------------------------------------- one dispatch
 

@@ -10,8 +10,13 @@ Notifications are hints, never the source of truth: a woken waiter re-reads even
 sequence number. That makes a lost connection harmless: while it is down waiters fall back to
 polling, and when it comes back (or goes away) every waiter is woken to re-check, so a
 commit made while nobody listened is still seen; once more ``PRESENCE_RECHECK`` later, for
-commits of notifiers that had just found nobody listening (``notify.py``). The connection
-is probed every ``health_interval`` seconds when idle, so a silently dead one is noticed.
+commits of notifiers that had just found nobody listening (``notify.py``).
+
+The connection is probed (``SELECT 1``) every ``health_interval`` seconds when idle, and a
+probe not answered within ``probe_timeout`` seconds counts as a lost connection (it is
+closed under the probe, see ``probe.py``): a frozen server or a network that went silent
+is noticed within ``health_interval + probe_timeout`` seconds, after which waiters poll
+and the listener reconnects (with backoff) until the server answers again.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from psycopg import sql
 
 from wakeful.background import BackgroundTask, StopSignal
 from wakeful.store.postgres import notify
+from wakeful.store.postgres.probe import PROBE_TIMEOUT, execute_within, probe
 
 RECHECK_MARGIN = 0.05
 """Seconds added to ``notify.PRESENCE_RECHECK`` before the waiters' second re-check."""
@@ -45,12 +51,14 @@ class Listener:
         channel: str,
         *,
         health_interval: float = 5.0,
+        probe_timeout: float = PROBE_TIMEOUT,
         reconnect_delay: float = 0.2,
         max_reconnect_delay: float = 2.0,
     ) -> None:
         self._conninfo = conninfo
         self._channel = channel
         self._health_interval = health_interval
+        self._probe_timeout = probe_timeout
         self._reconnect_delay = reconnect_delay
         self._max_reconnect_delay = max_reconnect_delay
         self._waiters: dict[str, set[asyncio.Future[None]]] = {}
@@ -131,9 +139,12 @@ class Listener:
                     connect_timeout=5,
                     application_name=APPLICATION_NAME,
                 )
-                await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(self._channel)))
+                listen = sql.SQL("LISTEN {}").format(sql.Identifier(self._channel))
+                await execute_within(conn, listen, None, self._probe_timeout)
                 # Notifiers send only while some listener holds this (see notify.py).
-                await conn.execute(notify.LISTENER_PRESENCE_SQL, (self._channel,))
+                await execute_within(
+                    conn, notify.LISTENER_PRESENCE_SQL, (self._channel,), self._probe_timeout
+                )
                 self.connects += 1
                 self._listening.set()
                 # Commits made while nobody listened: every waiter re-checks by seq. A
@@ -145,7 +156,7 @@ class Listener:
                 while not signal.is_set():
                     async for note in conn.notifies(timeout=self._health_interval):
                         self._wake(note.payload)
-                    await conn.execute("SELECT 1")  # a dead connection fails here
+                    await probe(conn, self._probe_timeout)  # a dead or frozen one fails here
             except (psycopg.Error, OSError):
                 pass  # lost or refused: fall back to polling and reconnect below
             finally:
