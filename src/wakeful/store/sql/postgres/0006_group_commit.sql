@@ -92,6 +92,12 @@ DECLARE
     n_outbox bigint := coalesce(cardinality(p_outbox_ids), 0);
     n_consume bigint := coalesce(cardinality(p_consume), 0);
     d @schema@.dispatches%ROWTYPE;
+    r_hash text;
+    r_version bigint;
+    r_checkpoint text;
+    r_first bigint;
+    r_count bigint;
+    cp_used boolean := false;
     ending boolean := p_settle_dispatch IS NOT NULL OR coalesce(p_release, false);
 BEGIN
     -- 1. fencing, always first
@@ -116,21 +122,28 @@ BEGIN
             DETAIL = json_build_object('thread_id', p_thread, 'token', p_token,
                 'current', t.claim_token)::text;
     END IF;
-    -- 2. a retried operation returns its receipt and changes nothing
-    IF p_operation IS NOT NULL THEN
-        SELECT * INTO r FROM @schema@.receipts
-         WHERE thread_id = p_thread AND operation_id = p_operation;
-        IF FOUND THEN
-            IF r.payload_hash <> p_hash THEN
+    -- 2. a retried operation returns its receipt and changes nothing (read in one statement
+    -- with 4's question whether the checkpoint id was used before)
+    IF p_operation IS NOT NULL OR p_cp_body IS NOT NULL THEN
+        SELECT x.payload_hash, x.version, x.checkpoint_id, x.first_seq, x.event_count,
+               p_cp_body IS NOT NULL
+               AND EXISTS (SELECT 1 FROM @schema@.checkpoints c
+                            WHERE c.thread_id = p_thread AND c.checkpoint_id = p_cp_id)
+          INTO r_hash, r_version, r_checkpoint, r_first, r_count, cp_used
+          FROM (SELECT 1) one
+          LEFT JOIN @schema@.receipts x
+            ON x.thread_id = p_thread AND x.operation_id = p_operation;
+        IF r_hash IS NOT NULL THEN
+            IF r_hash <> p_hash THEN
                 RAISE EXCEPTION USING ERRCODE = 'WK002', MESSAGE = 'operation conflict',
                     DETAIL = json_build_object('thread_id', p_thread,
                         'operation_id', p_operation)::text;
             END IF;
             o_replayed := true;
-            o_version := r.version;
-            o_checkpoint := r.checkpoint_id;
-            o_first_seq := r.first_seq;
-            o_event_count := r.event_count;
+            o_version := r_version;
+            o_checkpoint := r_checkpoint;
+            o_first_seq := r_first;
+            o_event_count := r_count;
             RETURN;
         END IF;
     END IF;
@@ -148,8 +161,7 @@ BEGIN
     -- 4. consistency with the thread
     resulting := CASE WHEN p_cp_body IS NOT NULL THEN p_cp_id ELSE t.latest_checkpoint END;
     IF p_cp_body IS NOT NULL THEN
-        IF EXISTS (SELECT 1 FROM @schema@.checkpoints c
-                    WHERE c.thread_id = p_thread AND c.checkpoint_id = p_cp_id) THEN
+        IF cp_used THEN
             RAISE EXCEPTION USING ERRCODE = 'WK004', MESSAGE = 'invalid commit',
                 DETAIL = json_build_object('thread_id', p_thread, 'problem',
                     format('checkpoint id %L was used before', p_cp_id))::text;
@@ -244,23 +256,14 @@ BEGIN
                     'current', t.claim_token)::text;
         END IF;
     END IF;
-    -- apply everything
-    IF p_cp_body IS NOT NULL THEN
-        INSERT INTO @schema@.checkpoints (thread_id, version, checkpoint_id, at, body)
-        VALUES (p_thread, t.version + 1, p_cp_id, n, p_cp_body);
-        IF t.write_count > 0 THEN
-            DELETE FROM @schema@.writes WHERE thread_id = p_thread;
-        END IF;
+    -- apply everything: the rarer parts first, one statement each, then the common ones
+    IF p_cp_body IS NOT NULL AND t.write_count > 0 THEN
+        DELETE FROM @schema@.writes WHERE thread_id = p_thread;
     END IF;
     IF n_writes > 0 THEN
         INSERT INTO @schema@.writes (thread_id, task_id, version, idx, body)
         SELECT p_thread, w.task, t.version + 1, w.o, w.body
           FROM unnest(p_write_tasks, p_write_bodies) WITH ORDINALITY AS w(task, body, o);
-    END IF;
-    IF n_events > 0 THEN
-        INSERT INTO @schema@.events (thread_id, seq, at, body)
-        SELECT p_thread, t.next_seq + e.o - 1, n, e.body
-          FROM unnest(p_events) WITH ORDINALITY AS e(body, o);
     END IF;
     IF n_messages > 0 THEN
         INSERT INTO @schema@.messages (thread_id, pos, message_id, body)
@@ -279,20 +282,45 @@ BEGIN
         UPDATE @schema@.inbox SET consumed = true
          WHERE thread_id = p_thread AND message_id = ANY (p_consume);
     END IF;
-    IF p_operation IS NOT NULL THEN
-        INSERT INTO @schema@.receipts (thread_id, operation_id, payload_hash, version,
-                                       checkpoint_id, first_seq, event_count, at)
-        VALUES (p_thread, p_operation, p_hash, t.version + 1, resulting, t.next_seq,
-                n_events, n);
-    END IF;
-    -- One update of the thread row, which ends the claim when the commit settles or
-    -- releases. tenant is only in the SET list when it changes (the owner trigger watches
-    -- it), and no indexed column changes otherwise, so the update is HOT.
     IF t.version = 0 AND t.tenant IS NULL AND p_cp_body IS NOT NULL AND p_cp_tenant IS NOT NULL
     THEN
+        -- tenant is only in an UPDATE's SET list when it changes (the owner trigger of 0005
+        -- watches it)
         UPDATE @schema@.threads SET tenant = p_cp_tenant
          WHERE thread_id = p_thread AND claim_token = p_token;
     END IF;
+    -- The checkpoint, the events, the receipt, the settled dispatch and the thread row, in
+    -- one statement: a statement's fixed cost (its executor, the indexes it opens) is most of
+    -- what each of them costs. Each part writes nothing when its input is absent. The thread
+    -- row is updated once, ending the claim when the commit settles or releases, and no
+    -- indexed column changes, so the update is HOT.
+    WITH cp AS (
+        INSERT INTO @schema@.checkpoints (thread_id, version, checkpoint_id, at, body)
+        SELECT p_thread, t.version + 1, p_cp_id, n, p_cp_body WHERE p_cp_body IS NOT NULL
+    ), ev AS (
+        INSERT INTO @schema@.events (thread_id, seq, at, body)
+        SELECT p_thread, t.next_seq + e.o - 1, n, e.body
+          FROM unnest(p_events) WITH ORDINALITY AS e(body, o)
+    ), rc AS (
+        INSERT INTO @schema@.receipts (thread_id, operation_id, payload_hash, version,
+                                       checkpoint_id, first_seq, event_count, at)
+        SELECT p_thread, p_operation, p_hash, t.version + 1, resulting, t.next_seq, n_events, n
+         WHERE p_operation IS NOT NULL
+    ), st AS (
+        -- what settle_locked() writes, checked above
+        UPDATE @schema@.dispatches
+           SET status = p_settle_status,
+               token = CASE WHEN p_settle_status = 'pending' THEN NULL ELSE token END,
+               holder = CASE WHEN p_settle_status = 'pending' THEN NULL ELSE holder END,
+               lease_until = NULL, lease_expires = NULL,
+               available_at = CASE WHEN p_settle_status = 'pending'
+                                   THEN n + make_interval(secs => p_settle_delay)
+                                   ELSE available_at END,
+               last_error = CASE WHEN p_settle_status = 'pending' THEN p_settle_error
+                                 ELSE last_error END,
+               updated_at = n
+         WHERE dispatch_id = p_settle_dispatch AND token = p_token
+    )
     UPDATE @schema@.threads
        SET version = t.version + 1,
            status = CASE WHEN p_cp_body IS NOT NULL THEN p_cp_status ELSE t.status END,
@@ -306,22 +334,7 @@ BEGIN
            claim_token = CASE WHEN ending THEN NULL ELSE t.claim_token END,
            claim_expires = CASE WHEN ending THEN NULL ELSE t.claim_expires END
      WHERE thread_id = p_thread AND claim_token = p_token;
-    IF p_settle_dispatch IS NOT NULL THEN
-        -- what settle_locked() writes, checked above
-        IF p_settle_status = 'pending' THEN
-            UPDATE @schema@.dispatches
-               SET status = 'pending', token = NULL, holder = NULL, lease_until = NULL,
-                   lease_expires = NULL,
-                   available_at = n + make_interval(secs => p_settle_delay),
-                   last_error = p_settle_error, updated_at = n
-             WHERE dispatch_id = p_settle_dispatch AND token = p_token;
-        ELSE
-            UPDATE @schema@.dispatches
-               SET status = p_settle_status, lease_until = NULL, lease_expires = NULL,
-                   updated_at = n
-             WHERE dispatch_id = p_settle_dispatch AND token = p_token;
-        END IF;
-    ELSIF ending THEN
+    IF ending AND p_settle_dispatch IS NULL THEN
         -- what release() writes besides the claim: a lease granted with it no longer holds
         -- the thread
         UPDATE @schema@.dispatches SET lease_expires = '-infinity'
@@ -489,10 +502,13 @@ BEGIN
         IF t.version = 0 AND t.tenant IS NULL AND d.tenant IS NOT NULL THEN
             UPDATE @schema@.threads SET tenant = d.tenant WHERE thread_id = d.thread_id;
         END IF;
-        UPDATE @schema@.threads
-           SET present = true, epoch = t.epoch + 1, claim_holder = p_holder,
-               claim_token = t.epoch + 1, claim_expires = expires
-         WHERE thread_id = d.thread_id;
+        -- the claim and the lease in one statement
+        WITH granted AS (
+            UPDATE @schema@.threads
+               SET present = true, epoch = t.epoch + 1, claim_holder = p_holder,
+                   claim_token = t.epoch + 1, claim_expires = expires
+             WHERE thread_id = d.thread_id
+        )
         UPDATE @schema@.dispatches
            SET status = 'leased', attempts = attempts + 1, token = t.epoch + 1,
                holder = p_holder, lease_until = expires, lease_expires = expires,
