@@ -54,6 +54,7 @@ PLAN = (
     Module("telemetry_cost", 150, ("--runs", "150")),
     Module("streaming", 90),
     Module("dispatch", 300, ("--n", "1000", "--n-single", "300"), postgres=True),
+    Module("agents", 240, ("--n", "400"), postgres=True),
     Module("scale", 150, postgres=True),
     # The full sizes (1,000 / 100,000 / 1,000,000 threads) are the module's default; a
     # million takes several minutes per store to build on the 2-CPU machine.
