@@ -230,7 +230,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="repeats per measurement")
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL server (admin DSN)")
     parser.add_argument(
-        "--budget", type=float, default=570, help="seconds for the whole run (default 570)"
+        "--budget", type=float, default=720, help="seconds for the whole run (default 720)"
     )
     parser.add_argument(
         "--write", action="store_true", help="write results.json and the docs for a partial run"

@@ -689,7 +689,7 @@ def report(
                     "dispatches/s",
                     anchor=f"pgqueuer, {WORKERS} processes x {concurrency}",
                     anchor_samples=pgq,
-                    target=1.0 if targeted else None,
+                    target=0.6 if targeted else None,
                     skipped=pgq_missing,
                 )
                 out.add(
