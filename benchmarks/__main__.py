@@ -54,6 +54,7 @@ PLAN = (
     Module("telemetry_cost", 150, ("--runs", "150")),
     Module("streaming", 90),
     Module("dispatch", 300, ("--n", "1000", "--n-single", "300"), postgres=True),
+    Module("agents", 240, ("--n", "400"), postgres=True),
     Module("scale", 150, postgres=True),
     # The full sizes (1,000 / 100,000 / 1,000,000 threads) are the module's default; a
     # million takes several minutes per store to build on the 2-CPU machine.
@@ -231,7 +232,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="repeats per measurement")
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL server (admin DSN)")
     parser.add_argument(
-        "--budget", type=float, default=570, help="seconds for the whole run (default 570)"
+        "--budget", type=float, default=720, help="seconds for the whole run (default 720)"
     )
     parser.add_argument(
         "--write", action="store_true", help="write results.json and the docs for a partial run"

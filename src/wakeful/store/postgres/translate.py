@@ -65,10 +65,15 @@ def is_disconnect(exc: BaseException) -> bool:
 
 def refusal(exc: psycopg.Error) -> WakefulError | None:
     """The contract error for a refusal raised by a schema function, else ``None``."""
-    code = exc.sqlstate or ""
+    return refused(exc.sqlstate or "", exc.diag.message_detail)
+
+
+def refused(code: str, raw_detail: str | None) -> WakefulError | None:
+    """The contract error for a refusal's SQLSTATE (class ``WK``) and JSON DETAIL, as a
+    schema function raised them or ``commit_many`` reported them; else ``None``."""
     if not code.startswith("WK"):
         return None
-    raw = exc.diag.message_detail or "{}"
+    raw = raw_detail or "{}"
     try:
         detail: dict[str, Any] = json.loads(raw)
     except ValueError:
