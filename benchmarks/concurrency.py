@@ -146,9 +146,7 @@ async def wakeful_child(kind: str, url: str, n: int, seconds: float) -> dict[str
         monitor.start()
         cpu, start = _cpu(), time.monotonic()
         running = asyncio.create_task(worker.run())
-        deadline = start + 10 * seconds + 60
-        while worker.stats.done + worker.stats.fenced < n and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await _ended(worker, n, start + 10 * seconds + 60)
         wall, cpu = time.monotonic() - start, _cpu() - cpu
         lag = await monitor.stop()
         await worker.stop(grace=5)
@@ -164,6 +162,15 @@ async def wakeful_child(kind: str, url: str, n: int, seconds: float) -> dict[str
         "stuck": stuck,
         "transactions": transactions,
     }
+
+
+async def _ended(worker: Any, n: int, deadline: float) -> None:
+    """Return once ``n`` dispatches were settled or fenced, or at ``deadline`` (stuck runs
+    are counted afterwards)."""
+    while True:
+        if worker.stats.done + worker.stats.fenced >= n or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.05)
 
 
 def _transactions(store: Any, kind: str, url: str) -> int:
@@ -212,7 +219,16 @@ def child_main(argv: list[str]) -> None:
 def measure(kind: str, url: str, n: int, seconds: float) -> dict[str, Any]:
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.concurrency", "--child", kind, url, str(n), str(seconds)],
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.concurrency",
+            "--child",
+            kind,
+            url,
+            str(n),
+            str(seconds),
+        ],
         cwd=root,
         capture_output=True,
         text=True,
@@ -250,9 +266,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
             for kind in stores:
                 with tempfile.TemporaryDirectory(prefix="wakeful-conc-") as tmp:
                     if kind == "sqlite":
-                        runs[kind].append(
-                            measure(kind, f"sqlite:///{tmp}/c.db", n, args.seconds)
-                        )
+                        runs[kind].append(measure(kind, f"sqlite:///{tmp}/c.db", n, args.seconds))
                     else:
                         db = Database(args.dsn, f"wakeful_conc_{os.getpid()}").create()
                         try:
