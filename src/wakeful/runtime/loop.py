@@ -50,6 +50,9 @@ from wakeful.store.contract import ThreadStore
 
 log = logging.getLogger("wakeful.runtime")
 
+HISTORY_PAGE = 1000
+"""Messages read per call when a task asks for the thread's history."""
+
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """How a run ended (or paused): ``completed`` with its final state, or ``suspended``
@@ -141,8 +144,11 @@ class Execution:
         if self._history is None:
             await self._writer.flush()
             loaded: list[Message] = []
-            while page := await self.store.messages(self.thread_id, len(loaded), 1000):
+            while True:  # a short page is the last: no read of an empty one to learn that
+                page = await self.store.messages(self.thread_id, len(loaded), HISTORY_PAGE)
                 loaded += page
+                if len(page) < HISTORY_PAGE:
+                    break
             self._history = loaded
         return list(self._history)
 
