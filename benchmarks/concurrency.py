@@ -146,9 +146,7 @@ async def wakeful_child(kind: str, url: str, n: int, seconds: float) -> dict[str
         monitor.start()
         cpu, start = _cpu(), time.monotonic()
         running = asyncio.create_task(worker.run())
-        deadline = start + 10 * seconds + 60
-        while worker.stats.done + worker.stats.fenced < n and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(0.05)  # polls the worker's stats
+        await _ended(worker, n, start + 10 * seconds + 60)
         wall, cpu = time.monotonic() - start, _cpu() - cpu
         lag = await monitor.stop()
         await worker.stop(grace=5)
@@ -164,6 +162,15 @@ async def wakeful_child(kind: str, url: str, n: int, seconds: float) -> dict[str
         "stuck": stuck,
         "transactions": transactions,
     }
+
+
+async def _ended(worker: Any, n: int, deadline: float) -> None:
+    """Return once ``n`` dispatches were settled or fenced, or at ``deadline`` (stuck runs
+    are counted afterwards)."""
+    while True:
+        if worker.stats.done + worker.stats.fenced >= n or time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.05)
 
 
 def _transactions(store: Any, kind: str, url: str) -> int:

@@ -248,3 +248,44 @@ def test_scripted_helpers_build_real_items() -> None:
     assert isinstance(steps[0], TextDelta) and isinstance(steps[-1], StreamEnd)
     args = "".join(s.arguments for s in steps if isinstance(s, ToolCallDelta))
     assert args == '{"a":1}'
+
+
+@pytest.mark.asyncio
+async def test_the_idle_guard_makes_no_task_per_delta_and_still_times_out() -> None:
+    import asyncio
+    from collections.abc import AsyncIterator
+
+    from wakeful.agent.recovery import _idle_guard
+
+    async def deltas(n: int, stall: bool) -> AsyncIterator[Any]:
+        for i in range(n):
+            await asyncio.sleep(0)
+            yield TextDelta(str(i))
+        if stall:
+            await asyncio.Event().wait()
+
+    loop = asyncio.get_running_loop()
+    factory = loop.get_task_factory()
+    created: list[str] = []
+
+    def counting(loop_: Any, coro: Any, **kwargs: Any) -> Any:
+        created.append(getattr(coro, "__qualname__", "?"))
+        return asyncio.Task(coro, loop=loop_, **kwargs)
+
+    loop.set_task_factory(counting)
+    try:
+        got = [getattr(i, "text", None) async for i in _idle_guard(deltas(200, False), 5.0)]
+    finally:
+        loop.set_task_factory(factory)
+    assert got == [str(i) for i in range(200)] and created == []
+    items: list[Any] = []
+
+    async def consume() -> None:
+        async for item in _idle_guard(deltas(3, True), 0.05):
+            items.append(item)
+
+    with pytest.raises(ProviderError) as timeout:
+        await consume()
+    assert timeout.value.kind == "timeout" and len(items) == 3
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0, "the timer's cancel was undone"

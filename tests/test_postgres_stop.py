@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
@@ -29,6 +29,7 @@ from wakeful.fleet.wake import NoWake
 from wakeful.providers.base import ModelRequest, StreamEnd, StreamItem, TextDelta, Usage
 from wakeful.providers.scripted import Scripted
 from wakeful.records import Claim, Commit, EventDraft, StreamCheckpoint
+from wakeful.runtime import START, Graph
 from wakeful.runtime.claims import ClaimPolicy, Renewer
 from wakeful.runtime.durability import AsyncWriter
 from wakeful.store.postgres import PostgresStore
@@ -41,6 +42,10 @@ ITERATIONS = range(6)
 STOP_DEADLINE = 10.0
 """Seconds a stop may take here (a stop waits at most twice its timeout, 5 s by default;
 the tests' stops end after one step, in milliseconds)."""
+
+
+class Empty(TypedDict):
+    done: bool
 
 
 class Counted:
@@ -331,3 +336,36 @@ async def test_stream_checkpoint_puts_are_grouped_and_fenced_one_by_one(
         await store.stream_checkpoints.put(
             StreamCheckpoint(run_id="run-x", thread_id="t0", model="m", token=1, task_id="a")
         )
+
+
+@pytest.mark.slow
+async def test_a_worker_with_more_slots_than_one_claim_takes_fills_them(
+    pg_databases: Databases,
+) -> None:
+    """PostgreSQL's ``claim_next`` takes at most 1,000 dispatches per call: a worker with
+    concurrency 1,001 once asked for all of them at once, was refused, and never ran
+    anything."""
+    store = await open_test_store(await pg_databases.clone(), pool_size=4)
+    gate = asyncio.Event()
+    entered: list[int] = []
+
+    async def node(state: dict[str, Any]) -> dict[str, Any]:
+        entered.append(1)
+        await gate.wait()
+        return {}
+
+    graph = Graph(Empty, name="gated").node("n", node).edge(START, "n").compile()
+    n = 1001
+    for i in range(n):
+        await submit(store, f"t{i}", "gated", {}, dispatch_id=f"d{i}")
+    worker = Worker(store, Registry().add("gated", graph), concurrency=n, poll_interval=0.1)
+    running = asyncio.create_task(worker.run())
+    try:
+        await eventually(lambda: len(entered) == n, deadline=60)
+        gate.set()
+        await eventually(lambda: worker.stats.done == n, deadline=60)
+    finally:
+        gate.set()
+        await worker.stop(grace=5)
+        await asyncio.wait_for(running, 30)
+        await store.close()

@@ -391,3 +391,61 @@ async def test_node_context_exposes_token_key_and_events() -> None:
     durable = [e.type for e in await store.events_after("t", 0, 100)]
     assert "progress" in durable and "typing" not in durable
     assert any(getattr(i, "type", None) == "typing" and not hasattr(i, "seq") for i in live)
+
+
+@pytest.mark.asyncio
+async def test_live_events_from_async_and_thread_nodes_arrive_in_order_and_batched() -> None:
+    store = MemoryStore(ManualClock())
+    runtime = Runtime(store)
+
+    def in_a_thread(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        for i in range(50):
+            ctx.emit_live("thread.delta", {"i": i})
+        return {"log": ["t"]}
+
+    async def on_the_loop(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        for i in range(50):
+            ctx.emit_live("loop.delta", {"i": i})
+        return {"log": ["l"]}
+
+    g = Graph(State).node("t", in_a_thread).node("l", on_the_loop).edge(START, "t")
+    compiled = g.edge("t", "l").compile()
+    live: list[Any] = []
+    subscription = runtime.subscribe("t")
+
+    async def listen() -> None:
+        async for item in subscription:
+            live.append(item)
+            if getattr(item, "type", None) == "run.completed":
+                return
+
+    listener = asyncio.create_task(listen())
+    await eventually(lambda: runtime.live._queues.get("t") is not None)
+    scheduled: list[str] = []
+    loop = asyncio.get_running_loop()
+    soon, threadsafe = loop.call_soon, loop.call_soon_threadsafe
+
+    def counted(schedule: Any) -> Any:
+        def call(callback: Any, *args: Any, **kwargs: Any) -> Any:
+            if getattr(callback, "__name__", "") in ("publish", "_flush"):
+                scheduled.append(callback.__name__)  # one live hand-off to the loop
+            return schedule(callback, *args, **kwargs)
+
+        return call
+
+    loop.call_soon = counted(soon)  # type: ignore[method-assign]
+    loop.call_soon_threadsafe = counted(threadsafe)  # type: ignore[method-assign]
+    try:
+        handle = await runtime.start("t", compiled, {})
+        await handle.result()
+        await asyncio.wait_for(listener, 10)
+    finally:
+        loop.call_soon, loop.call_soon_threadsafe = soon, threadsafe  # type: ignore[method-assign]
+    for kind in ("thread.delta", "loop.delta"):
+        got = [i.data["i"] for i in live if getattr(i, "type", None) == kind]
+        assert got == list(range(50)), kind
+    assert 2 <= len(scheduled) <= 20, "100 events handed over in a few batches, not one by one"
+    assert runtime.live._batches == {}
+    other = Runtime(store)
+    other.live.emit(loop, "nobody", "r", "x", None)
+    assert other.live._batches == {}, "nobody subscribes: dropped at once"

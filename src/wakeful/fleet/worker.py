@@ -61,6 +61,8 @@ from wakeful.store.contract import Store
 log = logging.getLogger("wakeful.fleet")
 
 UNFINISHED = ("running", "suspended")
+CLAIM_BATCH = 1000
+"""Dispatches asked for per ``claim_next`` call at most."""
 
 
 @dataclass
@@ -189,7 +191,9 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
-            free = self.concurrency - len(self._running)
+            # the stores take at most CLAIM_BATCH per call (SQLite and PostgreSQL): a larger
+            # concurrency fills up over several calls (``continue`` below)
+            free = min(self.concurrency - len(self._running), CLAIM_BATCH)
             leases: list[Lease] = []
             polled = (time.time_ns(), 0)
             if free > 0:

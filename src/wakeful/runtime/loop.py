@@ -52,6 +52,9 @@ from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
 log = logging.getLogger("wakeful.runtime")
 
+HISTORY_PAGE = 1000
+"""Messages read per call when a task asks for the thread's history."""
+
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """How a run ended (or paused), as ``await handle.result()`` returns it.
@@ -173,8 +176,11 @@ class Execution:
         if self._history is None:
             await self._writer.flush()
             loaded: list[Message] = []
-            while page := await self.store.messages(self.thread_id, len(loaded), 1000):
+            while True:  # a short page is the last: no read of an empty one to learn that
+                page = await self.store.messages(self.thread_id, len(loaded), HISTORY_PAGE)
                 loaded += page
+                if len(page) < HISTORY_PAGE:
+                    break
             self._history = loaded
         return list(self._history)
 
