@@ -25,8 +25,8 @@ from wakeful.providers.base import ModelRequest, Provider
 from wakeful.records import Event, Message
 from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime, Send
 from wakeful.runtime.events import LiveEvent
-from wakeful.runtime.loop import RunOutcome
-from wakeful.runtime.runtime import RunHandle
+from wakeful.runtime.handle import RunHandle
+from wakeful.runtime.results import RunOutcome
 
 INDETERMINATE = (
     "Indeterminate: this call may have started before the process running it stopped, and "

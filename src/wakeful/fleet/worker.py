@@ -30,6 +30,13 @@ from wakeful.errors import (
     WakefulError,
     WorkerSuperseded,
 )
+from wakeful.fleet.attempts import (
+    Settled,
+    foreign_tenant,
+    log_fields,
+    run_of,
+    settle_done,
+)
 from wakeful.fleet.client import tenant_of
 from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
@@ -50,12 +57,12 @@ from wakeful.records import (
     Outcome,
     RetentionPolicy,
     Retry,
-    Settle,
     ThreadSnapshot,
 )
 from wakeful.runtime.claims import ClaimPolicy
-from wakeful.runtime.loop import RunOutcome
-from wakeful.runtime.runtime import RunHandle, Runtime
+from wakeful.runtime.handle import RunHandle
+from wakeful.runtime.results import RunOutcome
+from wakeful.runtime.runtime import Runtime
 from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.fleet")
@@ -245,7 +252,7 @@ class Worker:
         """Run and settle one lease; how it ended (``done``, ``awaiting``, ``retry``,
         ``fenced``)."""
         d, claim = lease.dispatch, lease.claim
-        fields = _log_fields(d)
+        fields = log_fields(d)
         started = time.monotonic()
         log.info(
             "dispatch %s started: %s on thread %s (attempt %d of %d)",
@@ -338,14 +345,14 @@ class Worker:
         # the thread as read when the lease was granted, else (an older store) read it now
         snap = lease.snapshot if lease.snapshot is not None else await self.store.read(d.thread_id)
         submitter = tenant_of(d)
-        if snap is not None and submitter is not None and _foreign(snap, submitter):
+        if snap is not None and submitter is not None and foreign_tenant(snap, submitter):
             # Work queued before the thread was bound to another tenant (an older store's
             # queue, or a deletion in between): nothing of it may reach the owner's thread,
             # not even a refusal event naming it. Retrying cannot help.
             log.warning("dispatch %s belongs to another tenant than its thread", d.dispatch_id)
             return Done()
         latest = snap.checkpoint if snap is not None else None
-        owned_run = _owned_run(d.dispatch_id, d.kind, payload, latest)
+        owned_run = run_of(d.dispatch_id, d.kind, payload, latest)
         if owned_run is not None and owned_run.status != "running":
             # The run ended or suspended before an earlier owner could settle: the thread says
             # what happened, whatever the budget (a redelivery never records a second ending).
@@ -359,7 +366,7 @@ class Worker:
                 "dispatch %s is indeterminate: %s",
                 d.dispatch_id,
                 reason,
-                extra={**_log_fields(d), "outcome": "indeterminate", "reason": reason},
+                extra={**log_fields(d), "outcome": "indeterminate", "reason": reason},
             )
             self._endings[d.dispatch_id] = f"indeterminate ({reason})"
             await self._terminate(
@@ -393,7 +400,7 @@ class Worker:
                 owned_run.id,
                 d.attempts,
                 d.max_attempts,
-                extra={**_log_fields(d), "run_id": owned_run.run_id, "checkpoint_id": owned_run.id},
+                extra={**log_fields(d), "run_id": owned_run.run_id, "checkpoint_id": owned_run.id},
             )
             return await self._continue(d.dispatch_id, claim, owned_run, snap)
         if d.kind == "resume":
@@ -554,7 +561,7 @@ class Worker:
             checkpoint=checkpoint,
             events=(EventDraft(type=event_type, data=data, run_id=run_id),),
             operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
-            settle=_done(settle),
+            settle=settle_done(settle),
         )
         await self._observe.calls(
             "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
@@ -571,55 +578,11 @@ class Worker:
         commit = Commit(
             token=claim.token,
             events=(EventDraft(type=event_type, data=data),),
-            settle=_done(settle),
+            settle=settle_done(settle),
         )
         await self._observe.calls(
             "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )
-
-
-def _foreign(snap: ThreadSnapshot, tenant: str) -> bool:
-    return snap.tenant_bound and snap.tenant != tenant
-
-
-@dataclass(frozen=True)
-class Settled:
-    """An outcome already recorded by the commit that ended the work."""
-
-    outcome: Outcome
-
-
-def _log_fields(d: Dispatch) -> dict[str, Any]:
-    """The structured fields of a dispatch's log lines (``--log-format json``)."""
-    payload = d.payload if isinstance(d.payload, dict) else {}
-    return {
-        "dispatch_id": d.dispatch_id,
-        "thread_id": d.thread_id,
-        "kind": d.kind,
-        "target": str(payload.get("target") or d.kind),
-        "attempt": d.attempts,
-        "max_attempts": d.max_attempts,
-    }
-
-
-def _done(dispatch_id: str | None) -> Settle | None:
-    return None if dispatch_id is None else Settle(dispatch_id=dispatch_id, outcome=Done())
-
-
-def _owned_run(
-    dispatch_id: str, kind: str, payload: dict[str, Any], latest: Checkpoint | None
-) -> Checkpoint | None:
-    """The thread's latest checkpoint when it belongs to this dispatch's run: started by it
-    (same run id) or resumed by it."""
-    if latest is None:
-        return None
-    if kind in ("start", "message") and latest.run_id == (
-        payload.get("run_id") or f"run-{dispatch_id}"
-    ):
-        return latest
-    if kind == "resume" and latest.metadata.get("resumed_by") == dispatch_id:
-        return latest
-    return None
 
 
 __all__ = ["Worker", "WorkerStats"]

@@ -14,8 +14,9 @@ from wakeful.runtime.graph import (
     append,
     replace,
 )
-from wakeful.runtime.loop import RunOutcome
-from wakeful.runtime.runtime import RunHandle, Runtime
+from wakeful.runtime.handle import RunHandle
+from wakeful.runtime.results import RunOutcome
+from wakeful.runtime.runtime import Runtime
 
 __all__ = [
     "END",

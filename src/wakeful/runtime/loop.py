@@ -46,6 +46,7 @@ from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.graph import CompiledGraph, NodeSpec, TaskSpec
+from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries
 from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span, traced_metadata
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
@@ -54,60 +55,6 @@ log = logging.getLogger("wakeful.runtime")
 
 HISTORY_PAGE = 1000
 """Messages read per call when a task asks for the thread's history."""
-
-
-class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """How a run ended (or paused), as ``await handle.result()`` returns it.
-
-    - ``status == "completed"``: ``state`` is the graph's final state (the state type's JSON
-      form: a dict for a dict or Struct state), e.g. ``outcome.state["answer"]``.
-    - ``status == "suspended"``: ``tickets`` are the questions the run waits on; answer them
-      with ``Runtime.resume(thread_id, graph, {ticket.id: answer})``.
-
-    Failed, cancelled and fenced runs do not return an outcome: ``result()`` raises
-    ``RunFailed``, ``RunCancelled`` or ``CheckpointWriteFailed``. An agent's run returns an
-    ``AgentReply`` instead, whose ``text`` is the final answer."""
-
-    thread_id: str
-    run_id: str
-    status: RunStatus
-    state: Any
-    tickets: tuple[Ticket, ...] = ()
-
-    def __repr__(self) -> str:
-        # The state can be a whole conversation: show its shape, not its contents.
-        if isinstance(self.state, dict):
-            keys = [f"{k!r}: ..." for k in list(self.state)[:8]]
-            shape = "{" + ", ".join(keys) + (", ...}" if len(self.state) > 8 else "}")
-        else:
-            shape = type(self.state).__name__
-        waits = f", tickets={[t.id for t in self.tickets]!r}" if self.tickets else ""
-        return (
-            f"RunOutcome(status={self.status!r}, thread_id={self.thread_id!r}, "
-            f"run_id={self.run_id!r}, state={shape}{waits})"
-        )
-
-
-def frontier_entries(step: int, tasks: list[TaskSpec]) -> list[dict[str, Any]]:
-    return [
-        {"id": f"s{step}-t{i}", "node": t.node, "arg": t.arg, "sent": t.sent}
-        for i, t in enumerate(tasks)
-    ]
-
-
-@dataclass
-class TaskResult:
-    entry: dict[str, Any]
-    updates: dict[str, Any] | None = None
-    ticket: Ticket | None = None
-    error: str | None = None
-    transient: bool = False
-    """The error is retryable (a ``WakefulError`` with ``retryable``): do not fail the run."""
-    events: tuple[EventDraft, ...] = ()
-    """Events of a result that was not committed on its own (they go with the barrier)."""
-    messages: tuple[Message, ...] = ()
-    outbox: tuple[OutboxEntry, ...] = ()
-    callbacks: tuple[Callable[[], Awaitable[None]], ...] = ()
 
 
 @dataclass

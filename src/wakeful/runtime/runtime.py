@@ -4,7 +4,6 @@ delete, run handles and subscriptions."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -40,70 +39,15 @@ from wakeful.runtime.claims import ClaimPolicy, Sleep
 from wakeful.runtime.durability import DURABILITIES, commit_retrying
 from wakeful.runtime.events import LiveEvent, LiveHub, subscribe
 from wakeful.runtime.graph import START, CompiledGraph
-from wakeful.runtime.loop import Execution, RunOutcome, frontier_entries
+from wakeful.runtime.handle import RunHandle
+from wakeful.runtime.loop import Execution
+from wakeful.runtime.results import frontier_entries
 from wakeful.runtime.spans import begin_run, link_crashed, store_calls, traced_metadata
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike
 
 if TYPE_CHECKING:
     from wakeful.metrics import Metrics
-
-
-class RunHandle:
-    """A run in this process. ``result()`` waits for it; ``cancel()`` stops it and records
-    it as cancelled; ``status`` is running, suspended, completed, failed, cancelled or
-    fenced."""
-
-    def __init__(self, execution: Execution) -> None:
-        self._execution = execution
-        self._task: asyncio.Task[RunOutcome] = asyncio.create_task(
-            execution.run(), name=f"run:{execution.thread_id}"
-        )
-
-    @property
-    def run_id(self) -> str:
-        return self._execution.run_id
-
-    @property
-    def thread_id(self) -> str:
-        return self._execution.thread_id
-
-    @property
-    def status(self) -> str:
-        return self._execution.status
-
-    @property
-    def token(self) -> int:
-        return self._execution.claim.token
-
-    @property
-    def renewals(self) -> int:
-        return self._execution.renewals
-
-    @property
-    def settled(self) -> bool:
-        """The run's ending commit also settled its dispatch (see ``dispatch_id``)."""
-        return self._execution.claim_ended and self._execution.settle_dispatch is not None
-
-    async def result(self) -> RunOutcome:
-        """The outcome (``completed`` or ``suspended``); raises ``RunFailed``,
-        ``RunCancelled`` or ``CheckpointWriteFailed`` for the other endings."""
-        return await asyncio.shield(self._task)
-
-    async def cancel(self) -> None:
-        """Stop the run and wait until it has recorded ``cancelled`` (if it still can)."""
-        if not self._task.done():
-            self._task.cancel()
-        with contextlib.suppress(BaseException):
-            await self._task
-
-    def done(self) -> bool:
-        return self._task.done()
-
-    def yield_run(self) -> None:
-        """Ask the run to stop at its next superstep boundary without recording an ending
-        (``result()`` then raises ``RunYielded``): for a process shutting down gracefully."""
-        self._execution.yield_requested = True
 
 
 T = TypeVar("T")

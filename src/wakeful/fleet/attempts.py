@@ -1,0 +1,57 @@
+"""What the worker knows about one dispatch attempt: whose run the thread's latest
+checkpoint is, whether the thread belongs to another tenant, the settle folded into an
+ending commit, and the structured fields of its log lines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from wakeful.records import Checkpoint, Dispatch, Done, Outcome, Settle, ThreadSnapshot
+
+
+def foreign_tenant(snap: ThreadSnapshot, tenant: str) -> bool:
+    return snap.tenant_bound and snap.tenant != tenant
+
+
+@dataclass(frozen=True)
+class Settled:
+    """An outcome already recorded by the commit that ended the work."""
+
+    outcome: Outcome
+
+
+def log_fields(d: Dispatch) -> dict[str, Any]:
+    """The structured fields of a dispatch's log lines (``--log-format json``)."""
+    payload = d.payload if isinstance(d.payload, dict) else {}
+    return {
+        "dispatch_id": d.dispatch_id,
+        "thread_id": d.thread_id,
+        "kind": d.kind,
+        "target": str(payload.get("target") or d.kind),
+        "attempt": d.attempts,
+        "max_attempts": d.max_attempts,
+    }
+
+
+def settle_done(dispatch_id: str | None) -> Settle | None:
+    return None if dispatch_id is None else Settle(dispatch_id=dispatch_id, outcome=Done())
+
+
+def run_of(
+    dispatch_id: str, kind: str, payload: dict[str, Any], latest: Checkpoint | None
+) -> Checkpoint | None:
+    """The thread's latest checkpoint when it belongs to this dispatch's run: started by it
+    (same run id) or resumed by it."""
+    if latest is None:
+        return None
+    if kind in ("start", "message") and latest.run_id == (
+        payload.get("run_id") or f"run-{dispatch_id}"
+    ):
+        return latest
+    if kind == "resume" and latest.metadata.get("resumed_by") == dispatch_id:
+        return latest
+    return None
+
+
+__all__ = ["Settled", "foreign_tenant", "log_fields", "run_of", "settle_done"]
