@@ -200,6 +200,7 @@ LAYERS = {
     "telemetry": 0,
     "redact": 0,
     "background": 0,
+    "backoff": 0,
     "store": 1,
     "testkit": 1,
     "runtime": 2,
@@ -265,3 +266,35 @@ def test_no_module_is_over_600_lines() -> None:
         for path in (SRC / "wakeful").rglob("*.py")
     }
     assert {name: n for name, n in lengths.items() if n > 600} == {}
+
+
+def test_one_backoff_computes_every_retry_delay() -> None:
+    from wakeful.agent.recovery import StreamPolicy
+    from wakeful.backoff import backoff_delay
+    from wakeful.runtime.graph import RetryPolicy
+
+    assert [backoff_delay(n, 0.5, 3.0) for n in (0, 1, 2, 3, 4)] == [0.5, 0.5, 1.0, 2.0, 3.0]
+    assert backoff_delay(3, 1.0, 100.0, factor=3.0) == 9.0
+    assert backoff_delay(2, 1.0, 10.0, jitter=0.25, uniform=lambda lo, hi: hi) == 2.5
+    assert backoff_delay(2, 1.0, 10.0, jitter=0.25, uniform=lambda lo, hi: lo) == 1.5
+    with pytest.raises(ValueError, match="jitter"):
+        backoff_delay(1, 1.0, 1.0, jitter=1.5)
+    # each caller keeps its documented parameters
+    assert RetryPolicy(initial_delay=0.2, backoff=2.0, max_delay=10.0).delay(3) == 0.8
+    for _ in range(20):
+        assert 0.375 <= StreamPolicy().backoff(1, None) <= 0.625
+    assert StreamPolicy().backoff(1, 7.0) == 7.0
+    sources = [
+        SRC / "wakeful" / path
+        for path in (
+            "agent/recovery.py",
+            "fleet/worker.py",
+            "fleet/hand.py",
+            "runtime/graph.py",
+            "store/postgres/listen.py",
+            "client/streams.py",
+        )
+    ]
+    for source in sources:
+        text = source.read_text(encoding="utf-8")
+        assert "backoff_delay(" in text and "2 **" not in text and "* 2," not in text, source

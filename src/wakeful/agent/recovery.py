@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import msgspec
 
 from wakeful.agent.observe import TurnObserver
 from wakeful.background import BackgroundTask, StopSignal
+from wakeful.backoff import backoff_delay
 from wakeful.providers.base import (
     MAX_RETRY_AFTER,
     ModelRequest,
@@ -83,8 +83,7 @@ class StreamPolicy:
     def backoff(self, attempt: int, hint: float | None) -> float:
         if hint is not None:
             return min(hint, MAX_RETRY_AFTER)
-        base = min(self.initial_backoff * 2 ** (attempt - 1), self.max_backoff)
-        return float(base * random.uniform(1 - self.jitter, 1 + self.jitter))
+        return backoff_delay(attempt, self.initial_backoff, self.max_backoff, jitter=self.jitter)
 
 
 class Turn(msgspec.Struct, frozen=True, kw_only=True):

@@ -15,7 +15,6 @@ worker resuming from its checkpoint), and replaced by the committed message when
 from __future__ import annotations
 
 import asyncio
-import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import msgspec
 
+from wakeful.backoff import backoff_delay
 from wakeful.client.problems import error_for
 from wakeful.errors import WakefulError
 from wakeful.providers.sse import SSEDecoder
@@ -53,8 +53,7 @@ class Backoff:
     attempts: int | None = 30
 
     def delay(self, failures: int) -> float:
-        base = min(self.initial * 2 ** max(failures - 1, 0), self.maximum)
-        return float(base * random.uniform(1 - self.jitter, 1 + self.jitter))
+        return backoff_delay(failures, self.initial, self.maximum, jitter=self.jitter)
 
 
 Open = Callable[[str | None], Awaitable[httpx.Response]]

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal, Self
 import httpx
 import msgspec
 
+from wakeful.backoff import backoff_delay
 from wakeful.errors import InvalidInput, InvalidState
 from wakeful.fleet.handerrors import (
     HandConflict,
@@ -452,7 +453,7 @@ class RemoteHand:
                 raise HandOutcomeUnknown(operation_id, tool, self.recovery_window, detail)
 
     def _backoff(self, attempt: int) -> float:
-        return float(min(self.max_backoff, self.backoff * 2 ** (attempt - 1)))
+        return backoff_delay(attempt, self.backoff, self.max_backoff)
 
     async def aclose(self) -> None:
         if self._owns_client:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import random
 import time
 import uuid
 from collections.abc import Callable
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wakeful.background import BackgroundTask, StopSignal
+from wakeful.backoff import backoff_delay
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import (
     CheckpointWriteFailed,
@@ -336,8 +336,7 @@ class Worker:
         )
 
     def _backoff(self, attempts: int) -> float:
-        base = min(self.retry_backoff * 2 ** max(attempts - 1, 0), self.max_retry_backoff)
-        return float(base * random.uniform(0.75, 1.25))
+        return backoff_delay(attempts, self.retry_backoff, self.max_retry_backoff, jitter=0.25)
 
     async def _execute(self, lease: Lease) -> Outcome | Settled:
         d, claim = lease.dispatch, lease.claim

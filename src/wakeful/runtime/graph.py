@@ -12,6 +12,7 @@ from typing import Any
 
 import msgspec
 
+from wakeful.backoff import backoff_delay
 from wakeful.errors import GraphInvalid, InvalidInput
 from wakeful.ids import check_id
 
@@ -54,7 +55,7 @@ class RetryPolicy:
     retry_on: tuple[type[BaseException], ...] = (Exception,)
 
     def delay(self, attempt: int) -> float:
-        return float(min(self.initial_delay * self.backoff ** (attempt - 1), self.max_delay))
+        return backoff_delay(attempt, self.initial_delay, self.max_delay, factor=self.backoff)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ import psycopg
 from psycopg import sql
 
 from wakeful.background import BackgroundTask, StopSignal
+from wakeful.backoff import backoff_delay
 from wakeful.store.postgres import notify
 from wakeful.store.postgres.probe import PROBE_TIMEOUT, execute_within, probe
 
@@ -129,7 +130,7 @@ class Listener:
 
     async def _run(self, signal: StopSignal) -> None:
         assert self._listening is not None
-        delay = self._reconnect_delay
+        failures = 0  # in a row, since the last connection that listened
         while not signal.is_set():
             conn: psycopg.AsyncConnection[tuple[object, ...]] | None = None
             try:
@@ -152,7 +153,7 @@ class Listener:
                 # rounds for up to PRESENCE_RECHECK more: re-check once more after that.
                 self._wake_all()
                 self._schedule_recheck(notify.PRESENCE_RECHECK + RECHECK_MARGIN)
-                delay = self._reconnect_delay
+                failures = 0
                 while not signal.is_set():
                     async for note in conn.notifies(timeout=self._health_interval):
                         self._wake(note.payload)
@@ -167,9 +168,10 @@ class Listener:
             if signal.is_set():
                 break
             self._wake_all()
+            failures += 1
+            delay = backoff_delay(failures, self._reconnect_delay, self._max_reconnect_delay)
             if await signal.pause(delay):
                 break
-            delay = min(delay * 2, self._max_reconnect_delay)
 
     def _schedule_recheck(self, delay: float) -> None:
         if self._recheck is not None:
