@@ -187,6 +187,9 @@ class Alternating:
     async def heartbeat(self, identity: WorkerIdentity) -> None:
         await self.next().heartbeat(identity)
 
+    async def retire_worker(self, identity: WorkerIdentity) -> WorkerInfo:
+        return await self.next().retire_worker(identity)
+
     async def list_workers(self) -> list[WorkerInfo]:
         return await self.next().list_workers()
 

@@ -275,6 +275,28 @@ def test_messages_listings_and_status(url: str) -> None:
     assert "queue: pending" in cli("status", store=url).stdout
 
 
+def test_a_worker_that_stopped_gracefully_is_listed_as_stopped(url: str) -> None:
+    async def run_and_stop() -> None:
+        async with open_store(url) as store:
+            w = Worker(store, registry(), worker_id="w-stops", poll_interval=0.05)
+            running = asyncio.create_task(w.run())
+            await w.started()
+            await w.stop(5)
+            await running
+            await store.register_worker("w-runs")
+
+    asyncio.run(run_and_stop())
+    live = [w["worker_id"] for w in as_json(cli("workers", "list", "--json", store=url))]
+    assert live == ["w-runs"]
+    every = {w["worker_id"]: w for w in as_json(cli("workers", "list", "--all", "--json",
+                                                    store=url))}  # fmt: skip
+    assert every["w-stops"]["state"] == "stopped" and every["w-stops"]["stopped_at"]
+    assert every["w-runs"]["state"] == "alive" and every["w-runs"]["stopped_at"] is None
+    table = cli("workers", "list", "--all", store=url).stdout
+    assert "w-stops" in table and "stopped" in table
+    assert as_json(cli("status", "--json", store=url))["live_workers"] == ["w-runs"]
+
+
 def test_migrate_prune_and_requeue_all_speak_json(url: str) -> None:
     migrated = as_json(cli("migrate", "--json", store=url))
     assert migrated["version"] >= 1

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -298,6 +298,11 @@ def test_operator_views_workers_and_overview(page: Any, rig: Fleet) -> None:
         if w.poll() is None:
             w.send_signal(signal.SIGTERM)
             w.wait(timeout=30)
+    # a graceful stop is recorded: the view shows it stopped, not expired, on its next load
+    args = cast(list[str], live.args)
+    stopped = args[args.index("--worker-id") + 1]
+    page.locator(f"tr[data-worker='{stopped}'] .s-stopped").wait_for()
+    assert page.locator("tr[data-worker='doomed'] .s-expired").count() == 1
     page.goto(f"{rig.url}/console/#/overview")
     page.locator("[data-figure=pending] b").wait_for()
     for i in range(12):  # a backlog the figures show, then see drain

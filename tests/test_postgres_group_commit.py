@@ -240,7 +240,7 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     written before it (a listed thread, a deduplicated dispatch) reads the same after."""
     dsn = await pg_databases.clone()
     shipped = migrations.migrations()
-    assert shipped[-1][0] == 6
+    assert shipped[5][0] == 6
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier("old")))
         async with conn.transaction():
@@ -279,7 +279,7 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
         await conn.execute(
             "SELECT old.enqueue('d1', 't1', 'start', '{}', 0, NULL, 5, 'key-1', NULL)"
         )
-    store = await open_test_store(dsn, schema="old")  # migrates to 6
+    store = await open_test_store(dsn, schema="old")  # migrates to 6 and on
     try:
         claim = await store.claim("t0", "w", 60)
         await store.commit("t0", Commit(token=claim.token, checkpoint=_checkpoint("c", None)))
@@ -293,4 +293,5 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     finally:
         await store.close()
     assert version_5 <= version_6
-    assert {name for name, _, _ in version_6 - version_5} == {"commit_many"}
+    # 0007 added retire_worker (and kept register_worker's signature)
+    assert {name for name, _, _ in version_6 - version_5} == {"commit_many", "retire_worker"}

@@ -28,6 +28,11 @@ async def test_workers_are_listed() -> None:
         [worker] = r.json()["workers"]
         assert worker["worker_id"] == "w1" and worker["generation"] == second.generation
         assert worker["incarnation_id"] == second.incarnation_id
+        assert worker["stopped_at"] is None
+        stopped = await store.retire_worker(second)
+        [worker] = (await api.client(ALPHA).get("/v1/workers")).json()["workers"]
+        assert stopped.stopped_at is not None
+        assert worker["stopped_at"] == stopped.stopped_at.isoformat().replace("+00:00", "Z")
 
 
 @pytest.mark.asyncio

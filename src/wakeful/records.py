@@ -309,6 +309,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     generation: int
     registered_at: datetime
     last_heartbeat: datetime
+    stopped_at: datetime | None = None
+    """When this incarnation recorded its graceful stop (``DispatchQueue.retire_worker``);
+    ``None`` while it runs, or if it died without stopping. A new registration clears it."""
 
 
 class StreamCheckpoint(msgspec.Struct, frozen=True, kw_only=True):

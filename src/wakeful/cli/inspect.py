@@ -328,7 +328,9 @@ def workers() -> None:
 @workers.command("list")
 @store_option
 @json_option
-@click.option("--all", "show_all", is_flag=True, help="Also workers whose heartbeat expired.")
+@click.option(
+    "--all", "show_all", is_flag=True, help="Also workers that stopped or whose heartbeat expired."
+)
 @click.option(
     "--stale-after",
     default=60.0,
@@ -339,7 +341,8 @@ def workers() -> None:
 async def workers_list(
     store: str | None, as_json: bool, show_all: bool, stale_after: float
 ) -> None:
-    """Live workers (with --all: every registered worker and its state: alive, expired)."""
+    """Live workers (with --all: every registered worker and its state: alive, expired, or
+    stopped, when it recorded a graceful stop)."""
     from wakeful.fleet.census import liveness
 
     rows = await with_store(store_url(store), lambda s: s.list_workers())
@@ -352,7 +355,15 @@ async def workers_list(
         as_json,
         lambda _: table(
             "workers" if show_all else "live workers",
-            ["worker", "state", "generation", "incarnation", "registered", "last heartbeat"],
+            [
+                "worker",
+                "state",
+                "generation",
+                "incarnation",
+                "registered",
+                "last heartbeat",
+                "stopped",
+            ],
             [
                 (
                     w["worker_id"],
@@ -361,6 +372,7 @@ async def workers_list(
                     w["incarnation_id"][:12],
                     w["registered_at"],
                     w["last_heartbeat"],
+                    w["stopped_at"] or "",
                 )
                 for w in listed
             ],

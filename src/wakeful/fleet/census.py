@@ -20,7 +20,7 @@ DEFAULT_STALE_AFTER = 60.0
 """Seconds without a heartbeat after which a worker counts as expired (a worker beats every
 third of its lease ttl, 10 s by default)."""
 
-Liveness = Literal["alive", "expired"]
+Liveness = Literal["alive", "expired", "stopped"]
 
 
 async def count_dispatches(
@@ -47,7 +47,11 @@ async def queue_depth(queue: DispatchQueue, bound: int = 10_000) -> dict[str, in
 def liveness(
     worker: WorkerInfo, now: datetime, stale_after: float = DEFAULT_STALE_AFTER
 ) -> Liveness:
-    """``alive`` while the worker's last heartbeat is at most ``stale_after`` seconds old."""
+    """``stopped`` once the incarnation recorded its graceful stop; else ``alive`` while its
+    last heartbeat is at most ``stale_after`` seconds old, ``expired`` after (killed, or
+    cut off from the store)."""
+    if worker.stopped_at is not None:
+        return "stopped"
     age = (now - worker.last_heartbeat).total_seconds()
     return "alive" if age <= stale_after else "expired"
 

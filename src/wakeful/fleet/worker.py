@@ -167,7 +167,8 @@ class Worker:
 
     async def stop(self, grace: float = 10.0) -> None:
         """Stop claiming; let running work finish within ``grace`` seconds, then ask the
-        rest to stop at their next checkpoint (they are retried elsewhere)."""
+        rest to stop at their next checkpoint (they are retried elsewhere); then record the
+        stop in the worker registry (``retire_worker``)."""
         self._stopping.set()
         self._waiter.nudge()
         tasks = [t for t, _ in self._running.values()]
@@ -177,6 +178,11 @@ class Worker:
                 for handle in self._handles.values():
                     handle.yield_run()
                 await asyncio.wait(pending, timeout=grace)
+        if self.identity is not None:
+            try:  # listings then show this incarnation stopped, not expired
+                await self.store.retire_worker(self.identity)
+            except WakefulError as exc:
+                log.warning("recording the worker's stop failed: %s", exc)
 
     @property
     def busy(self) -> int:

@@ -263,6 +263,11 @@ class WorkerView(_View):
     generation: int
     registered_at: datetime
     last_heartbeat: datetime
+    stopped_at: datetime | None = Field(
+        default=None,
+        description="When this incarnation recorded its graceful stop; null while it runs "
+        "or if it died without stopping (then its heartbeat ages: expired).",
+    )
 
 
 class WorkerList(BaseModel):

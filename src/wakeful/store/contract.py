@@ -266,7 +266,19 @@ class DispatchQueue(Protocol):
         the same worker id exists."""
         ...
 
-    async def list_workers(self) -> list[WorkerInfo]: ...
+    async def retire_worker(self, identity: WorkerIdentity) -> WorkerInfo:
+        """Record that this incarnation stopped gracefully (its runs have settled) and return
+        the registry entry with ``stopped_at`` set. Idempotent for the same incarnation: a
+        second call keeps the first stop time. Fenced like ``heartbeat``: if a newer
+        registration of the worker id exists, ``WorkerSuperseded`` and nothing changes (the
+        newer incarnation is the one listed; a stale stop must not mark it stopped).
+        ``NotFound`` if the worker id never registered. A later ``heartbeat`` of the retired
+        incarnation does not clear the stop; only a new registration does."""
+        ...
+
+    async def list_workers(self) -> list[WorkerInfo]:
+        """Every registered worker id's latest incarnation, by worker id."""
+        ...
 
 
 @runtime_checkable

@@ -49,6 +49,7 @@ from wakeful.store.projection import (
     Unstaged,
     WorkerBeat,
     WorkerRegistered,
+    WorkerRetired,
     settled_record,
 )
 from wakeful.store.validate import (
@@ -266,9 +267,19 @@ class ProjectedQueue(ProjectedCore):
         )
 
     async def heartbeat(self, identity: WorkerIdentity) -> None:
+        self._current_worker(identity)
+        await self._record(WorkerBeat(identity.worker_id, self._now()))
+
+    async def retire_worker(self, identity: WorkerIdentity) -> WorkerInfo:
+        current = self._current_worker(identity)
+        if current.stopped_at is None:
+            await self._record(WorkerRetired(identity.worker_id, self._now()))
+        return self._open().workers[identity.worker_id]
+
+    def _current_worker(self, identity: WorkerIdentity) -> WorkerInfo:
+        """The registry entry of ``identity``; ``WorkerSuperseded`` if a newer one exists."""
         check_id("worker_id", identity.worker_id)
-        state = self._open()
-        current = state.workers.get(identity.worker_id)
+        current = self._open().workers.get(identity.worker_id)
         if current is None:
             raise NotFound("worker", identity.worker_id)
         if (current.generation, current.incarnation_id) != (
@@ -276,7 +287,7 @@ class ProjectedQueue(ProjectedCore):
             identity.incarnation_id,
         ):
             raise WorkerSuperseded(identity.worker_id, identity.generation, current.generation)
-        await self._record(WorkerBeat(identity.worker_id, self._now()))
+        return current
 
     async def list_workers(self) -> list[WorkerInfo]:
         return sorted(self._open().workers.values(), key=lambda w: w.worker_id)

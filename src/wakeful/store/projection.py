@@ -137,6 +137,11 @@ class WorkerBeat(msgspec.Struct, frozen=True, tag="worker_beat"):
     at: datetime
 
 
+class WorkerRetired(msgspec.Struct, frozen=True, tag="worker_retired"):
+    worker_id: str
+    at: datetime
+
+
 class Delivered(msgspec.Struct, frozen=True, tag="delivered"):
     """A staged outbox entry appended to its target's inbox (``message`` is ``None`` when it
     was delivered before) and its ``message`` dispatch enqueued (``None`` when one exists)."""
@@ -168,6 +173,7 @@ Mutation = (
     | Purged
     | WorkerRegistered
     | WorkerBeat
+    | WorkerRetired
     | Delivered
     | Unstaged
 )
@@ -388,6 +394,8 @@ class State:
                 self.workers[worker.worker_id] = worker
             case WorkerBeat(worker_id=wid, at=at):
                 self.workers[wid] = msgspec.structs.replace(self.workers[wid], last_heartbeat=at)
+            case WorkerRetired(worker_id=wid, at=at):
+                self.workers[wid] = msgspec.structs.replace(self.workers[wid], stopped_at=at)
             case Delivered(target_thread=target, message=message, dispatch=dispatch):
                 if message is not None:
                     t = self.thread(target)

@@ -24,6 +24,7 @@ from wakeful.records import (
     Lease,
     PendingWrite,
     Retry,
+    WorkerIdentity,
 )
 from wakeful.testkit.harness import Harness, Kit
 
@@ -445,3 +446,31 @@ class QueueCases(Harness):
         assert set(listed) == {"w-1", "w-2"}
         assert listed["w-1"].generation == third.generation
         assert listed["w-1"].incarnation_id == third.incarnation_id
+
+    @case
+    async def test_a_worker_stop_is_recorded_for_its_incarnation_only(self, kit: Kit) -> None:
+        first = await kit.store.register_worker("w-1")
+        second = await kit.store.register_worker("w-1")
+        with pytest.raises(WorkerSuperseded):
+            await kit.store.retire_worker(first)
+        listed = {w.worker_id: w for w in await kit.store.list_workers()}
+        assert listed["w-1"].stopped_at is None, "a stale incarnation stopped the newer one"
+        with pytest.raises(NotFound):
+            await kit.store.retire_worker(
+                WorkerIdentity(worker_id="w-never", incarnation_id="x", generation=1)
+            )
+        await kit.advance(5)
+        stopped = await kit.store.retire_worker(second)
+        assert stopped.incarnation_id == second.incarnation_id
+        assert stopped.stopped_at is not None
+        assert stopped.stopped_at >= stopped.last_heartbeat
+        await kit.advance(5)
+        again = await kit.store.retire_worker(second)
+        assert again.stopped_at == stopped.stopped_at, "a second stop keeps the first time"
+        await kit.store.heartbeat(second)
+        reopened = {w.worker_id: w for w in await (await kit.reopen()).list_workers()}
+        assert reopened["w-1"].stopped_at == stopped.stopped_at
+        third = await kit.store.register_worker("w-1")
+        listed = {w.worker_id: w for w in await kit.store.list_workers()}
+        assert listed["w-1"].incarnation_id == third.incarnation_id
+        assert listed["w-1"].stopped_at is None, "a new registration runs again"

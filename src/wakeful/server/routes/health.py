@@ -82,11 +82,12 @@ async def _queue_gauges(state: ServerState) -> list[Gauge]:
 async def _worker_gauges(state: ServerState) -> list[Gauge]:
     since = datetime.now(UTC) - WORKER_LIVE
     workers = await state.store.list_workers()
-    live = sum(1 for w in workers if w.last_heartbeat >= since)
+    live = sum(1 for w in workers if w.stopped_at is None and w.last_heartbeat >= since)
     return [
         Gauge(
             "wakeful_workers_live",
-            f"Registered workers with a heartbeat in the last {WORKER_LIVE.seconds} s.",
+            f"Registered workers with a heartbeat in the last {WORKER_LIVE.seconds} s "
+            "that have not stopped.",
             (),
             {(): float(live)},
         )

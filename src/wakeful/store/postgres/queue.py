@@ -10,6 +10,7 @@ thread row before the dispatch row, the one lock order of the schema.
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 from wakeful.errors import DispatchConflict, InvalidInput, NotFound, StoreUnavailable
 from wakeful.ids import check_count, check_id, check_seconds
@@ -61,10 +62,9 @@ _CANCEL_BUDGET = Dispatch(dispatch_id="cancel", thread_id="t", kind="cancel").ma
 """A cancel dispatch gets the default retry budget, as in the reference store."""
 _REGISTER = "SELECT @schema@.register_worker(%s, %s)"
 _HEARTBEAT = "SELECT @schema@.heartbeat(%s, %s, %s)"
-_WORKERS = """
-SELECT worker_id, incarnation_id, generation, registered_at, last_heartbeat
-  FROM @schema@.workers ORDER BY worker_id
-"""
+_WORKER_COLUMNS = "worker_id, incarnation_id, generation, registered_at, last_heartbeat, stopped_at"
+_RETIRE = f"SELECT {_WORKER_COLUMNS} FROM @schema@.retire_worker(%s, %s, %s)"
+_WORKERS = f"SELECT {_WORKER_COLUMNS} FROM @schema@.workers ORDER BY worker_id"
 
 
 class QueueOps:
@@ -209,15 +209,25 @@ class QueueOps:
             (identity.worker_id, identity.incarnation_id, big(identity.generation)),
         )
 
+    async def retire_worker(self, identity: WorkerIdentity) -> WorkerInfo:
+        check_id("worker_id", identity.worker_id)
+        row = await self._db.fetchone(
+            _RETIRE, (identity.worker_id, identity.incarnation_id, big(identity.generation))
+        )
+        return _worker_info(row)
+
     async def list_workers(self) -> list[WorkerInfo]:
         rows = await self._db.fetchall(_WORKERS, None, idempotent=True)
-        return [
-            WorkerInfo(
-                worker_id=wid,
-                incarnation_id=inc,
-                generation=gen,
-                registered_at=utc(registered),
-                last_heartbeat=utc(beat),
-            )
-            for wid, inc, gen, registered, beat in rows
-        ]
+        return [_worker_info(row) for row in rows]
+
+
+def _worker_info(row: Any) -> WorkerInfo:
+    wid, inc, gen, registered, beat, stopped = row
+    return WorkerInfo(
+        worker_id=wid,
+        incarnation_id=inc,
+        generation=gen,
+        registered_at=utc(registered),
+        last_heartbeat=utc(beat),
+        stopped_at=None if stopped is None else utc(stopped),
+    )

@@ -383,13 +383,32 @@ def register_worker(conn: sqlite3.Connection, now: datetime, worker_id: str) -> 
         "INSERT INTO workers (worker_id, incarnation_id, generation, registered_at, "
         "last_heartbeat) VALUES (?, ?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE SET "
         "incarnation_id = excluded.incarnation_id, generation = excluded.generation, "
-        "registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat",
+        "registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat, "
+        "stopped_at = NULL",
         (worker_id, identity.incarnation_id, identity.generation, to_us(now), to_us(now)),
     )
     return identity
 
 
 def heartbeat(conn: sqlite3.Connection, now: datetime, identity: WorkerIdentity) -> None:
+    _current_worker(conn, identity)
+    conn.execute(
+        "UPDATE workers SET last_heartbeat = ? WHERE worker_id = ?",
+        (to_us(now), identity.worker_id),
+    )
+
+
+def retire_worker(conn: sqlite3.Connection, now: datetime, identity: WorkerIdentity) -> WorkerInfo:
+    _current_worker(conn, identity)
+    conn.execute(
+        "UPDATE workers SET stopped_at = coalesce(stopped_at, ?) WHERE worker_id = ?",
+        (to_us(now), identity.worker_id),
+    )
+    return _workers(conn, "WHERE worker_id = ?", (identity.worker_id,))[0]
+
+
+def _current_worker(conn: sqlite3.Connection, identity: WorkerIdentity) -> None:
+    """``NotFound`` or ``WorkerSuperseded`` unless ``identity`` is the registered incarnation."""
     row = conn.execute(
         "SELECT incarnation_id, generation FROM workers WHERE worker_id = ?",
         (identity.worker_id,),
@@ -398,13 +417,13 @@ def heartbeat(conn: sqlite3.Connection, now: datetime, identity: WorkerIdentity)
         raise NotFound("worker", identity.worker_id)
     if (row[1], row[0]) != (identity.generation, identity.incarnation_id):
         raise WorkerSuperseded(identity.worker_id, identity.generation, row[1])
-    conn.execute(
-        "UPDATE workers SET last_heartbeat = ? WHERE worker_id = ?",
-        (to_us(now), identity.worker_id),
-    )
 
 
 def list_workers(conn: sqlite3.Connection) -> list[WorkerInfo]:
+    return _workers(conn, "ORDER BY worker_id", ())
+
+
+def _workers(conn: sqlite3.Connection, where: str, args: tuple[str, ...]) -> list[WorkerInfo]:
     return [
         WorkerInfo(
             worker_id=worker_id,
@@ -412,9 +431,11 @@ def list_workers(conn: sqlite3.Connection) -> list[WorkerInfo]:
             generation=generation,
             registered_at=from_us(registered),
             last_heartbeat=from_us(beat),
+            stopped_at=None if stopped is None else from_us(stopped),
         )
-        for worker_id, incarnation, generation, registered, beat in conn.execute(
-            "SELECT worker_id, incarnation_id, generation, registered_at, last_heartbeat "
-            "FROM workers ORDER BY worker_id"
+        for worker_id, incarnation, generation, registered, beat, stopped in conn.execute(
+            "SELECT worker_id, incarnation_id, generation, registered_at, last_heartbeat, "
+            f"stopped_at FROM workers {where}",
+            args,
         )
     ]

@@ -324,6 +324,10 @@ class SqliteStore:
         check_id("worker_id", identity.worker_id)
         await self._write(lambda c, now: queue.heartbeat(c, now, identity))
 
+    async def retire_worker(self, identity: WorkerIdentity) -> WorkerInfo:
+        check_id("worker_id", identity.worker_id)
+        return await self._write(lambda c, now: queue.retire_worker(c, now, identity))
+
     async def list_workers(self) -> list[WorkerInfo]:
         return await self._read(queue.list_workers)
 

@@ -1,5 +1,6 @@
-// Workers: live or expired (by the age of the last heartbeat), incarnation, generation,
-// the leases each holds, refreshed every few seconds.
+// Workers: stopped (the incarnation recorded its graceful stop), else live or expired (by
+// the age of the last heartbeat); incarnation, generation, the leases each holds, refreshed
+// every few seconds.
 
 import { get } from "./api.js";
 import { ago, badge, clear, h, table, time } from "./dom.js";
@@ -25,7 +26,7 @@ export function workersView(main, { showError }) {
       { class: "muted" },
       "A worker is live while its last heartbeat is at most ",
       threshold,
-      " s old (a worker beats every third of its lease ttl); a stopped or killed worker shows as expired, a newer registration of the same id as a higher generation.",
+      " s old (a worker beats every third of its lease ttl); a worker that stopped gracefully shows as stopped, a killed one as expired, a newer registration of the same id as a higher generation.",
     ),
     list,
   );
@@ -46,13 +47,13 @@ export function workersView(main, { showError }) {
       }
       const rows = workers.workers.map((w) => {
         const age = (now - new Date(w.last_heartbeat).getTime()) / 1000;
-        const live = age <= within;
+        const state = w.stopped_at ? "stopped" : age <= within ? "live" : "expired";
         const held = leases.get(`${w.worker_id}.g${w.generation}`) || [];
         return h(
           "tr",
           { "data-worker": w.worker_id },
           h("td", {}, w.worker_id),
-          h("td", {}, badge(live ? "live" : "expired")),
+          h("td", w.stopped_at ? { title: `stopped ${w.stopped_at}` } : {}, badge(state)),
           h("td", {}, h("code", {}, w.incarnation_id)),
           h("td", { class: "num" }, w.generation),
           h("td", { class: "num", "data-leases": held.length }, held.length),
