@@ -110,27 +110,29 @@ AND version < (SELECT version FROM @schema@.checkpoints
 # one after it through the primary key (migration 0008): its latest row, then the oldest row
 # kept from where it began.
 _STRETCHES = """
-WITH RECURSIVE walk(n, version, seg_first) AS (
-    SELECT 1, l.version, l.seg_first
-      FROM (SELECT version, seg_first FROM @schema@.checkpoints
+WITH RECURSIVE walk(n, version, seg_first, checkpoint_id, at, run_id, status, graph, ordinal)
+AS (
+    SELECT 1, l.*
+      FROM (SELECT version, seg_first, checkpoint_id, at, run_id, status, graph, ordinal
+              FROM @schema@.checkpoints
              WHERE thread_id = %(thread)s AND version < %(below)s
              ORDER BY version DESC LIMIT 1) l
     UNION ALL
-    SELECT w.n + 1, l.version, l.seg_first
+    SELECT w.n + 1, l.*
       FROM walk w
-     CROSS JOIN LATERAL (SELECT version, seg_first FROM @schema@.checkpoints c
+     CROSS JOIN LATERAL (SELECT version, seg_first, checkpoint_id, at, run_id, status, graph,
+                                ordinal
+                           FROM @schema@.checkpoints c
                           WHERE c.thread_id = %(thread)s AND c.version < w.seg_first
                           ORDER BY c.version DESC LIMIT 1) l
      WHERE w.n < %(count)s
 )
-SELECT l.checkpoint_id, l.at, l.run_id, l.status, l.graph, l.ordinal,
+SELECT w.n, w.checkpoint_id, w.at, w.run_id, w.status, w.graph, w.ordinal,
        f.version, f.checkpoint_id, f.at, f.ordinal
   FROM walk w
-  JOIN @schema@.checkpoints l ON l.thread_id = %(thread)s AND l.version = w.version
  CROSS JOIN LATERAL (SELECT version, checkpoint_id, at, ordinal FROM @schema@.checkpoints c
                       WHERE c.thread_id = %(thread)s AND c.version >= w.seg_first
                       ORDER BY c.version LIMIT 1) f
- ORDER BY w.n
 """
 _VERSION_OF = """
 SELECT version FROM @schema@.checkpoints WHERE thread_id = %(thread)s AND checkpoint_id = %(before)s
@@ -389,18 +391,9 @@ class ThreadOps:
                 {"thread": thread_id, "below": below, "count": limit + 1},
                 idempotent=True,
             )
-            for (
-                last_id,
-                updated,
-                run_id,
-                status,
-                graph,
-                last_n,
-                first_v,
-                first_id,
-                started,
-                first_n,
-            ) in rows:
+            for row in sorted(rows):  # by n: the walk's order
+                _, last_id, updated, run_id, status, graph, last_n = row[:7]
+                first_v, first_id, started, first_n = row[7:]
                 stretches.append(
                     RunSegment(
                         run_id=run_id,
