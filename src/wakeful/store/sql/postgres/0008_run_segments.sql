@@ -11,9 +11,12 @@
 -- (1, 2, ... in commit order per thread; only differences are used). ``runs`` then walks the
 -- history segment by segment through the primary key: two probes per segment.
 --
--- The trigger reads the three fields from the body (``json``, not ``jsonb``: a state holding
--- "\u0000" must stay committable) and the thread's latest row through the primary key: one
--- parse of the checkpoint text and one index probe per committed checkpoint. Existing rows
+-- The trigger reads the three fields from the body as ``json``. PostgreSQL's JSON functions
+-- refuse a document holding the escape "\u0000" anywhere (which a committed state may hold),
+-- so the text is read with every "\u0000" replaced by "\u0001" first: still valid JSON
+-- (also after an escaped backslash), and the run id and status are ids that hold neither.
+-- Per committed checkpoint that is a few passes over its text and one primary-key probe for
+-- the thread's latest row. Existing rows
 -- are filled here, once, in one statement per column group.
 
 ALTER TABLE @schema@.checkpoints
@@ -29,12 +32,14 @@ DECLARE
     prev_run text;
     prev_first bigint;
     prev_ordinal bigint;
+    body json;
+    meta json;
 BEGIN
-    SELECT x.run_id, x.status,
-           CASE WHEN json_typeof(x.metadata -> 'graph') = 'string'
-                THEN x.metadata ->> 'graph' END
-      INTO NEW.run_id, NEW.status, NEW.graph
-      FROM json_to_record(NEW.body::json) AS x(run_id text, status text, metadata json);
+    body := replace(NEW.body, '\u0000', '\u0001')::json;
+    meta := body -> 'metadata';
+    NEW.run_id := body ->> 'run_id';
+    NEW.status := body ->> 'status';
+    NEW.graph := CASE WHEN json_typeof(meta -> 'graph') = 'string' THEN meta ->> 'graph' END;
     SELECT c.run_id, c.seg_first, c.ordinal INTO prev_run, prev_first, prev_ordinal
       FROM @schema@.checkpoints c
      WHERE c.thread_id = NEW.thread_id
@@ -49,11 +54,12 @@ CREATE TRIGGER checkpoints_segment BEFORE INSERT ON @schema@.checkpoints
     FOR EACH ROW EXECUTE FUNCTION @schema@.checkpoint_segment();
 
 UPDATE @schema@.checkpoints c
-   SET (run_id, status, graph) = (
-       SELECT x.run_id, x.status,
-              CASE WHEN json_typeof(x.metadata -> 'graph') = 'string'
-                   THEN x.metadata ->> 'graph' END
-         FROM json_to_record(c.body::json) AS x(run_id text, status text, metadata json));
+   SET run_id = x.body ->> 'run_id', status = x.body ->> 'status',
+       graph = CASE WHEN json_typeof(x.body -> 'metadata' -> 'graph') = 'string'
+                    THEN x.body -> 'metadata' ->> 'graph' END
+  FROM (SELECT thread_id, version, replace(body, '\u0000', '\u0001')::json AS body
+          FROM @schema@.checkpoints) x
+ WHERE x.thread_id = c.thread_id AND x.version = c.version;
 
 UPDATE @schema@.checkpoints c
    SET seg_first = s.seg_first, ordinal = s.ordinal
