@@ -28,6 +28,9 @@ import msgspec
 from wakeful.records import Checkpoint, EventDraft, Message
 
 TENANTS = 10
+SEGMENT = "run_id, status, graph, seg_first, ordinal"
+"""SQLite's run segment columns of a checkpoint row (migration 0005); PostgreSQL's trigger
+fills its own."""
 QUIET = "tenant-quiet"
 BIG = "big"
 
@@ -177,8 +180,8 @@ def fill_sqlite(conn: sqlite3.Connection, shape: Shape, now: datetime | None = N
         (n, at),
     )
     run(
-        f"{series} INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body) "
-        f"SELECT {tid}, 0, 'c-' || i, ?, {thread_cp} FROM s",
+        f"{series} INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body, {SEGMENT}) "
+        f"SELECT {tid}, 0, 'c-' || i, ?, {thread_cp}, 'run-1', 'completed', NULL, 0, 1 FROM s",
         (n, at, CHECKPOINT),
     )
     run(
@@ -234,9 +237,9 @@ def fill_sqlite(conn: sqlite3.Connection, shape: Shape, now: datetime | None = N
     big_parent = "CASE WHEN i = 1 THEN 'null' ELSE '\"big-c' || (i - 1) || '\"' END"
     big_cp = checkpoint("'big-c' || i", big_parent, "'tenant-0'")
     run(
-        f"{series} INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body) "
+        f"{series} INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body, {SEGMENT}) "
         f"SELECT '{BIG}', i - 1, 'big-c' || i, ?, "
-        f"{big_cp} FROM s",
+        f"{big_cp}, 'run-1', 'completed', NULL, 0, i FROM s",
         (shape.checkpoints, at, CHECKPOINT),
     )
     run(
@@ -256,9 +259,9 @@ def fill_sqlite(conn: sqlite3.Connection, shape: Shape, now: datetime | None = N
         (QUIET, at),
     )
     run(
-        "INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body) "
+        f"INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body, {SEGMENT}) "
         "VALUES ('quiet-1', 0, 'quiet-c1', ?, replace(replace(replace(?, 'CPID', 'quiet-c1'), "
-        "'PARENT', 'null'), 'TENANT', ?))",
+        "'PARENT', 'null'), 'TENANT', ?), 'run-1', 'completed', NULL, 0, 1)",
         (at, CHECKPOINT, QUIET),
     )
     run(

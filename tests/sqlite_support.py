@@ -28,6 +28,7 @@ from wakeful.records import (
     PruneReport,
     Receipt,
     RetentionPolicy,
+    RunSegment,
     StreamCheckpoint,
     ThreadSnapshot,
     ThreadSummary,
@@ -134,6 +135,11 @@ class Alternating:
         self, thread_id: str, before: str | None = None, limit: int = 100
     ) -> list[tuple[Checkpoint, datetime]]:
         return await self.next().checkpoints(thread_id, before, limit)
+
+    async def runs(
+        self, thread_id: str, before: str | None = None, limit: int = 20
+    ) -> list[RunSegment]:
+        return await self.next().runs(thread_id, before, limit)
 
     async def compact_events(self, thread_id: str, before_seq: int) -> int:
         return await self.next().compact_events(thread_id, before_seq)

@@ -293,5 +293,10 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     finally:
         await store.close()
     assert version_5 <= version_6
-    # 0007 added retire_worker (and kept register_worker's signature)
-    assert {name for name, _, _ in version_6 - version_5} == {"commit_many", "retire_worker"}
+    # 0007 added retire_worker (and kept register_worker's signature); 0008 the trigger
+    # function that fills a checkpoint's run segment columns
+    assert {name for name, _, _ in version_6 - version_5} == {
+        "commit_many",
+        "retire_worker",
+        "checkpoint_segment",
+    }

@@ -5,11 +5,14 @@ sequential or bitmap scan and no sort of the range, without statistics and after
 
 from __future__ import annotations
 
+import re
+
 import psycopg
 import pytest
 from benchmarks.scale_data import QUIET, Shape, postgres_statements
 
 from tests.postgres_support import SCHEMA, Databases
+from wakeful.store.postgres.threads import _STRETCHES
 
 pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -91,3 +94,32 @@ async def test_every_hot_path_reads_its_index_range(
             if name != "claim_next":  # the few lapsed leases are sorted by claim order
                 assert "Sort" not in plans, (name, plans)
             assert "Filter: (status" not in plans, (name, plans)  # the status is in the range
+
+
+async def test_runs_walks_the_primary_key_a_few_rows_per_run(pg_databases: Databases) -> None:
+    """``runs`` on a history of 4,000 checkpoints in 400 runs: the page of 20 runs (and the
+    one below it) is read from the primary key, about two rows per run, never the history."""
+    dsn = await pg_databases.clone()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(
+            f"""INSERT INTO {S}.checkpoints (thread_id, version, checkpoint_id, at, body)
+                SELECT 'long', i, 'c-' || i, now(),
+                       '{{"run_id":"run-' || ((i - 1) / 10) || '","status":"completed",'
+                       || '"metadata":{{}}}}'
+                  FROM generate_series(1, 4000) i"""
+        )
+        query = _STRETCHES.replace("@schema@", S)
+        params = {"thread": "long", "below": 2**62, "count": 21}
+        plan = "\n".join(
+            row[0]
+            for row in conn.execute(f"EXPLAIN (ANALYZE, COSTS OFF, TIMING OFF) {query}", params)
+        )
+        rows = [row for row in conn.execute(query, params)]
+    assert len(rows) == 21
+    newest = min(rows)
+    assert newest[1] == "c-4000" and newest[8] == "c-3991" and newest[6] - newest[10] == 9
+    assert "Index Scan Backward using checkpoints_pkey" in plan, plan
+    for banned in ("Seq Scan", "Bitmap", "Sort"):
+        assert banned not in plan, plan
+    fetched = sum(int(m) * int(n) for m, n in re.findall(r"rows=(\d+) loops=(\d+)", plan))
+    assert fetched < 200, plan  # a few per run and node, not the 4,000 checkpoints

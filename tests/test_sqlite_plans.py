@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
-from benchmarks.scale_data import QUIET, Shape, fill_sqlite
+from benchmarks.scale_data import BIG, QUIET, Shape, fill_sqlite
 
 from wakeful.records import Dispatch
 from wakeful.store.sqlite import open_sqlite_store, queue, reads
@@ -83,6 +83,14 @@ PATHS: dict[str, tuple[Any, list[str]]] = {
     "queue depths": (
         lambda c: queue.queue_depths(c, 10_000),
         ["USING COVERING INDEX dispatches_by_status (status=?)"] * 4,
+    ),
+    "runs": (
+        lambda c: reads.runs(c, BIG, None, 20),
+        [
+            "SEARCH checkpoints USING INDEX sqlite_autoindex_checkpoints_1 (thread_id=? AND pos<?)",
+            "SEARCH checkpoints USING INDEX sqlite_autoindex_checkpoints_1 (thread_id=? AND pos>?)",
+            "SEARCH checkpoints USING INDEX sqlite_autoindex_checkpoints_1 (thread_id=? AND pos<?)",
+        ],
     ),
     "claim_next": (
         lambda c: queue.claim_next(c, NOW, "w", 30, 3),

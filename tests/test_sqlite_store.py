@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from tests.sqlite_support import sqlite_url
@@ -40,7 +41,7 @@ from wakeful.records import (
 from wakeful.store import open_store
 from wakeful.store.contract import Store
 from wakeful.store.memory import MemoryStore
-from wakeful.store.sqlite import connection, parse_url, retention
+from wakeful.store.sqlite import connection, parse_url, reads, retention
 from wakeful.store.sqlite.migrations import Migration, current_version, migrate, shipped
 from wakeful.store.sqlite.queue import _DUE, _LAPSED
 
@@ -142,6 +143,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (2, "0002_dispatch_tenant"),
         (3, "0003_flat_reads"),
         (4, "0004_worker_stops"),
+        (5, "0005_run_segments"),
     ]
     later = ManualClock()
     later.advance(3600)
@@ -164,7 +166,7 @@ async def test_a_database_from_a_newer_wakeful_is_refused_untouched(tmp_path: Pa
         await open_store(sqlite_url(db))
     message = str(refused.value)
     assert "99" in message and "newer" in message and "Upgrade wakeful" in message
-    assert [row[0] for row in _schema_rows(db)] == [1, 2, 3, 4, 99]
+    assert [row[0] for row in _schema_rows(db)] == [1, 2, 3, 4, 5, 99]
 
 
 @case
@@ -507,3 +509,39 @@ async def test_folded_writes_in_one_group_roll_back_alone(
         assert two is not None and two.version == 1 and two.claim is None and two.last_seq == 1
         d = await store.get_dispatch("d-2")
         assert d is not None and d.status == "pending" and d.last_error == "again"
+
+
+def test_migration_5_fills_the_run_segments_of_an_existing_history(tmp_path: Path) -> None:
+    db = tmp_path / "v4.db"
+    raw = sqlite3.connect(db, isolation_level=None)
+    try:
+        migrate(raw, sqlite_url(db), shipped()[:4], 0)
+        at = datetime(2026, 1, 1, tzinfo=UTC)
+        runs = ["r-a", "r-a", "r-b", "r-a", "r-a"]
+        for pos, run_id in enumerate(runs):
+            cp = Checkpoint(
+                id=f"c{pos}",
+                parent=f"c{pos - 1}" if pos else None,
+                run_id=run_id,
+                status="running",
+                state=None,
+                created_at=at,
+                metadata={"graph": "g"} if pos == 4 else {"graph": 7},
+            )
+            raw.execute(
+                "INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body) "
+                "VALUES ('t1', ?, ?, ?, ?)",
+                (pos, cp.id, pos, msgspec.json.encode(cp).decode()),
+            )
+        migrate(raw, sqlite_url(db), shipped(), 1)
+        found = [
+            (s.run_id, s.first_id, s.last_id, s.checkpoints, s.graph)
+            for s in reads.runs(raw, "t1", None, 20)
+        ]
+    finally:
+        raw.close()
+    assert found == [
+        ("r-a", "c3", "c4", 2, "g"),
+        ("r-b", "c2", "c2", 1, None),
+        ("r-a", "c0", "c1", 2, None),
+    ]

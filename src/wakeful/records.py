@@ -198,6 +198,26 @@ class ThreadSummary(msgspec.Struct, frozen=True, kw_only=True):
     updated_at: datetime
 
 
+class RunSegment(msgspec.Struct, frozen=True, kw_only=True):
+    """One row of ``runs``: a stretch of consecutive checkpoints of one run id in a thread's
+    history (a run id that comes back after another run starts a new segment).
+
+    ``status`` and ``graph`` (``metadata["graph"]`` when a string) are the latest
+    checkpoint's; ``first_id``/``started_at`` are the oldest checkpoint retention kept.
+    ``checkpoints`` counts the segment's kept checkpoints; the SQL stores count from the
+    oldest kept one to the latest as they were committed, so there one a caller removed from
+    between them with ``Commit.drop_checkpoints`` still counts."""
+
+    run_id: str
+    status: RunStatus
+    graph: str | None
+    first_id: str
+    last_id: str
+    started_at: datetime
+    updated_at: datetime
+    checkpoints: int
+
+
 class RetentionPolicy(msgspec.Struct, frozen=True, kw_only=True):
     """What ``prune`` may remove. ``None`` leaves that kind of data alone. Ages are seconds
     measured by the store's clock against the time the data was stored. The latest

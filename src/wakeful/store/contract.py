@@ -36,6 +36,7 @@ from wakeful.records import (
     PruneReport,
     Receipt,
     RetentionPolicy,
+    RunSegment,
     StreamCheckpoint,
     ThreadSnapshot,
     ThreadSummary,
@@ -153,6 +154,16 @@ class ThreadStore(Protocol):
     ) -> list[tuple[Checkpoint, datetime]]:
         """Checkpoint history newest first (each with the time it was committed), starting
         below checkpoint id ``before`` when given. Retention may have removed old ones."""
+        ...
+
+    async def runs(
+        self, thread_id: str, before: str | None = None, limit: int = 20
+    ) -> list[RunSegment]:
+        """The thread's run segments newest first, at most ``limit``: its checkpoint history
+        (as ``checkpoints`` reads it, below checkpoint id ``before`` when given) grouped
+        into stretches of consecutive checkpoints of one run id (see ``RunSegment``). An
+        unknown thread or ``before`` gives ``[]``. Costs a few index probes per segment
+        returned, whatever the length of the history."""
         ...
 
     async def compact_events(self, thread_id: str, before_seq: int) -> int:

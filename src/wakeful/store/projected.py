@@ -34,6 +34,7 @@ from wakeful.records import (
     PruneReport,
     Receipt,
     RetentionPolicy,
+    RunSegment,
     ThreadSnapshot,
     ThreadSummary,
 )
@@ -59,6 +60,7 @@ from wakeful.store.projection import (
     payload_hash,
     settled_record,
 )
+from wakeful.store.segments import run_segments
 from wakeful.store.validate import (
     check_claim_and_commit,
     check_commit,
@@ -287,6 +289,22 @@ class ProjectedStore(ProjectedQueue):
             ids = [cp.id for cp, _ in history]
             history = history[ids.index(before) + 1 :] if before in ids else []
         return history[:limit]
+
+    async def runs(
+        self, thread_id: str, before: str | None = None, limit: int = 20
+    ) -> list[RunSegment]:
+        check_id("thread_id", thread_id)
+        check_optional_id("before", before)
+        limit = check_count("limit", limit, minimum=1)
+        t = self._open().threads.get(thread_id)
+        if t is None:
+            return []
+        end = len(t.history)
+        if before is not None:
+            end = next((i for i, (cp, _) in enumerate(t.history) if cp.id == before), -1)
+            if end < 0:
+                return []
+        return run_segments(t.history[:end], limit)
 
     # ------------------------------------------------------------ maintenance
 

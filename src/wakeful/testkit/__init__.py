@@ -24,6 +24,7 @@ from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.listing_cases import ListingCases
 from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.queue_cases import QueueCases
+from wakeful.testkit.run_cases import RunCases
 from wakeful.testkit.stateful import run_stateful
 from wakeful.testkit.tenant_cases import TenantCases
 from wakeful.testkit.value_cases import ValueCases
@@ -43,6 +44,7 @@ class StoreConformance(
     DropCases,
     FoldCases,
     QueueCases,
+    RunCases,
     ListingCases,
     MessagingCases,
     TenantCases,
@@ -63,6 +65,7 @@ __all__ = [
     "ListingCases",
     "MessagingCases",
     "QueueCases",
+    "RunCases",
     "StatefulCases",
     "StoreConformance",
     "TenantCases",

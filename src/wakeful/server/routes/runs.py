@@ -15,7 +15,7 @@ from wakeful.errors import DispatchConflict, InvalidInput, NotFound, NotSuspende
 from wakeful.fleet import client
 from wakeful.fleet.registry import Target
 from wakeful.ids import new_id
-from wakeful.records import Checkpoint, Dispatch
+from wakeful.records import Dispatch, RunSegment
 from wakeful.server.access import (
     CallerDep,
     DispatchFilter,
@@ -44,10 +44,6 @@ from wakeful.server.views import accepted, errors
 router = APIRouter(prefix="/v1", tags=["runs"])
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-HISTORY_PAGE = 200
-HISTORY_SCAN = 10_000
-"""Checkpoints read per ``GET .../runs`` request at most; a longer history continues on the
-next page (a run cut there shows up again with its older part)."""
 
 
 def _check_target(state: ServerState, field: str, target: str | None) -> Target | None:
@@ -205,31 +201,16 @@ async def _send(
     )
 
 
-class _Run:
-    def __init__(self, cp: Checkpoint, at: datetime) -> None:
-        self.run_id = cp.run_id
-        self.latest = cp
-        self.updated_at = at
-        self.started_at = at
-        self.oldest_id = cp.id
-        self.count = 1
-
-    def absorb(self, cp: Checkpoint, at: datetime) -> None:
-        self.started_at = at
-        self.oldest_id = cp.id
-        self.count += 1
-
-    def view(self) -> RunView:
-        graph = self.latest.metadata.get("graph")
-        return RunView(
-            run_id=self.run_id,
-            status=self.latest.status,
-            graph=graph if isinstance(graph, str) else None,
-            checkpoint_id=self.latest.id,
-            started_at=self.started_at,
-            updated_at=self.updated_at,
-            checkpoints=self.count,
-        )
+def _view(segment: RunSegment) -> RunView:
+    return RunView(
+        run_id=segment.run_id,
+        status=segment.status,
+        graph=segment.graph,
+        checkpoint_id=segment.last_id,
+        started_at=segment.started_at,
+        updated_at=segment.updated_at,
+        checkpoints=segment.checkpoints,
+    )
 
 
 async def _queued(
@@ -280,27 +261,14 @@ async def list_runs(
     id, each with its latest status), preceded on the first page by submitted runs that have
     not started yet (status ``queued``)."""
     await visible_thread(state.store, caller, thread_id)
-    runs: list[_Run] = []
-    cursor, scanned, more = before, 0, False
-    while not more and scanned < HISTORY_SCAN:
-        page = await state.store.checkpoints(thread_id, before=cursor, limit=HISTORY_PAGE)
-        for cp, at in page:
-            if runs and runs[-1].run_id == cp.run_id:
-                runs[-1].absorb(cp, at)
-            elif len(runs) == limit:
-                more = True
-                break
-            else:
-                runs.append(_Run(cp, at))
-            scanned += 1
-        if len(page) < HISTORY_PAGE:
-            break
-        cursor = page[-1][0].id
-    if scanned >= HISTORY_SCAN and runs:
-        more = True
+    # one more than a page tells whether older runs exist; the store reads a few index
+    # entries per run, whatever the length of the history
+    runs = await state.store.runs(thread_id, before=before, limit=limit + 1)
+    more = len(runs) > limit
+    runs = runs[:limit]
     views: list[Any] = []
     if before is None:
         visible = DispatchFilter(state.store, caller)
         views.extend(await _queued(state, visible, thread_id, {r.run_id for r in runs}))
-    views.extend(r.view() for r in runs)
-    return RunPage(runs=views, next_before=runs[-1].oldest_id if more and runs else None)
+    views.extend(_view(r) for r in runs)
+    return RunPage(runs=views, next_before=runs[-1].first_id if more else None)

@@ -27,6 +27,7 @@ from wakeful.records import (
     PruneReport,
     Receipt,
     RetentionPolicy,
+    RunSegment,
     ThreadSnapshot,
     ThreadSummary,
 )
@@ -35,6 +36,7 @@ from wakeful.store.postgres.connection import Conn, Database, big, no_nul, utc
 from wakeful.store.postgres.group import GroupCommit
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.projection import payload_hash
+from wakeful.store.segments import join_adjacent
 from wakeful.store.validate import (
     check_claim_and_commit,
     check_commit,
@@ -103,6 +105,37 @@ SELECT body, at FROM @schema@.checkpoints WHERE thread_id = %(thread)s {before}
 _BEFORE = """
 AND version < (SELECT version FROM @schema@.checkpoints
                 WHERE thread_id = %(thread)s AND checkpoint_id = %(before)s)
+"""
+# ``runs``: up to %(count)s stretches below version %(below)s, newest first, each found from the
+# one after it through the primary key (migration 0008): its latest row, then the oldest row
+# kept from where it began.
+_STRETCHES = """
+WITH RECURSIVE walk(n, version, seg_first, checkpoint_id, at, run_id, status, graph, ordinal)
+AS (
+    SELECT 1, l.*
+      FROM (SELECT version, seg_first, checkpoint_id, at, run_id, status, graph, ordinal
+              FROM @schema@.checkpoints
+             WHERE thread_id = %(thread)s AND version < %(below)s
+             ORDER BY version DESC LIMIT 1) l
+    UNION ALL
+    SELECT w.n + 1, l.*
+      FROM walk w
+     CROSS JOIN LATERAL (SELECT version, seg_first, checkpoint_id, at, run_id, status, graph,
+                                ordinal
+                           FROM @schema@.checkpoints c
+                          WHERE c.thread_id = %(thread)s AND c.version < w.seg_first
+                          ORDER BY c.version DESC LIMIT 1) l
+     WHERE w.n < %(count)s
+)
+SELECT w.n, w.checkpoint_id, w.at, w.run_id, w.status, w.graph, w.ordinal,
+       f.version, f.checkpoint_id, f.at, f.ordinal
+  FROM walk w
+ CROSS JOIN LATERAL (SELECT version, checkpoint_id, at, ordinal FROM @schema@.checkpoints c
+                      WHERE c.thread_id = %(thread)s AND c.version >= w.seg_first
+                      ORDER BY c.version LIMIT 1) f
+"""
+_VERSION_OF = """
+SELECT version FROM @schema@.checkpoints WHERE thread_id = %(thread)s AND checkpoint_id = %(before)s
 """
 # ``Commit.drop_checkpoints``: run in the commit's transaction, after its function passed.
 _PRESENT = """
@@ -333,6 +366,50 @@ class ThreadOps:
             query, {"thread": thread_id, "before": before, "limit": limit}, idempotent=True
         )
         return [(codec.CHECKPOINT.decode(body), utc(at)) for body, at in rows]
+
+    async def runs(
+        self, thread_id: str, before: str | None = None, limit: int = 20
+    ) -> list[RunSegment]:
+        check_id("thread_id", thread_id)
+        check_optional_id("before", before)
+        limit = check_count("limit", limit, minimum=1)
+        below = 2**62
+        if before is not None:
+            row = await self._db.fetchone(
+                _VERSION_OF, {"thread": thread_id, "before": before}, idempotent=True
+            )
+            if row is None:
+                return []
+            below = int(row[0])
+        stretches: list[RunSegment] = []
+        while True:
+            # one more than a page: the last run of the page is whole only once a stretch of
+            # another run id lies below it (stretches of one run id meet where what separated
+            # them was removed; then another batch)
+            rows = await self._db.fetchall(
+                _STRETCHES,
+                {"thread": thread_id, "below": below, "count": limit + 1},
+                idempotent=True,
+            )
+            for row in sorted(rows):  # by n: the walk's order
+                _, last_id, updated, run_id, status, graph, last_n = row[:7]
+                first_v, first_id, started, first_n = row[7:]
+                stretches.append(
+                    RunSegment(
+                        run_id=run_id,
+                        status=status,
+                        graph=graph,
+                        first_id=first_id,
+                        last_id=last_id,
+                        started_at=utc(started),
+                        updated_at=utc(updated),
+                        checkpoints=last_n - first_n + 1,
+                    )
+                )
+                below = first_v
+            joined = join_adjacent(stretches)
+            if len(rows) <= limit or len(joined) > limit:
+                return joined[:limit]
 
     # ------------------------------------------------------------ maintenance
 

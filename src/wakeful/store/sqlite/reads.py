@@ -12,9 +12,11 @@ from wakeful.records import (
     Event,
     InboxMessage,
     Message,
+    RunSegment,
     ThreadSnapshot,
     ThreadSummary,
 )
+from wakeful.store.segments import join_adjacent
 from wakeful.store.sqlite.codec import (
     CHECKPOINT,
     INBOX_MESSAGE,
@@ -151,6 +153,62 @@ def checkpoints(
             (thread_id, below, limit),
         )
     ]
+
+
+_SEGMENT_LATEST = (
+    "SELECT pos, checkpoint_id, at, run_id, status, graph, seg_first, ordinal FROM checkpoints "
+    "WHERE thread_id = ? AND pos < ? ORDER BY pos DESC LIMIT 1"
+)
+_SEGMENT_FIRST = (
+    "SELECT pos, checkpoint_id, at, ordinal FROM checkpoints "
+    "WHERE thread_id = ? AND pos >= ? ORDER BY pos LIMIT 1"
+)
+
+
+def runs(
+    conn: sqlite3.Connection, thread_id: str, before: str | None, limit: int
+) -> list[RunSegment]:
+    """``ThreadStore.runs``: from the latest checkpoint below ``before``, each segment is its
+    latest row, the oldest row kept from where it began, and the next segment lies below
+    that: two primary-key probes per segment (more only where stretches of one run id meet
+    because what separated them was removed)."""
+    below = 2**62
+    if before is not None:
+        row = conn.execute(
+            "SELECT pos FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
+            (thread_id, before),
+        ).fetchone()
+        if row is None:
+            return []
+        below = row[0]
+    stretches: list[RunSegment] = []
+    groups = 0
+    while True:
+        latest = conn.execute(_SEGMENT_LATEST, (thread_id, below)).fetchone()
+        if latest is None:
+            break
+        _, last_id, updated, run_id, status, graph, seg_first, last_ordinal = latest
+        if not stretches or stretches[-1].run_id != run_id:
+            if groups == limit:
+                break
+            groups += 1
+        first_pos, first_id, started, first_ordinal = conn.execute(
+            _SEGMENT_FIRST, (thread_id, seg_first)
+        ).fetchone()
+        stretches.append(
+            RunSegment(
+                run_id=run_id,
+                status=status,
+                graph=graph,
+                first_id=first_id,
+                last_id=last_id,
+                started_at=from_us(started),
+                updated_at=from_us(updated),
+                checkpoints=last_ordinal - first_ordinal + 1,
+            )
+        )
+        below = first_pos
+    return join_adjacent(stretches)
 
 
 def inbox(conn: sqlite3.Connection, thread_id: str) -> list[InboxMessage]:

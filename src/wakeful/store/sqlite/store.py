@@ -39,6 +39,7 @@ from wakeful.records import (
     PruneReport,
     Receipt,
     RetentionPolicy,
+    RunSegment,
     StreamCheckpoint,
     ThreadSnapshot,
     ThreadSummary,
@@ -215,6 +216,14 @@ class SqliteStore:
         check_optional_id("before", before)
         limit = check_count("limit", limit, minimum=1)
         return await self._read(lambda c: reads.checkpoints(c, thread_id, before, limit))
+
+    async def runs(
+        self, thread_id: str, before: str | None = None, limit: int = 20
+    ) -> list[RunSegment]:
+        check_id("thread_id", thread_id)
+        check_optional_id("before", before)
+        limit = check_count("limit", limit, minimum=1)
+        return await self._read(lambda c: reads.runs(c, thread_id, before, limit))
 
     # ------------------------------------------------------------ maintenance
 

@@ -22,8 +22,9 @@ from wakeful.errors import (
     ThreadBusy,
     VersionConflict,
 )
-from wakeful.records import Claim, Commit, Receipt
+from wakeful.records import Checkpoint, Claim, Commit, Receipt
 from wakeful.store.projection import payload_hash
+from wakeful.store.segments import graph_of
 from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.claims import advance_epoch, end_claim, grant_claim
 from wakeful.store.sqlite.codec import RECEIPT, dumps, from_us, to_us
@@ -178,11 +179,7 @@ def _apply(
     if c.checkpoint is not None:
         latest_pos += 1
         status = c.checkpoint.status
-        conn.execute(
-            "INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body) "
-            "VALUES (?, ?, ?, ?, ?)",
-            (thread_id, latest_pos, c.checkpoint.id, at, dumps(c.checkpoint)),
-        )
+        _insert_checkpoint(conn, thread_id, latest_pos, c.checkpoint, at)
         if write_count:
             conn.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
         write_count = 0
@@ -381,6 +378,36 @@ _THREAD_TABLES = (
     "delivered",
     "stream_checkpoints",
 )
+
+
+def _insert_checkpoint(
+    conn: sqlite3.Connection, thread_id: str, pos: int, cp: Checkpoint, at: int
+) -> None:
+    """Insert ``cp`` at ``pos`` with its run segment columns (migration 0005): it continues
+    the segment of the checkpoint before it when both have its run id."""
+    before = conn.execute(
+        "SELECT run_id, seg_first, ordinal FROM checkpoints WHERE thread_id = ? "
+        "ORDER BY pos DESC LIMIT 1",
+        (thread_id,),
+    ).fetchone()
+    seg_first = before[1] if before is not None and before[0] == cp.run_id else pos
+    ordinal = before[2] + 1 if before is not None else 1
+    conn.execute(
+        "INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body, run_id, status, "
+        "graph, seg_first, ordinal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            thread_id,
+            pos,
+            cp.id,
+            at,
+            dumps(cp),
+            cp.run_id,
+            cp.status,
+            graph_of(cp),
+            seg_first,
+            ordinal,
+        ),
+    )
 
 
 def delete_thread(conn: sqlite3.Connection, thread_id: str) -> bool:
