@@ -480,6 +480,18 @@ LIMITS = """## Limits and what is not covered
   frozen), not by the matrix. The remote hand is (`hand_kill`), with the hand killed; a
   worker killed mid-call through the hand is covered by `tests/test_fleet_integration.py`,
   not by the matrix.
+- Edge guarantees are tested outside the matrix. **Tenant binding:** the store fixes a
+  thread's tenant with the first write naming one, atomically (decision 0016-tenant-binding);
+  the conformance suite races first writes of two tenants through four handles on the same
+  storage, and `tests/test_server_tenant_race.py` races two tenants' submits to 15 new
+  threads through a real server and worker on SQLite and PostgreSQL (one `202`, one `404`,
+  nothing of the loser stored). **The file log chain:** every record names its position and
+  the hash of the one before it, so a lost, repeated, reordered or foreign record is
+  `CorruptStore` with the files unchanged, and only a torn final write is cut, its bytes kept
+  beside the log (decision 0016-file-log-chain; `tests/test_file_store_damage.py` tries every
+  deletion, duplication, swap, zero-fill and cut of random logs). **Values:** NaN, Infinity
+  and JSON nested deeper than 64 levels are refused at every boundary, so nothing stored can
+  fail to read back (decision 0016-refuse-values-and-route-by-target).
 
 ## Running it
 
