@@ -40,8 +40,11 @@ async def count_dispatches(
 
 
 async def queue_depth(queue: DispatchQueue, bound: int = 10_000) -> dict[str, int]:
-    """Dispatches per status, each counted up to ``bound``."""
-    return {status: (await count_dispatches(queue, status, bound))[0] for status in QUEUE_STATUSES}
+    """Dispatches per status, each counted up to ``bound``: the open statuses by the store's
+    ``queue_depths`` (one index range each), ``done`` by pages."""
+    open_counts = await queue.queue_depths(limit=bound)
+    done, _ = await count_dispatches(queue, "done", bound)
+    return {status: done if status == "done" else open_counts[status] for status in QUEUE_STATUSES}
 
 
 def liveness(

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 from fastapi import APIRouter, Response
 
 from wakeful.errors import StoreUnavailable
+from wakeful.fleet.census import DEFAULT_STALE_AFTER, liveness
 from wakeful.metrics import CONTENT_TYPE, Gauge
 from wakeful.records import DispatchStatus
 from wakeful.server.access import ServerState, StateDep
@@ -20,9 +21,6 @@ log = logging.getLogger("wakeful.server")
 
 READY_TIMEOUT = 5.0
 QUEUE_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
-WORKER_LIVE = timedelta(seconds=60)
-"""A worker counts as live while its last heartbeat is this recent (a worker heartbeats
-every ttl/3: 10 s with the default 30 s ttl)."""
 
 
 @router.get("/healthz")
@@ -80,13 +78,13 @@ async def _queue_gauges(state: ServerState) -> list[Gauge]:
 
 
 async def _worker_gauges(state: ServerState) -> list[Gauge]:
-    since = datetime.now(UTC) - WORKER_LIVE
+    now = datetime.now(UTC)
     workers = await state.store.list_workers()
-    live = sum(1 for w in workers if w.stopped_at is None and w.last_heartbeat >= since)
+    live = sum(1 for w in workers if liveness(w, now) == "alive")
     return [
         Gauge(
             "wakeful_workers_live",
-            f"Registered workers with a heartbeat in the last {WORKER_LIVE.seconds} s "
+            f"Registered workers with a heartbeat in the last {DEFAULT_STALE_AFTER:g} s "
             "that have not stopped.",
             (),
             {(): float(live)},
