@@ -45,7 +45,7 @@ export function threadView(main, threadId, { showError }) {
     checkpoints: [],
     picked: { a: null, b: null, byUser: false },
     seen: new Set(),
-    answered: new Set(),
+    answered: new Map(), // ticket id -> ticket, answered from this view; the notes outlive the ticket
     cancelled: false,
   };
   let closed = false;
@@ -89,12 +89,15 @@ export function threadView(main, threadId, { showError }) {
   }
 
   function drawTickets() {
-    const tickets = state.thread.tickets || [];
-    if (!tickets.length) {
-      clear(parts.tickets);
-      return;
-    }
-    clear(parts.tickets, h("h2", {}, "Open tickets"), tickets.map((t) => (state.answered.has(t.id) ? answeredNote(t) : ticketForm(t))));
+    const open = (state.thread.tickets || []).filter((t) => !state.answered.has(t.id));
+    // An answer's note stays after the run resumes and the ticket closes: a fast run would
+    // otherwise erase the only confirmation the operator gets before they can read it.
+    const answered = [...state.answered.values()];
+    clear(
+      parts.tickets,
+      open.length ? [h("h2", {}, "Open tickets"), open.map(ticketForm)] : null,
+      answered.length ? [h("h2", {}, "Answered here"), answered.map(answeredNote)] : null,
+    );
   }
 
   function answeredNote(ticket) {
@@ -107,8 +110,8 @@ export function threadView(main, threadId, { showError }) {
     const send = async (value) => {
       try {
         await post(`${base}/resume`, { answers: { [ticket.id]: value } });
-        state.answered.add(ticket.id); // a refresh before the run resumes keeps the note
-        form.replaceWith(answeredNote(ticket));
+        state.answered.set(ticket.id, ticket);
+        drawTickets();
       } catch (error) {
         showError(error);
       }
