@@ -7,7 +7,13 @@ interleaves the three modes in slices of 25 runs on one store and measures CPU t
 Targets: no SDK >= 0.99x and SDK >= 0.90x of tracing off.
 
 Each run records 11 spans: the run, 3 supersteps, 3 tasks, the claim_and_commit and 3
-commits."""
+commits: the fewest the issue's span list allows for this graph.
+
+The bound: the SDK's own CPU per span (``sdk_span_cost``: an empty span with four
+attributes, started as current and ended, through the same processor and exporter, no wakeful
+code) times the spans of a run, against the run's CPU with tracing off, gives the best ratio
+any instrumentation with these spans can reach: ``off / (off + spans x span)``. It is reported
+beside each SDK figure."""
 
 from __future__ import annotations
 
@@ -79,6 +85,34 @@ async def one_round(url: str, runs: int) -> tuple[dict[str, float], float]:
     return {mode: statistics.median(values) for mode, values in rates.items()}, spans
 
 
+def sdk_span_cost(spans: int = 20_000) -> float:
+    """The SDK's CPU seconds per span, wakeful not involved: the floor under each of a run's
+    spans (span creation, context attach and detach, end, the batch processor's queue and
+    export)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter(), max_queue_size=1 << 16))
+    bare = provider.get_tracer("bound")
+    attributes: dict[str, str | int] = {
+        "db.system": "sqlite",
+        "wakeful.thread_id": "t-1",
+        "wakeful.step": 1,
+        "x": "y",
+    }
+    try:
+        started = time.process_time()
+        for _ in range(spans):
+            with bare.start_as_current_span("span", attributes=attributes):
+                pass
+        provider.force_flush()
+        return (time.process_time() - started) / spans
+    finally:
+        provider.shutdown()
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.telemetry_cost")
     parser.add_argument("--runs", type=int, default=RUNS, help="graph runs per measurement")
@@ -86,7 +120,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
     args = parser.parse_args(argv if argv is not None else [])
     samples: dict[tuple[str, str], list[float]] = {}
     spans_per_run = 0.0
+    span_costs: list[float] = []
     for _ in range(args.rounds):
+        span_costs.append(sdk_span_cost())
         with tempfile.TemporaryDirectory() as tmp:
             for store in ("memory", "sqlite"):
                 url = "memory://" if store == "memory" else f"sqlite:///{Path(tmp) / 'w.db'}"
@@ -94,7 +130,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 for mode, rate in rates.items():
                     samples.setdefault((store, mode), []).append(rate)
     print(f"3-node graph, {args.runs} runs per mode x {args.rounds} rounds; runs per CPU second")
+    span_cost = statistics.median(span_costs)
+    print(f"the SDK alone: {span_cost * 1e6:.1f} us of CPU per span")
     out = Collector("telemetry_cost")
+    out.add(
+        "the SDK alone, CPU per span", [c * 1e6 for c in span_costs], "us", higher_is_better=False
+    )
     for store in ("memory", "sqlite"):
         off = samples[(store, "off")]
         line = "  ".join(f"{m}: {statistics.median(samples[(store, m)]):,.0f}" for m in MODES)
@@ -109,6 +150,13 @@ def main(argv: list[str] | None = None) -> list[Result]:
                 target=target,
                 note=f"{spans_per_run:.0f} spans per run" if mode == "SDK" else "",
             )
+        ceilings = [1 / (1 + spans_per_run * span_cost * rate) for rate in off]
+        out.add(
+            f"{store}, SDK: the bound (the SDK's span cost alone)",
+            ceilings,
+            "x tracing off",
+            note=f"off / (off + {spans_per_run:.0f} spans x {span_cost * 1e6:.1f} us)",
+        )
     return out.results
 
 
