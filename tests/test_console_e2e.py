@@ -291,16 +291,18 @@ def test_operator_views_workers_and_overview(page: Any, rig: Fleet) -> None:
     assert live.poll() is None
     page.fill("#live-within", "5")  # the test's workers beat every 2/3 s (ttl 2 s)
     page.dispatch_event("#live-within", "change")
-    page.locator("#workers .s-live").first.wait_for()
+    args = cast(list[str], live.args)
+    stopped = args[args.index("--worker-id") + 1]
+    # This worker's own row, not any live one: a worker SIGKILLed by an earlier test still
+    # looks live for a few seconds, and a SIGTERM before this one has started would kill it.
+    page.locator(f"tr[data-worker='{stopped}'] .s-live").wait_for()
     page.locator("tr[data-worker='doomed'] .s-expired").wait_for()
     shoot(page, "workers")
     for w in rig.workers:
         if w.poll() is None:
             w.send_signal(signal.SIGTERM)
-            w.wait(timeout=30)
+            assert w.wait(timeout=30) == 0, f"a worker did not stop gracefully: {w.args}"
     # a graceful stop is recorded: the view shows it stopped, not expired, on its next load
-    args = cast(list[str], live.args)
-    stopped = args[args.index("--worker-id") + 1]
     page.locator(f"tr[data-worker='{stopped}'] .s-stopped").wait_for()
     assert page.locator("tr[data-worker='doomed'] .s-expired").count() == 1
     page.goto(f"{rig.url}/console/#/overview")
