@@ -301,7 +301,7 @@ def test_operator_views_workers_and_overview(page: Any, rig: Fleet) -> None:
     for w in rig.workers:
         if w.poll() is None:
             w.send_signal(signal.SIGTERM)
-            assert w.wait(timeout=30) == 0, f"a worker did not stop gracefully: {w.args}"
+            assert w.wait(timeout=30) == 0, f"a worker did not stop gracefully: {w.args!r}"
     # a graceful stop is recorded: the view shows it stopped, not expired, on its next load
     page.locator(f"tr[data-worker='{stopped}'] .s-stopped").wait_for()
     assert page.locator("tr[data-worker='doomed'] .s-expired").count() == 1
