@@ -210,20 +210,45 @@ def orchestrate(args: argparse.Namespace) -> int:
     for o in outcomes:
         if o.status != "ok":
             print(f"{o.name}: {o.status} {o.detail}".rstrip())
-    if args.write or not args.names:
+    generated = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started))
+    if args.merge and RESULTS.exists():
+        data = merged(json.loads(RESULTS.read_text(encoding="utf-8")), outcomes, results, generated)
+    elif args.write or args.merge or not args.names:
         data = {
-            "generated": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+            "generated": generated,
             "seconds": round(elapsed, 1),
             "rounds": args.rounds,
             "machine": machine,
-            "modules": {o.name: o.to_json() for o in outcomes},
+            "modules": {o.name: {**o.to_json(), "generated": generated} for o in outcomes},
             "results": [r.to_json() for r in results],
         }
+    if args.write or args.merge or not args.names:
         RESULTS.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         report.render(data, ROOT / "docs" / "benchmarks.md", ROOT / "docs" / "benchmarks.png")
         print(f"wrote {RESULTS.relative_to(ROOT)}, docs/benchmarks.md, docs/benchmarks.png")
     failed = [o for o in outcomes if o.status in ("failed", "timeout")]
     return 1 if failed else 0
+
+
+def merged(
+    data: dict[str, Any], outcomes: list[Outcome], results: list[Result], generated: str
+) -> dict[str, Any]:
+    """``data`` (an earlier results file) with the modules of this run replaced by what they
+    reported now; every module keeps the date it was measured on, and the file's own date
+    becomes this run's."""
+    ran = {o.name for o in outcomes}
+    modules = {name: m for name, m in data.get("modules", {}).items() if name not in ran}
+    modules.update({o.name: {**o.to_json(), "generated": generated} for o in outcomes})
+    order = {m.name: i for i, m in enumerate(PLAN)}
+    kept = [r for r in data.get("results", []) if r["benchmark"] not in ran]
+    fresh = [r.to_json() for r in results]
+    return {
+        **data,
+        "generated": generated,
+        "seconds": round(sum(m.get("seconds", 0.0) for m in modules.values()), 1),
+        "modules": dict(sorted(modules.items(), key=lambda kv: order.get(kv[0], len(order)))),
+        "results": sorted([*kept, *fresh], key=lambda r: order.get(r["benchmark"], len(order))),
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -244,6 +269,11 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument(
         "--write", action="store_true", help="write results.json and the docs for a partial run"
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="replace only the modules of this run in results.json (each keeps its own date)",
     )
     return orchestrate(parser.parse_args(argv))
 

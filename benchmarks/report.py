@@ -267,6 +267,15 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
         f"{data['seconds']:.0f} s; every figure is the median of {data['rounds']} rounds. "
         "Do not edit by hand: rerun it (see [Reproduce](#reproduce)).",
         "",
+    ]
+    dates = {m.get("generated", data["generated"]) for m in data.get("modules", {}).values()}
+    if len(dates) > 1:
+        lines += [
+            "Stitched with `--merge` from module runs on different dates: each module's "
+            "section says when it was measured if that is not the date above.",
+            "",
+        ]
+    lines += [
         f"**{verdicts.count('PASS')} targets met, {verdicts.count('MISS')} missed, "
         f"{verdicts.count('SKIP')} skipped.**",
         "",
@@ -344,6 +353,8 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
             continue
         status = modules.get(name, {})
         seconds = f" ({status['seconds']:.0f} s)" if "seconds" in status else ""
+        if "generated" in status and status["generated"] != data["generated"]:
+            seconds += f", measured {status['generated']}"
         lines += [f"### {name}{seconds}", "", METHOD.get(name, ""), ""]
         if name not in by_module:
             lines += [f"Not reported: {status.get('status')} {status.get('detail', '')}", ""]
