@@ -30,7 +30,6 @@ import msgspec
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
-    BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -43,6 +42,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from wakeful.errors import InvalidInput, InvalidState, StaleClaim, VersionConflict
 from wakeful.ids import check_id
+from wakeful.langgraph.appends import Append, Appends, Items
 from wakeful.langgraph.bridge import LoopThread, call_on
 from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
 from wakeful.langgraph.holds import Holds, default_holder
@@ -54,6 +54,7 @@ from wakeful.langgraph.index import (
     catch_up,
     record_state,
 )
+from wakeful.langgraph.sync import SyncMethods
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
 from wakeful.records import Commit
@@ -79,7 +80,7 @@ def not_held(lg_thread: str) -> InvalidState:
     )
 
 
-class WakefulSaver(BaseCheckpointSaver[str]):
+class WakefulSaver(SyncMethods):
     """A LangGraph checkpointer with wakeful's guarantees: fenced writers, atomic fsynced
     commits, recovery after a crash. Use it as ``graph.compile(checkpointer=saver)``."""
 
@@ -116,6 +117,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         self.holder = check_id("holder", holder or default_holder())
         self.codec = ValueCodec(self.serde, plain_json=plain_json, allow_pickle=allow_pickle)
         self._holds = Holds(store, ttl, renew_every, idle_release)
+        self._appends = Appends(self._flush)
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
         self._fenced: dict[str, StaleClaim | VersionConflict] = {}
         """Threads whose run was fenced: writes raise this until a new run starts."""
@@ -290,8 +292,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             },
             "metadata": self.codec.encode(meta, f"{where} metadata"),
         }
-        run_id = meta.get("run_id")
-        await self._write(lg_thread, lambda idx: ([item], []), run_id=run_id)
+        await self._append(lg_thread, lambda idx: [item], meta.get("run_id"))
         return {
             "configurable": {
                 "thread_id": lg_thread,
@@ -314,9 +315,9 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             for i, (channel, value) in enumerate(writes)
         ]
 
-        def build(idx: ThreadIndex) -> Built:
+        def build(idx: ThreadIndex) -> Items:
             present = idx.writes.get((ns, cid), {})
-            items = [
+            return [
                 {
                     "k": "w",
                     "ns": ns,
@@ -330,9 +331,8 @@ class WakefulSaver(BaseCheckpointSaver[str]):
                 for i, channel, value in encoded
                 if i < 0 or (task_id, i) not in present
             ]
-            return (items, []) if items else None
 
-        await self._write(conf["thread_id"], build)
+        await self._append(conf["thread_id"], build, None)
 
     async def adelete_thread(self, thread_id: str) -> None:
         thread = self._bind(store_thread_id(thread_id))
@@ -376,55 +376,6 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             await self._rewrite(
                 lg_thread, lambda ix, key: ix.latest.get(key[0]) != key[1], orphans=True
             )
-
-    # ------------------------------------------------------------ sync API
-
-    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return call_on(self._loop, self.aget_tuple(config))
-
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        async def collect() -> list[CheckpointTuple]:
-            listed = self.alist(config, filter=filter, before=before, limit=limit)
-            return [t async for t in listed]
-
-        return iter(call_on(self._loop, collect()))
-
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return call_on(self._loop, self.aput(config, checkpoint, metadata, new_versions))
-
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        call_on(self._loop, self.aput_writes(config, writes, task_id, task_path))
-
-    def delete_thread(self, thread_id: str) -> None:
-        call_on(self._loop, self.adelete_thread(thread_id))
-
-    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        call_on(self._loop, self.adelete_for_runs(run_ids))
-
-    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        call_on(self._loop, self.acopy_thread(source_thread_id, target_thread_id))
-
-    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        call_on(self._loop, self.aprune(thread_ids, strategy=strategy))
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """Versions as LangGraph's savers make them (a counter, a random tie-break)."""
@@ -507,57 +458,97 @@ class WakefulSaver(BaseCheckpointSaver[str]):
     def _tuple(self, lg_thread: str, idx: ThreadIndex, entry: Entry) -> CheckpointTuple:
         return checkpoint_tuple(self.codec, lg_thread, idx, entry, self._metadata(entry.item))
 
-    async def _write(
-        self,
-        lg_thread: str,
-        build: Callable[[ThreadIndex], Built],
-        *,
-        run_id: Any = None,
+    async def _append(
+        self, lg_thread: str, build: Callable[[ThreadIndex], Items], run_id: Any
     ) -> None:
-        """Commit one record built from the thread's current index, fenced."""
+        """``put``/``put_writes``: append items, combined with the thread's other appends
+        that arrive together (``appends``) into one fenced commit."""
+        thread = self._bind(store_thread_id(lg_thread))
+        await self._appends.add(thread, lg_thread, build, run_id)
+
+    async def _flush(self, thread: str, lg_thread: str, take: Callable[[], list[Append]]) -> None:
+        async with self._lock(thread):
+            appends = take()
+            idx = await self._writable(thread, lg_thread)
+            items: list[dict[str, Any]] = []
+            answered: list[Append] = []
+            run_id = None
+            for append in appends:
+                try:
+                    built = append.build(idx)
+                except Exception as exc:  # this caller's own refusal (a value the codec refuses)
+                    append.done.set_exception(exc)
+                    continue
+                items.extend(built or ())
+                run_id = run_id if run_id is not None else append.run_id
+                answered.append(append)
+            if items:
+                await self._commit_record(thread, lg_thread, idx, items, [], run_id)
+            for append in answered:
+                if not append.done.done():
+                    append.done.set_result(None)
+
+    async def _write(self, lg_thread: str, build: Callable[[ThreadIndex], Built]) -> None:
+        """Commit one record built from the thread's current index, fenced (on its own:
+        a rewrite's drops are computed from exactly the records the index holds)."""
         thread = self._bind(store_thread_id(lg_thread))
         async with self._lock(thread):
-            hold = self._holds.get(thread)
-            if hold is not None and hold.lost is not None:
-                self._holds.forget(thread)
-                self._fenced[thread] = hold.lost
-            if thread in self._fenced:
-                raise self._fenced[thread]
-            if self.fencing == "hold" and hold is None:
-                raise not_held(lg_thread)
-            cached = self._cache.get(thread)
-            idx = cached if cached is not None else await self._view(thread)
-            if idx.foreign:
-                raise InvalidState(
-                    "thread",
-                    lg_thread,
-                    "a wakeful runtime thread",
-                    "it holds records that are not a LangGraph saver's; use another thread id",
-                )
+            idx = await self._writable(thread, lg_thread)
             built = build(idx)
-            if built is None:
-                return
-            items, drop = built
-            # A detached copy: the index must not share objects with the caller's values.
-            state = msgspec.json.decode(msgspec.json.encode(record_state(lg_thread, items, drop)))
-            record = Record(
-                id=f"lgr-{uuid.uuid4().hex}",
-                parent=idx.latest_record,
-                run_id=run_id if isinstance(run_id, str) and valid_id(run_id) else "langgraph",
-                status="suspended",
-                state=state,
-                created_at=datetime.now(UTC),
+            if built is not None:
+                await self._commit_record(thread, lg_thread, idx, built[0], built[1], None)
+
+    async def _writable(self, thread: str, lg_thread: str) -> ThreadIndex:
+        """The index a write builds on, or the refusal every write of the thread gets now
+        (a fenced run, ``hold`` mode without a hold, a foreign thread). Under the lock."""
+        hold = self._holds.get(thread)
+        if hold is not None and hold.lost is not None:
+            self._holds.forget(thread)
+            self._fenced[thread] = hold.lost
+        if thread in self._fenced:
+            raise self._fenced[thread]
+        if self.fencing == "hold" and hold is None:
+            raise not_held(lg_thread)
+        cached = self._cache.get(thread)
+        idx = cached if cached is not None else await self._view(thread)
+        if idx.foreign:
+            raise InvalidState(
+                "thread",
+                lg_thread,
+                "a wakeful runtime thread",
+                "it holds records that are not a LangGraph saver's; use another thread id",
             )
-            commit = Commit(
-                token=0,
-                checkpoint=record,
-                expected_version=idx.version,
-                drop_checkpoints=tuple(drop),
-            )
-            version = await self._commit(thread, commit)
-            idx.fold(record.id, state, self._metadata)
-            idx.version = version
-            self._remember(thread, idx)
+        return idx
+
+    async def _commit_record(
+        self,
+        thread: str,
+        lg_thread: str,
+        idx: ThreadIndex,
+        items: list[dict[str, Any]],
+        drop: list[str],
+        run_id: Any,
+    ) -> None:
+        # A detached copy: the index must not share objects with the caller's values.
+        state = msgspec.json.decode(msgspec.json.encode(record_state(lg_thread, items, drop)))
+        record = Record(
+            id=f"lgr-{uuid.uuid4().hex}",
+            parent=idx.latest_record,
+            run_id=run_id if isinstance(run_id, str) and valid_id(run_id) else "langgraph",
+            status="suspended",
+            state=state,
+            created_at=datetime.now(UTC),
+        )
+        commit = Commit(
+            token=0,
+            checkpoint=record,
+            expected_version=idx.version,
+            drop_checkpoints=tuple(drop),
+        )
+        version = await self._commit(thread, commit)
+        idx.fold(record.id, state, self._metadata)
+        idx.version = version
+        self._remember(thread, idx)
 
     async def _commit(self, thread: str, commit: Commit) -> int:
         hold = self._holds.get(thread)
