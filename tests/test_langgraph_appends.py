@@ -37,7 +37,7 @@ def three_nodes(saver: Any) -> Any:
 def counting(store: Store) -> Counter[str]:
     """Count the store's durable writes by kind (wraps the instance's methods)."""
     calls: Counter[str] = Counter()
-    for name in ("claim", "commit", "claim_and_commit"):
+    for name in ("claim", "commit", "claim_and_commit", "read"):
         method = getattr(store, name)
 
         async def wrapped(*args: Any, _method: Any = method, _name: str = name) -> Any:
@@ -80,6 +80,7 @@ async def test_a_steps_writes_and_the_next_checkpoint_share_one_commit() -> None
         assert result == {"log": ["a", "b", "c"]}
         # LangGraph calls put 5 times and put_writes 4 times; each put_writes is submitted in
         # the same loop iteration as a put, so 5 commits hold all 9 (the claim is separate).
+        # A new thread's first claim (token 1) needs no read: nothing was ever committed.
         assert calls == Counter({"claim": 1, "commit": 5})
         ref_cfg: Any = {"configurable": {"thread_id": "t"}}
         await reference.ainvoke({"log": []}, ref_cfg, durability="sync")
@@ -178,4 +179,31 @@ async def test_a_stale_batch_fails_every_caller_and_writes_nothing() -> None:
     finally:
         await first.aclose()
         await second.aclose()
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_thread_claimed_before_is_read_after_the_claim() -> None:
+    store = await open_store("memory://")
+    saver = WakefulSaver(store, idle_release=0.5, renew_every=0.2, ttl=1)
+    graph = three_nodes(saver)
+    cfg: Any = {"configurable": {"thread_id": "t"}}
+    try:
+        await graph.ainvoke({"log": []}, cfg, durability="sync")
+        await saver.release("t")
+        other = WakefulSaver(store)
+        await three_nodes(other).ainvoke({"log": ["x"]}, cfg, durability="sync")
+        await other.aclose()
+        calls = counting(store)
+        # saver's cached index is behind the thread: its claim (token 3) must read
+        result = await graph.ainvoke({"log": []}, cfg, durability="sync")
+        assert calls["read"] >= 1 and calls["claim"] == 1
+        assert result == {"log": ["a", "b", "c", "x", "a", "b", "c", "a", "b", "c"]}
+        await saver.adelete_thread("t")
+        calls.clear()
+        # after a delete the epoch moved on: a new claim is not token 1, so it reads too
+        result = await graph.ainvoke({"log": []}, cfg, durability="sync")
+        assert result == {"log": ["a", "b", "c"]} and calls["read"] >= 1
+    finally:
+        await saver.aclose()
         await store.close()

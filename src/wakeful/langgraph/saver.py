@@ -45,7 +45,7 @@ from wakeful.ids import check_id
 from wakeful.langgraph.appends import Append, Appends, Items
 from wakeful.langgraph.bridge import LoopThread, call_on
 from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
-from wakeful.langgraph.holds import Holds, default_holder
+from wakeful.langgraph.holds import Holds, default_holder, not_held
 from wakeful.langgraph.index import (
     PAGE,
     CheckpointKey,
@@ -57,7 +57,7 @@ from wakeful.langgraph.index import (
 from wakeful.langgraph.sync import SyncMethods
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
-from wakeful.records import Commit
+from wakeful.records import Claim, Commit
 from wakeful.store import open_store
 from wakeful.store.contract import Store
 
@@ -68,16 +68,6 @@ drops, or ``None`` for nothing to write."""
 RUN_MARKER = "__pregel_runtime"
 """A configurable key LangGraph sets when a graph run (not an inspection) reads its thread."""
 LOCK_STRIPES = 256
-
-
-def not_held(lg_thread: str) -> InvalidState:
-    return InvalidState(
-        "thread",
-        lg_thread,
-        "not held",
-        "this saver runs with fencing='hold': run the graph inside "
-        "`async with saver.hold(thread_id)`",
-    )
 
 
 class WakefulSaver(SyncMethods):
@@ -197,7 +187,7 @@ class WakefulSaver(SyncMethods):
                 claim = await self.store.claim(thread, self.holder, self._holds.ttl)
                 self._holds.start(claim, explicit=True)
                 self._fenced.pop(thread, None)
-                await self._view(thread, trust_hold=False)
+                await self._claimed_view(thread, claim)
         try:
             yield
         finally:
@@ -398,7 +388,17 @@ class WakefulSaver(SyncMethods):
             if self.fencing == "auto":
                 claim = await self.store.claim(thread, self.holder, self._holds.ttl)
                 self._holds.start(claim, explicit=False)
-                await self._view(thread, trust_hold=False)
+                await self._claimed_view(thread, claim)
+
+    async def _claimed_view(self, thread: str, claim: Claim) -> ThreadIndex:
+        """The thread's index right after this saver claimed it. Tokens are positive and
+        each is greater than every one issued for the thread before (deletes included), and
+        every commit runs under one: token 1 is the thread's first claim ever, so nothing
+        was ever committed to it and the (empty) index needs no read (a new LangGraph
+        thread, the common case, costs its run one store call less)."""
+        if claim.token == 1:
+            return self._remember(thread, ThreadIndex())
+        return await self._view(thread, trust_hold=False)
 
     def _bind(self, thread: str) -> str:
         if self._loop is None:
