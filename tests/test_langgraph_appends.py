@@ -207,3 +207,23 @@ async def test_a_thread_claimed_before_is_read_after_the_claim() -> None:
     finally:
         await saver.aclose()
         await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_caller_cancelled_before_its_batch_is_written_leaves_the_rest_to_commit() -> None:
+    store = await open_store("memory://")
+    saver = WakefulSaver(store)
+    try:
+        c1 = await saver.aput(_conf("t"), _checkpoint("c1"), {"step": 0}, {})
+        gone = asyncio.create_task(saver.aput_writes(c1, [("log", ["gone"])], "task-1"))
+        kept = asyncio.create_task(saver.aput(c1, _checkpoint("c2"), {"step": 1}, {}))
+        await asyncio.sleep(0)  # both joined one batch; its writer has not run yet
+        gone.cancel()
+        assert (await kept)["configurable"]["checkpoint_id"] == "c2"
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        first = await WakefulSaver(store, fencing="off").aget_tuple(_conf("t", "c1"))
+        assert first is not None and first.pending_writes == []
+    finally:
+        await saver.aclose()
+        await store.close()

@@ -70,7 +70,8 @@ class Appends:
             task = loop.create_task(self._write(thread, lg_thread, batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        await asyncio.shield(append.done)
+        # A caller cancelled here cancels only its own future; the batch goes on for the rest.
+        await append.done
 
     async def _write(self, thread: str, lg_thread: str, batch: Batch) -> None:
         def take() -> list[Append]:

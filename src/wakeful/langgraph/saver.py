@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import random
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -367,11 +365,6 @@ class WakefulSaver(SyncMethods):
                 lg_thread, lambda ix, key: ix.latest.get(key[0]) != key[1], orphans=True
             )
 
-    def get_next_version(self, current: str | None, channel: None) -> str:
-        """Versions as LangGraph's savers make them (a counter, a random tie-break)."""
-        number = 0 if current is None else int(str(current).split(".")[0])
-        return f"{number + 1:032}.{random.random():016}"
-
     # ------------------------------------------------------------ internals
 
     async def _run_starts(self, lg_thread: str, thread: str) -> None:
@@ -408,12 +401,18 @@ class WakefulSaver(SyncMethods):
     def _lock(self, thread: str) -> asyncio.Lock:
         if self._locks is None:
             self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
-        digest = hashlib.blake2b(thread.encode(), digest_size=4).digest()
-        return self._locks[int.from_bytes(digest) % LOCK_STRIPES]
+        # str hashes differ between processes but not within one: all a stripe needs
+        return self._locks[hash(thread) % LOCK_STRIPES]
 
     def _metadata(self, item: dict[str, Any]) -> dict[str, Any]:
         decoded = self.codec.decode(item["metadata"], f"metadata of {item['id']!r}")
         return decoded if isinstance(decoded, dict) else {}
+
+    def _entry_metadata(self, item: dict[str, Any]) -> dict[str, Any]:
+        """An index entry's metadata, for filters only (a tuple decodes its own copy): a
+        plain JSON one is used as the item holds it, already detached from any caller."""
+        stored = item["metadata"].get("j")
+        return stored if isinstance(stored, dict) else self._metadata(item)
 
     def _remember(self, thread: str, idx: ThreadIndex) -> ThreadIndex:
         self._cache[thread] = idx
@@ -435,7 +434,9 @@ class WakefulSaver(SyncMethods):
         if cached is not None and snap is not None and cached.version == snap.version:
             self._cache.move_to_end(thread)
             return cached
-        return self._remember(thread, await catch_up(self.store, snap, cached, self._metadata))
+        return self._remember(
+            thread, await catch_up(self.store, snap, cached, self._entry_metadata)
+        )
 
     async def _threads(self, lg_thread: str | None) -> AsyncIterator[tuple[str, ThreadIndex]]:
         """(LangGraph thread id, index) of one thread, or of every LangGraph thread."""
@@ -474,6 +475,8 @@ class WakefulSaver(SyncMethods):
             answered: list[Append] = []
             run_id = None
             for append in appends:
+                if append.done.done():  # its caller was cancelled before it was built
+                    continue
                 try:
                     built = append.build(idx)
                 except Exception as exc:  # this caller's own refusal (a value the codec refuses)
@@ -546,7 +549,7 @@ class WakefulSaver(SyncMethods):
             drop_checkpoints=tuple(drop),
         )
         version = await self._commit(thread, commit)
-        idx.fold(record.id, state, self._metadata)
+        idx.fold(record.id, state, self._entry_metadata)
         idx.version = version
         self._remember(thread, idx)
 

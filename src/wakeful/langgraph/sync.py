@@ -8,6 +8,7 @@ threads.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,7 +25,8 @@ from wakeful.langgraph.bridge import call_on
 
 
 class SyncMethods(BaseCheckpointSaver[str]):
-    """Mixed into ``WakefulSaver``: the sync methods, on the loop in ``_loop``."""
+    """Mixed into ``WakefulSaver``: the sync methods, on the loop in ``_loop``, and the
+    channel versions."""
 
     _loop: asyncio.AbstractEventLoop | None
 
@@ -74,3 +76,8 @@ class SyncMethods(BaseCheckpointSaver[str]):
 
     def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
         call_on(self._loop, self.aprune(thread_ids, strategy=strategy))
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Versions as LangGraph's savers make them (a counter, a random tie-break)."""
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
