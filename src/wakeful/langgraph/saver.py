@@ -1,7 +1,8 @@
 """``WakefulSaver``: LangGraph's ``BaseCheckpointSaver`` over any wakeful store.
 
 Storage: each LangGraph thread is the wakeful thread of the same id (``codec``); each saver
-mutation is one fenced, atomic wakeful commit appending one record (``index``). Reads fold
+mutation is one fenced, atomic wakeful commit appending one record (``index``), except that
+``put`` and ``put_writes`` calls arriving together share one (``appends``). Reads fold
 the records into a ``ThreadIndex`` kept per thread (least recently used first out) and
 trusted while this saver holds the thread's claim; otherwise one ``read`` tells whether it
 is still current and only newer records are fetched.
