@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import math
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from langgraph.checkpoint.serde.base import SerializerProtocol
@@ -23,6 +23,7 @@ PICKLE = "pickle"
 HASHED_PREFIX = "lgx-"
 
 _INT_RANGE = range(-(2**63), 2**64)
+T = TypeVar("T")
 
 
 def is_plain_json(value: Any, depth: int = 0) -> bool:
@@ -86,24 +87,44 @@ class ValueCodec:
         return self.serde.loads_typed((kind, base64.b64decode(stored["b"])))
 
 
+_KNOWN = 4096
+"""How many recent answers of ``store_thread_id`` and ``valid_id`` are remembered (every
+saver call asks again for the same few ids; the check is a regular expression)."""
+_thread_ids: dict[str, str] = {}
+_valid_ids: dict[str, bool] = {}
+
+
 def store_thread_id(thread_id: object) -> str:
     """The wakeful thread that holds LangGraph thread ``thread_id``: the same id when it
     fits wakeful's identifier alphabet, else a stable hash of it (the records keep the
     original, so listing reports it)."""
     if not isinstance(thread_id, str) or not thread_id:
         raise InvalidInput("thread_id", "must be a non-empty string (config['configurable'])")
+    known = _thread_ids.get(thread_id)
+    if known is not None:
+        return known
     try:
         if not thread_id.startswith(HASHED_PREFIX):
-            return check_id("thread_id", thread_id)
+            return _remember(_thread_ids, thread_id, check_id("thread_id", thread_id))
     except InvalidInput:
         pass
     digest = hashlib.sha256(thread_id.encode("utf-8")).hexdigest()
-    return (HASHED_PREFIX + digest)[:MAX_ID_LENGTH]
+    return _remember(_thread_ids, thread_id, (HASHED_PREFIX + digest)[:MAX_ID_LENGTH])
 
 
 def valid_id(value: str) -> bool:
+    known = _valid_ids.get(value)
+    if known is not None:
+        return known
     try:
         check_id("run_id", value)
     except InvalidInput:
-        return False
-    return True
+        return _remember(_valid_ids, value, False)
+    return _remember(_valid_ids, value, True)
+
+
+def _remember(answers: dict[str, T], key: str, answer: T) -> T:
+    if len(answers) >= _KNOWN:
+        answers.clear()
+    answers[key] = answer
+    return answer

@@ -18,7 +18,7 @@ import socket
 import uuid
 from dataclasses import dataclass, field
 
-from wakeful.errors import StaleClaim, WakefulError
+from wakeful.errors import InvalidState, StaleClaim, WakefulError
 from wakeful.records import Claim
 from wakeful.store.contract import ThreadStore
 
@@ -29,6 +29,16 @@ def default_holder() -> str:
     """``langgraph-<host>-<pid>-<random>``: names this process in ``ThreadBusy``."""
     host = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())[:60] or "host"
     return f"langgraph-{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def not_held(lg_thread: str) -> InvalidState:
+    return InvalidState(
+        "thread",
+        lg_thread,
+        "not held",
+        "this saver runs with fencing='hold': run the graph inside "
+        "`async with saver.hold(thread_id)`",
+    )
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """One LangGraph thread as a fold of its wakeful records.
 
-Every saver mutation of a LangGraph thread is one wakeful commit that appends one wakeful
-checkpoint, a *record*, to the wakeful thread of the same id. A record's ``state`` is::
+Every saver mutation of a LangGraph thread (or several ``put``/``put_writes`` calls that
+arrived together) is one wakeful commit that appends one wakeful checkpoint, a *record*, to
+the wakeful thread of the same id. A record's ``state`` is::
 
     {"langgraph": 1, "thread": <LangGraph thread id>, "items": [...], "drop": [<record ids>]}
 

@@ -1,7 +1,8 @@
 """``WakefulSaver``: LangGraph's ``BaseCheckpointSaver`` over any wakeful store.
 
 Storage: each LangGraph thread is the wakeful thread of the same id (``codec``); each saver
-mutation is one fenced, atomic wakeful commit appending one record (``index``). Reads fold
+mutation is one fenced, atomic wakeful commit appending one record (``index``), except that
+``put`` and ``put_writes`` calls arriving together share one (``appends``). Reads fold
 the records into a ``ThreadIndex`` kept per thread (least recently used first out) and
 trusted while this saver holds the thread's claim; otherwise one ``read`` tells whether it
 is still current and only newer records are fetched.
@@ -17,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import random
 import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -30,7 +29,6 @@ import msgspec
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
-    BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -43,9 +41,10 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from wakeful.errors import InvalidInput, InvalidState, StaleClaim, VersionConflict
 from wakeful.ids import check_id
+from wakeful.langgraph.appends import Append, Appends, Items
 from wakeful.langgraph.bridge import LoopThread, call_on
 from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
-from wakeful.langgraph.holds import Holds, default_holder
+from wakeful.langgraph.holds import Holds, default_holder, not_held
 from wakeful.langgraph.index import (
     PAGE,
     CheckpointKey,
@@ -54,9 +53,10 @@ from wakeful.langgraph.index import (
     catch_up,
     record_state,
 )
+from wakeful.langgraph.sync import SyncMethods
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
-from wakeful.records import Commit
+from wakeful.records import Claim, Commit
 from wakeful.store import open_store
 from wakeful.store.contract import Store
 
@@ -69,17 +69,7 @@ RUN_MARKER = "__pregel_runtime"
 LOCK_STRIPES = 256
 
 
-def not_held(lg_thread: str) -> InvalidState:
-    return InvalidState(
-        "thread",
-        lg_thread,
-        "not held",
-        "this saver runs with fencing='hold': run the graph inside "
-        "`async with saver.hold(thread_id)`",
-    )
-
-
-class WakefulSaver(BaseCheckpointSaver[str]):
+class WakefulSaver(SyncMethods):
     """A LangGraph checkpointer with wakeful's guarantees: fenced writers, atomic fsynced
     commits, recovery after a crash. Use it as ``graph.compile(checkpointer=saver)``."""
 
@@ -116,6 +106,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         self.holder = check_id("holder", holder or default_holder())
         self.codec = ValueCodec(self.serde, plain_json=plain_json, allow_pickle=allow_pickle)
         self._holds = Holds(store, ttl, renew_every, idle_release)
+        self._appends = Appends(self._flush)
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
         self._fenced: dict[str, StaleClaim | VersionConflict] = {}
         """Threads whose run was fenced: writes raise this until a new run starts."""
@@ -195,7 +186,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
                 claim = await self.store.claim(thread, self.holder, self._holds.ttl)
                 self._holds.start(claim, explicit=True)
                 self._fenced.pop(thread, None)
-                await self._view(thread, trust_hold=False)
+                await self._claimed_view(thread, claim)
         try:
             yield
         finally:
@@ -290,8 +281,7 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             },
             "metadata": self.codec.encode(meta, f"{where} metadata"),
         }
-        run_id = meta.get("run_id")
-        await self._write(lg_thread, lambda idx: ([item], []), run_id=run_id)
+        await self._append(lg_thread, lambda idx: [item], meta.get("run_id"))
         return {
             "configurable": {
                 "thread_id": lg_thread,
@@ -314,9 +304,9 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             for i, (channel, value) in enumerate(writes)
         ]
 
-        def build(idx: ThreadIndex) -> Built:
+        def build(idx: ThreadIndex) -> Items:
             present = idx.writes.get((ns, cid), {})
-            items = [
+            return [
                 {
                     "k": "w",
                     "ns": ns,
@@ -330,9 +320,8 @@ class WakefulSaver(BaseCheckpointSaver[str]):
                 for i, channel, value in encoded
                 if i < 0 or (task_id, i) not in present
             ]
-            return (items, []) if items else None
 
-        await self._write(conf["thread_id"], build)
+        await self._append(conf["thread_id"], build, None)
 
     async def adelete_thread(self, thread_id: str) -> None:
         thread = self._bind(store_thread_id(thread_id))
@@ -377,60 +366,6 @@ class WakefulSaver(BaseCheckpointSaver[str]):
                 lg_thread, lambda ix, key: ix.latest.get(key[0]) != key[1], orphans=True
             )
 
-    # ------------------------------------------------------------ sync API
-
-    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return call_on(self._loop, self.aget_tuple(config))
-
-    def list(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> Iterator[CheckpointTuple]:
-        async def collect() -> list[CheckpointTuple]:
-            listed = self.alist(config, filter=filter, before=before, limit=limit)
-            return [t async for t in listed]
-
-        return iter(call_on(self._loop, collect()))
-
-    def put(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        return call_on(self._loop, self.aput(config, checkpoint, metadata, new_versions))
-
-    def put_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        call_on(self._loop, self.aput_writes(config, writes, task_id, task_path))
-
-    def delete_thread(self, thread_id: str) -> None:
-        call_on(self._loop, self.adelete_thread(thread_id))
-
-    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
-        call_on(self._loop, self.adelete_for_runs(run_ids))
-
-    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        call_on(self._loop, self.acopy_thread(source_thread_id, target_thread_id))
-
-    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        call_on(self._loop, self.aprune(thread_ids, strategy=strategy))
-
-    def get_next_version(self, current: str | None, channel: None) -> str:
-        """Versions as LangGraph's savers make them (a counter, a random tie-break)."""
-        number = 0 if current is None else int(str(current).split(".")[0])
-        return f"{number + 1:032}.{random.random():016}"
-
     # ------------------------------------------------------------ internals
 
     async def _run_starts(self, lg_thread: str, thread: str) -> None:
@@ -447,7 +382,17 @@ class WakefulSaver(BaseCheckpointSaver[str]):
             if self.fencing == "auto":
                 claim = await self.store.claim(thread, self.holder, self._holds.ttl)
                 self._holds.start(claim, explicit=False)
-                await self._view(thread, trust_hold=False)
+                await self._claimed_view(thread, claim)
+
+    async def _claimed_view(self, thread: str, claim: Claim) -> ThreadIndex:
+        """The thread's index right after this saver claimed it. Tokens are positive and
+        each is greater than every one issued for the thread before (deletes included), and
+        every commit runs under one: token 1 is the thread's first claim ever, so nothing
+        was ever committed to it and the (empty) index needs no read (a new LangGraph
+        thread, the common case, costs its run one store call less)."""
+        if claim.token == 1:
+            return self._remember(thread, ThreadIndex())
+        return await self._view(thread, trust_hold=False)
 
     def _bind(self, thread: str) -> str:
         if self._loop is None:
@@ -457,12 +402,18 @@ class WakefulSaver(BaseCheckpointSaver[str]):
     def _lock(self, thread: str) -> asyncio.Lock:
         if self._locks is None:
             self._locks = [asyncio.Lock() for _ in range(LOCK_STRIPES)]
-        digest = hashlib.blake2b(thread.encode(), digest_size=4).digest()
-        return self._locks[int.from_bytes(digest) % LOCK_STRIPES]
+        # str hashes differ between processes but not within one: all a stripe needs
+        return self._locks[hash(thread) % LOCK_STRIPES]
 
     def _metadata(self, item: dict[str, Any]) -> dict[str, Any]:
         decoded = self.codec.decode(item["metadata"], f"metadata of {item['id']!r}")
         return decoded if isinstance(decoded, dict) else {}
+
+    def _entry_metadata(self, item: dict[str, Any]) -> dict[str, Any]:
+        """An index entry's metadata, for filters only (a tuple decodes its own copy): a
+        plain JSON one is used as the item holds it, already detached from any caller."""
+        stored = item["metadata"].get("j")
+        return stored if isinstance(stored, dict) else self._metadata(item)
 
     def _remember(self, thread: str, idx: ThreadIndex) -> ThreadIndex:
         self._cache[thread] = idx
@@ -484,7 +435,9 @@ class WakefulSaver(BaseCheckpointSaver[str]):
         if cached is not None and snap is not None and cached.version == snap.version:
             self._cache.move_to_end(thread)
             return cached
-        return self._remember(thread, await catch_up(self.store, snap, cached, self._metadata))
+        return self._remember(
+            thread, await catch_up(self.store, snap, cached, self._entry_metadata)
+        )
 
     async def _threads(self, lg_thread: str | None) -> AsyncIterator[tuple[str, ThreadIndex]]:
         """(LangGraph thread id, index) of one thread, or of every LangGraph thread."""
@@ -507,57 +460,99 @@ class WakefulSaver(BaseCheckpointSaver[str]):
     def _tuple(self, lg_thread: str, idx: ThreadIndex, entry: Entry) -> CheckpointTuple:
         return checkpoint_tuple(self.codec, lg_thread, idx, entry, self._metadata(entry.item))
 
-    async def _write(
-        self,
-        lg_thread: str,
-        build: Callable[[ThreadIndex], Built],
-        *,
-        run_id: Any = None,
+    async def _append(
+        self, lg_thread: str, build: Callable[[ThreadIndex], Items], run_id: Any
     ) -> None:
-        """Commit one record built from the thread's current index, fenced."""
+        """``put``/``put_writes``: append items, combined with the thread's other appends
+        that arrive together (``appends``) into one fenced commit."""
+        thread = self._bind(store_thread_id(lg_thread))
+        await self._appends.add(thread, lg_thread, build, run_id)
+
+    async def _flush(self, thread: str, lg_thread: str, take: Callable[[], list[Append]]) -> None:
+        async with self._lock(thread):
+            appends = take()
+            idx = await self._writable(thread, lg_thread)
+            items: list[dict[str, Any]] = []
+            answered: list[Append] = []
+            run_id = None
+            for append in appends:
+                if append.done.done():  # its caller was cancelled before it was built
+                    continue
+                try:
+                    built = append.build(idx)
+                except Exception as exc:  # this caller's own refusal (a value the codec refuses)
+                    append.done.set_exception(exc)
+                    continue
+                items.extend(built or ())
+                run_id = run_id if run_id is not None else append.run_id
+                answered.append(append)
+            if items:
+                await self._commit_record(thread, lg_thread, idx, items, [], run_id)
+            for append in answered:
+                if not append.done.done():
+                    append.done.set_result(None)
+
+    async def _write(self, lg_thread: str, build: Callable[[ThreadIndex], Built]) -> None:
+        """Commit one record built from the thread's current index, fenced (on its own:
+        a rewrite's drops are computed from exactly the records the index holds)."""
         thread = self._bind(store_thread_id(lg_thread))
         async with self._lock(thread):
-            hold = self._holds.get(thread)
-            if hold is not None and hold.lost is not None:
-                self._holds.forget(thread)
-                self._fenced[thread] = hold.lost
-            if thread in self._fenced:
-                raise self._fenced[thread]
-            if self.fencing == "hold" and hold is None:
-                raise not_held(lg_thread)
-            cached = self._cache.get(thread)
-            idx = cached if cached is not None else await self._view(thread)
-            if idx.foreign:
-                raise InvalidState(
-                    "thread",
-                    lg_thread,
-                    "a wakeful runtime thread",
-                    "it holds records that are not a LangGraph saver's; use another thread id",
-                )
+            idx = await self._writable(thread, lg_thread)
             built = build(idx)
-            if built is None:
-                return
-            items, drop = built
-            # A detached copy: the index must not share objects with the caller's values.
-            state = msgspec.json.decode(msgspec.json.encode(record_state(lg_thread, items, drop)))
-            record = Record(
-                id=f"lgr-{uuid.uuid4().hex}",
-                parent=idx.latest_record,
-                run_id=run_id if isinstance(run_id, str) and valid_id(run_id) else "langgraph",
-                status="suspended",
-                state=state,
-                created_at=datetime.now(UTC),
+            if built is not None:
+                await self._commit_record(thread, lg_thread, idx, built[0], built[1], None)
+
+    async def _writable(self, thread: str, lg_thread: str) -> ThreadIndex:
+        """The index a write builds on, or the refusal every write of the thread gets now
+        (a fenced run, ``hold`` mode without a hold, a foreign thread). Under the lock."""
+        hold = self._holds.get(thread)
+        if hold is not None and hold.lost is not None:
+            self._holds.forget(thread)
+            self._fenced[thread] = hold.lost
+        if thread in self._fenced:
+            raise self._fenced[thread]
+        if self.fencing == "hold" and hold is None:
+            raise not_held(lg_thread)
+        cached = self._cache.get(thread)
+        idx = cached if cached is not None else await self._view(thread)
+        if idx.foreign:
+            raise InvalidState(
+                "thread",
+                lg_thread,
+                "a wakeful runtime thread",
+                "it holds records that are not a LangGraph saver's; use another thread id",
             )
-            commit = Commit(
-                token=0,
-                checkpoint=record,
-                expected_version=idx.version,
-                drop_checkpoints=tuple(drop),
-            )
-            version = await self._commit(thread, commit)
-            idx.fold(record.id, state, self._metadata)
-            idx.version = version
-            self._remember(thread, idx)
+        return idx
+
+    async def _commit_record(
+        self,
+        thread: str,
+        lg_thread: str,
+        idx: ThreadIndex,
+        items: list[dict[str, Any]],
+        drop: list[str],
+        run_id: Any,
+    ) -> None:
+        # A detached copy: the index must not share objects with the caller's values.
+        state = msgspec.json.decode(msgspec.json.encode(record_state(lg_thread, items, drop)))
+        record = Record(
+            id=f"lgr-{uuid.uuid4().hex}",
+            parent=idx.latest_record,
+            run_id=run_id if isinstance(run_id, str) and valid_id(run_id) else "langgraph",
+            status="suspended",
+            state=state,
+            created_at=datetime.now(UTC),
+        )
+        commit = Commit(
+            token=0,
+            checkpoint=record,
+            expected_version=idx.version,
+            drop_checkpoints=tuple(drop),
+        )
+        version = await self._commit(thread, commit)
+        idx.fold(record.id, state, self._entry_metadata)
+        idx.version = version
+        self._remember(thread, idx)
 
     async def _commit(self, thread: str, commit: Commit) -> int:
         hold = self._holds.get(thread)

@@ -1,0 +1,83 @@
+"""The synchronous half of ``BaseCheckpointSaver`` over the async one.
+
+Each method submits its async counterpart to the saver's event loop and waits
+(``bridge.call_on``): what LangGraph's ``graph.invoke`` calls, possibly from its worker
+threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+)
+
+from wakeful.langgraph.bridge import call_on
+
+
+class SyncMethods(BaseCheckpointSaver[str]):
+    """Mixed into ``WakefulSaver``: the sync methods, on the loop in ``_loop``, and the
+    channel versions."""
+
+    _loop: asyncio.AbstractEventLoop | None
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        return call_on(self._loop, self.aget_tuple(config))
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        async def collect() -> list[CheckpointTuple]:
+            listed = self.alist(config, filter=filter, before=before, limit=limit)
+            return [t async for t in listed]
+
+        return iter(call_on(self._loop, collect()))
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        return call_on(self._loop, self.aput(config, checkpoint, metadata, new_versions))
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        call_on(self._loop, self.aput_writes(config, writes, task_id, task_path))
+
+    def delete_thread(self, thread_id: str) -> None:
+        call_on(self._loop, self.adelete_thread(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        call_on(self._loop, self.adelete_for_runs(run_ids))
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        call_on(self._loop, self.acopy_thread(source_thread_id, target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        call_on(self._loop, self.aprune(thread_ids, strategy=strategy))
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """Versions as LangGraph's savers make them (a counter, a random tie-break)."""
+        number = 0 if current is None else int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"
