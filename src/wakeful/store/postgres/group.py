@@ -37,7 +37,7 @@ MAX_BATCH = 32
 """Commits per ``commit_many`` call at most: each is a subtransaction, and PostgreSQL keeps
 up to 64 of a transaction's subtransactions in shared memory before every other session's
 snapshots get slower."""
-MAX_IN_FLIGHT = 2
+MAX_IN_FLIGHT = 1
 """Commit calls of one store on the server at once; later commits queue for the next."""
 
 _SCALARS_BEFORE = (
