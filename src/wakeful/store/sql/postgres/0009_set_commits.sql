@@ -17,8 +17,9 @@
 --    its row and writes nothing; the others are written. Any other call (a thread twice, or
 --    one of the rarer parts) runs as before: commit_each(), version 6's loop.
 -- 2. The segment columns of migration 0008 are computed in the statements that insert a
---    checkpoint (commit() and commit_many()), and the trigger only fills them for an insert
---    that leaves them NULL: a row trigger is a PL/pgSQL call and a statement per checkpoint.
+--    checkpoint (commit(), as in version 6 otherwise, and commit_many()), the same way, and
+--    the trigger only fills them for an insert that leaves them NULL: a row trigger is a
+--    PL/pgSQL call and one more statement per checkpoint.
 
 -- ---------------------------------------------------------------- segments
 
@@ -27,6 +28,305 @@ DROP TRIGGER checkpoints_segment ON @schema@.checkpoints;
 CREATE TRIGGER checkpoints_segment BEFORE INSERT ON @schema@.checkpoints
     FOR EACH ROW WHEN (NEW.ordinal IS NULL)
     EXECUTE FUNCTION @schema@.checkpoint_segment();
+
+-- -------------------------------------------------------------------- commit
+
+-- As in version 6, with the segment columns filled by its insert (see 2).
+CREATE OR REPLACE FUNCTION @schema@.commit(
+    p_thread text, p_token bigint, p_operation text, p_hash text, p_expected bigint,
+    p_cp_id text, p_cp_parent text, p_cp_tenant text, p_cp_status text, p_cp_body text,
+    p_write_tasks text[], p_write_checkpoints text[], p_write_bodies text[],
+    p_events text[],
+    p_message_ids text[], p_message_bodies text[],
+    p_outbox_ids text[], p_outbox_targets text[], p_outbox_correlations text[],
+    p_outbox_payloads text[],
+    p_consume text[],
+    p_release boolean, p_settle_dispatch text, p_settle_status text,
+    p_settle_delay double precision, p_settle_error text,
+    OUT o_replayed boolean, OUT o_version bigint, OUT o_checkpoint text,
+    OUT o_first_seq bigint, OUT o_event_count bigint)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    t @schema@.threads%ROWTYPE;
+    r @schema@.receipts%ROWTYPE;
+    n timestamptz := @schema@.store_now();
+    resulting text;
+    bad text;
+    bad_cp text;
+    -- an empty list arrives as NULL (cheaper to send)
+    n_events bigint := coalesce(cardinality(p_events), 0);
+    n_writes bigint := coalesce(cardinality(p_write_tasks), 0);
+    n_messages bigint := coalesce(cardinality(p_message_ids), 0);
+    n_outbox bigint := coalesce(cardinality(p_outbox_ids), 0);
+    n_consume bigint := coalesce(cardinality(p_consume), 0);
+    d @schema@.dispatches%ROWTYPE;
+    r_hash text;
+    r_version bigint;
+    r_checkpoint text;
+    r_first bigint;
+    r_count bigint;
+    cp_used boolean := false;
+    ending boolean := p_settle_dispatch IS NOT NULL OR coalesce(p_release, false);
+BEGIN
+    -- 1. fencing, always first
+    SELECT * INTO t FROM @schema@.threads WHERE thread_id = p_thread FOR UPDATE;
+    IF NOT FOUND OR t.claim_token IS DISTINCT FROM p_token THEN
+        -- A retried operation whose commit ended its own claim (release or settle) still
+        -- gets its receipt, as long as no claim was granted after its token.
+        IF FOUND AND p_operation IS NOT NULL AND t.epoch = p_token
+           AND t.claim_token IS NULL THEN
+            SELECT * INTO r FROM @schema@.receipts
+             WHERE thread_id = p_thread AND operation_id = p_operation AND payload_hash = p_hash;
+            IF FOUND THEN
+                o_replayed := true;
+                o_version := r.version;
+                o_checkpoint := r.checkpoint_id;
+                o_first_seq := r.first_seq;
+                o_event_count := r.event_count;
+                RETURN;
+            END IF;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = 'WK001', MESSAGE = 'stale claim',
+            DETAIL = json_build_object('thread_id', p_thread, 'token', p_token,
+                'current', t.claim_token)::text;
+    END IF;
+    -- 2. a retried operation returns its receipt and changes nothing (read in one statement
+    -- with 4's question whether the checkpoint id was used before)
+    IF p_operation IS NOT NULL OR p_cp_body IS NOT NULL THEN
+        SELECT x.payload_hash, x.version, x.checkpoint_id, x.first_seq, x.event_count,
+               p_cp_body IS NOT NULL
+               AND EXISTS (SELECT 1 FROM @schema@.checkpoints c
+                            WHERE c.thread_id = p_thread AND c.checkpoint_id = p_cp_id)
+          INTO r_hash, r_version, r_checkpoint, r_first, r_count, cp_used
+          FROM (SELECT 1) one
+          LEFT JOIN @schema@.receipts x
+            ON x.thread_id = p_thread AND x.operation_id = p_operation;
+        IF r_hash IS NOT NULL THEN
+            IF r_hash <> p_hash THEN
+                RAISE EXCEPTION USING ERRCODE = 'WK002', MESSAGE = 'operation conflict',
+                    DETAIL = json_build_object('thread_id', p_thread,
+                        'operation_id', p_operation)::text;
+            END IF;
+            o_replayed := true;
+            o_version := r_version;
+            o_checkpoint := r_checkpoint;
+            o_first_seq := r_first;
+            o_event_count := r_count;
+            RETURN;
+        END IF;
+    END IF;
+    -- 3. the view the commit was prepared against
+    IF p_expected IS NOT NULL AND p_expected <> t.version THEN
+        RAISE EXCEPTION USING ERRCODE = 'WK003', MESSAGE = 'version conflict',
+            DETAIL = json_build_object('thread_id', p_thread, 'expected', p_expected,
+                'actual', t.version, 'what', 'version')::text;
+    END IF;
+    IF p_cp_body IS NOT NULL AND p_cp_parent IS DISTINCT FROM t.latest_checkpoint THEN
+        RAISE EXCEPTION USING ERRCODE = 'WK003', MESSAGE = 'version conflict',
+            DETAIL = json_build_object('thread_id', p_thread, 'expected', p_cp_parent,
+                'actual', t.latest_checkpoint, 'what', 'parent checkpoint')::text;
+    END IF;
+    -- 4. consistency with the thread
+    resulting := CASE WHEN p_cp_body IS NOT NULL THEN p_cp_id ELSE t.latest_checkpoint END;
+    IF p_cp_body IS NOT NULL THEN
+        IF cp_used THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK004', MESSAGE = 'invalid commit',
+                DETAIL = json_build_object('thread_id', p_thread, 'problem',
+                    format('checkpoint id %L was used before', p_cp_id))::text;
+        END IF;
+        IF (t.version > 0 OR t.tenant IS NOT NULL) AND p_cp_tenant IS DISTINCT FROM t.tenant THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK005', MESSAGE = 'tenant mismatch',
+                DETAIL = json_build_object('thread_id', p_thread)::text;
+        END IF;
+    END IF;
+    IF n_writes > 0 THEN
+        SELECT w.task, w.cp INTO bad, bad_cp
+          FROM unnest(p_write_tasks, p_write_checkpoints) WITH ORDINALITY AS w(task, cp, o)
+         WHERE w.cp IS DISTINCT FROM resulting ORDER BY w.o LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK004', MESSAGE = 'invalid commit',
+                DETAIL = json_build_object('thread_id', p_thread, 'problem',
+                    format('write of task %L names checkpoint %L but the latest after this '
+                           'commit is %L', bad, bad_cp, resulting))::text;
+        END IF;
+        SELECT w.task INTO bad FROM unnest(p_write_tasks) WITH ORDINALITY AS w(task, o)
+         GROUP BY w.task HAVING count(*) > 1 ORDER BY min(w.o) LIMIT 1;
+        IF NOT FOUND AND p_cp_body IS NULL AND t.write_count > 0 THEN
+            SELECT x.task_id INTO bad FROM @schema@.writes x
+             WHERE x.thread_id = p_thread AND x.task_id = ANY (p_write_tasks) LIMIT 1;
+        END IF;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK004', MESSAGE = 'invalid commit',
+                DETAIL = json_build_object('thread_id', p_thread, 'problem',
+                    format('task %L already has a write', bad))::text;
+        END IF;
+    END IF;
+    IF n_messages > 0 THEN
+        SELECT m.id INTO bad FROM unnest(p_message_ids) WITH ORDINALITY AS m(id, o)
+         GROUP BY m.id HAVING count(*) > 1 ORDER BY min(m.o) LIMIT 1;
+        IF NOT FOUND AND t.message_count > 0 THEN
+            SELECT x.message_id INTO bad FROM @schema@.messages x
+             WHERE x.thread_id = p_thread AND x.message_id = ANY (p_message_ids) LIMIT 1;
+        END IF;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK004', MESSAGE = 'invalid commit',
+                DETAIL = json_build_object('thread_id', p_thread, 'problem',
+                    format('message id %L is already on the thread', bad))::text;
+        END IF;
+    END IF;
+    IF n_outbox > 0 THEN
+        SELECT m.id INTO bad FROM unnest(p_outbox_ids) WITH ORDINALITY AS m(id, o)
+         GROUP BY m.id HAVING count(*) > 1 ORDER BY min(m.o) LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK004', MESSAGE = 'invalid commit',
+                DETAIL = json_build_object('thread_id', p_thread, 'problem',
+                    format('outbox message id %L appears twice', bad))::text;
+        END IF;
+    END IF;
+    IF n_consume > 0 THEN
+        SELECT c.id INTO bad FROM unnest(p_consume) WITH ORDINALITY AS c(id, o)
+         WHERE NOT EXISTS (SELECT 1 FROM @schema@.inbox i
+                            WHERE i.thread_id = p_thread AND i.message_id = c.id
+                              AND NOT i.consumed)
+         ORDER BY c.o LIMIT 1;
+        IF NOT FOUND THEN
+            SELECT c.id INTO bad FROM unnest(p_consume) WITH ORDINALITY AS c(id, o)
+             GROUP BY c.id HAVING count(*) > 1 ORDER BY min(c.o) LIMIT 1;
+        END IF;
+        IF FOUND THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK004', MESSAGE = 'invalid commit',
+                DETAIL = json_build_object('thread_id', p_thread, 'problem',
+                    format('inbox message %L is not waiting to be consumed', bad))::text;
+        END IF;
+    END IF;
+    -- 5. the dispatch it settles: the checks settle() makes, before anything is written
+    -- (a refusal rolls everything back either way; checked first, the successful path
+    -- writes the dispatch and the thread row once each). The thread row is locked above:
+    -- lock order thread, then its dispatch.
+    IF p_settle_dispatch IS NOT NULL THEN
+        SELECT * INTO d FROM @schema@.dispatches x
+         WHERE x.dispatch_id = p_settle_dispatch AND x.thread_id = p_thread FOR UPDATE;
+        IF NOT FOUND THEN
+            SELECT * INTO d FROM @schema@.dispatches x WHERE x.dispatch_id = p_settle_dispatch;
+            IF FOUND THEN
+                RAISE EXCEPTION USING ERRCODE = 'WK004', MESSAGE = 'invalid commit',
+                    DETAIL = json_build_object('thread_id', p_thread, 'problem',
+                        format('it settles dispatch %L, which belongs to thread %L',
+                               p_settle_dispatch, d.thread_id))::text;
+            END IF;
+            RAISE EXCEPTION USING ERRCODE = 'WK006', MESSAGE = 'not found',
+                DETAIL = json_build_object('what', 'dispatch', 'ident', p_settle_dispatch)::text;
+        END IF;
+        IF d.status <> 'leased' OR d.token IS DISTINCT FROM p_token
+           OR t.epoch IS DISTINCT FROM p_token THEN
+            RAISE EXCEPTION USING ERRCODE = 'WK001', MESSAGE = 'stale claim',
+                DETAIL = json_build_object('thread_id', p_thread, 'token', p_token,
+                    'current', t.claim_token)::text;
+        END IF;
+    END IF;
+    -- apply everything: the rarer parts first, one statement each, then the common ones
+    IF p_cp_body IS NOT NULL AND t.write_count > 0 THEN
+        DELETE FROM @schema@.writes WHERE thread_id = p_thread;
+    END IF;
+    IF n_writes > 0 THEN
+        INSERT INTO @schema@.writes (thread_id, task_id, version, idx, body)
+        SELECT p_thread, w.task, t.version + 1, w.o, w.body
+          FROM unnest(p_write_tasks, p_write_bodies) WITH ORDINALITY AS w(task, body, o);
+    END IF;
+    IF n_messages > 0 THEN
+        INSERT INTO @schema@.messages (thread_id, pos, message_id, body)
+        SELECT p_thread, t.message_count + m.o - 1, m.id, m.body
+          FROM unnest(p_message_ids, p_message_bodies) WITH ORDINALITY AS m(id, body, o);
+    END IF;
+    IF n_outbox > 0 THEN
+        INSERT INTO @schema@.outbox
+               (source_thread, target_thread, message_id, correlation_id, payload, at)
+        SELECT p_thread, x.target, x.id, x.corr, x.payload, n
+          FROM unnest(p_outbox_ids, p_outbox_targets, p_outbox_correlations, p_outbox_payloads)
+               WITH ORDINALITY AS x(id, target, corr, payload, o)
+         ORDER BY x.o;
+    END IF;
+    IF n_consume > 0 THEN
+        UPDATE @schema@.inbox SET consumed = true
+         WHERE thread_id = p_thread AND message_id = ANY (p_consume);
+    END IF;
+    IF t.version = 0 AND t.tenant IS NULL AND p_cp_body IS NOT NULL AND p_cp_tenant IS NOT NULL
+    THEN
+        -- tenant is only in an UPDATE's SET list when it changes (the owner trigger of 0005
+        -- watches it)
+        UPDATE @schema@.threads SET tenant = p_cp_tenant
+         WHERE thread_id = p_thread AND claim_token = p_token;
+    END IF;
+    -- The checkpoint, the events, the receipt, the settled dispatch and the thread row, in
+    -- one statement: a statement's fixed cost (its executor, the indexes it opens) is most of
+    -- what each of them costs. Each part writes nothing when its input is absent. The thread
+    -- row is updated once, ending the claim when the commit settles or releases, and no
+    -- indexed column changes, so the update is HOT.
+    WITH cp AS (
+        -- with the segment columns (see 2 above)
+        INSERT INTO @schema@.checkpoints (thread_id, version, checkpoint_id, at, body,
+                                          run_id, status, graph, seg_first, ordinal)
+        SELECT p_thread, t.version + 1, p_cp_id, n, p_cp_body,
+               b.doc ->> 'run_id', b.doc ->> 'status',
+               CASE WHEN json_typeof(b.doc -> 'metadata' -> 'graph') = 'string'
+                    THEN b.doc -> 'metadata' ->> 'graph' END,
+               CASE WHEN p.run_id = b.doc ->> 'run_id' THEN p.seg_first ELSE t.version + 1 END,
+               coalesce(p.ordinal, 0) + 1
+          FROM (SELECT replace(p_cp_body, '\u0000', '\u0001')::json AS doc) b
+          LEFT JOIN LATERAL (
+               SELECT x.run_id, x.seg_first, x.ordinal FROM @schema@.checkpoints x
+                WHERE x.thread_id = p_thread ORDER BY x.version DESC LIMIT 1) p ON true
+         WHERE p_cp_body IS NOT NULL
+    ), ev AS (
+        INSERT INTO @schema@.events (thread_id, seq, at, body)
+        SELECT p_thread, t.next_seq + e.o - 1, n, e.body
+          FROM unnest(p_events) WITH ORDINALITY AS e(body, o)
+    ), rc AS (
+        INSERT INTO @schema@.receipts (thread_id, operation_id, payload_hash, version,
+                                       checkpoint_id, first_seq, event_count, at)
+        SELECT p_thread, p_operation, p_hash, t.version + 1, resulting, t.next_seq, n_events, n
+         WHERE p_operation IS NOT NULL
+    ), st AS (
+        -- what settle_locked() writes, checked above
+        UPDATE @schema@.dispatches
+           SET status = p_settle_status,
+               token = CASE WHEN p_settle_status = 'pending' THEN NULL ELSE token END,
+               holder = CASE WHEN p_settle_status = 'pending' THEN NULL ELSE holder END,
+               lease_until = NULL, lease_expires = NULL,
+               available_at = CASE WHEN p_settle_status = 'pending'
+                                   THEN n + make_interval(secs => p_settle_delay)
+                                   ELSE available_at END,
+               last_error = CASE WHEN p_settle_status = 'pending' THEN p_settle_error
+                                 ELSE last_error END,
+               updated_at = n
+         WHERE dispatch_id = p_settle_dispatch AND token = p_token
+    )
+    UPDATE @schema@.threads
+       SET version = t.version + 1,
+           status = CASE WHEN p_cp_body IS NOT NULL THEN p_cp_status ELSE t.status END,
+           latest_checkpoint = resulting,
+           write_count = CASE WHEN p_cp_body IS NOT NULL THEN 0 ELSE t.write_count END
+                         + n_writes,
+           next_seq = t.next_seq + n_events,
+           message_count = t.message_count + n_messages,
+           updated_at = n,
+           claim_holder = CASE WHEN ending THEN NULL ELSE t.claim_holder END,
+           claim_token = CASE WHEN ending THEN NULL ELSE t.claim_token END,
+           claim_expires = CASE WHEN ending THEN NULL ELSE t.claim_expires END
+     WHERE thread_id = p_thread AND claim_token = p_token;
+    IF ending AND p_settle_dispatch IS NULL THEN
+        -- what release() writes besides the claim: a lease granted with it no longer holds
+        -- the thread
+        UPDATE @schema@.dispatches SET lease_expires = '-infinity'
+         WHERE thread_id = p_thread AND status = 'leased' AND token = p_token;
+    END IF;
+    o_replayed := false;
+    o_version := t.version + 1;
+    o_checkpoint := resulting;
+    o_first_seq := t.next_seq;
+    o_event_count := n_events;
+END
+$fn$;
 
 -- ------------------------------------------------------------- commit_each
 
