@@ -461,9 +461,10 @@ BEGIN
         RETURN;
     END IF;
     -- 1. every thread row, in thread id order (the one lock order of the schema: threads,
-    -- then their dispatches; two batches never wait for each other in a cycle)
+    -- then their dispatches; two batches never wait for each other in a cycle). Code point
+    -- order (COLLATE "C"), the order the store sorts a batch in, which commit_each follows.
     PERFORM 1 FROM @schema@.threads WHERE thread_id = ANY (p_threads)
-      ORDER BY thread_id FOR UPDATE;
+      ORDER BY thread_id COLLATE "C" FOR UPDATE;
     -- 2. each settled dispatch, only together with its own thread (a dispatch of another
     -- thread is refused below, unlocked, as commit() refuses it)
     IF array_remove(p_settle_dispatches, NULL) <> '{}' THEN
