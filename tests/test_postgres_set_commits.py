@@ -250,3 +250,37 @@ async def test_a_batch_that_needs_commit_each_gives_the_same_answers(
         answers, _, called = await _grouped(conn, twice)
         assert [a[0][3] for a in answers] == [1, 2]  # first_seq of each
         assert called["commit_each"] == 1
+
+
+async def test_a_batch_updates_thread_rows_hot(pg_databases: Databases) -> None:
+    """The set-based path names tenant in its UPDATE (for the commit that binds one) but
+    changes no indexed column of a thread that committed before: every update is HOT."""
+    dsn = await pg_databases.clone()
+    store = await open_test_store(dsn)
+    try:
+        batch = []
+        for i in range(6):
+            tenant = "acme" if i % 2 else None
+            claim = await store.claim(f"t{i}", "w", 60)
+            await store.commit(
+                f"t{i}", Commit(token=claim.token, checkpoint=_cp(f"a{i}", None, tenant))
+            )
+            second = Commit(
+                token=claim.token, checkpoint=_cp(f"b{i}", f"a{i}", tenant), events=_events("e")
+            )
+            batch.append((f"t{i}", claim.token, *_commit_params(second)))
+    finally:
+        await store.close()
+    updates = """
+    SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables
+     WHERE schemaname = 'wakeful' AND relname = 'threads'
+    """
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        query = render(COMMIT_MANY, conn, "wakeful")
+        async with conn.transaction():  # the counts of this transaction
+            before = await (await conn.execute(updates)).fetchone()
+            rows = await (await conn.execute(query, batch_params(batch))).fetchall()
+            after = await (await conn.execute(updates)).fetchone()
+    assert [row[5] for row in rows] == [None] * 6
+    assert before is not None and after is not None
+    assert after[0] - before[0] == 6 and after[1] - before[1] == 6
