@@ -468,9 +468,12 @@ BEGIN
     -- 2. each settled dispatch, only together with its own thread (a dispatch of another
     -- thread is refused below, unlocked, as commit() refuses it)
     IF array_remove(p_settle_dispatches, NULL) <> '{}' THEN
+        -- (found by key: a thread may have any number of settled dispatches)
         PERFORM 1 FROM @schema@.dispatches x
-          JOIN unnest(p_settle_dispatches, p_threads) s(dispatch, thread)
-            ON x.dispatch_id = s.dispatch AND x.thread_id = s.thread
+         WHERE x.dispatch_id = ANY (p_settle_dispatches)
+           AND (x.dispatch_id, x.thread_id) IN (
+               SELECT s.dispatch, s.thread
+                 FROM unnest(p_settle_dispatches, p_threads) s(dispatch, thread))
          ORDER BY x.dispatch_id FOR UPDATE OF x;
     END IF;
     -- 3. one statement: v judges each commit against its locked thread row with commit()'s
@@ -597,11 +600,19 @@ BEGIN
           FROM v
          WHERE v.verdict = 'go' AND x.dispatch_id = v.settle AND x.token = v.token
     ), rl AS (
-        -- what release() writes besides the claim (a commit that releases, settling nothing)
+        -- what release() writes besides the claim (a commit that releases, settling nothing):
+        -- found from each such commit's thread (LATERAL, kept apart by OFFSET 0: never a
+        -- scan of every leased dispatch), and not even that unless the call has a release
         UPDATE @schema@.dispatches x SET lease_expires = '-infinity'
           FROM v
-         WHERE v.verdict = 'go' AND v.ending AND v.settle IS NULL
-           AND x.thread_id = v.thread AND x.status = 'leased' AND x.token = v.token
+         CROSS JOIN LATERAL (
+               SELECT y.dispatch_id FROM @schema@.dispatches y
+                WHERE y.thread_id = v.thread AND y.token = v.token
+                  AND y.status || '' = 'leased'  -- no status index can serve this: by thread
+               OFFSET 0) l
+         WHERE true = ANY (p_releases)
+           AND v.verdict = 'go' AND v.ending AND v.settle IS NULL
+           AND x.dispatch_id = l.dispatch_id
     ), th AS (
         -- fenced by the token; no indexed column changes (tenant only when it is bound
         -- here, as in commit()), so the update is HOT
