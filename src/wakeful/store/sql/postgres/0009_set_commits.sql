@@ -431,7 +431,8 @@ RETURNS TABLE (o_replayed boolean, o_version bigint, o_checkpoint text, o_first_
                o_event_count bigint, o_code text, o_detail text)
 LANGUAGE plpgsql
 -- One plan per session for its statements (planning the statement below costs more than
--- running it), made with index probes only: see j.
+-- running it), made with index probes only: see j. (Also in effect for the commit() calls of
+-- commit_each, whose statements are key lookups either way.)
 SET plan_cache_mode = force_generic_plan
 SET enable_seqscan = off
 AS $fn$
