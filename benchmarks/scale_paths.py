@@ -7,12 +7,19 @@ For each size (committed threads) a store is built with set-based inserts
 (``benchmarks.scale_data``: the public API would need most of an hour for a million threads)
 on SQLite and on PostgreSQL (a fresh database, autovacuum off for its tables so "without
 statistics" stays so): ``size`` committed threads over ten tenants, ``size / 10`` pending
-dispatches (at most 100,000) on threads without commits, ``size / 100`` leased ones (at most
-10,000) held by live claims, one done dispatch per thread, a big thread of
-``min(10 * size, --max-events)`` events, and a quiet tenant with one thread. Each path is
+dispatches (at least 1,000, at most 100,000) on threads without commits, ``size / 100``
+leased ones (at most 10,000) held by live claims, one done dispatch per thread, a big thread
+of ``min(10 * size, --max-events)`` events, and a quiet tenant with one thread. Each path is
 then called ``--calls`` times per round through the store API, first without statistics and
 again after ``ANALYZE``; the figure is the median call. A path is flat when its time at the
 largest size is at most 1.5x its time at the smallest (per store, per statistics state).
+
+What makes the sizes comparable (decision 0027, "Second round"): the stores of every size
+are open at once and take turns call by call, so load from elsewhere on the machine hits
+them alike; ``claim_next`` puts each claimed dispatch back (a zero-delay retry), so every
+call of every round and state claims from the queue as built instead of draining the small
+store's; and the builder writes each row once (no UPDATE leaving dead versions that only the
+larger sizes' first pages stepped over).
 
 Paths: ``read`` of a thread, the tail of the big thread's events (``events_after``, which is
 also what an SSE resume reads) and of its messages, the first thread page (operator and
@@ -40,7 +47,7 @@ from typing import Any
 from benchmarks.common import DEFAULT_DSN, Collector, Database, Result, rounds_argument
 from benchmarks.scale_data import BIG, QUIET, Shape, fill_sqlite, postgres_statements
 from wakeful import open_store
-from wakeful.records import Done
+from wakeful.records import Retry
 from wakeful.store.contract import Store
 
 FLAT = 1.5
@@ -49,13 +56,15 @@ SCRAPE_MS = 20.0
 SCRAPE_BOUND = 10_000
 """The server's default ``queue_depth_bound``."""
 
+RETRY = Retry(delay=0.0)
 Call = Callable[[Store], Awaitable[Any]]
 
 
 def shape_for(size: int, max_events: int) -> Shape:
     return Shape(
         threads=size,
-        pending=min(size // 10, 100_000),
+        # at least a thousand: issue 22 compares claim_next at 100k pending with 1k pending
+        pending=min(max(size // 10, 1000), 100_000),
         leased=min(size // 100, 10_000),
         events=min(10 * size, max_events),
         messages=min(size, 20_000),
@@ -87,22 +96,47 @@ def paths(shape: Shape) -> dict[str, Call]:
     }
 
 
-async def measure(url: str, shape: Shape, calls: int) -> dict[str, float]:
-    """Milliseconds per call (median of ``calls``) of every path, on the store at ``url``."""
-    out: dict[str, float] = {}
-    async with open_store(url) as store:
-        for name, call in paths(shape).items():
-            await call(store)  # warm: connections, prepared statements, page cache
-            times = []
-            for _ in range(calls):
-                start = time.perf_counter()
-                result = await call(store)
-                times.append((time.perf_counter() - start) * 1e3)
-                if name == "claim_next":
-                    for lease in result:  # keep the queue as built
-                        await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
-            out[name] = statistics.median(times)
+async def measure(
+    urls: dict[int, str], shapes: dict[int, Shape], calls: int
+) -> dict[int, dict[str, float]]:
+    """Milliseconds per call (median of ``calls``) of every path, per size, on the stores at
+    ``urls`` (one per size, all open at once).
+
+    The sizes take turns call by call (alternating which goes first), so that a burst of
+    load from elsewhere on the machine hits every size alike: a path's ratio compares calls
+    made within the same millisecond, not one size's minute against another's.
+    """
+    out: dict[int, dict[str, float]] = {size: {} for size in urls}
+    async with contextlib.AsyncExitStack() as stack:
+        stores = {
+            size: await stack.enter_async_context(open_store(url)) for size, url in urls.items()
+        }
+        calls_of = {size: paths(shapes[size]) for size in urls}
+        for name in calls_of[next(iter(urls))]:
+            times: dict[int, list[float]] = {size: [] for size in urls}
+            for i in range(calls + 1):
+                order = list(urls) if i % 2 == 0 else list(reversed(urls))
+                for size in order:
+                    call, store = calls_of[size][name], stores[size]
+                    start = time.perf_counter()
+                    result = await call(store)
+                    took = (time.perf_counter() - start) * 1e3
+                    if i > 0:  # the first call warms connections, statements and caches
+                        times[size].append(took)
+                    if name == "claim_next":
+                        await _put_back(store, result)
+            for size, values in times.items():
+                out[size][name] = statistics.median(values)
     return out
+
+
+async def _put_back(store: Store, leases: Any) -> None:
+    """Keep the queue as built: a claimed dispatch goes back to pending at its place, so
+    that every call (and every round, size and statistics state) claims from the same queue
+    (settling it done drained the 1k store's pending dispatches in the later rounds, which
+    then timed empty claims)."""
+    for lease in leases:
+        await store.settle(lease.dispatch.dispatch_id, lease.claim.token, RETRY)
 
 
 async def _migrated(url: str) -> None:
@@ -164,13 +198,9 @@ def _measure_all(
     shapes: dict[int, Shape],
     args: argparse.Namespace,
 ) -> None:
-    """Rounds interleave the sizes, so that load from elsewhere hits them alike."""
-    for r in range(args.rounds):
-        order = list(urls) if r % 2 == 0 else list(reversed(urls))
-        for size in order:
-            found.setdefault((store, state, size), []).append(
-                asyncio.run(measure(urls[size], shapes[size], args.calls))
-            )
+    for _ in range(args.rounds):
+        for size, figures in asyncio.run(measure(urls, shapes, args.calls)).items():
+            found.setdefault((store, state, size), []).append(figures)
 
 
 def run(args: argparse.Namespace) -> tuple[dict[Key, list[dict[str, float]]], str | None]:
