@@ -1,7 +1,7 @@
 """Read and claim paths against deployment size (issue 27): each must stay flat.
 
 Run ``python -m benchmarks.scale_paths [--sizes 1000,100000,1000000] [--calls 20]
-[--rounds 3] [--dsn URL] [--max-events N]``.
+[--rounds 3] [--dsn URL] [--max-events N] [--stores sqlite,postgresql]``.
 
 For each size (committed threads) a store is built with set-based inserts
 (``benchmarks.scale_data``: the public API would need most of an hour for a million threads)
@@ -243,54 +243,86 @@ def _measure_all(
             found.setdefault((store, state, size), []).append(figures)
 
 
+def _sqlite(
+    args: argparse.Namespace, shapes: dict[int, Shape], found: dict[Key, list[Figures]]
+) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="wakeful-bench-paths-"))
+    try:
+        paths = {size: directory / f"paths-{size}.db" for size in shapes}
+        urls = {}
+        for size, shape in shapes.items():
+            started = time.perf_counter()
+            urls[size] = build_sqlite(paths[size], shape)
+            took = time.perf_counter() - started
+            print(f"sqlite {size:,}: built in {took:.1f} s", flush=True)
+        local = Backends(None, dict.fromkeys(shapes, ""))
+        _measure_all(found, "sqlite", "no stats", urls, shapes, args, local)
+        for size, path in paths.items():
+            started = time.perf_counter()
+            analyze_sqlite(path)
+            took = time.perf_counter() - started
+            print(f"sqlite {size:,}: ANALYZE in {took:.1f} s", flush=True)
+        _measure_all(found, "sqlite", "analyzed", urls, shapes, args, local)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _postgres(
+    args: argparse.Namespace, shapes: dict[int, Shape], found: dict[Key, list[Figures]]
+) -> None:
+    dbs = {size: Database(args.dsn, f"wakeful_bench_paths_{os.getpid()}_{size}") for size in shapes}
+    try:
+        dsns = {}
+        for size, shape in shapes.items():
+            started = time.perf_counter()
+            dsns[size] = build_postgres(dbs[size], shape)
+            took = time.perf_counter() - started
+            print(f"postgresql {size:,}: built in {took:.1f} s", flush=True)
+        server = Backends(args.dsn, {size: db.name for size, db in dbs.items()})
+        _measure_all(found, "postgresql", "no stats", dsns, shapes, args, server)
+        for size, dsn in dsns.items():
+            started = time.perf_counter()
+            analyze_postgres(dsn)
+            took = time.perf_counter() - started
+            print(f"postgresql {size:,}: VACUUM ANALYZE in {took:.1f} s", flush=True)
+        _measure_all(found, "postgresql", "analyzed", dsns, shapes, args, server)
+    finally:
+        for db in dbs.values():
+            with contextlib.suppress(Exception):
+                db.drop()
+
+
 def run(args: argparse.Namespace) -> tuple[dict[Key, list[Figures]], str | None]:
     sizes = [int(x) for x in args.sizes.split(",") if x]
     shapes = {size: shape_for(size, args.max_events) for size in sizes}
     found: dict[Key, list[Figures]] = {}
     skipped: str | None = None
-    directory = Path(tempfile.mkdtemp(prefix="wakeful-bench-paths-"))
-    try:
-        paths = {size: directory / f"paths-{size}.db" for size in sizes}
-        urls = {}
-        for size in sizes:
-            started = time.perf_counter()
-            urls[size] = build_sqlite(paths[size], shapes[size])
-            took = time.perf_counter() - started
-            print(f"sqlite {size:,}: built in {took:.1f} s", flush=True)
-        local = Backends(None, {size: "" for size in sizes})
-        _measure_all(found, "sqlite", "no stats", urls, shapes, args, local)
-        for size in sizes:
-            analyze_sqlite(paths[size])
-        _measure_all(found, "sqlite", "analyzed", urls, shapes, args, local)
-        for path in paths.values():
-            path.unlink()
-        dbs = {
-            size: Database(args.dsn, f"wakeful_bench_paths_{os.getpid()}_{size}") for size in sizes
-        }
+    stores = args.stores.split(",")
+    if "sqlite" in stores:
+        _sqlite(args, shapes, found)
+    if "postgresql" in stores:
         try:
-            dsns = {}
-            for size in sizes:
-                started = time.perf_counter()
-                dsns[size] = build_postgres(dbs[size], shapes[size])
-                took = time.perf_counter() - started
-                print(f"postgresql {size:,}: built in {took:.1f} s", flush=True)
-            server = Backends(args.dsn, {size: db.name for size, db in dbs.items()})
-            _measure_all(found, "postgresql", "no stats", dsns, shapes, args, server)
-            for dsn in dsns.values():
-                analyze_postgres(dsn)
-            _measure_all(found, "postgresql", "analyzed", dsns, shapes, args, server)
+            _postgres(args, shapes, found)
         except Exception as exc:  # no server or no driver: SQLite still ran
             skipped = f"PostgreSQL skipped: {type(exc).__name__}: {exc}"
-        finally:
-            for db in dbs.values():
-                with contextlib.suppress(Exception):
-                    db.drop()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
     return found, skipped
 
 
-def report(found: dict[Key, list[Figures]], sizes: list[int], skipped: str | None) -> list[Result]:
+def _note(name: str, small: Shape, large: Shape) -> str:
+    """What grew under a path besides the threads (issue 22 asks for these two)."""
+    if name == "claim_next":
+        return f"{large.pending:,} pending vs {small.pending:,}, {large.leased:,} leased"
+    if name.startswith("events tail"):
+        return f"a thread of {large.events:,} events vs {small.events:,}"
+    return ""
+
+
+def report(
+    found: dict[Key, list[Figures]],
+    sizes: list[int],
+    skipped: str | None,
+    shapes: dict[int, Shape],
+) -> list[Result]:
     """Flatness is judged on CPU time per call (the client process plus, on PostgreSQL, the
     database's backends): the work a path does, which scheduling delays on a shared machine
     do not inflate. Wall time is reported beside it with its ratio, and is what the absolute
@@ -322,6 +354,7 @@ def report(found: dict[Key, list[Figures]], sizes: list[int], skipped: str | Non
                 anchor_samples=cpu[small],
                 # a count grows with what it counts, up to its bound: judged absolutely
                 target=None if name.startswith("queue_depths") else FLAT,
+                note=_note(name, shapes[small], shapes[large]),
             )
             out.add(
                 f"{name}, {where}, wall",
@@ -357,10 +390,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--sizes", default="1000,100000,1000000", help="committed threads")
     parser.add_argument("--calls", type=int, default=20, help="timed calls per path and round")
     parser.add_argument("--max-events", type=int, default=10_000_000, help="big thread cap")
+    parser.add_argument("--stores", default="sqlite,postgresql", help="which stores to measure")
     rounds_argument(parser, default=1)
     args = parser.parse_args(argv if argv is not None else [])
     found, skipped = run(args)
-    return report(found, [int(x) for x in args.sizes.split(",") if x], skipped)
+    sizes = [int(x) for x in args.sizes.split(",") if x]
+    return report(found, sizes, skipped, {s: shape_for(s, args.max_events) for s in sizes})
 
 
 if __name__ == "__main__":
