@@ -88,7 +88,7 @@ def clean(plan: str) -> str:
 
 def plans(dsn: str, probes: dict[str, Probe]) -> dict[str, str]:
     """Every plan auto_explain reports while each probe runs (each rolled back), innermost
-    statements first (``claim_next`` ends with the outer function call, dropped here)."""
+    statements first; the outer call of a function is dropped."""
     out: dict[str, str] = {}
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("LOAD 'auto_explain'")
@@ -114,7 +114,9 @@ def plans(dsn: str, probes: dict[str, Probe]) -> dict[str, str]:
                 with conn.transaction(force_rollback=True):
                     conn.execute(query, params or None)
             conn._notice_handlers.clear()
-            found = [clean(n) for n in notes if "Function Scan on" not in n]
+            # the caller's own statement, when it calls a function, is a function scan
+            outer = [n for n in notes if f"Query Text: {query}" in n and "Function Scan" in n]
+            found = [clean(n) for n in notes if n not in outer]
             out[name] = "\n".join(p for p in found if p)
     return out
 
