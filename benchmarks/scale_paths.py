@@ -21,11 +21,13 @@ call of every round and state claims from the queue as built instead of draining
 store's; and the builder writes each row once (no UPDATE leaving dead versions that only the
 larger sizes' first pages stepped over).
 
-Paths: ``read`` of a thread, the tail of the big thread's events (``events_after``, which is
-also what an SSE resume reads) and of its messages, the first thread page (operator and
-tenant), the first pending page (operator), a tenant's dispatch page (the quiet tenant's:
-<= 20 ms whatever the others hold; and a busy tenant's), one thread's dispatches of one
-status, ``queue_depths`` (what a ``/metrics`` scrape calls, bound 10,000), and ``claim_next``.
+Paths: ``read`` of a thread, the tail of the big thread's events (``events_after``), an SSE
+resume on it (what the server's stream routes read before their first frame: the thread, a
+one-event probe, the first page of 100), the tail of its messages, the first thread page
+(operator and tenant), the first pending page (operator), a tenant's dispatch page (the
+quiet tenant's: <= 20 ms whatever the others hold; and a busy tenant's), one thread's
+dispatches of one status, ``queue_depths`` (what a ``/metrics`` scrape calls, bound 10,000),
+and ``claim_next``.
 """
 
 from __future__ import annotations
@@ -80,9 +82,18 @@ def paths(shape: Shape) -> dict[str, Call]:
         leases = await store.claim_next("bench-claimer", 60)
         return leases
 
+    async def resume(store: Store) -> Any:
+        # what the server's event stream routes read when a client resumes 100 events back:
+        # the thread (visible_thread), the 410 probe, then the first page of the stream
+        after = shape.events - 100
+        await store.read(BIG)
+        await store.events_after(BIG, after, 1)
+        return await store.events_after(BIG, after, 100)
+
     return {
         "read": lambda s: s.read(middle),
-        "events tail (SSE resume)": lambda s: s.events_after(BIG, shape.events - 100, 100),
+        "events tail": lambda s: s.events_after(BIG, shape.events - 100, 100),
+        "SSE resume": resume,
         "messages tail": lambda s: s.messages(BIG, shape.messages - 100, 100),
         "thread page, operator": lambda s: s.list_threads(limit=100),
         "thread page, tenant": lambda s: s.list_threads(tenant="tenant-3", limit=100),
@@ -312,7 +323,7 @@ def _note(name: str, small: Shape, large: Shape) -> str:
     """What grew under a path besides the threads (issue 22 asks for these two)."""
     if name == "claim_next":
         return f"{large.pending:,} pending vs {small.pending:,}, {large.leased:,} leased"
-    if name.startswith("events tail"):
+    if name in ("events tail", "SSE resume"):
         return f"a thread of {large.events:,} events vs {small.events:,}"
     return ""
 

@@ -37,7 +37,7 @@ def calls(size: int, events: int, messages: int) -> dict[str, Probe]:
     middle = f"t{size // 2:08d}"
     return {
         "read": (_READ.replace("@schema@", S), (middle,)),
-        "events tail (SSE resume)": (
+        "events tail": (
             _EVENTS.replace("@schema@", S),
             {"thread": BIG, "after": events - 100, "limit": 100},
         ),
