@@ -88,9 +88,17 @@ def postgres_statements(schema: str, shape: Shape) -> list[str]:
     big_cp = _pg_checkpoint("'big-c' || i", big_parent, "'tenant-0'")
     quiet_cp = _pg_checkpoint("'quiet-c1'", "'null'", f"'{QUIET}'")
     return [
+        # the first ``leased`` threads are held by live claims, written here rather than by
+        # an UPDATE afterwards: that would leave a dead version of each row (no vacuum runs
+        # in the "without statistics" state) for every later read to step over
         f"""INSERT INTO {s}.threads (thread_id, present, version, tenant, status,
-                latest_checkpoint, next_seq, updated_at)
-            SELECT {tid}, true, 1, {tenant}, 'completed', 'c-' || i, 2, now()
+                latest_checkpoint, next_seq, updated_at, claim_holder, claim_token, epoch,
+                claim_expires)
+            SELECT {tid}, true, 1, {tenant}, 'completed', 'c-' || i, 2, now(),
+                   CASE WHEN i <= {lease} THEN 'bench' END,
+                   CASE WHEN i <= {lease} THEN 1 END,
+                   CASE WHEN i <= {lease} THEN 1 ELSE 0 END,
+                   CASE WHEN i <= {lease} THEN now() + interval '1 day' END
               FROM generate_series(1, {n}) i""",
         f"""INSERT INTO {s}.checkpoints (thread_id, version, checkpoint_id, at, body)
             SELECT {tid}, 1, 'c-' || i, now(), {thread_cp}
@@ -104,9 +112,6 @@ def postgres_statements(schema: str, shape: Shape) -> list[str]:
             SELECT 'dp-' || i, {qid}, 'start', replace('{START_PAYLOAD}', 'TENANT', {tenant}),
                    0, now(), 5, 'pending', 0, now(), now(), {tenant}
               FROM generate_series(1, {p}) i""",
-        f"""UPDATE {s}.threads SET claim_holder = 'bench', claim_token = 1, epoch = 1,
-                claim_expires = now() + interval '1 day'
-             WHERE thread_id BETWEEN 't00000001' AND 't' || lpad('{lease}', 8, '0')""",
         f"""INSERT INTO {s}.dispatches (dispatch_id, thread_id, kind, payload, priority,
                 available_at, max_attempts, status, attempts, token, holder, lease_until,
                 lease_expires, created_at, updated_at, tenant)

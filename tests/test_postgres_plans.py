@@ -96,6 +96,43 @@ async def test_every_hot_path_reads_its_index_range(
             assert "Filter: (status" not in plans, (name, plans)  # the status is in the range
 
 
+async def test_no_hot_function_compiles_its_queries(pg_databases: Databases) -> None:
+    """With JIT compilation made as eager as it gets (a threshold of 0), no statement inside
+    claim_next, the listings or the count compiles (migration 0011): claim_next's cursors
+    have no LIMIT, so their estimated cost grows with the queue, and above
+    jit_above_cost every claim compiled before reading a row (142 ms of 150 ms at 100,000
+    pending dispatches). A statement of the same session outside them does compile."""
+    dsn = await pg_databases.clone()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        available = conn.execute("SELECT pg_jit_available()").fetchone()
+        if available is None or not available[0]:
+            pytest.skip("this PostgreSQL server has no JIT provider")
+        with conn.transaction():
+            for statement in postgres_statements(S, Shape(300, 100, 20, 50, 10, 5)):
+                conn.execute(statement)
+        conn.execute("LOAD 'auto_explain'")
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_analyze = on",
+            "auto_explain.log_nested_statements = on",
+            "auto_explain.log_level = notice",
+            "client_min_messages = notice",
+            "jit = on",
+            "jit_above_cost = 0",
+        ):
+            conn.execute(f"SET {setting}")
+        for name, (query, _) in CALLS.items():
+            # each plan is one notice; the last is the caller's own statement (a function
+            # scan, whose cost of 10 never reaches the default threshold), not the function's
+            plans = _nested_plans(conn, query).split("duration: ")
+            inside = [plan for plan in plans if plan and f"Query Text: {query}" not in plan]
+            assert any("Index" in plan for plan in inside), (name, plans)
+            for plan in inside:
+                assert "JIT:" not in plan, (name, plan)
+        outside = _nested_plans(conn, f"SELECT count(*) FROM {S}.dispatches WHERE priority >= 0")
+        assert "JIT:" in outside, outside
+
+
 async def test_runs_walks_the_primary_key_a_few_rows_per_run(pg_databases: Databases) -> None:
     """``runs`` on a history of 4,000 checkpoints in 400 runs: the page of 20 runs (and the
     one below it) is read from the primary key, about two rows per run, never the history."""
