@@ -98,7 +98,7 @@ async def test_every_hot_path_reads_its_index_range(
 
 async def test_no_hot_function_compiles_its_queries(pg_databases: Databases) -> None:
     """With JIT compilation made as eager as it gets (a threshold of 0), no statement inside
-    claim_next, the listings or the count compiles (migration 0011): claim_next's cursors
+    claim_next, the listings or the count compiles (migration 0010): claim_next's cursors
     have no LIMIT, so their estimated cost grows with the queue, and above
     jit_above_cost every claim compiled before reading a row (142 ms of 150 ms at 100,000
     pending dispatches). A statement of the same session outside them does compile."""

@@ -1,4 +1,4 @@
--- wakeful PostgreSQL store, schema version 11: the claim, listing and counting functions
+-- wakeful PostgreSQL store, schema version 10: the claim, listing and counting functions
 -- never JIT-compile their queries (issue 27, second round).
 --
 -- Applied after 0010, under the same rules (one transaction, advisory lock, @schema@ and
