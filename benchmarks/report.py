@@ -125,6 +125,15 @@ METHOD = {
         "flat; judged as 10k/1 <= 1.5x), file store open time vs log size, and `tracemalloc` "
         "bytes retained per idle thread (10,000 threads) in the memory and file stores."
     ),
+    "scale_paths": (
+        "Issue 27: every read and claim path on SQLite and PostgreSQL at 1k, 100k and 1M "
+        "threads (a thread with 10M events, 100k pending and 10k leased dispatches; data built "
+        "with set-based inserts), with and without `ANALYZE`. The sizes take turns call by "
+        "call; flatness (largest / smallest <= 1.5x) is judged on CPU per call (the client "
+        "process plus the database's backends), wall time is reported beside it and judged "
+        "only against the absolute limits (a tenant page and a metrics scrape <= 20 ms). "
+        "[Decision 0027](decisions/0027-flat-reads.md) says why."
+    ),
 }
 
 
