@@ -143,6 +143,7 @@ class Agent:
             waiting=ctx.waiting,
             metrics=self.metrics,
             message_id=message_id,
+            resume=not ctx.fresh,
         )
         turn = await recovery.turn(request)
         ctx.append_message(

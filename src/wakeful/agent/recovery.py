@@ -45,6 +45,7 @@ from wakeful.providers.base import (
 )
 from wakeful.records import Message, StreamCheckpoint
 from wakeful.store.contract import StreamCheckpointStore
+from wakeful.store.validate import discards
 
 if TYPE_CHECKING:
     from wakeful.metrics import Metrics
@@ -187,6 +188,10 @@ class StreamRecovery:
     """The id the committed assistant message will have; live deltas and checkpoints name
     the turn by it."""
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
+    resume: bool = True
+    """Look for a stream checkpoint to resume from at the turn's start. ``False`` for a
+    turn no earlier attempt can have started (``NodeContext.fresh``): it has none, and the
+    read is saved."""
 
     def __post_init__(self) -> None:
         self._seen = TurnObserver(None, self.provider, None)
@@ -381,7 +386,7 @@ class StreamRecovery:
     # ------------------------------------------------------------ checkpoints
 
     async def _load(self) -> StreamCheckpoint | None:
-        if self.checkpoints is None:
+        if self.checkpoints is None or not self.resume:
             return None
         try:
             saved = await self.checkpoints.get(self.run_id)
@@ -448,12 +453,19 @@ class StreamRecovery:
             self._checkpoint_failed(exc)
 
     async def discard(self) -> None:
-        """Delete the run's checkpoint (after the turn is committed); failures are counted."""
+        """Delete the run's checkpoint of this turn (after the turn is committed), in one
+        conditional write (``StreamCheckpointStore.discard``): a checkpoint of another turn,
+        or one a newer attempt wrote, stays. Failures are counted."""
         if self.checkpoints is None:
             return
         try:
+            discard = getattr(self.checkpoints, "discard", None)
+            if discard is not None:
+                await discard(self.run_id, self.task_id, self.token)
+                return
+            # a store written before ``discard`` was in the contract: read, then delete
             saved = await self.checkpoints.get(self.run_id)
-            if saved is None or saved.task_id == self.task_id:
+            if discards(saved, self.task_id, self.token):
                 await self.checkpoints.delete(self.run_id)
         except Exception as exc:
             self._checkpoint_failed(exc)

@@ -71,6 +71,7 @@ class NodeContext:
         arg: Any = None,
         progress: Progress | None = None,
         recovered: bool = False,
+        fresh: bool = False,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -84,6 +85,11 @@ class NodeContext:
         self.recovered = recovered
         """The run was recovered at this task's superstep: an earlier attempt may have
         started this task (a tool then says it replayed the call)."""
+        self.fresh = fresh
+        """No earlier attempt can have started this task: it belongs to a checkpoint this
+        attempt committed (a new run's first, or one after a barrier), not to the one a
+        recovery or a resume continues from. So there is nothing of an earlier attempt to
+        look for (a stream checkpoint of the agent's model turn)."""
         self._answers = answers
         self._interrupts = 0
         self._emit_live = emit_live

@@ -83,6 +83,11 @@ class Execution:
     calls: StoreCalls | None = None
     recovered_at: str | None = None
     """The checkpoint a recovery continued from: its tasks may have started before."""
+    admitted: bool = False
+    """``checkpoint`` is a new run's first, committed by this attempt (``NodeContext.fresh``)."""
+    history_seed: list[Message] | None = None
+    """The thread's messages as of ``checkpoint`` if the admission knew them (the thread had
+    none before the run), so ``history()`` reads nothing; ``None``: read them."""
     status: str = "running"
     yield_requested: bool = False
     fence: BaseException | None = None
@@ -90,11 +95,16 @@ class Execution:
     progress: Progress = field(default_factory=Progress)
     """Signs of life the renewer reads (``ClaimPolicy.stall_after``)."""
     _history: list[Message] | None = None
+    _entry: str = field(init=False)
     _writer: Writer = field(init=False)
     _renewer: Renewer = field(init=False)
     _task: asyncio.Task[Any] | None = None
 
     def __post_init__(self) -> None:
+        self._entry = self.checkpoint.id
+        # the claim is held from here on: nobody else appends to the thread's messages, so
+        # the known conversation only grows by this run's own commits (``_recorded``)
+        self._history = None if self.history_seed is None else list(self.history_seed)
         self._writer = make_writer(
             self.durability, self.store, self.thread_id, self.checkpoint.id, self.calls
         )
@@ -359,6 +369,7 @@ class Execution:
                 arg=entry.get("arg"),
                 progress=self.progress,
                 recovered=cp.id == self.recovered_at,
+                fresh=self.admitted or cp.id != self._entry,
             )
             try:
                 updates = await _call(spec, entry, cp.state, ctx)

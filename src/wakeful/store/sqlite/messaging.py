@@ -16,6 +16,7 @@ from wakeful.records import Dispatch, InboxMessage, StreamCheckpoint
 from wakeful.store.projected import message_dispatch_id
 from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.codec import OUTBOX_ENTRY, STREAM_CHECKPOINT, dumps
+from wakeful.store.validate import discards
 
 
 def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int | None:
@@ -104,3 +105,12 @@ def get_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> StreamCheckp
 
 def delete_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> None:
     conn.execute("DELETE FROM stream_checkpoints WHERE run_id = ?", (run_id,))
+
+
+def discard_stream_checkpoint(
+    conn: sqlite3.Connection, run_id: str, task_id: str, token: int
+) -> None:
+    """Delete the run's checkpoint if it is turn ``task_id``'s, written under a token not
+    above ``token`` (inside the write transaction: no put lands between read and delete)."""
+    if discards(get_stream_checkpoint(conn, run_id), task_id, token):
+        delete_stream_checkpoint(conn, run_id)

@@ -54,6 +54,7 @@ from wakeful.store.validate import (
     check_claim_and_commit,
     check_commit,
     check_depth_limit,
+    check_discard,
     check_dispatch,
     check_listing,
     check_outcome,
@@ -399,6 +400,15 @@ class SqliteStreamCheckpoints:
         _checked_run_id(run_id)
         try:
             await self._store._write(lambda c, _: messaging.delete_stream_checkpoint(c, run_id))
+        except WakefulError as exc:
+            raise StreamCheckpointError(run_id, "storage", str(exc)) from exc
+
+    async def discard(self, run_id: str, task_id: str, token: int) -> None:
+        check_discard(run_id, task_id, token)
+        try:
+            await self._store._write(
+                lambda c, _: messaging.discard_stream_checkpoint(c, run_id, task_id, token)
+            )
         except WakefulError as exc:
             raise StreamCheckpointError(run_id, "storage", str(exc)) from exc
 
