@@ -137,3 +137,29 @@ async def test_only_the_tasks_of_a_checkpoint_this_attempt_committed_are_fresh()
         ("after", True, False),  # a checkpoint the resuming attempt committed
         ("after", False, True),  # recovered: the interrupted attempt started it
     ]
+
+
+@pytest.mark.asyncio
+async def test_deltas_nobody_would_receive_are_not_built_and_a_subscriber_gets_them() -> None:
+    store = MemoryStore(ManualClock())
+    runtime = Runtime(store)
+    provider = Scripted.of(reply("One two."), reply("Three four."))
+    agent = Agent("helper", provider, stream_policy=POLICY, sleep=Sleepless())
+    built: list[str] = []
+    emit = runtime.live.emit
+
+    def recording(loop: Any, thread_id: str, run_id: str, type: str, data: Any) -> None:
+        built.append(type)
+        emit(loop, thread_id, run_id, type, data)
+
+    runtime.live.emit = recording  # type: ignore[method-assign]
+    await agent.run(runtime, "t", "hi")
+    assert "text.delta" not in built and "message.started" in built
+
+    built.clear()
+    streamed = [
+        item.data["text"]
+        async for item in agent.stream(runtime, "t", "again")
+        if getattr(item, "type", None) == "text.delta"
+    ]
+    assert "".join(streamed) == "Three four." and "text.delta" in built

@@ -188,6 +188,9 @@ class StreamRecovery:
     """The id the committed assistant message will have; live deltas and checkpoints name
     the turn by it."""
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
+    live_wanted: Callable[[str], bool] | None = None
+    """Whether a live event of a type would reach anybody now (``NodeContext.wants_live``):
+    deltas nobody would receive are not built. ``None``: always build them."""
     resume: bool = True
     """Look for a stream checkpoint to resume from at the turn's start. ``False`` for a
     turn no earlier attempt can have started (``NodeContext.fresh``): it has none, and the
@@ -342,8 +345,12 @@ class StreamRecovery:
         if self.live is None:
             return
         if isinstance(item, TextDelta):
+            if self.live_wanted is not None and not self.live_wanted("text.delta"):
+                return
             data = {"text": item.text, "offset": len(acc.text)}
             self.live("text.delta", {**data, "message_id": self.message_id, "token": self.token})
+            return
+        if self.live_wanted is not None and not self.live_wanted("tool_call.delta"):
             return
         index = acc.offset + item.index
         call = acc.calls.get(index)

@@ -72,6 +72,7 @@ class NodeContext:
         progress: Progress | None = None,
         recovered: bool = False,
         fresh: bool = False,
+        wants_live: Callable[[str], bool] | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -93,6 +94,7 @@ class NodeContext:
         self._answers = answers
         self._interrupts = 0
         self._emit_live = emit_live
+        self._wants_live = wants_live
         self._services = services
         self._progress = progress if progress is not None else Progress()
         self.events: list[EventDraft] = []
@@ -180,6 +182,11 @@ class NodeContext:
         a model, a tool) for the block, however long it takes; the run's claim stays
         renewed meanwhile."""
         return self._progress.wait()
+
+    def wants_live(self, type: str) -> bool:
+        """Whether a live event of ``type`` would reach anybody now (a subscriber in this
+        process, or a channel that forwards it); skip building one that would be dropped."""
+        return self._wants_live is None or self._wants_live(type)
 
     def emit_live(self, type: str, data: Any = None) -> None:
         """A live event for this process's subscribers only; never stored."""

@@ -230,7 +230,7 @@ class Runtime:
                     clock=self.clock,
                     sleep=self.sleep,
                     renew_sleep=self.renew_sleep,
-                    publish_live=self.live.emit,
+                    live=self.live,
                     release_claim=release,
                     settle_dispatch=None if release else dispatch_id,
                     attempt=attempt,

@@ -32,10 +32,12 @@ _STREAM_PUTS = """
 WITH async_commit AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 SELECT @schema@.put_stream_checkpoint(t.run_id, t.thread_id, t.token, t.body, t.updated_at)
   FROM async_commit,
-       unnest(%s::text[], %s::text[], %s::bigint[], %s::text[], %s::timestamptz[])
+       unnest(%b::text[], %b::text[], %b::bigint[], %b::text[], %b::timestamptz[])
          WITH ORDINALITY AS t(run_id, thread_id, token, body, updated_at, n)
  ORDER BY t.n
 """
+# Binary parameters (%b): psycopg escapes a text array in text format element by element
+# with a regular expression (1.6 s of client CPU in a profile of the N = 1,000 benchmark).
 MAX_PUTS = 500
 """Stream-checkpoint puts (or discards) written by one statement at most."""
 _STREAM_DELETE = "DELETE FROM @schema@.stream_checkpoints WHERE run_id = %s"
@@ -45,7 +47,7 @@ _STREAM_DISCARDS = """
 WITH async_commit AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 DELETE FROM @schema@.stream_checkpoints s
  USING async_commit,
-       unnest(%s::text[], %s::text[], %s::bigint[]) AS t(run_id, task_id, token)
+       unnest(%b::text[], %b::text[], %b::bigint[]) AS t(run_id, task_id, token)
  WHERE s.run_id = t.run_id
    AND s.body::jsonb ->> 'task_id' = t.task_id
    AND (s.body::jsonb ->> 'token')::bigint <= t.token
