@@ -77,6 +77,8 @@ def _count_statements(counts: collections.Counter[str]) -> None:
         text = query if isinstance(query, str) else str(query)
         found = _NAME.search(text)
         name = next((g for g in found.groups() if g), "?") if found else "?"
+        if "renewed AS" in text:
+            name = "renew (grouped)"
         counts[f"sql {name.lower()}"] += 1
         return await execute(self, query, *args, **kwargs)
 
@@ -166,6 +168,7 @@ def _per_time(name: str) -> bool:
     return name in ("stream_checkpoints.put", "renew", "heartbeat") or name in (
         "sql put_stream_checkpoint",
         "sql renew",
+        "sql renew (grouped)",
         "sql heartbeat",
     )
 
