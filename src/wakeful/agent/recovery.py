@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,7 +38,6 @@ from wakeful.providers.base import (
     Provider,
     ProviderError,
     StreamEnd,
-    StreamItem,
     TextDelta,
     ToolCallDelta,
     Usage,
@@ -298,10 +297,23 @@ class StreamRecovery:
         last_save = time.monotonic()
         self._seen.attempt()
         stream = self.provider.stream(request)
-        guarded = _idle_guard(stream, self.policy.idle_timeout)
+        # the idle guard inline: an async generator around the stream would cost one more
+        # resumption per delta
+        following = aiter(stream).__anext__
+        timer = _IdleTimer(self.policy.idle_timeout)
         self._emit_start(acc)
         try:
-            async for item in guarded:
+            while True:
+                timer.arm()
+                try:
+                    item = await following()
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    timer.raise_if_fired()
+                    raise
+                finally:
+                    timer.waiting = False
                 if isinstance(item, StreamEnd):
                     self._seen.ended(item)
                     return item
@@ -318,7 +330,7 @@ class StreamRecovery:
                     self._save_in_background(acc, attempts)
                     since_save, last_save = 0, now
         finally:
-            await guarded.aclose()
+            timer.close()
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -490,10 +502,10 @@ class StreamRecovery:
 
 
 class _IdleTimer:
-    """One timer per stream for ``_idle_guard``: it fires at most once per ``idle`` seconds
-    and cancels the consuming task only while that task waits for the next item past its
-    deadline (a task per item, as ``asyncio.wait_for`` makes on Python 3.11, cost about
-    28 µs a delta)."""
+    """One timer per stream, the idle guard of ``_consume``: it fires at most once per
+    ``idle`` seconds and cancels the consuming task only while that task waits for the next
+    item past its deadline (a task per item, as ``asyncio.wait_for`` makes on Python 3.11,
+    cost about 28 µs a delta)."""
 
     __slots__ = ("_handle", "_loop", "_task", "deadline", "fired", "idle", "waiting")
 
@@ -521,30 +533,11 @@ class _IdleTimer:
             return
         self._handle = self._loop.call_at(max(self.deadline, now + self.idle), self._check)
 
+    def raise_if_fired(self) -> None:
+        """On a ``CancelledError`` while waiting: raise the timeout instead if the
+        cancellation was the timer's (and nobody else's too)."""
+        if self.fired and self._task.uncancel() == 0:
+            raise ProviderError("timeout", f"no delta for {self.idle:g} s") from None
+
     def close(self) -> None:
         self._handle.cancel()
-
-
-async def _idle_guard(
-    stream: AsyncIterator[StreamItem], idle: float
-) -> AsyncGenerator[StreamItem, None]:
-    """Re-yield ``stream``'s items; no item for ``idle`` seconds is a timeout."""
-    iterator = aiter(stream)
-    timer = _IdleTimer(idle)
-    try:
-        while True:
-            timer.arm()
-            try:
-                item = await anext(iterator)
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                # ours (the timer's) unless somebody else cancelled the task too
-                if timer.fired and timer._task.uncancel() == 0:
-                    raise ProviderError("timeout", f"no delta for {idle:g} s") from None
-                raise
-            finally:
-                timer.waiting = False
-            yield item
-    finally:
-        timer.close()
