@@ -418,7 +418,9 @@ class StreamRecovery:
 
     def _save_in_background(self, acc: Accumulator, attempts: int) -> None:
         """Save without making the stream wait: one write in flight at a time, and while it
-        runs only the newest snapshot waits its turn."""
+        runs only the newest snapshot waits its turn. One saver task per turn, woken for
+        each snapshot (a task per save was most of the objects a stream left for the
+        garbage collector)."""
         if self.checkpoints is None or acc.empty():
             return
         self._next_save = self._snapshot(acc, attempts)
@@ -427,13 +429,18 @@ class StreamRecovery:
                 f"stream-checkpoint:{self.run_id}", self._save_chain, logger=log
             )
             self._saver.start()
+        else:
+            self._saver.signal.wake()
 
     async def _save_chain(self, signal: StopSignal) -> None:
-        # Finite by itself: once a drain has begun (``signal``), nothing queues a new
-        # snapshot, so at most the one in flight and the one queued are written.
-        while (snapshot := self._next_save) is not None:
-            self._next_save = None
-            await self._put(snapshot)
+        # Ends once a drain has begun (``signal``); nothing queues a new snapshot then, so
+        # at most the one in flight and the one queued are written.
+        while True:
+            while (snapshot := self._next_save) is not None:
+                self._next_save = None
+                await self._put(snapshot)
+            if await signal.idle() and self._next_save is None:
+                return
 
     async def _drain_saves(self) -> None:
         """End the background writes once what is queued has landed (bounded: see
