@@ -11,7 +11,8 @@ from __future__ import annotations
 import sqlite3
 from datetime import datetime
 
-from wakeful.errors import StreamCheckpointError
+import msgspec
+
 from wakeful.records import Dispatch, InboxMessage, StreamCheckpoint
 from wakeful.store.projected import message_dispatch_id
 from wakeful.store.sqlite import queue
@@ -80,22 +81,29 @@ def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int 
     return int(stage_seq)
 
 
-def put_stream_checkpoint(conn: sqlite3.Connection, checkpoint: StreamCheckpoint) -> None:
-    """Store the checkpoint if its token is the thread's current claim (fenced put)."""
-    row = conn.execute(
-        "SELECT token FROM threads WHERE thread_id = ?", (checkpoint.thread_id,)
-    ).fetchone()
-    if row is None or row[0] is None or row[0] != checkpoint.token:
-        raise StreamCheckpointError(
-            checkpoint.run_id,
-            "stale",
-            f"token {checkpoint.token} is not the current claim of thread {checkpoint.thread_id!r}",
+def put_stream_checkpoints(
+    conn: sqlite3.Connection, now: datetime, checkpoints: list[StreamCheckpoint]
+) -> list[bool]:
+    """Store each checkpoint if its token is its thread's current claim (fenced puts, in
+    order; ``updated_at`` defaults to ``now``); whether each was stored."""
+    stored: list[bool] = []
+    for checkpoint in checkpoints:
+        row = conn.execute(
+            "SELECT token FROM threads WHERE thread_id = ?", (checkpoint.thread_id,)
+        ).fetchone()
+        if row is None or row[0] is None or row[0] != checkpoint.token:
+            stored.append(False)
+            continue
+        if checkpoint.updated_at is None:
+            checkpoint = msgspec.structs.replace(checkpoint, updated_at=now)
+        conn.execute(
+            "INSERT INTO stream_checkpoints (run_id, thread_id, body) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id) DO UPDATE "
+            "SET thread_id = excluded.thread_id, body = excluded.body",
+            (checkpoint.run_id, checkpoint.thread_id, dumps(checkpoint)),
         )
-    conn.execute(
-        "INSERT INTO stream_checkpoints (run_id, thread_id, body) VALUES (?, ?, ?) "
-        "ON CONFLICT (run_id) DO UPDATE SET thread_id = excluded.thread_id, body = excluded.body",
-        (checkpoint.run_id, checkpoint.thread_id, dumps(checkpoint)),
-    )
+        stored.append(True)
+    return stored
 
 
 def get_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> StreamCheckpoint | None:
