@@ -219,6 +219,9 @@ class _AlternatingStream:
     async def delete(self, run_id: str) -> None:
         await self._owner.next().stream_checkpoints.delete(run_id)
 
+    async def discard(self, run_id: str, task_id: str, token: int) -> None:
+        await self._owner.next().stream_checkpoints.discard(run_id, task_id, token)
+
 
 class Child:
     """A child process running ``tests.sqlite_child`` that reports JSON lines on stdout."""

@@ -255,15 +255,31 @@ async def test_the_idle_guard_makes_no_task_per_delta_and_still_times_out() -> N
     import asyncio
     from collections.abc import AsyncIterator
 
-    from wakeful.agent.recovery import _idle_guard
+    from wakeful.agent.recovery import StreamRecovery
+    from wakeful.providers.base import ModelRequest, Usage
 
-    async def deltas(n: int, stall: bool) -> AsyncIterator[Any]:
-        for i in range(n):
-            await asyncio.sleep(0)
-            yield TextDelta(str(i))
-        if stall:
-            await asyncio.Event().wait()
+    class Deltas:
+        model = "m"
 
+        def __init__(self, n: int, stall: bool) -> None:
+            self.n, self.stall = n, stall
+
+        def stream(self, request: Any) -> AsyncIterator[Any]:
+            return self._play()
+
+        async def _play(self) -> AsyncIterator[Any]:
+            for i in range(self.n):
+                await asyncio.sleep(0)
+                yield TextDelta(str(i))
+            if self.stall:
+                await asyncio.Event().wait()
+            yield StreamEnd("end_turn", Usage(1, self.n))
+
+    def recovery(provider: Deltas, idle: float) -> StreamRecovery:
+        policy = StreamPolicy(idle_timeout=idle, max_retries=0, checkpoints=False)
+        return StreamRecovery(provider, policy, "run-1", "t", "s0-t0", 1, sleep=FakeSleep())
+
+    request = ModelRequest(model="m", messages=(Message(id="u", role="user", content="hi"),))
     loop = asyncio.get_running_loop()
     factory = loop.get_task_factory()
     created: list[str] = []
@@ -274,18 +290,13 @@ async def test_the_idle_guard_makes_no_task_per_delta_and_still_times_out() -> N
 
     loop.set_task_factory(counting)
     try:
-        got = [getattr(i, "text", None) async for i in _idle_guard(deltas(200, False), 5.0)]
+        turn = await recovery(Deltas(200, False), 5.0).turn(request)
     finally:
         loop.set_task_factory(factory)
-    assert got == [str(i) for i in range(200)] and created == []
-    items: list[Any] = []
-
-    async def consume() -> None:
-        async for item in _idle_guard(deltas(3, True), 0.05):
-            items.append(item)
+    assert turn.text == "".join(str(i) for i in range(200)) and created == []
 
     with pytest.raises(ProviderError) as timeout:
-        await consume()
-    assert timeout.value.kind == "timeout" and len(items) == 3
+        await recovery(Deltas(3, True), 0.05).turn(request)
+    assert timeout.value.kind == "timeout"
     current = asyncio.current_task()
     assert current is not None and current.cancelling() == 0, "the timer's cancel was undone"

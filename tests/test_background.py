@@ -67,6 +67,34 @@ async def test_a_pause_ends_at_the_signal_and_a_stop_does_not_wait_for_the_inter
     assert done and stopping.result() is True and ticks == []
 
 
+async def test_an_idle_loop_is_woken_for_work_and_ends_at_the_signal() -> None:
+    work: list[int] = []
+    done: list[int] = []
+
+    async def body(signal: StopSignal) -> None:
+        while True:
+            done.extend(work)
+            work.clear()
+            if await signal.idle() and not work:
+                return
+
+    task = BackgroundTask("consumer", body, stop_timeout=60)
+    task.start()
+    await asyncio.sleep(0)
+    for i in range(3):
+        work.append(i)
+        task.signal.wake()
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert done == list(range(i + 1)) and task.running, "woken, not stopped"
+    work.append(3)  # queued right before the stop: still done, then the loop ends
+    stopping = asyncio.ensure_future(task.stop())
+    finished, _ = await asyncio.wait({stopping}, timeout=5)
+    assert finished and stopping.result() is True and done == [0, 1, 2, 3]
+    waiting = asyncio.ensure_future(task.signal.wait())  # set: returns at once
+    assert (await asyncio.wait({waiting}, timeout=5))[0]
+
+
 async def test_a_pause_through_a_controllable_sleep_ends_at_the_signal() -> None:
     sleep = GatedSleep()
     signal = StopSignal()

@@ -545,3 +545,32 @@ def test_migration_5_fills_the_run_segments_of_an_existing_history(tmp_path: Pat
         ("r-b", "c2", "c2", 1, None),
         ("r-a", "c0", "c1", 2, None),
     ]
+
+
+@pytest.mark.asyncio
+async def test_stream_checkpoint_puts_are_grouped_and_fenced_one_by_one(tmp_path: Path) -> None:
+    from wakeful.errors import StreamCheckpointError
+    from wakeful.records import StreamCheckpoint
+
+    async with open_store(f"sqlite:///{tmp_path}/s.db") as store:
+        claims = [await store.claim(f"t{i}", "w", 30) for i in range(40)]
+
+        def put(i: int, token: int) -> Any:
+            cp = StreamCheckpoint(
+                run_id=f"r{i}", thread_id=f"t{i}", model="m", partial_text=str(i), token=token
+            )
+            return store.stream_checkpoints.put(cp)
+
+        outcomes = await asyncio.gather(
+            *(put(i, c.token + (1 if i == 7 else 0)) for i, c in enumerate(claims)),
+            return_exceptions=True,
+        )
+        stale = outcomes[7]
+        assert isinstance(stale, StreamCheckpointError) and stale.reason == "stale"
+        assert [o for i, o in enumerate(outcomes) if i != 7] == [None] * 39
+        batches = store.stream_checkpoints.batches  # type: ignore[attr-defined]
+        assert batches < 40, "puts queued behind one are grouped"
+        for i in range(40):
+            got = await store.stream_checkpoints.get(f"r{i}")
+            assert (got is None) if i == 7 else (got is not None and got.partial_text == str(i))
+            assert got is None or got.updated_at is not None

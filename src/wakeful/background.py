@@ -59,14 +59,28 @@ class StopSignal:
 
     async def wait(self) -> None:
         """Return once the signal is set."""
+        while not await self.idle():
+            pass
+
+    async def idle(self) -> bool:
+        """Wait until the signal is set or ``wake`` is called (a producer telling the loop
+        there is work); True when the signal is set. One future, no task, no timer."""
         if self._set:
-            return
+            return True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.add(waiter)
         try:
             await waiter
         finally:
             self._waiters.discard(waiter)
+        return self._set
+
+    def wake(self) -> None:
+        """End the ``idle`` waits in progress without setting the signal (a ``pause`` in
+        progress returns early too, with False)."""
+        waiters, self._waiters = self._waiters, set()
+        for waiter in waiters:
+            _resolve(waiter)
 
     async def pause(self, seconds: float, sleep: Sleep | None = None) -> bool:
         """Wait ``seconds`` (through ``sleep`` when given, e.g. a test's controllable sleep)

@@ -138,11 +138,13 @@ class Agent:
             checkpoints=getattr(ctx.store, "stream_checkpoints", None),
             sleep=self.sleep,
             live=ctx.emit_live,
+            live_wanted=ctx.wants_live,
             counters=self.counters,
             on_checkpoint_failure=self._checkpoint_failed,
             waiting=ctx.waiting,
             metrics=self.metrics,
             message_id=message_id,
+            resume=not ctx.fresh,
         )
         turn = await recovery.turn(request)
         ctx.append_message(

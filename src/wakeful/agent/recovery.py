@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,13 +38,13 @@ from wakeful.providers.base import (
     Provider,
     ProviderError,
     StreamEnd,
-    StreamItem,
     TextDelta,
     ToolCallDelta,
     Usage,
 )
 from wakeful.records import Message, StreamCheckpoint
 from wakeful.store.contract import StreamCheckpointStore
+from wakeful.store.validate import discards
 
 if TYPE_CHECKING:
     from wakeful.metrics import Metrics
@@ -187,6 +187,13 @@ class StreamRecovery:
     """The id the committed assistant message will have; live deltas and checkpoints name
     the turn by it."""
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
+    live_wanted: Callable[[str], bool] | None = None
+    """Whether a live event of a type would reach anybody now (``NodeContext.wants_live``):
+    deltas nobody would receive are not built. ``None``: always build them."""
+    resume: bool = True
+    """Look for a stream checkpoint to resume from at the turn's start. ``False`` for a
+    turn no earlier attempt can have started (``NodeContext.fresh``): it has none, and the
+    read is saved."""
 
     def __post_init__(self) -> None:
         self._seen = TurnObserver(None, self.provider, None)
@@ -290,10 +297,23 @@ class StreamRecovery:
         last_save = time.monotonic()
         self._seen.attempt()
         stream = self.provider.stream(request)
-        guarded = _idle_guard(stream, self.policy.idle_timeout)
+        # the idle guard inline: an async generator around the stream would cost one more
+        # resumption per delta
+        following = aiter(stream).__anext__
+        timer = _IdleTimer(self.policy.idle_timeout)
         self._emit_start(acc)
         try:
-            async for item in guarded:
+            while True:
+                timer.arm()
+                try:
+                    item = await following()
+                except StopAsyncIteration:
+                    break
+                except asyncio.CancelledError:
+                    timer.raise_if_fired()
+                    raise
+                finally:
+                    timer.waiting = False
                 if isinstance(item, StreamEnd):
                     self._seen.ended(item)
                     return item
@@ -310,7 +330,7 @@ class StreamRecovery:
                     self._save_in_background(acc, attempts)
                     since_save, last_save = 0, now
         finally:
-            await guarded.aclose()
+            timer.close()
             aclose = getattr(stream, "aclose", None)
             if aclose is not None:
                 await aclose()
@@ -337,8 +357,12 @@ class StreamRecovery:
         if self.live is None:
             return
         if isinstance(item, TextDelta):
+            if self.live_wanted is not None and not self.live_wanted("text.delta"):
+                return
             data = {"text": item.text, "offset": len(acc.text)}
             self.live("text.delta", {**data, "message_id": self.message_id, "token": self.token})
+            return
+        if self.live_wanted is not None and not self.live_wanted("tool_call.delta"):
             return
         index = acc.offset + item.index
         call = acc.calls.get(index)
@@ -381,7 +405,7 @@ class StreamRecovery:
     # ------------------------------------------------------------ checkpoints
 
     async def _load(self) -> StreamCheckpoint | None:
-        if self.checkpoints is None:
+        if self.checkpoints is None or not self.resume:
             return None
         try:
             saved = await self.checkpoints.get(self.run_id)
@@ -394,7 +418,9 @@ class StreamRecovery:
 
     def _save_in_background(self, acc: Accumulator, attempts: int) -> None:
         """Save without making the stream wait: one write in flight at a time, and while it
-        runs only the newest snapshot waits its turn."""
+        runs only the newest snapshot waits its turn. One saver task per turn, woken for
+        each snapshot (a task per save was most of the objects a stream left for the
+        garbage collector)."""
         if self.checkpoints is None or acc.empty():
             return
         self._next_save = self._snapshot(acc, attempts)
@@ -403,13 +429,18 @@ class StreamRecovery:
                 f"stream-checkpoint:{self.run_id}", self._save_chain, logger=log
             )
             self._saver.start()
+        else:
+            self._saver.signal.wake()
 
     async def _save_chain(self, signal: StopSignal) -> None:
-        # Finite by itself: once a drain has begun (``signal``), nothing queues a new
-        # snapshot, so at most the one in flight and the one queued are written.
-        while (snapshot := self._next_save) is not None:
-            self._next_save = None
-            await self._put(snapshot)
+        # Ends once a drain has begun (``signal``); nothing queues a new snapshot then, so
+        # at most the one in flight and the one queued are written.
+        while True:
+            while (snapshot := self._next_save) is not None:
+                self._next_save = None
+                await self._put(snapshot)
+            if await signal.idle() and self._next_save is None:
+                return
 
     async def _drain_saves(self) -> None:
         """End the background writes once what is queued has landed (bounded: see
@@ -448,12 +479,19 @@ class StreamRecovery:
             self._checkpoint_failed(exc)
 
     async def discard(self) -> None:
-        """Delete the run's checkpoint (after the turn is committed); failures are counted."""
+        """Delete the run's checkpoint of this turn (after the turn is committed), in one
+        conditional write (``StreamCheckpointStore.discard``): a checkpoint of another turn,
+        or one a newer attempt wrote, stays. Failures are counted."""
         if self.checkpoints is None:
             return
         try:
+            discard = getattr(self.checkpoints, "discard", None)
+            if discard is not None:
+                await discard(self.run_id, self.task_id, self.token)
+                return
+            # a store written before ``discard`` was in the contract: read, then delete
             saved = await self.checkpoints.get(self.run_id)
-            if saved is None or saved.task_id == self.task_id:
+            if discards(saved, self.task_id, self.token):
                 await self.checkpoints.delete(self.run_id)
         except Exception as exc:
             self._checkpoint_failed(exc)
@@ -471,10 +509,10 @@ class StreamRecovery:
 
 
 class _IdleTimer:
-    """One timer per stream for ``_idle_guard``: it fires at most once per ``idle`` seconds
-    and cancels the consuming task only while that task waits for the next item past its
-    deadline (a task per item, as ``asyncio.wait_for`` makes on Python 3.11, cost about
-    28 µs a delta)."""
+    """One timer per stream, the idle guard of ``_consume``: it fires at most once per
+    ``idle`` seconds and cancels the consuming task only while that task waits for the next
+    item past its deadline (a task per item, as ``asyncio.wait_for`` makes on Python 3.11,
+    cost about 28 µs a delta)."""
 
     __slots__ = ("_handle", "_loop", "_task", "deadline", "fired", "idle", "waiting")
 
@@ -502,30 +540,11 @@ class _IdleTimer:
             return
         self._handle = self._loop.call_at(max(self.deadline, now + self.idle), self._check)
 
+    def raise_if_fired(self) -> None:
+        """On a ``CancelledError`` while waiting: raise the timeout instead if the
+        cancellation was the timer's (and nobody else's too)."""
+        if self.fired and self._task.uncancel() == 0:
+            raise ProviderError("timeout", f"no delta for {self.idle:g} s") from None
+
     def close(self) -> None:
         self._handle.cancel()
-
-
-async def _idle_guard(
-    stream: AsyncIterator[StreamItem], idle: float
-) -> AsyncGenerator[StreamItem, None]:
-    """Re-yield ``stream``'s items; no item for ``idle`` seconds is a timeout."""
-    iterator = aiter(stream)
-    timer = _IdleTimer(idle)
-    try:
-        while True:
-            timer.arm()
-            try:
-                item = await anext(iterator)
-            except StopAsyncIteration:
-                return
-            except asyncio.CancelledError:
-                # ours (the timer's) unless somebody else cancelled the task too
-                if timer.fired and timer._task.uncancel() == 0:
-                    raise ProviderError("timeout", f"no delta for {idle:g} s") from None
-                raise
-            finally:
-                timer.waiting = False
-            yield item
-    finally:
-        timer.close()

@@ -70,6 +70,10 @@ log = logging.getLogger("wakeful.fleet")
 UNFINISHED = ("running", "suspended")
 CLAIM_BATCH = 1000
 """Dispatches asked for per ``claim_next`` call at most."""
+ADMIT_SLICE = 32
+"""Leases started per event-loop iteration at most: a started run's first step (up to its
+admission commit) is fixed Python work, and 1,000 of them in one iteration stalled the loop
+for as long."""
 
 
 @dataclass
@@ -221,7 +225,9 @@ class Worker:
                     log.warning("claiming work failed: %s", exc)
                 self.stats.polls += 1
             polled = (polled[0], time.time_ns())
-            for lease in leases:
+            for started, lease in enumerate(leases):
+                if started and started % ADMIT_SLICE == 0:
+                    await asyncio.sleep(0)  # the ones started so far take their first step
                 self.stats.claimed += 1
                 self.metrics.leases.inc()
                 did = lease.dispatch.dispatch_id

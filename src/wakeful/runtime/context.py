@@ -71,6 +71,8 @@ class NodeContext:
         arg: Any = None,
         progress: Progress | None = None,
         recovered: bool = False,
+        fresh: bool = False,
+        wants_live: Callable[[str], bool] | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -84,9 +86,15 @@ class NodeContext:
         self.recovered = recovered
         """The run was recovered at this task's superstep: an earlier attempt may have
         started this task (a tool then says it replayed the call)."""
+        self.fresh = fresh
+        """No earlier attempt can have started this task: it belongs to a checkpoint this
+        attempt committed (a new run's first, or one after a barrier), not to the one a
+        recovery or a resume continues from. So there is nothing of an earlier attempt to
+        look for (a stream checkpoint of the agent's model turn)."""
         self._answers = answers
         self._interrupts = 0
         self._emit_live = emit_live
+        self._wants_live = wants_live
         self._services = services
         self._progress = progress if progress is not None else Progress()
         self.events: list[EventDraft] = []
@@ -174,6 +182,11 @@ class NodeContext:
         a model, a tool) for the block, however long it takes; the run's claim stays
         renewed meanwhile."""
         return self._progress.wait()
+
+    def wants_live(self, type: str) -> bool:
+        """Whether a live event of ``type`` would reach anybody now (a subscriber in this
+        process, or a channel that forwards it); skip building one that would be dropped."""
+        return self._wants_live is None or self._wants_live(type)
 
     def emit_live(self, type: str, data: Any = None) -> None:
         """A live event for this process's subscribers only; never stored."""

@@ -46,7 +46,7 @@ class LiveHub:
         through its self-pipe, cost about 22 µs a delta). An event for a thread nobody
         subscribes to in this process is dropped at once (unless ``forwards`` it): live
         events are never stored."""
-        if thread_id not in self._queues and not self.forwards(type):
+        if not self.wants(thread_id, type):
             return
         with self._lock:
             batch = self._batches.get(loop)
@@ -66,6 +66,12 @@ class LiveHub:
         except RuntimeError:  # the loop is closed: nobody is left to deliver to
             with self._lock:
                 self._batches.pop(loop, None)
+
+    def wants(self, thread_id: str, type: str) -> bool:
+        """Whether ``emit`` would deliver an event of ``type`` on ``thread_id`` now (somebody
+        subscribes to the thread here, or it is forwarded): a producer checks this before
+        building an event that would be dropped (a model delta, thousands a second)."""
+        return thread_id in self._queues or self.forwards(type)
 
     def forwards(self, type: str) -> bool:
         """Whether events of ``type`` go beyond this process's subscribers (a subclass that

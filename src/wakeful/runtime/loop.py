@@ -10,6 +10,7 @@ stops at the start of its next superstep and records nothing more.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from wakeful.records import (
 from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
+from wakeful.runtime.events import LiveHub
 from wakeful.runtime.graph import CompiledGraph, NodeSpec, TaskSpec
 from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries
 from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span, traced_metadata
@@ -70,7 +72,7 @@ class Execution:
     clock: Clock
     sleep: Sleep
     renew_sleep: Sleep
-    publish_live: Any
+    live: LiveHub
     release_claim: bool = True
     settle_dispatch: str | None = None
     """The leased dispatch this run settles with its ending commit (a worker's run)."""
@@ -83,6 +85,10 @@ class Execution:
     calls: StoreCalls | None = None
     recovered_at: str | None = None
     """The checkpoint a recovery continued from: its tasks may have started before."""
+    admitted: bool = False
+    """``checkpoint`` is a new run's first, committed by this attempt (``NodeContext.fresh``)."""
+    history_seed: list[Message] | None = None
+    """The thread's messages as of ``checkpoint`` if known (``history()`` then reads none)."""
     status: str = "running"
     yield_requested: bool = False
     fence: BaseException | None = None
@@ -90,11 +96,15 @@ class Execution:
     progress: Progress = field(default_factory=Progress)
     """Signs of life the renewer reads (``ClaimPolicy.stall_after``)."""
     _history: list[Message] | None = None
+    _entry: str = field(init=False)
     _writer: Writer = field(init=False)
     _renewer: Renewer = field(init=False)
     _task: asyncio.Task[Any] | None = None
 
     def __post_init__(self) -> None:
+        self._entry = self.checkpoint.id
+        # the claim is held: only this run's own commits add messages (``_recorded``)
+        self._history = None if self.history_seed is None else list(self.history_seed)
         self._writer = make_writer(
             self.durability, self.store, self.thread_id, self.checkpoint.id, self.calls
         )
@@ -337,11 +347,10 @@ class Execution:
         self, cp: Checkpoint, step: int, entry: dict[str, Any], answers: dict[str, Any]
     ) -> TaskResult:
         spec = self.graph.nodes[entry["node"]]
-        loop = asyncio.get_running_loop()
-
-        def emit_live(type: str, data: Any) -> None:
-            self.publish_live(loop, self.thread_id, self.run_id, type, data)
-
+        emit_live = functools.partial(
+            self.live.emit, asyncio.get_running_loop(), self.thread_id, self.run_id
+        )
+        wants_live = functools.partial(self.live.wants, self.thread_id)
         attempt = 0
         self.progress.moved()
         while True:
@@ -355,10 +364,12 @@ class Execution:
                 fencing_token=self.claim.token,
                 answers=answers,
                 emit_live=emit_live,
+                wants_live=wants_live,
                 services=self,
                 arg=entry.get("arg"),
                 progress=self.progress,
                 recovered=cp.id == self.recovered_at,
+                fresh=self.admitted or cp.id != self._entry,
             )
             try:
                 updates = await _call(spec, entry, cp.state, ctx)

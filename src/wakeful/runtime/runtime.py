@@ -82,6 +82,9 @@ class _Admission:
         self.metadata = dict(metadata or {})
         self.trace: dict[str, str] = {}
         """The admitting attempt's trace context, recorded in the first checkpoint."""
+        self.history: list[Message] | None = None
+        """After ``build``: the thread's conversation once the first commit is applied, if
+        the thread as read had no messages (then it is exactly ``messages``), else None."""
 
     def build(
         self, thread_id: str, snap: ThreadSnapshot | None, clock: Clock
@@ -91,6 +94,9 @@ class _Admission:
         latest = snap.checkpoint if snap is not None else None
         if latest is not None and latest.status in ("running", "suspended"):
             raise RunInProgress(thread_id, latest.run_id, latest.status)
+        empty = snap is None or snap.message_count == 0
+        # as the store returns them (JSON values), so the known history equals a read's
+        self.history = list(_as_stored(self.messages)) if empty else None
         graph = self.graph
         state = graph.apply(dict(latest.state or {}) if latest else {}, dict(self.input))
         tasks = graph.next_tasks(START, state)
@@ -207,7 +213,9 @@ class Runtime:
         dispatch_id: str | None = None,
         attempt: SpanLike = NO_SPAN,
         recovered_at: str | None = None,
+        admission: _Admission | None = None,
     ) -> RunHandle:
+        """``admission``: the run is new, admitted by this attempt (``start``)."""
         with telemetry.use(attempt):  # the run's tasks start inside its attempt's span
             return RunHandle(
                 Execution(
@@ -222,7 +230,7 @@ class Runtime:
                     clock=self.clock,
                     sleep=self.sleep,
                     renew_sleep=self.renew_sleep,
-                    publish_live=self.live.emit,
+                    live=self.live,
                     release_claim=release,
                     settle_dispatch=None if release else dispatch_id,
                     attempt=attempt,
@@ -230,6 +238,8 @@ class Runtime:
                     calls=store_calls(self.store, self.metrics),
                     metrics=self.metrics,
                     recovered_at=recovered_at,
+                    admitted=admission is not None,
+                    history_seed=admission.history if admission is not None else None,
                 )
             )
 
@@ -296,7 +306,16 @@ class Runtime:
             telemetry.finish(attempt, exc)
             raise
         return self._execute(
-            graph, thread_id, claim, first, (), durability, owned, dispatch_id, attempt
+            graph,
+            thread_id,
+            claim,
+            first,
+            (),
+            durability,
+            owned,
+            dispatch_id,
+            attempt,
+            admission=admission,
         )
 
     async def recover(
@@ -550,6 +569,14 @@ class Runtime:
         recorded = latest.metadata.get("fingerprint")
         if recorded != graph.fingerprint and not allow:
             raise GraphChanged(thread_id, recorded, graph.fingerprint)
+
+
+_MESSAGES = msgspec.json.Decoder(tuple[Message, ...])
+
+
+def _as_stored(messages: tuple[Message, ...]) -> tuple[Message, ...]:
+    """``messages`` as a read returns them once committed: their JSON values decoded."""
+    return _MESSAGES.decode(msgspec.json.encode(messages)) if messages else ()
 
 
 def _check_tenant(thread_id: str, snap: ThreadSnapshot | None, tenant: str | None) -> None:

@@ -325,6 +325,13 @@ class StreamCheckpointStore(Protocol):
         """Remove the run's checkpoint; removing a missing one is fine."""
         ...
 
+    async def discard(self, run_id: str, task_id: str, token: int) -> None:
+        """Remove the run's checkpoint once the turn of ``task_id`` is committed, in one
+        conditional write: only if it is that turn's (``task_id``) and was written under a
+        claim token not above ``token`` (the committing attempt's, or an earlier attempt's it
+        resumed from), so a newer attempt's checkpoint stays. Nothing there is fine."""
+        ...
+
 
 @runtime_checkable
 class Store(ThreadStore, DispatchQueue, Outbox, Protocol):

@@ -13,7 +13,7 @@ from wakeful.errors import StreamCheckpointError, WakefulError
 from wakeful.ids import check_id
 from wakeful.records import StreamCheckpoint
 from wakeful.store.projected import ProjectedStore
-from wakeful.store.validate import check_stream_checkpoint
+from wakeful.store.validate import check_discard, check_stream_checkpoint, discards
 
 
 class InjectedCrash(Exception):
@@ -78,6 +78,11 @@ class MemoryStreamCheckpoints:
     async def delete(self, run_id: str) -> None:
         _checked_run_id(run_id)
         self._items.pop(run_id, None)
+
+    async def discard(self, run_id: str, task_id: str, token: int) -> None:
+        check_discard(run_id, task_id, token)
+        if discards(self._items.get(run_id), task_id, token):
+            del self._items[run_id]
 
     def drop_thread(self, thread_id: str) -> None:
         for run_id in [r for r, c in self._items.items() if c.thread_id == thread_id]:

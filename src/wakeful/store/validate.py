@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from wakeful.errors import InvalidInput
+from wakeful.errors import InvalidInput, StreamCheckpointError, WakefulError
 from wakeful.ids import (
     MAX_AGE_SECONDS,
     check_aware,
@@ -246,6 +246,23 @@ def check_stream_checkpoint(checkpoint: StreamCheckpoint) -> StreamCheckpoint:
     if copy.updated_at is not None:
         check_aware("updated_at", copy.updated_at)
     return copy
+
+
+def discards(saved: StreamCheckpoint | None, task_id: str, token: int) -> bool:
+    """Whether ``StreamCheckpointStore.discard(run_id, task_id, token)`` removes ``saved``:
+    the checkpoint of that turn, written under a claim token not above ``token``."""
+    return saved is not None and saved.task_id == task_id and saved.token <= token
+
+
+def check_discard(run_id: str, task_id: str, token: int) -> None:
+    """The arguments of ``StreamCheckpointStore.discard``; refused as that store's every
+    failure is, with ``StreamCheckpointError`` (``invalid``)."""
+    try:
+        check_id("run_id", run_id)
+        check_id("task_id", task_id)
+        check_token(token)
+    except WakefulError as exc:
+        raise StreamCheckpointError(str(run_id)[:40], "invalid", str(exc)) from exc
 
 
 def check_text(field: str, value: Any, limit: int = MAX_TEXT) -> str:

@@ -195,3 +195,49 @@ class MessagingCases(Harness):
                 run_id="run-1", thread_id="t1", model="m", partial_text="b", token=new.token
             )
         )
+
+    @case
+    async def test_stream_checkpoint_discard_removes_only_that_turn_of_this_or_an_older_attempt(
+        self, kit: Kit
+    ) -> None:
+        cps = kit.store.stream_checkpoints
+        old = await kit.claimed("t1", "holder-a")
+
+        def turn(task: str | None, token: int, run: str = "run-1") -> StreamCheckpoint:
+            return StreamCheckpoint(
+                run_id=run, thread_id="t1", model="m", partial_text="a", token=token, task_id=task
+            )
+
+        await cps.put(turn("s1-model", old.token))
+        await cps.discard("run-1", "s2-model", old.token)  # another turn's: stays
+        assert await cps.get("run-1") is not None
+        await cps.discard("run-1", "s1-model", old.token - 1)  # written by a newer attempt
+        assert await cps.get("run-1") is not None
+        await cps.discard("run-1", "s1-model", old.token)
+        assert await cps.get("run-1") is None
+        await cps.discard("run-1", "s1-model", old.token)  # nothing there is fine
+        await cps.discard("run-never", "s1-model", old.token)
+
+        # An attempt that took the run over removes what an earlier attempt left of the turn
+        # it committed; the earlier attempt's late discard leaves the newer checkpoint alone.
+        await cps.put(turn("s1-model", old.token))
+        await kit.advance(31)
+        new = await kit.store.claim("t1", "holder-b", 30)
+        await cps.discard("run-1", "s1-model", new.token)
+        assert await cps.get("run-1") is None
+        await cps.put(turn("s1-model", new.token))
+        await cps.discard("run-1", "s1-model", old.token)
+        kept = await cps.get("run-1")
+        assert kept is not None and kept.token == new.token
+        await cps.put(turn(None, new.token, "run-2"))  # a turn of a writer without task ids
+        await cps.discard("run-2", "s1-model", new.token)
+        assert await cps.get("run-2") is not None
+        store = await kit.reopen()
+        assert (await store.stream_checkpoints.get("run-1")) == kept
+
+    @case
+    async def test_stream_checkpoint_discard_refuses_invalid_arguments(self, kit: Kit) -> None:
+        for args in (("../x", "s1-model", 1), ("run-1", "", 1), ("run-1", "s1-model", -1)):
+            with pytest.raises(StreamCheckpointError) as refused:
+                await kit.store.stream_checkpoints.discard(*args)
+            assert refused.value.reason == "invalid"

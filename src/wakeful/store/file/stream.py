@@ -32,7 +32,7 @@ from wakeful.records import StreamCheckpoint
 from wakeful.store.file.codec import TMP_SUFFIX
 from wakeful.store.file.fsutil import fsync_dir, write_synced
 from wakeful.store.projected import ProjectedStore
-from wakeful.store.validate import check_stream_checkpoint
+from wakeful.store.validate import check_discard, check_stream_checkpoint, discards
 
 logger = logging.getLogger("wakeful.store.file")
 
@@ -121,6 +121,17 @@ class FileStreamCheckpoints:
                     run_id, "storage", f"cannot remove {path}: {exc}"
                 ) from exc
 
+    async def discard(self, run_id: str, task_id: str, token: int) -> None:
+        check_discard(run_id, task_id, token)
+        path = self._path(run_id)
+        async with self._run_lock(run_id):  # no put of the run lands between check and unlink
+            try:
+                await asyncio.to_thread(_discard, path, task_id, token)
+            except OSError as exc:
+                raise StreamCheckpointError(
+                    run_id, "storage", f"cannot remove {path}: {exc}"
+                ) from exc
+
     async def drop_thread(self, thread_id: str) -> None:
         """Remove every checkpoint of ``thread_id`` (after the thread was deleted, so no new
         put for it can pass the fence). Raises ``OSError`` on a storage failure."""
@@ -200,6 +211,19 @@ def _remove(path: Path, only_thread: str | None) -> None:
         found = _decode(path, data) if data is not None else None
         if found is None or found.thread_id != only_thread:
             return
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return
+    fsync_dir(path.parent)
+
+
+def _discard(path: Path, task_id: str, token: int) -> None:
+    """Unlink ``path`` if it holds the checkpoint of turn ``task_id`` written under a token
+    not above ``token``, and fsync."""
+    data = _read(path)
+    if data is None or not discards(_decode(path, data), task_id, token):
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:

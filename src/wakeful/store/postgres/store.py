@@ -31,6 +31,7 @@ from wakeful.store.postgres.listen import Listener
 from wakeful.store.postgres.messaging import MessagingOps, PostgresStreamCheckpoints
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.postgres.queue import QueueOps
+from wakeful.store.postgres.renewals import GroupRenew
 from wakeful.store.postgres.threads import COMMIT, ThreadOps
 
 DEFAULT_POOL_SIZE = 10
@@ -58,6 +59,7 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
         self._notifier = Notifier(db, channel_name(db.schema), local=self._listener.wake)
         self._stream = PostgresStreamCheckpoints(db)
         self._group = GroupCommit(db, COMMIT)
+        self._renewals = GroupRenew(db)
 
     @property
     def schema(self) -> str:
@@ -127,6 +129,7 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps):
         """Send what is still to be notified (best effort, bounded), stop listening and close
         the pool (unless the caller passed it in). Idempotent."""
         await self._group.close()
+        await self._renewals.close()
         await self._notifier.close()
         await self._stream.close()
         await self._listener.close()

@@ -35,6 +35,7 @@ from wakeful.store.postgres import codec
 from wakeful.store.postgres.connection import Conn, Database, big, no_nul, utc
 from wakeful.store.postgres.group import GroupCommit
 from wakeful.store.postgres.notify import Notifier
+from wakeful.store.postgres.renewals import GroupRenew
 from wakeful.store.projection import payload_hash
 from wakeful.store.segments import join_adjacent
 from wakeful.store.validate import (
@@ -52,7 +53,6 @@ PRUNE_BATCH = 200
 """Threads per retention transaction: commits to them wait at most one batch."""
 
 _CLAIM = "SELECT o_token, o_expires FROM @schema@.claim(%s, %s, %s, %s)"
-_RENEW = "SELECT o_holder, o_expires FROM @schema@.renew(%s, %s, %s)"
 _RELEASE = "SELECT @schema@.release(%s, %s)"
 # Binary parameters (%b): text-format arrays of JSON cost an escape per quote character.
 # The commit's own parameters, after the thread and the token (or holder and ttl).
@@ -220,6 +220,7 @@ class ThreadOps:
     _db: Database
     _notifier: Notifier
     _group: GroupCommit
+    _renewals: GroupRenew
 
     # ------------------------------------------------------------ claims
 
@@ -237,8 +238,7 @@ class ThreadOps:
         check_id("thread_id", thread_id)
         check_token(token)
         ttl = check_seconds("ttl", ttl)
-        holder, expires = await self._db.fetchone(_RENEW, (thread_id, big(token), ttl))
-        return Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
+        return await self._renewals.renew(thread_id, token, ttl)  # grouped (renewals.py)
 
     async def release(self, thread_id: str, token: int) -> None:
         check_id("thread_id", thread_id)

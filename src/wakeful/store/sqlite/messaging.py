@@ -11,11 +11,13 @@ from __future__ import annotations
 import sqlite3
 from datetime import datetime
 
-from wakeful.errors import StreamCheckpointError
+import msgspec
+
 from wakeful.records import Dispatch, InboxMessage, StreamCheckpoint
 from wakeful.store.projected import message_dispatch_id
 from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.codec import OUTBOX_ENTRY, STREAM_CHECKPOINT, dumps
+from wakeful.store.validate import discards
 
 
 def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int | None:
@@ -79,22 +81,29 @@ def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int 
     return int(stage_seq)
 
 
-def put_stream_checkpoint(conn: sqlite3.Connection, checkpoint: StreamCheckpoint) -> None:
-    """Store the checkpoint if its token is the thread's current claim (fenced put)."""
-    row = conn.execute(
-        "SELECT token FROM threads WHERE thread_id = ?", (checkpoint.thread_id,)
-    ).fetchone()
-    if row is None or row[0] is None or row[0] != checkpoint.token:
-        raise StreamCheckpointError(
-            checkpoint.run_id,
-            "stale",
-            f"token {checkpoint.token} is not the current claim of thread {checkpoint.thread_id!r}",
+def put_stream_checkpoints(
+    conn: sqlite3.Connection, now: datetime, checkpoints: list[StreamCheckpoint]
+) -> list[bool]:
+    """Store each checkpoint if its token is its thread's current claim (fenced puts, in
+    order; ``updated_at`` defaults to ``now``); whether each was stored."""
+    stored: list[bool] = []
+    for checkpoint in checkpoints:
+        row = conn.execute(
+            "SELECT token FROM threads WHERE thread_id = ?", (checkpoint.thread_id,)
+        ).fetchone()
+        if row is None or row[0] is None or row[0] != checkpoint.token:
+            stored.append(False)
+            continue
+        if checkpoint.updated_at is None:
+            checkpoint = msgspec.structs.replace(checkpoint, updated_at=now)
+        conn.execute(
+            "INSERT INTO stream_checkpoints (run_id, thread_id, body) VALUES (?, ?, ?) "
+            "ON CONFLICT (run_id) DO UPDATE "
+            "SET thread_id = excluded.thread_id, body = excluded.body",
+            (checkpoint.run_id, checkpoint.thread_id, dumps(checkpoint)),
         )
-    conn.execute(
-        "INSERT INTO stream_checkpoints (run_id, thread_id, body) VALUES (?, ?, ?) "
-        "ON CONFLICT (run_id) DO UPDATE SET thread_id = excluded.thread_id, body = excluded.body",
-        (checkpoint.run_id, checkpoint.thread_id, dumps(checkpoint)),
-    )
+        stored.append(True)
+    return stored
 
 
 def get_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> StreamCheckpoint | None:
@@ -104,3 +113,12 @@ def get_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> StreamCheckp
 
 def delete_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> None:
     conn.execute("DELETE FROM stream_checkpoints WHERE run_id = ?", (run_id,))
+
+
+def discard_stream_checkpoint(
+    conn: sqlite3.Connection, run_id: str, task_id: str, token: int
+) -> None:
+    """Delete the run's checkpoint if it is turn ``task_id``'s, written under a token not
+    above ``token`` (inside the write transaction: no put lands between read and delete)."""
+    if discards(get_stream_checkpoint(conn, run_id), task_id, token):
+        delete_stream_checkpoint(conn, run_id)

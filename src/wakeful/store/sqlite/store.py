@@ -15,8 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Self, TypeVar
 
-import msgspec
-
+from wakeful.background import BackgroundTask, StopSignal
 from wakeful.clock import Clock
 from wakeful.errors import (
     InvalidInput,
@@ -54,6 +53,7 @@ from wakeful.store.validate import (
     check_claim_and_commit,
     check_commit,
     check_depth_limit,
+    check_discard,
     check_dispatch,
     check_listing,
     check_outcome,
@@ -109,6 +109,7 @@ class SqliteStore:
         if self._closed:
             return
         self._closed = True
+        await self._stream.close()
         await self._watcher.close()
         await self._db.close()
 
@@ -360,12 +361,25 @@ class SqliteStore:
         return handled
 
 
+MAX_PUTS = 500
+"""Stream-checkpoint puts written by one write job at most."""
+
+
 class SqliteStreamCheckpoints:
     """Stream checkpoints in the ``stream_checkpoints`` table; every failure is a
-    ``StreamCheckpointError`` (``invalid``, ``stale`` or ``storage``)."""
+    ``StreamCheckpointError`` (``invalid``, ``stale`` or ``storage``).
+
+    Puts are grouped: a put waits in a queue and one task writes everything queued as one
+    write job (in the writer's next transaction), each row fenced and answered on its own.
+    A job per put cost a hand-off to the writer thread and back and, in a shared
+    transaction, a savepoint of its own (two more statements) for each put."""
 
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
+        self._queue: list[tuple[StreamCheckpoint, asyncio.Future[bool]]] = []
+        self._writer: BackgroundTask | None = None
+        self.batches = 0
+        """Write jobs that stored puts (for tests and benchmarks)."""
 
     async def get(self, run_id: str) -> StreamCheckpoint | None:
         _checked_run_id(run_id)
@@ -383,17 +397,57 @@ class SqliteStreamCheckpoints:
             raise StreamCheckpointError(
                 getattr(checkpoint, "run_id", "?"), "invalid", str(exc)
             ) from exc
+        if self._store._closed:
+            raise StreamCheckpointError(copy.run_id, "storage", "the store is closed")
+        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._queue.append((copy, done))
+        if self._writer is None or not self._writer.running:
+            self._writer = BackgroundTask("wakeful-sqlite-stream-puts", self._write)
+            self._writer.start()
         try:
-            await self._store._write(
-                lambda c, now: messaging.put_stream_checkpoint(
-                    c,
-                    copy if copy.updated_at is not None else _stamped(copy, now),
-                )
-            )
-        except StreamCheckpointError:
-            raise
-        except WakefulError as exc:
+            stored = await done
+        except Exception as exc:
             raise StreamCheckpointError(copy.run_id, "storage", str(exc)) from exc
+        if not stored:
+            raise StreamCheckpointError(
+                copy.run_id,
+                "stale",
+                f"token {copy.token} is not the current claim of thread {copy.thread_id!r}",
+            )
+
+    async def _write(self, signal: StopSignal) -> None:
+        """Write what is queued, batch after batch, until the queue is empty (or stopped:
+        what is left then fails as the store closing)."""
+        while self._queue and not signal.is_set():
+            batch, self._queue = self._queue[:MAX_PUTS], self._queue[MAX_PUTS:]
+            rows = [c for c, _ in batch]
+            try:
+                stored = await self._store._write(
+                    functools.partial(messaging.put_stream_checkpoints, checkpoints=rows)
+                )
+            except Exception as exc:
+                for _, done in batch:
+                    if not done.done():
+                        done.set_exception(exc)
+                continue
+            self.batches += 1
+            for (_, done), ok in zip(batch, stored, strict=True):
+                if not done.done():
+                    done.set_result(ok)
+        self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        queued, self._queue = self._queue, []
+        for _, done in queued:
+            if not done.done():
+                done.set_exception(StoreClosed())
+
+    async def close(self) -> None:
+        """Stop the writer (bounded, see ``wakeful.background``); queued puts fail."""
+        if self._writer is not None:
+            await self._writer.stop()
+            self._writer = None
+        self._fail_queued()
 
     async def delete(self, run_id: str) -> None:
         _checked_run_id(run_id)
@@ -402,9 +456,14 @@ class SqliteStreamCheckpoints:
         except WakefulError as exc:
             raise StreamCheckpointError(run_id, "storage", str(exc)) from exc
 
-
-def _stamped(checkpoint: StreamCheckpoint, now: datetime) -> StreamCheckpoint:
-    return msgspec.structs.replace(checkpoint, updated_at=now)
+    async def discard(self, run_id: str, task_id: str, token: int) -> None:
+        check_discard(run_id, task_id, token)
+        try:
+            await self._store._write(
+                lambda c, _: messaging.discard_stream_checkpoint(c, run_id, task_id, token)
+            )
+        except WakefulError as exc:
+            raise StreamCheckpointError(run_id, "storage", str(exc)) from exc
 
 
 def _checked_run_id(run_id: str) -> str:
