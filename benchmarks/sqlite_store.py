@@ -13,7 +13,8 @@ swings a lot):
   threads, and ``AsyncSqliteSaver.aput`` (aiosqlite) sequential and from 8 tasks (skipped,
   saying so, when ``langgraph-checkpoint-sqlite`` is not installed);
 
-and prints the ratios. Both stores fsync every commit (wakeful: WAL + ``synchronous=FULL``;
+and prints the ratios. Target (issue 22): commits >= 3x ``SqliteSaver.put`` at 8 writers.
+Both stores fsync every commit (wakeful: WAL + ``synchronous=FULL``;
 SqliteSaver: WAL + SQLite's default ``synchronous``, printed below).
 """
 
@@ -185,7 +186,9 @@ def results(samples: dict[str, list[float]], skipped: str | None) -> list[Result
     out = Collector("sqlite_store")
     out.add("append+fsync (200 B), one writer", samples["floor"], "/s")
     for label, key, anchor, target in (
-        ("commit, sequential", "commit x1", "put x1", 3.0),
+        # Issue 22 restated the targets: >= 3x at 8 writers; a sequential writer waits for
+        # its own fsync on both sides (decision 0005), so that ratio is a figure only.
+        ("commit, sequential", "commit x1", "put x1", None),
         (f"commit, {WRITERS} concurrent writers", f"commit x{WRITERS}", f"put x{WRITERS}", 3.0),
         ("claim+commit+release, sequential", "cycle x1", "put x1", None),
         (f"claim+commit+release, {WRITERS} concurrent", f"cycle x{WRITERS}", f"put x{WRITERS}",
