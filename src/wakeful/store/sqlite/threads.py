@@ -90,16 +90,22 @@ def release(conn: sqlite3.Connection, thread_id: str, token: int) -> None:
     end_claim(conn, thread_id, token)
 
 
-# One round trip reads the thread, its claim record, and whether the commit's checkpoint id
-# was used before (the latter is only acted on in step 4, in the contract's order).
+# One statement reads the thread, its claim record, whether the commit's checkpoint id was
+# used before (only acted on in step 4, in the contract's order) and the run segment columns
+# of its latest checkpoint (which a new checkpoint continues): a statement less per commit.
 _THREAD_FOR_COMMIT = (
-    "SELECT token, version, tenant, latest_id, latest_pos, next_seq, message_count, "
-    "write_count, (SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2), "
-    "holder, expires_at FROM threads WHERE thread_id = ?1"
+    "SELECT t.token, t.version, t.tenant, t.latest_id, t.latest_pos, t.next_seq, "
+    "t.message_count, t.write_count, "
+    "(SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2), "
+    "t.holder, t.expires_at, c.run_id, c.seg_first, c.ordinal FROM threads AS t "
+    "LEFT JOIN checkpoints AS c ON c.thread_id = ?1 "
+    "AND c.pos = (SELECT max(pos) FROM checkpoints WHERE thread_id = ?1) "
+    "WHERE t.thread_id = ?1"
 )
 
-# What ``_apply`` reads of a thread that has no row yet: the schema's defaults (0001).
-_NEW_THREAD = (None, 0, None, None, 0, 1, 0, 0, None)
+# What ``_apply`` reads of a thread that has no row yet: the schema's defaults (0001), no
+# checkpoint.
+_NEW_THREAD = (None, 0, None, None, 0, 1, 0, 0, None, None, None, None, None, None)
 
 _RECORDED = "SELECT payload_hash, receipt FROM receipts WHERE thread_id = ? AND operation_id = ?"
 
@@ -144,14 +150,15 @@ def claim_and_commit(
     granted = grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
     c = msgspec.structs.replace(c, token=granted.token)
     # The row as the grant left it: the new token, everything else unchanged.
-    thread = (granted.token, *(_NEW_THREAD if row is None else row)[1:9])
+    thread = (granted.token, *(_NEW_THREAD if row is None else row)[1:])
     return granted, _apply(conn, now, thread_id, c, thread)
 
 
 def _apply(
     conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit, row: tuple[Any, ...]
 ) -> Receipt:
-    """Steps 2-5 of ``commit`` for the holder of ``c.token``, then everything applies."""
+    """Steps 2-5 of ``commit`` for the holder of ``c.token``, then everything applies.
+    ``row`` is what ``_THREAD_FOR_COMMIT`` read (the token as the caller's claim has it)."""
     _, version, tenant, latest, latest_pos, next_seq, message_count, write_count, used = row[:9]
     # 2. a retried operation
     digest = ""
@@ -179,7 +186,7 @@ def _apply(
     if c.checkpoint is not None:
         latest_pos += 1
         status = c.checkpoint.status
-        _insert_checkpoint(conn, thread_id, latest_pos, c.checkpoint, at)
+        _insert_checkpoint(conn, thread_id, latest_pos, c.checkpoint, at, row[11:14])
         if write_count:
             conn.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
         write_count = 0
@@ -235,15 +242,23 @@ def _apply(
         )
     if c.settle is not None:
         queue.settle_lease(conn, now, c.settle.dispatch_id, c.settle.outcome)
-    if c.checkpoint is not None and version == 0 and tenant is None:
-        tenant = c.checkpoint.tenant  # the first write naming a tenant fixes it
     # A settle ends the claim as ``settle`` does, ``release`` as ``release`` does: both
     # in the thread's update (the token is current, fencing checked it).
+    ending = c.release or c.settle is not None
+    if version == 0:
+        if c.checkpoint is not None and tenant is None:
+            tenant = c.checkpoint.tenant  # the first write naming a tenant fixes it
+        update = _FIRST_ENDING_CLAIM if ending else _FIRST
+        fixed: tuple[Any, ...] = (version + 1, tenant)
+    else:
+        # Later commits leave the tenant column alone: not naming it in the SET list spares
+        # the tenant trigger (migration 0003) its check on every commit.
+        update = _UPDATE_ENDING_CLAIM if ending else _UPDATE
+        fixed = (version + 1,)
     conn.execute(
-        _UPDATE_ENDING_CLAIM if c.release or c.settle is not None else _UPDATE,
+        update,
         (
-            version + 1,
-            tenant,
+            *fixed,
             latest_pos,
             resulting,
             status,
@@ -257,14 +272,18 @@ def _apply(
     return receipt
 
 
-_UPDATE_SET = (
-    "UPDATE threads SET version = ?, tenant = ?, latest_pos = ?, latest_id = ?, "
-    "latest_status = coalesce(?, latest_status), next_seq = ?, message_count = ?, "
-    "write_count = ?, updated_at = ?"
+_UPDATE_REST = (
+    "latest_pos = ?, latest_id = ?, latest_status = coalesce(?, latest_status), "
+    "next_seq = ?, message_count = ?, write_count = ?, updated_at = ?"
 )
-_UPDATE = f"{_UPDATE_SET} WHERE thread_id = ?"
+_ENDING_CLAIM = ", holder = NULL, token = NULL, expires_at = NULL"
+_FIRST = f"UPDATE threads SET version = ?, tenant = ?, {_UPDATE_REST} WHERE thread_id = ?"
+_FIRST_ENDING_CLAIM = (
+    f"UPDATE threads SET version = ?, tenant = ?, {_UPDATE_REST}{_ENDING_CLAIM} WHERE thread_id = ?"
+)
+_UPDATE = f"UPDATE threads SET version = ?, {_UPDATE_REST} WHERE thread_id = ?"
 _UPDATE_ENDING_CLAIM = (
-    f"{_UPDATE_SET}, holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?"
+    f"UPDATE threads SET version = ?, {_UPDATE_REST}{_ENDING_CLAIM} WHERE thread_id = ?"
 )
 
 
@@ -381,17 +400,19 @@ _THREAD_TABLES = (
 
 
 def _insert_checkpoint(
-    conn: sqlite3.Connection, thread_id: str, pos: int, cp: Checkpoint, at: int
+    conn: sqlite3.Connection,
+    thread_id: str,
+    pos: int,
+    cp: Checkpoint,
+    at: int,
+    before: tuple[Any, ...],
 ) -> None:
     """Insert ``cp`` at ``pos`` with its run segment columns (migration 0005): it continues
-    the segment of the checkpoint before it when both have its run id."""
-    before = conn.execute(
-        "SELECT run_id, seg_first, ordinal FROM checkpoints WHERE thread_id = ? "
-        "ORDER BY pos DESC LIMIT 1",
-        (thread_id,),
-    ).fetchone()
-    seg_first = before[1] if before is not None and before[0] == cp.run_id else pos
-    ordinal = before[2] + 1 if before is not None else 1
+    the segment of the checkpoint before it when both have its run id. ``before`` is that
+    checkpoint's ``(run_id, seg_first, ordinal)``, all None when the thread has none."""
+    run_id, before_first, before_ordinal = before
+    seg_first = before_first if before_ordinal is not None and run_id == cp.run_id else pos
+    ordinal = before_ordinal + 1 if before_ordinal is not None else 1
     conn.execute(
         "INSERT INTO checkpoints (thread_id, pos, checkpoint_id, at, body, run_id, status, "
         "graph, seg_first, ordinal) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
