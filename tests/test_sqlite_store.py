@@ -545,3 +545,50 @@ def test_migration_5_fills_the_run_segments_of_an_existing_history(tmp_path: Pat
         ("r-b", "c2", "c2", 1, None),
         ("r-a", "c0", "c1", 2, None),
     ]
+
+
+# ------------------------------------------------------------------ commit cost (issue 22)
+
+
+@case
+async def test_a_later_commit_reads_the_thread_once_and_leaves_its_tenant_alone(
+    tmp_path: Path,
+) -> None:
+    """A commit after the thread's first is one read of the thread (its latest checkpoint's
+    run segment included), the checkpoint insert and a thread update that does not name the
+    tenant column; the new checkpoint still continues its run's segment."""
+    from wakeful.store.sqlite import threads
+
+    path = tmp_path / "cost.db"
+    now = datetime.now(UTC)
+
+    def checkpoint(cp_id: str, parent: str | None) -> Checkpoint:
+        return Checkpoint(
+            id=cp_id, parent=parent, run_id="r1", status="running", state={}, created_at=now,
+            tenant="acme",
+        )  # fmt: skip
+
+    async with await open_store(sqlite_url(path)) as store:
+        claim = await store.claim("t", "h", 60)
+        await store.commit("t", Commit(token=claim.token, checkpoint=checkpoint("c1", None)))
+        await store.commit("t", Commit(token=claim.token, checkpoint=checkpoint("c2", "c1")))
+    conn = sqlite3.connect(path, isolation_level=None)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        statements.clear()
+        commit = Commit(token=claim.token, checkpoint=checkpoint("c3", "c2"))
+        threads.commit(conn, now, "t", commit)
+        kinds = [s.split()[0] for s in statements]
+        assert kinds == ["SELECT", "INSERT", "UPDATE"], statements
+        assert "tenant" not in statements[2], statements[2]
+        rows = conn.execute(
+            "SELECT checkpoint_id, seg_first, ordinal FROM checkpoints WHERE thread_id = 't' "
+            "ORDER BY pos"
+        ).fetchall()
+        assert rows == [("c1", 1, 1), ("c2", 1, 2), ("c3", 1, 3)]
+        assert conn.execute("SELECT tenant FROM threads").fetchone() == ("acme",)
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
