@@ -117,10 +117,10 @@ def label(name: str, k: int) -> str:
     return name if k == 1 else f"{name}, {k} threads"
 
 
-def one_round(runs: int, dir: Path | None) -> tuple[dict[str, float], str | None]:
+def one_round(runs: int, directory: Path | None) -> tuple[dict[str, float], str | None]:
     rates: dict[str, float] = {}
     skipped: str | None = None
-    with tempfile.TemporaryDirectory(prefix="wakeful-bench-", dir=dir) as tmp:
+    with tempfile.TemporaryDirectory(prefix="wakeful-bench-", dir=directory) as tmp:
         root = Path(tmp)
         for k in (1, THREADS):  # each store and saver in turn, sequential then concurrent
             rates[label("wakeful memory", k)] = asyncio.run(wakeful_rate("memory://", runs, k))
