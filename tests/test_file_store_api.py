@@ -200,3 +200,30 @@ async def test_sequential_commits_are_counted_one_append_each(tmp_path: Path) ->
         assert after.bytes > before.bytes
     finally:
         await store.close()
+
+
+@pytest.mark.asyncio
+async def test_closed_stores_leave_no_descriptors_open(tmp_path: Path) -> None:
+    """The IO thread's wake-up pipe is closed when the thread takes its stop marker: opening
+    and closing a store many times does not grow the process's descriptors."""
+    import asyncio
+    import threading
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def cycle(i: int) -> None:
+        store = await open_file_store((tmp_path / f"s{i}").as_uri())
+        claim = await store.claim("t", "h", 60)
+        await store.commit("t", Commit(token=claim.token, events=(EventDraft(type="e"),)))
+        await store.close()
+
+    await cycle(0)
+    baseline = open_fds()
+    for i in range(1, 21):
+        await cycle(i)
+    # close() does not wait for the IO threads: wait for them to exit (they close the pipe)
+    for thread in threading.enumerate():
+        if thread.name.startswith("wakeful-file-store:"):
+            await asyncio.to_thread(thread.join, 10)
+    assert open_fds() <= baseline

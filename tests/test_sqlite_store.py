@@ -592,3 +592,27 @@ async def test_a_later_commit_reads_the_thread_once_and_leaves_its_tenant_alone(
     finally:
         conn.execute("ROLLBACK")
         conn.close()
+
+
+@case
+async def test_closed_stores_leave_no_descriptors_open(tmp_path: Path) -> None:
+    """The writer thread's wake-up pipe is closed with the store, and after a failed open."""
+    import os
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def cycle(i: int) -> None:
+        async with await open_store(sqlite_url(tmp_path / f"s{i}.db")) as store:
+            claim = await store.claim("t", "h", 60)
+            await store.commit("t", Commit(token=claim.token, events=(EventDraft(type="e"),)))
+        not_a_db = tmp_path / f"junk{i}.db"
+        not_a_db.write_bytes(b"not a database" * 100)
+        with pytest.raises((CorruptStore, UnsupportedStore, StoreUnavailable)):
+            await open_store(sqlite_url(not_a_db))
+
+    await cycle(0)
+    baseline = open_fds()
+    for i in range(1, 11):
+        await cycle(i)
+    assert open_fds() <= baseline
