@@ -20,10 +20,8 @@ No ``sqlite3`` call runs on the event loop:
 from __future__ import annotations
 
 import asyncio
-import collections
 import concurrent.futures
 import contextlib
-import os
 import queue
 import sqlite3
 import threading
@@ -109,23 +107,12 @@ class _Writer:
     is queued as one list, and the thread takes every queued group (up to ``MAX_BATCH`` jobs)
     into one transaction. Outcomes go back with one wake-up of each caller's event loop per
     transaction, so the callers resume together and their next writes form the next group.
-
-    The groups wait in a deque; the thread sleeps in a ``read`` of a pipe and ``submit``
-    wakes it with a one-byte ``write``. Both release the GIL in the kernel, so the woken
-    thread takes the GIL and starts the transaction at once (a ``queue.SimpleQueue`` wakes
-    its consumer with the GIL held: it wakes only to block on the GIL, then is woken again).
     """
 
     def __init__(self, path: str, busy_timeout: float) -> None:
         self._path = path
         self._busy_timeout = busy_timeout
-        self._groups: collections.deque[list[_Job] | None] = collections.deque()
-        self._wake_read, self._wake_write = os.pipe()
-        # A full pipe means the thread has unread signals and will look at the groups
-        # anyway: a write that would block can be dropped.
-        os.set_blocking(self._wake_write, False)
-        # Held while a group or the stop marker is queued and signalled, and while the pipe
-        # is closed: nothing is written to it after it was closed.
+        self._queue: queue.SimpleQueue[list[_Job] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._stopping = False
         # A daemon, so a store the program forgot to close cannot keep the interpreter alive;
@@ -146,25 +133,14 @@ class _Writer:
         with self._lock:
             if self._stopping:
                 raise StoreClosed()
-            self._groups.append(jobs)
-            self._signal()
+            self._queue.put(jobs)
 
     def stop(self) -> None:
         with self._lock:
             if self._stopping:
                 return
             self._stopping = True
-            self._groups.append(None)
-            self._signal()
-
-    def _signal(self) -> None:
-        with contextlib.suppress(BlockingIOError):
-            os.write(self._wake_write, b"\0")
-
-    def _next_group(self) -> list[_Job] | None:
-        while not self._groups:
-            os.read(self._wake_read, 4096)  # a signal written in between is still in the pipe
-        return self._groups.popleft()
+            self._queue.put(None)
 
     def join(self) -> None:
         if self._thread.is_alive():
@@ -184,12 +160,15 @@ class _Writer:
             return
         stop = False
         while not stop:
-            group = self._next_group()
+            group = self._queue.get()
             if group is None:
                 break
             batch = list(group)
-            while len(batch) < MAX_BATCH and self._groups:
-                more = self._groups.popleft()
+            while len(batch) < MAX_BATCH:
+                try:
+                    more = self._queue.get_nowait()
+                except queue.Empty:
+                    break
                 if more is None:
                     stop = True
                     break
@@ -198,14 +177,13 @@ class _Writer:
         self._shutdown()
 
     def _shutdown(self) -> None:
-        with self._lock:
-            self._stopping = True  # after a failed setup too: submit refuses from now on
-            os.close(self._wake_read)
-            os.close(self._wake_write)
         # Jobs queued after the stop sentinel never run: fail them rather than leave their
         # callers waiting forever.
-        while self._groups:
-            group = self._groups.popleft()
+        while True:
+            try:
+                group = self._queue.get_nowait()
+            except queue.Empty:
+                break
             if group is not None:
                 self._send([(job, False, StoreClosed()) for job in group])
         if self._conn is not None:
