@@ -596,7 +596,7 @@ async def test_a_later_commit_reads_the_thread_once_and_leaves_its_tenant_alone(
 
 @case
 async def test_closed_stores_leave_no_descriptors_open(tmp_path: Path) -> None:
-    """The writer thread's wake-up pipe is closed with the store, and after a failed open."""
+    """A closed store, and a failed open, leave none of their connections' descriptors open."""
     import os
 
     def open_fds() -> int:
