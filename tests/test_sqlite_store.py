@@ -555,8 +555,9 @@ async def test_a_later_commit_reads_the_thread_once_and_leaves_its_tenant_alone(
     tmp_path: Path,
 ) -> None:
     """A commit after the thread's first is one read of the thread (its latest checkpoint's
-    run segment included), the checkpoint insert and a thread update that does not name the
-    tenant column; the new checkpoint still continues its run's segment."""
+    run segment and the receipt of its operation id included), the inserts and a thread
+    update that does not name the tenant column; the new checkpoint still continues its run's
+    segment, and a retried operation is answered from that one read."""
     from wakeful.store.sqlite import threads
 
     path = tmp_path / "cost.db"
@@ -583,11 +584,19 @@ async def test_a_later_commit_reads_the_thread_once_and_leaves_its_tenant_alone(
         kinds = [s.split()[0] for s in statements]
         assert kinds == ["SELECT", "INSERT", "UPDATE"], statements
         assert "tenant" not in statements[2], statements[2]
+        # with an operation id, its recorded receipt comes with the same read
+        statements.clear()
+        keyed = Commit(token=claim.token, checkpoint=checkpoint("c4", "c3"), operation_id="op")
+        receipt = threads.commit(conn, now, "t", keyed)
+        assert [s.split()[0] for s in statements] == ["SELECT", "INSERT", "INSERT", "UPDATE"]
+        statements.clear()
+        assert threads.commit(conn, now, "t", keyed) == receipt  # the retry is answered
+        assert [s.split()[0] for s in statements] == ["SELECT"], statements
         rows = conn.execute(
             "SELECT checkpoint_id, seg_first, ordinal FROM checkpoints WHERE thread_id = 't' "
             "ORDER BY pos"
         ).fetchall()
-        assert rows == [("c1", 1, 1), ("c2", 1, 2), ("c3", 1, 3)]
+        assert rows == [("c1", 1, 1), ("c2", 1, 2), ("c3", 1, 3), ("c4", 1, 4)]
         assert conn.execute("SELECT tenant FROM threads").fetchone() == ("acme",)
     finally:
         conn.execute("ROLLBACK")

@@ -91,23 +91,24 @@ def release(conn: sqlite3.Connection, thread_id: str, token: int) -> None:
 
 
 # One statement reads the thread, its claim record, whether the commit's checkpoint id was
-# used before (only acted on in step 4, in the contract's order) and the run segment columns
-# of its latest checkpoint (which a new checkpoint continues): a statement less per commit.
+# used before (only acted on in step 4, in the contract's order), the run segment columns of
+# its latest checkpoint (which a new checkpoint continues) and the receipt recorded for the
+# commit's operation id (step 2): two statements less per commit of the runtime.
 _THREAD_FOR_COMMIT = (
     "SELECT t.token, t.version, t.tenant, t.latest_id, t.latest_pos, t.next_seq, "
     "t.message_count, t.write_count, "
     "(SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2), "
-    "t.holder, t.expires_at, c.run_id, c.seg_first, c.ordinal FROM threads AS t "
+    "t.holder, t.expires_at, c.run_id, c.seg_first, c.ordinal, r.payload_hash, r.receipt "
+    "FROM threads AS t "
     "LEFT JOIN checkpoints AS c ON c.thread_id = ?1 "
     "AND c.pos = (SELECT max(pos) FROM checkpoints WHERE thread_id = ?1) "
+    "LEFT JOIN receipts AS r ON r.thread_id = ?1 AND r.operation_id = ?3 "
     "WHERE t.thread_id = ?1"
 )
 
 # What ``_apply`` reads of a thread that has no row yet: the schema's defaults (0001), no
-# checkpoint.
-_NEW_THREAD = (None, 0, None, None, 0, 1, 0, 0, None, None, None, None, None, None)
-
-_RECORDED = "SELECT payload_hash, receipt FROM receipts WHERE thread_id = ? AND operation_id = ?"
+# checkpoint, no receipt.
+_NEW_THREAD = (None, 0, None, None, 0, 1, 0, 0, None, None, None, None, None, None, None, None)
 
 # A receipt is replayed to a stale token only while the thread's epoch is still that token:
 # the claim was ended (release, settle) but no claim was granted after it.
@@ -121,7 +122,7 @@ _RECORDED_UNDER_EPOCH = (
 def commit(conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit) -> Receipt:
     """Apply a validated commit; the checks in the contract's order (``ThreadStore.commit``)."""
     new_id = c.checkpoint.id if c.checkpoint is not None else None
-    row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id)).fetchone()
+    row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id, c.operation_id)).fetchone()
     # 1. fencing, always first
     current = None if row is None else row[0]
     if current is None or current != c.token:
@@ -141,7 +142,7 @@ def claim_and_commit(
     """``claim``, then ``commit`` under the granted token (``c.token`` is ignored). Runs as
     one write job: a refused commit raises, which rolls the claim back with it."""
     new_id = c.checkpoint.id if c.checkpoint is not None else None
-    row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id)).fetchone()
+    row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id, c.operation_id)).fetchone()
     if row is not None:
         if c.checkpoint is not None:
             # the tenant first: a busy refusal would name another tenant's holder
@@ -164,11 +165,11 @@ def _apply(
     digest = ""
     if c.operation_id is not None:
         digest = payload_hash(c)
-        recorded = conn.execute(_RECORDED, (thread_id, c.operation_id)).fetchone()
-        if recorded is not None:
-            if recorded[0] != digest:
+        recorded_hash, recorded = row[14:16]
+        if recorded_hash is not None:
+            if recorded_hash != digest:
                 raise OperationConflict(thread_id, c.operation_id)
-            return RECEIPT.decode(recorded[1])
+            return RECEIPT.decode(recorded)
     # 3. the view the commit was prepared against
     if c.expected_version is not None and c.expected_version != version:
         raise VersionConflict(thread_id, c.expected_version, version)
