@@ -50,7 +50,7 @@ PLAN = (
     Module("file_store", 120),
     Module("sqlite_store", 150, ("--n", "1000")),
     Module("postgres_store", 200, ("--n", "1000"), postgres=True),
-    Module("runtime_graph", 120, ("--runs", "150")),
+    Module("runtime_graph", 180, ("--runs", "150")),  # sequential and 8 threads
     Module("telemetry_cost", 150, ("--runs", "150")),
     Module("streaming", 90),
     Module("dispatch", 300, ("--n", "1000", "--n-single", "300"), postgres=True),

@@ -6,7 +6,8 @@ In one run, interleaved round by round (medians reported, since a VM's fsync lat
 - raw: appends of the store's average record size, one ``os.fsync`` each, per second (the
   three measurements alternate in short slices within each round);
 - sequential commits/s (a commit = a new checkpoint of ~1.5 kB state plus one event, fenced
-  by a claim), awaited one after the other: target >= 0.8x raw;
+  by a claim), awaited one after the other: target >= 0.65x raw (issue 22 restated it from
+  0.8x; decision 0005 has the bound);
 - 16 concurrent writers (asyncio tasks on one store, each on its own thread), sharing fsyncs
   through group commit: target >= 5x the sequential rate;
 
@@ -39,6 +40,8 @@ from wakeful.store.projected import ProjectedStore
 from wakeful.store.projection import Mutation
 
 WRITERS = 16
+SEQUENTIAL_TARGET = 0.65
+"""Sequential commits against raw append+fsync (issue 22; the old 0.8x is bounded in 0005)."""
 
 
 def payload(n: int) -> dict[str, Any]:
@@ -244,7 +247,7 @@ async def run(directory: Path, n: int, rounds: int, replay_mb: int) -> list[Resu
         "/s",
         anchor="raw append+fsync",
         anchor_samples=[r["raw"] for r in results],
-        target=0.8,
+        target=SEQUENTIAL_TARGET,
     )
     out.add(
         f"{WRITERS} concurrent writers",
@@ -257,7 +260,10 @@ async def run(directory: Path, n: int, rounds: int, replay_mb: int) -> list[Resu
     out.add(f"records per fsync ({WRITERS} writers)", [r["batch"] for r in results], "")
     rows: list[tuple[str, str]] = [
         (f"raw append+fsync ({size:.0f} B)", f"{raw:,.0f} /s"),
-        ("sequential commits", f"{seq:,.0f} /s = {seq / raw:.2f}x raw (target >= 0.8x)"),
+        (
+            "sequential commits",
+            f"{seq:,.0f} /s = {seq / raw:.2f}x raw (target >= {SEQUENTIAL_TARGET:g}x)",
+        ),
         (
             f"{WRITERS} concurrent writers",
             f"{conc:,.0f} /s = {conc / seq:.1f}x sequential (target >= 5x)",

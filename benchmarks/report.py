@@ -66,7 +66,9 @@ METHOD = {
         "with the admission commit, the checkpoints after steps 1 and 2, the final checkpoint "
         "with the release; LangGraph's `SqliteSaver` makes 9 SQLite commits per run) on the "
         "memory, file and SQLite stores, beside LangGraph's `InMemorySaver` and `SqliteSaver` "
-        "running the same graph."
+        "running the same graph, sequentially and from 8 concurrent threads (wakeful: 8 tasks "
+        "on one runtime; LangGraph: 8 OS threads on one compiled graph whose `SqliteSaver` "
+        "shares one connection, as LangGraph documents it), each run on a fresh thread id."
     ),
     "telemetry_cost": (
         "The `runtime_graph` graph on the memory and SQLite stores with tracing off "

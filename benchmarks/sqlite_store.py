@@ -1,8 +1,8 @@
 """Benchmark: the SQLite store beside LangGraph's ``SqliteSaver`` on the same disk.
 
 Run ``python -m benchmarks.sqlite_store [--n 2000] [--rounds 3] [--dir PATH]``. It measures,
-in one run and interleaved round by round (medians reported, since a VM's fsync latency
-swings a lot):
+in one run, every measurement of a round in ``SLICES`` alternating slices and rounds repeated
+(medians reported), since a VM's fsync latency swings a lot within seconds:
 
 - the machine's floor: 200-byte appends with an fsync each, per second;
 - wakeful commits/s (a commit = one new checkpoint with the payload, fenced by a claim),
@@ -13,7 +13,8 @@ swings a lot):
   threads, and ``AsyncSqliteSaver.aput`` (aiosqlite) sequential and from 8 tasks (skipped,
   saying so, when ``langgraph-checkpoint-sqlite`` is not installed);
 
-and prints the ratios. Both stores fsync every commit (wakeful: WAL + ``synchronous=FULL``;
+and prints the ratios. Target (issue 22): commits >= 3x ``SqliteSaver.put`` at 8 writers.
+Both stores fsync every commit (wakeful: WAL + ``synchronous=FULL``;
 SqliteSaver: WAL + SQLite's default ``synchronous``, printed below).
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sqlite3
 import statistics
@@ -28,7 +30,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
@@ -52,20 +54,6 @@ def payload() -> dict[str, Any]:
         "step": 3,
         "flags": {"approved": True, "retries": 0},
     }
-
-
-def fsync_floor(directory: Path, n: int) -> float:
-    path = directory / "fsync.probe"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    try:
-        start = time.perf_counter()
-        for _ in range(n):
-            os.write(fd, b"x" * 200)
-            os.fsync(fd)
-        return n / (time.perf_counter() - start)
-    finally:
-        os.close(fd)
-        path.unlink()
 
 
 def _checkpoint(parent: str | None, state: dict[str, Any]) -> Checkpoint:
@@ -98,94 +86,180 @@ async def _cycles(store: Store, thread_id: str, n: int, state: dict[str, Any]) -
         parent = cp.id
 
 
-async def _timed(
-    url: str, work: Callable[[Store, str, int, dict[str, Any]], Awaitable[None]], n: int, k: int
-) -> float:
-    """Operations per second for ``k`` concurrent writers doing ``n`` in total."""
+SLICES = 5
+"""Each round runs every measurement in this many alternating slices (as ``file_store``
+does), so that a drift of the disk's fsync latency within the round hits all of them alike."""
+
+
+class _Measure:
+    """One measurement of a round: ``k`` concurrent writers, ``slice_ops`` operations per
+    slice in total; accumulates operations and seconds over the slices."""
+
+    def __init__(self, key: str, k: int) -> None:
+        self.key = key
+        self.k = k
+        self.ops = 0
+        self.seconds = 0.0
+
+    def add(self, ops: int, seconds: float) -> None:
+        self.ops += ops
+        self.seconds += seconds
+
+    @property
+    def rate(self) -> float:
+        return self.ops / self.seconds
+
+
+async def sliced_round(directory: Path, n: int, slices: int) -> tuple[dict[str, float], str]:
+    """Every measurement of one round, in ``slices`` alternating slices, on one event loop
+    (the wakeful stores and the async saver stay open across slices; the sync saver's OS
+    threads run from it, blocking it, while nothing else runs)."""
     state = payload()
-    async with open_store(url) as store:
-        start = time.perf_counter()
-        await asyncio.gather(*(work(store, f"t-{w}", n // k, state) for w in range(k)))
-        elapsed = time.perf_counter() - start
-    return (n // k) * k / elapsed
-
-
-async def wakeful_rates(directory: Path, n: int) -> dict[str, float]:
-    rates = {}
-    for name, work in (("commit", _commits), ("cycle", _cycles)):
-        for k in (1, WRITERS):
-            url = f"sqlite:///{directory / f'wakeful-{name}-{k}.db'}"
-            rates[f"{name} x{k}"] = await _timed(url, work, n, k)
-    return rates
-
-
-def langgraph_rates(directory: Path, n: int) -> tuple[dict[str, float], str]:
+    per_slice = max(n // slices, WRITERS)
+    rates: dict[str, float] = {}
+    floor_ops = min(n, 2000) // slices
+    floor = _Measure("floor", 1)
+    stores: dict[str, tuple[Store, Callable[..., Awaitable[None]], _Measure]] = {}
+    savers: list[tuple[sqlite3.Connection, Any, _Measure]] = []
+    note = "langgraph-checkpoint-sqlite is not installed: LangGraph column skipped"
     try:
-        from langgraph.checkpoint.base import empty_checkpoint
+        works: tuple[tuple[str, Callable[..., Awaitable[None]]], ...] = (
+            ("commit", _commits),
+            ("cycle", _cycles),
+        )
+        for name, work in works:
+            for k in (1, WRITERS):
+                url = f"sqlite:///{directory / f'wakeful-{name}-{k}.db'}"
+                store = await open_store(url)
+                stores[f"{name} x{k}"] = (store, work, _Measure(f"{name} x{k}", k))
+        savers = _langgraph_savers(directory)
+        async with _async_savers(directory) as async_savers:
+            if savers:
+                synchronous = str(savers[0][1].conn.execute("PRAGMA synchronous").fetchone()[0])
+                note = f"SqliteSaver: WAL, PRAGMA synchronous={synchronous} (2 = FULL)"
+            for sl in range(slices):
+                start = time.perf_counter()
+                fsync_ops(directory, floor_ops)
+                floor.add(floor_ops, time.perf_counter() - start)
+                for store, work, m in stores.values():
+                    each = per_slice // m.k
+                    start = time.perf_counter()
+                    await asyncio.gather(
+                        *(work(store, f"t-{sl}-{w}", each, state) for w in range(m.k))
+                    )
+                    m.add(each * m.k, time.perf_counter() - start)
+                for _, saver, m in savers:
+                    each = per_slice // m.k
+                    m.add(each * m.k, _put_seconds(saver, sl, m.k, each, state))
+                for saver, m in async_savers:
+                    each = per_slice // m.k
+                    start = time.perf_counter()
+                    await asyncio.gather(
+                        *(_aput_many(saver, f"t-{sl}-{w}", each, state) for w in range(m.k))
+                    )
+                    m.add(each * m.k, time.perf_counter() - start)
+            rates["floor"] = floor.rate
+            for _, _, m in stores.values():
+                rates[m.key] = m.rate
+            for _, _, m in savers:
+                rates[m.key] = m.rate
+            for _, m in async_savers:
+                rates[m.key] = m.rate
+    finally:
+        for store, _, _ in stores.values():
+            await store.close()
+        for conn, _, _ in savers:
+            conn.close()
+    return rates, note
+
+
+def fsync_ops(directory: Path, n: int) -> None:
+    """``n`` 200-byte appends with an fsync each (the machine's floor)."""
+    path = directory / "fsync.probe"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for _ in range(n):
+            os.write(fd, b"x" * 200)
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _langgraph_savers(directory: Path) -> list[tuple[sqlite3.Connection, Any, _Measure]]:
+    """A ``SqliteSaver`` per writer count, each on its own file and connection, shared by
+    its OS threads (``check_same_thread=False``: the saver has a lock)."""
+    try:
         from langgraph.checkpoint.sqlite import SqliteSaver
     except ImportError:
-        return {}, "langgraph-checkpoint-sqlite is not installed: LangGraph column skipped"
-    rates: dict[str, float] = {}
-    synchronous = "?"
-    state = payload()
+        return []
+    out = []
+    for k in (1, WRITERS):
+        conn = sqlite3.connect(directory / f"langgraph-{k}.db", check_same_thread=False)
+        saver = SqliteSaver(conn)
+        saver.setup()
+        out.append((conn, saver, _Measure(f"put x{k}", k)))
+    return out
 
-    def put_many(saver: Any, w: int, count: int) -> None:
-        config: Any = {"configurable": {"thread_id": f"t-{w}", "checkpoint_ns": ""}}
-        for step in range(count):
+
+def _put_seconds(saver: Any, sl: int, k: int, each: int, state: dict[str, Any]) -> float:
+    """Seconds for ``k`` OS threads each putting ``each`` checkpoints to its own thread."""
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    def put_many(w: int) -> None:
+        config: Any = {"configurable": {"thread_id": f"t-{sl}-{w}", "checkpoint_ns": ""}}
+        for step in range(each):
             checkpoint: Any = empty_checkpoint()
             checkpoint["id"] = str(uuid.uuid4())
             checkpoint["channel_values"] = state
             config = saver.put(config, checkpoint, {"source": "loop", "step": step}, {})
 
-    for k in (1, WRITERS):
-        # check_same_thread=False is how SqliteSaver is meant to be shared (it has a lock).
-        conn = sqlite3.connect(directory / f"langgraph-{k}.db", check_same_thread=False)
-        try:
-            saver = SqliteSaver(conn)
-            saver.setup()
-            synchronous = str(conn.execute("PRAGMA synchronous").fetchone()[0])
-            start = time.perf_counter()
-            with ThreadPoolExecutor(max_workers=k) as pool:
-                for future in [pool.submit(put_many, saver, w, n // k) for w in range(k)]:
-                    future.result()
-            rates[f"put x{k}"] = (n // k) * k / (time.perf_counter() - start)
-        finally:
-            conn.close()
-    return rates, f"SqliteSaver: WAL, PRAGMA synchronous={synchronous} (2 = FULL)"
+    start = time.perf_counter()
+    if k == 1:
+        put_many(0)
+    else:
+        with ThreadPoolExecutor(max_workers=k) as pool:
+            for future in [pool.submit(put_many, w) for w in range(k)]:
+                future.result()
+    return time.perf_counter() - start
 
 
-async def langgraph_async_rates(directory: Path, n: int) -> dict[str, float]:
-    """``AsyncSqliteSaver.aput`` (aiosqlite: like wakeful, SQLite off the event loop)."""
+@contextlib.asynccontextmanager
+async def _async_savers(directory: Path) -> AsyncIterator[list[tuple[Any, _Measure]]]:
+    """``AsyncSqliteSaver`` (aiosqlite: like wakeful, SQLite off the event loop) per writer
+    count; none when it is not installed."""
     try:
-        from langgraph.checkpoint.base import empty_checkpoint
         from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
     except ImportError:
-        return {}
-    state = payload()
-    rates: dict[str, float] = {}
-
-    async def put_many(saver: Any, w: int, count: int) -> None:
-        config: Any = {"configurable": {"thread_id": f"t-{w}", "checkpoint_ns": ""}}
-        for step in range(count):
-            checkpoint: Any = empty_checkpoint()
-            checkpoint["id"] = str(uuid.uuid4())
-            checkpoint["channel_values"] = state
-            config = await saver.aput(config, checkpoint, {"source": "loop", "step": step}, {})
-
-    for k in (1, WRITERS):
-        async with AsyncSqliteSaver.from_conn_string(str(directory / f"lg-async-{k}.db")) as saver:
+        yield []
+        return
+    async with contextlib.AsyncExitStack() as stack:
+        out = []
+        for k in (1, WRITERS):
+            path = str(directory / f"lg-async-{k}.db")
+            saver = await stack.enter_async_context(AsyncSqliteSaver.from_conn_string(path))
             await saver.setup()
-            start = time.perf_counter()
-            await asyncio.gather(*(put_many(saver, w, n // k) for w in range(k)))
-            rates[f"aput x{k}"] = (n // k) * k / (time.perf_counter() - start)
-    return rates
+            out.append((saver, _Measure(f"aput x{k}", k)))
+        yield out
+
+
+async def _aput_many(saver: Any, thread_id: str, count: int, state: dict[str, Any]) -> None:
+    from langgraph.checkpoint.base import empty_checkpoint
+
+    config: Any = {"configurable": {"thread_id": thread_id, "checkpoint_ns": ""}}
+    for step in range(count):
+        checkpoint: Any = empty_checkpoint()
+        checkpoint["id"] = str(uuid.uuid4())
+        checkpoint["channel_values"] = state
+        config = await saver.aput(config, checkpoint, {"source": "loop", "step": step}, {})
 
 
 def results(samples: dict[str, list[float]], skipped: str | None) -> list[Result]:
     out = Collector("sqlite_store")
     out.add("append+fsync (200 B), one writer", samples["floor"], "/s")
     for label, key, anchor, target in (
-        ("commit, sequential", "commit x1", "put x1", 3.0),
+        # Issue 22 restated the targets: >= 3x at 8 writers; a sequential writer waits for
+        # its own fsync on both sides (decision 0005), so that ratio is a figure only.
+        ("commit, sequential", "commit x1", "put x1", None),
         (f"commit, {WRITERS} concurrent writers", f"commit x{WRITERS}", f"put x{WRITERS}", 3.0),
         ("claim+commit+release, sequential", "cycle x1", "put x1", None),
         (f"claim+commit+release, {WRITERS} concurrent", f"cycle x{WRITERS}", f"put x{WRITERS}",
@@ -231,15 +305,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
     samples: dict[str, list[float]] = {}
     note = ""
     with tempfile.TemporaryDirectory(prefix="wakeful-bench-", dir=args.dir) as tmp:
-        # Rounds interleave every measurement, so a slow spell of the disk hits all of them.
+        # Every round alternates slices of every measurement, so that a slow spell of the
+        # disk hits all of them; rounds repeat it (medians).
         for r in range(args.rounds):
             directory = Path(tmp) / f"round-{r}"
             directory.mkdir()
-            rates = {"floor": fsync_floor(directory, min(args.n, 2000))}
-            rates.update(asyncio.run(wakeful_rates(directory, args.n)))
-            theirs, note = langgraph_rates(directory, args.n)
-            rates.update(theirs)
-            rates.update(asyncio.run(langgraph_async_rates(directory, args.n)))
+            rates, note = asyncio.run(sliced_round(directory, args.n, SLICES))
             for key, rate in rates.items():
                 samples.setdefault(key, []).append(rate)
     med = {key: statistics.median(values) for key, values in samples.items()}

@@ -156,3 +156,74 @@ async def test_opening_removes_temp_files_a_crash_left_behind(tmp_path: Path) ->
     assert not any(stray.exists() for stray in strays)
     await store.close()
     assert os.listdir(tmp_path / "stream-checkpoints") == []
+
+
+@pytest.mark.asyncio
+async def test_the_io_threads_then_runs_with_the_result_before_the_awaiting_task_resumes() -> None:
+    """``IOThread.run(fn, then)``: ``then`` gets a successful result on the loop before the
+    awaiting task resumes (the file store answers a batch's callers there); a failed ``fn``
+    skips it and raises in the awaiting task."""
+    from wakeful.store.file.iothread import IOThread
+
+    io = IOThread("test-io")
+    order: list[object] = []
+    try:
+        result = await io.run(lambda: 5, lambda value: order.append(("then", value)))
+        order.append(("resumed", result))
+        assert order == [("then", 5), ("resumed", 5)]
+
+        def fail() -> int:
+            raise OSError("disk")
+
+        with pytest.raises(OSError, match="disk"):
+            await io.run(fail, lambda value: order.append(("then", value)))
+        assert order == [("then", 5), ("resumed", 5)]
+    finally:
+        io.stop()
+
+
+@pytest.mark.asyncio
+async def test_sequential_commits_are_counted_one_append_each(tmp_path: Path) -> None:
+    """The counters move in the callback that answers a batch: after each awaited commit
+    they already include it."""
+    store = await open_file_store(tmp_path.as_uri())
+    try:
+        claim = await store.claim("t", "h", 60)
+        before = store.stats
+        for i in range(3):
+            await store.commit("t", Commit(token=claim.token, events=(EventDraft(type=f"e{i}"),)))
+            after = store.stats
+            assert (after.appends - before.appends, after.records - before.records) == (
+                i + 1,
+                i + 1,
+            )
+        assert after.bytes > before.bytes
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_closed_stores_leave_no_descriptors_open(tmp_path: Path) -> None:
+    """The IO thread's wake-up pipe is closed when the thread takes its stop marker: opening
+    and closing a store many times does not grow the process's descriptors."""
+    import asyncio
+    import threading
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def cycle(i: int) -> None:
+        store = await open_file_store((tmp_path / f"s{i}").as_uri())
+        claim = await store.claim("t", "h", 60)
+        await store.commit("t", Commit(token=claim.token, events=(EventDraft(type="e"),)))
+        await store.close()
+
+    await cycle(0)
+    baseline = open_fds()
+    for i in range(1, 21):
+        await cycle(i)
+    # close() does not wait for the IO threads: wait for them to exit (they close the pipe)
+    for thread in threading.enumerate():
+        if thread.name.startswith("wakeful-file-store:"):
+            await asyncio.to_thread(thread.join, 10)
+    assert open_fds() <= baseline

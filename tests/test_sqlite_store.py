@@ -574,3 +574,83 @@ async def test_stream_checkpoint_puts_are_grouped_and_fenced_one_by_one(tmp_path
             got = await store.stream_checkpoints.get(f"r{i}")
             assert (got is None) if i == 7 else (got is not None and got.partial_text == str(i))
             assert got is None or got.updated_at is not None
+
+
+# ------------------------------------------------------------------ commit cost (issue 22)
+
+
+@case
+async def test_a_later_commit_reads_the_thread_once_and_leaves_its_tenant_alone(
+    tmp_path: Path,
+) -> None:
+    """A commit after the thread's first is one read of the thread (its latest checkpoint's
+    run segment and the receipt of its operation id included), the inserts and a thread
+    update that does not name the tenant column; the new checkpoint still continues its run's
+    segment, and a retried operation is answered from that one read."""
+    from wakeful.store.sqlite import threads
+
+    path = tmp_path / "cost.db"
+    now = datetime.now(UTC)
+
+    def checkpoint(cp_id: str, parent: str | None) -> Checkpoint:
+        return Checkpoint(
+            id=cp_id, parent=parent, run_id="r1", status="running", state={}, created_at=now,
+            tenant="acme",
+        )  # fmt: skip
+
+    async with await open_store(sqlite_url(path)) as store:
+        claim = await store.claim("t", "h", 60)
+        await store.commit("t", Commit(token=claim.token, checkpoint=checkpoint("c1", None)))
+        await store.commit("t", Commit(token=claim.token, checkpoint=checkpoint("c2", "c1")))
+    conn = sqlite3.connect(path, isolation_level=None)
+    statements: list[str] = []
+    conn.set_trace_callback(statements.append)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        statements.clear()
+        commit = Commit(token=claim.token, checkpoint=checkpoint("c3", "c2"))
+        threads.commit(conn, now, "t", commit)
+        kinds = [s.split()[0] for s in statements]
+        assert kinds == ["SELECT", "INSERT", "UPDATE"], statements
+        assert "tenant" not in statements[2], statements[2]
+        # with an operation id, its recorded receipt comes with the same read
+        statements.clear()
+        keyed = Commit(token=claim.token, checkpoint=checkpoint("c4", "c3"), operation_id="op")
+        receipt = threads.commit(conn, now, "t", keyed)
+        assert [s.split()[0] for s in statements] == ["SELECT", "INSERT", "INSERT", "UPDATE"]
+        statements.clear()
+        assert threads.commit(conn, now, "t", keyed) == receipt  # the retry is answered
+        assert [s.split()[0] for s in statements] == ["SELECT"], statements
+        rows = conn.execute(
+            "SELECT checkpoint_id, seg_first, ordinal FROM checkpoints WHERE thread_id = 't' "
+            "ORDER BY pos"
+        ).fetchall()
+        assert rows == [("c1", 1, 1), ("c2", 1, 2), ("c3", 1, 3), ("c4", 1, 4)]
+        assert conn.execute("SELECT tenant FROM threads").fetchone() == ("acme",)
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+@case
+async def test_closed_stores_leave_no_descriptors_open(tmp_path: Path) -> None:
+    """A closed store, and a failed open, leave none of their connections' descriptors open."""
+    import os
+
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    async def cycle(i: int) -> None:
+        async with await open_store(sqlite_url(tmp_path / f"s{i}.db")) as store:
+            claim = await store.claim("t", "h", 60)
+            await store.commit("t", Commit(token=claim.token, events=(EventDraft(type="e"),)))
+        not_a_db = tmp_path / f"junk{i}.db"
+        not_a_db.write_bytes(b"not a database" * 100)
+        with pytest.raises((CorruptStore, UnsupportedStore, StoreUnavailable)):
+            await open_store(sqlite_url(not_a_db))
+
+    await cycle(0)
+    baseline = open_fds()
+    for i in range(1, 11):
+        await cycle(i)
+    assert open_fds() <= baseline
