@@ -237,7 +237,11 @@ def merged(
     reported now; every module keeps the date it was measured on, and the file's own date
     becomes this run's."""
     ran = {o.name for o in outcomes}
-    modules = {name: m for name, m in data.get("modules", {}).items() if name not in ran}
+    modules = {
+        name: {"generated": data["generated"], **m}
+        for name, m in data.get("modules", {}).items()
+        if name not in ran
+    }
     modules.update({o.name: {**o.to_json(), "generated": generated} for o in outcomes})
     order = {m.name: i for i, m in enumerate(PLAN)}
     kept = [r for r in data.get("results", []) if r["benchmark"] not in ran]

@@ -380,6 +380,8 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
             ],
         )  # fmt: skip
         lines.append("")
+    if NOTES.exists():  # measurements made outside this runner, kept until a run replaces them
+        lines += [NOTES.read_text(encoding="utf-8").rstrip(), ""]
     lines += [
         "## Reproduce",
         "",
@@ -467,6 +469,11 @@ def render_png(data: dict[str, Any], path: Path) -> bool:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+NOTES = ROOT / "benchmarks" / "notes.md"
+"""Hand-written sections (figures measured by a module's own command line, not by this
+runner), rendered after the modules' sections."""
 
 
 def render(data: dict[str, Any], markdown: Path, png: Path) -> None:
