@@ -258,7 +258,9 @@ def results(samples: dict[str, list[float]], skipped: str | None) -> list[Result
     out = Collector("postgres_store")
     out.add("raw one-row INSERT, 1 client", samples["raw x1"], "/s")
     out.add(f"raw one-row INSERT, {CLIENTS} clients", samples[f"raw x{CLIENTS}"], "/s")
-    for k, target_raw, target_lg in ((1, 0.6, 3.0), (CLIENTS, None, None)):
+    # Issue 22 restated the sequential target as >= 0.6x the raw INSERT and left the one
+    # against PostgresSaver (>= 3x, bounded near 1x by decision 0005) a figure.
+    for k, target_raw, target_lg in ((1, 0.6, None), (CLIENTS, None, None)):
         label = "commit, sequential" if k == 1 else f"commit, {CLIENTS} concurrent"
         clients = "1 client" if k == 1 else f"{CLIENTS} clients"
         threads = "1 thread" if k == 1 else f"{CLIENTS} threads"
