@@ -123,3 +123,35 @@ def test_log_records_name_the_current_trace(
     assert inside.span_id == f"{span.context.span_id:016x}"  # type: ignore[attr-defined]
     line = logging.Formatter(telemetry.TRACE_FORMAT).format(inside)
     assert f"trace_id={span.context.trace_id:032x}" in line
+
+
+def test_a_global_provider_set_after_the_first_span_is_used_from_then_on() -> None:
+    """The no-SDK fast path answers ``None`` only while the API's global provider is unset:
+    an application that sets it later (after wakeful made spans) is traced from then on. In a
+    subprocess: the global provider can be set once per process."""
+    import subprocess
+    import sys
+
+    script = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from wakeful import telemetry
+
+with telemetry.span("before"):
+    pass
+assert telemetry.tracer() is None
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)
+with telemetry.span("after"):
+    pass
+print(",".join(s.name for s in exporter.get_finished_spans()))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "after"

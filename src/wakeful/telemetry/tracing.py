@@ -42,6 +42,8 @@ CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 """The GenAI conventions' opt-in for prompt and completion text on spans (``true``)."""
 MAX_TRACESTATE = 512
 _PROVIDER_FROM_ENV = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+_GLOBAL_SLOT = _HAVE_API and hasattr(_otel_trace, "_TRACER_PROVIDER")
+"""The API keeps its global provider in a module attribute we can read without a call."""
 """An SDK named in the environment is set up by the API on first use."""
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 
@@ -94,6 +96,9 @@ class _Settings:
     capture_content: bool | None = None
     cached_for: object = None
     cached: Tracer | None = None
+    global_only: bool = _GLOBAL_SLOT and not _PROVIDER_FROM_ENV
+    """No provider given to ``configure`` and none to be made from the environment: while
+    the API's global provider is unset, ``tracer()`` answers ``None`` at once."""
 
 
 def configure(
@@ -110,6 +115,7 @@ def configure(
     an in-memory exporter without touching the global provider."""
     _Settings.provider = tracer_provider
     _Settings.enabled = enabled
+    _Settings.global_only = _GLOBAL_SLOT and tracer_provider is None and not _PROVIDER_FROM_ENV
     _Settings.capture_content = capture_content
     _Settings.cached_for, _Settings.cached = None, None
 
@@ -131,6 +137,8 @@ def tracer() -> Tracer | None:
     provider, or ``configure(enabled=False)``)."""
     if not (_HAVE_API and _Settings.enabled):
         return None
+    if _Settings.global_only and _otel_trace._TRACER_PROVIDER is None:
+        return None  # no SDK: as cheap as tracing turned off (this runs per span)
     provider = _Settings.provider or _global_provider()
     if provider is _Settings.cached_for:
         return _Settings.cached
