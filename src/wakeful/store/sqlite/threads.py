@@ -278,9 +278,14 @@ _UPDATE_REST = (
     "next_seq = ?, message_count = ?, write_count = ?, updated_at = ?"
 )
 _ENDING_CLAIM = ", holder = NULL, token = NULL, expires_at = NULL"
-_FIRST = f"UPDATE threads SET version = ?, tenant = ?, {_UPDATE_REST} WHERE thread_id = ?"
+# The first commit also sets ``listed`` (migration 0006), which the listing indexes filter on,
+# so that later commits, which change ``version``, leave those indexes alone.
+_FIRST = (
+    f"UPDATE threads SET version = ?, tenant = ?, listed = 1, {_UPDATE_REST} WHERE thread_id = ?"
+)
 _FIRST_ENDING_CLAIM = (
-    f"UPDATE threads SET version = ?, tenant = ?, {_UPDATE_REST}{_ENDING_CLAIM} WHERE thread_id = ?"
+    f"UPDATE threads SET version = ?, tenant = ?, listed = 1, {_UPDATE_REST}{_ENDING_CLAIM} "
+    "WHERE thread_id = ?"
 )
 _UPDATE = f"UPDATE threads SET version = ?, {_UPDATE_REST} WHERE thread_id = ?"
 _UPDATE_ENDING_CLAIM = (
