@@ -103,9 +103,11 @@ def events_after(
 def list_threads(
     conn: sqlite3.Connection, tenant: str | None, after: str | None, limit: int
 ) -> list[ThreadSummary]:
+    # ``listed`` (migration 0006) is ``version > 0`` set once per thread, which the listing
+    # indexes filter on so that commits do not rewrite their entries.
     sql = (
         "SELECT thread_id, tenant, version, latest_id, latest_status, message_count, "
-        "next_seq, updated_at FROM threads WHERE version > 0"
+        "next_seq, updated_at FROM threads WHERE listed = 1"
     )
     params: list[object] = []
     if tenant is not None:

@@ -93,15 +93,16 @@ def release(conn: sqlite3.Connection, thread_id: str, token: int) -> None:
 # One statement reads the thread, its claim record, whether the commit's checkpoint id was
 # used before (only acted on in step 4, in the contract's order), the run segment columns of
 # its latest checkpoint (which a new checkpoint continues) and the receipt recorded for the
-# commit's operation id (step 2): two statements less per commit of the runtime.
+# commit's operation id (step 2): two statements less per commit of the runtime. The latest
+# checkpoint is the one at ``latest_pos`` (as ``reads.read`` relies on too: retention
+# and ``drop_checkpoints`` never remove it), one key lookup rather than a max() probe.
 _THREAD_FOR_COMMIT = (
     "SELECT t.token, t.version, t.tenant, t.latest_id, t.latest_pos, t.next_seq, "
     "t.message_count, t.write_count, "
     "(SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2), "
     "t.holder, t.expires_at, c.run_id, c.seg_first, c.ordinal, r.payload_hash, r.receipt "
     "FROM threads AS t "
-    "LEFT JOIN checkpoints AS c ON c.thread_id = ?1 "
-    "AND c.pos = (SELECT max(pos) FROM checkpoints WHERE thread_id = ?1) "
+    "LEFT JOIN checkpoints AS c ON c.thread_id = ?1 AND c.pos = t.latest_pos "
     "LEFT JOIN receipts AS r ON r.thread_id = ?1 AND r.operation_id = ?3 "
     "WHERE t.thread_id = ?1"
 )
@@ -278,9 +279,14 @@ _UPDATE_REST = (
     "next_seq = ?, message_count = ?, write_count = ?, updated_at = ?"
 )
 _ENDING_CLAIM = ", holder = NULL, token = NULL, expires_at = NULL"
-_FIRST = f"UPDATE threads SET version = ?, tenant = ?, {_UPDATE_REST} WHERE thread_id = ?"
+# The first commit also sets ``listed`` (migration 0006), which the listing indexes filter on,
+# so that later commits, which change ``version``, leave those indexes alone.
+_FIRST = (
+    f"UPDATE threads SET version = ?, tenant = ?, listed = 1, {_UPDATE_REST} WHERE thread_id = ?"
+)
 _FIRST_ENDING_CLAIM = (
-    f"UPDATE threads SET version = ?, tenant = ?, {_UPDATE_REST}{_ENDING_CLAIM} WHERE thread_id = ?"
+    f"UPDATE threads SET version = ?, tenant = ?, listed = 1, {_UPDATE_REST}{_ENDING_CLAIM} "
+    "WHERE thread_id = ?"
 )
 _UPDATE = f"UPDATE threads SET version = ?, {_UPDATE_REST} WHERE thread_id = ?"
 _UPDATE_ENDING_CLAIM = (
