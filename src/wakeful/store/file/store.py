@@ -167,6 +167,8 @@ class FileStore(ProjectedStore):
     # ------------------------------------------------------------ ProjectedStore hooks
 
     def _fault(self, point: str) -> None:
+        if not self._armed:  # the common case, twice per append: no lock needed to see it
+            return
         with self._armed_lock:
             if point not in self._armed:
                 return
@@ -267,7 +269,12 @@ class FileStore(ProjectedStore):
             _succeed(waiters)
 
         try:
-            await self._io.run(functools.partial(self._log.append, bodies), durable)
+            # Chained and framed here, on the loop: the IO thread, once woken, goes straight
+            # to its write and fsync instead of holding the GIL while the loop still has to
+            # finish this iteration (the log does not move while no append is in flight, and
+            # this task is the only one that appends).
+            log = self._log
+            await self._io.run(functools.partial(log.write, log.prepare(bodies)), durable)
         except InjectedCrash as crash:
             self._die(crash, waiters)
             return False
