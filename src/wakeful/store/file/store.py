@@ -191,7 +191,15 @@ class FileStore(ProjectedStore):
         # This runs right after the record was applied, before any other task: the pending
         # order is the apply order, which is the order replay needs.
         body = encode_mutation(record)
-        waiter: _Waiter = asyncio.get_running_loop().create_future()
+        # A live flusher runs on the running loop (one store serves one loop: its wake-up
+        # event binds to it), so its loop spares a get_running_loop (a getpid system call).
+        flusher = self._flusher
+        loop = (
+            flusher.get_loop()
+            if flusher is not None and not flusher.done()
+            else asyncio.get_running_loop()
+        )
+        waiter: _Waiter = loop.create_future()
         self._pending.append((body, waiter))
         self._kick()
         await waiter
@@ -273,8 +281,8 @@ class FileStore(ProjectedStore):
             # to its write and fsync instead of holding the GIL while the loop still has to
             # finish this iteration (the log does not move while no append is in flight, and
             # this task is the only one that appends).
-            log = self._log
-            await self._io.run(functools.partial(log.write, log.prepare(bodies)), durable)
+            log, loop = self._log, self._flusher.get_loop() if self._flusher else None
+            await self._io.run(functools.partial(log.write, log.prepare(bodies)), durable, loop)
         except InjectedCrash as crash:
             self._die(crash, waiters)
             return False
