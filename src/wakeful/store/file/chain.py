@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import hashlib
 import re
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import msgspec
 
-from wakeful.store.file.codec import FRAME_HEAD, FRAME_MID, FRAME_OVERHEAD
+from wakeful.store.file.codec import FRAME_OVERHEAD, frame
 from wakeful.store.projection import Mutation
 from wakeful.store.validate import MAX_COMMIT_BYTES
 
@@ -55,7 +54,6 @@ _ENVELOPE = (
     + 1  # the closing brace of the body
 )
 """The bytes of a record line besides its mutation and the digits of its two numbers."""
-_INNER = _BEFORE_END + b"%d" + _BEFORE_SEQ + b"%d" + _BEFORE_PREV + b"%s" + _BEFORE_MUTATION
 _MOST_DIGITS = 20
 _TORN_START = re.compile(rb'\{"c":"[0-9a-f]{8}","m":\{"batch_end":([0-9]{1,20}),')
 
@@ -124,34 +122,35 @@ def encode_write(
 ) -> tuple[bytes, ChainPosition]:
     """The lines of one write of ``bodies`` at log offset ``start`` after ``position``, and the
     position after them. Every line carries the write's end offset, which depends on its own
-    digit count: the count is found first (a fixed point reached in a step or two).
-
-    This runs once per append on the commit's path (a sequential commit waits for it), so it
-    builds each line with one ``%`` format and one join instead of a line of helpers."""
-    count = len(bodies)
-    if not count:
+    digit count: the count is found first (a fixed point reached in a step or two)."""
+    if not bodies:
         return b"", position
-    first = position.seq + 1
-    seq_digits = (
-        len(str(first)) if count == 1 else sum(len(str(s)) for s in range(first, first + count))
+    seqs = range(position.seq + 1, position.seq + 1 + len(bodies))
+    rest = sum(
+        _ENVELOPE + len(str(seq)) + len(body) for seq, body in zip(seqs, bodies, strict=True)
     )
-    rest = count * _ENVELOPE + seq_digits + sum(map(len, bodies))
     digits = 1
-    while (found := len(str(start + rest + digits * count))) != digits:
+    while (found := len(str(start + rest + digits * len(bodies)))) != digits:
         digits = found
-    end = start + rest + digits * count
+    end = start + rest + digits * len(bodies)
     lines: list[bytes] = []
-    prev = position.link.encode()
-    seq = first
-    for body in bodies:
-        inner = _INNER % (end, seq, prev) + body + b"}"
-        line = b"".join((FRAME_HEAD, b"%08x" % zlib.crc32(inner), FRAME_MID, inner, b"}\n"))
+    prev = position.link
+    for seq, body in zip(seqs, bodies, strict=True):
+        head = b"%s%d%s%d%s%s%s" % (
+            _BEFORE_END,
+            end,
+            _BEFORE_SEQ,
+            seq,
+            _BEFORE_PREV,
+            prev.encode(),
+            _BEFORE_MUTATION,
+        )
+        line = frame(b"".join((head, body, b"}")))
         lines.append(line)
-        prev = hashlib.sha256(line).hexdigest()[:_LINK_HEX].encode()
-        seq += 1
-    data = lines[0] if count == 1 else b"".join(lines)
+        prev = link(line)
+    data = b"".join(lines)
     assert len(data) == end - start, "the envelope length is computed from the same layout"
-    return data, ChainPosition(seq - 1, prev.decode())
+    return data, ChainPosition(seqs[-1], prev)
 
 
 def torn_batch_end(tail: bytes) -> int | None:

@@ -44,8 +44,6 @@ _MID = b'","m":'
 _PREFIX = len(_HEAD) + 8 + len(_MID)
 FRAME_HEAD = _HEAD
 """The first bytes of every line: a torn record begins with (a prefix of) them."""
-FRAME_MID = _MID
-"""The bytes between the checksum and the body (``frame`` spelled out where it is hot)."""
 FRAME_OVERHEAD = _PREFIX + 2
 """The bytes a frame adds to its body (checksum, keys, closing brace, newline)."""
 
