@@ -340,8 +340,9 @@ class PreparedAppend:
 
 class LogWriter:
     """The open log file. ``size`` is the durable length: every byte below it was fsynced;
-    ``position`` is where the chain stands at ``size``. Used only from the store's IO
-    thread."""
+    ``position`` is where the chain stands at ``size``. Everything that touches the file runs
+    on the store's IO thread; ``prepare`` only reads ``size`` and ``position`` (the store
+    calls it on its event loop while no append is in flight)."""
 
     def __init__(
         self,

@@ -277,10 +277,11 @@ class FileStore(ProjectedStore):
             _succeed(waiters)
 
         try:
-            # Chained and framed here, on the loop: the IO thread, once woken, goes straight
-            # to its write and fsync instead of holding the GIL while the loop still has to
-            # finish this iteration (the log does not move while no append is in flight, and
-            # this task is the only one that appends).
+            # Chained and framed here, on the loop (the log does not move while no append is
+            # in flight, and this task is the only one that appends): the IO thread then
+            # holds the GIL only around its system calls, instead of for the chaining of a
+            # whole batch while the loop validates the next one (16 writers: 11-26 % less
+            # CPU per commit; a sequential commit did not change; decision 0005).
             log, loop = self._log, self._flusher.get_loop() if self._flusher else None
             await self._io.run(functools.partial(log.write, log.prepare(bodies)), durable, loop)
         except InjectedCrash as crash:
