@@ -67,20 +67,27 @@ class IOThread:
         self._inbox: _Inbox | None = None
         self._thread: threading.Thread | None = None
 
-    async def run(self, fn: Callable[[], T], then: Callable[[T], None] | None = None) -> T:
+    async def run(
+        self,
+        fn: Callable[[], T],
+        then: Callable[[T], None] | None = None,
+        loop: asyncio.AbstractEventLoop | None = None,
+    ) -> T:
         """Run ``fn`` in the thread and return its result (or raise its exception). If the
         awaiting task is cancelled the job still runs to completion; its result is dropped.
 
         ``then``, if given, is called on the event loop with the result of a successful
         ``fn`` in the very callback that delivers it, before the awaiting task resumes: what
-        it wakes (a commit's caller) runs an event-loop iteration sooner. It must not raise."""
+        it wakes (a commit's caller) runs an event-loop iteration sooner. It must not raise.
+        ``loop``, if given, must be the running loop: a caller that knows it spares
+        ``asyncio.get_running_loop``, which is a ``getpid`` system call on CPython 3.11."""
         if self._thread is None or self._inbox is None:
             self._inbox = _Inbox()
             self._thread = threading.Thread(
                 target=_main, args=(self._inbox,), name=self._name, daemon=True
             )
             self._thread.start()
-        loop = asyncio.get_running_loop()
+        loop = loop or asyncio.get_running_loop()
         future: asyncio.Future[T] = loop.create_future()
         self._inbox.jobs.append((fn, loop, future, then))
         self._inbox.signal()

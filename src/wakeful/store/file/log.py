@@ -327,10 +327,22 @@ def truncate_durably(path: Path, size: int) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True, slots=True)
+class PreparedAppend:
+    """The chained, framed writes of one append (``LogWriter.prepare``): prepared against the
+    durable length ``start``, they bring the log to ``end`` with its chain at ``position``."""
+
+    start: int
+    writes: tuple[bytes, ...]
+    end: int
+    position: ChainPosition
+
+
 class LogWriter:
     """The open log file. ``size`` is the durable length: every byte below it was fsynced;
-    ``position`` is where the chain stands at ``size``. Used only from the store's IO
-    thread."""
+    ``position`` is where the chain stands at ``size``. Everything that touches the file runs
+    on the store's IO thread; ``prepare`` only reads ``size`` and ``position`` (the store
+    calls it on its event loop while no append is in flight)."""
 
     def __init__(
         self,
@@ -367,21 +379,43 @@ class LogWriter:
     def closed(self) -> bool:
         return self._fd < 0
 
-    def append(self, bodies: Sequence[bytes]) -> int:
-        """Chain ``bodies`` (encoded mutations, in order), write them and fsync: one write
-        and one fsync, or one per ``MAX_WRITE_BYTES`` for a batch larger than that. Returns
-        the bytes written. On an exception nothing may be assumed about the bytes past
-        ``size``: call ``truncate_to_durable``."""
+    def prepare(self, bodies: Sequence[bytes]) -> PreparedAppend:
+        """Chain and frame ``bodies`` (encoded mutations, in order) into the writes that
+        append them after ``size``: one write, or one per ``MAX_WRITE_BYTES`` for a batch
+        larger than that. Pure: it reads ``size`` and ``position`` and changes nothing, so it
+        may run on any thread while no ``write`` is in flight (the store prepares on its event
+        loop, which holds the GIL anyway, so that the IO thread goes from its wake-up straight
+        to the ``write``). Raises ``ValueError`` for a record larger than one write."""
         size, position = self.size, self.position
+        writes: list[bytes] = []
         for run in split_writes(bodies):
             data, position = encode_write(run, size, position)
+            writes.append(data)
+            size += len(data)
+        return PreparedAppend(self.size, tuple(writes), size, position)
+
+    def write(self, prepared: PreparedAppend) -> int:
+        """Write and fsync what ``prepare`` made, each write fsynced before the next; returns
+        the bytes written. Refuses (``ValueError``, nothing written) a preparation made
+        against another durable length: its chain would not continue this log's. On an
+        exception nothing may be assumed about the bytes past ``size``: call
+        ``truncate_to_durable``."""
+        if prepared.start != self.size:
+            raise ValueError(
+                f"an append prepared at offset {prepared.start} cannot be written at "
+                f"{self.size}: it was prepared before another append or a truncation"
+            )
+        for data in prepared.writes:
             write_all(self._fd, data)
             self.fault("log.after_write")
             os.fsync(self._fd)
             self.fault("log.after_fsync")
-            size += len(data)
-        written, self.size, self.position = size - self.size, size, position
-        return written
+        self.size, self.position = prepared.end, prepared.position
+        return prepared.end - prepared.start
+
+    def append(self, bodies: Sequence[bytes]) -> int:
+        """``write(prepare(bodies))``, on the calling thread."""
+        return self.write(self.prepare(bodies))
 
     def truncate_to_durable(self) -> None:
         """Remove whatever a failed append left past ``size``, durably."""

@@ -167,6 +167,8 @@ class FileStore(ProjectedStore):
     # ------------------------------------------------------------ ProjectedStore hooks
 
     def _fault(self, point: str) -> None:
+        if not self._armed:  # the common case, twice per append: no lock needed to see it
+            return
         with self._armed_lock:
             if point not in self._armed:
                 return
@@ -189,7 +191,15 @@ class FileStore(ProjectedStore):
         # This runs right after the record was applied, before any other task: the pending
         # order is the apply order, which is the order replay needs.
         body = encode_mutation(record)
-        waiter: _Waiter = asyncio.get_running_loop().create_future()
+        # A live flusher runs on the running loop (one store serves one loop: its wake-up
+        # event binds to it), so its loop spares a get_running_loop (a getpid system call).
+        flusher = self._flusher
+        loop = (
+            flusher.get_loop()
+            if flusher is not None and not flusher.done()
+            else asyncio.get_running_loop()
+        )
+        waiter: _Waiter = loop.create_future()
         self._pending.append((body, waiter))
         self._kick()
         await waiter
@@ -267,7 +277,13 @@ class FileStore(ProjectedStore):
             _succeed(waiters)
 
         try:
-            await self._io.run(functools.partial(self._log.append, bodies), durable)
+            # Chained and framed here, on the loop (the log does not move while no append is
+            # in flight, and this task is the only one that appends): the IO thread then
+            # holds the GIL only around its system calls, instead of for the chaining of a
+            # whole batch while the loop validates the next one (16 writers: 11-26 % less
+            # CPU per commit; a sequential commit did not change; decision 0005).
+            log, loop = self._log, self._flusher.get_loop() if self._flusher else None
+            await self._io.run(functools.partial(log.write, log.prepare(bodies)), durable, loop)
         except InjectedCrash as crash:
             self._die(crash, waiters)
             return False
