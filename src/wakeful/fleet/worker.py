@@ -33,6 +33,7 @@ from wakeful.errors import (
 from wakeful.fleet.attempts import (
     Settled,
     foreign_tenant,
+    log_end,
     log_fields,
     run_of,
     settle_done,
@@ -50,7 +51,6 @@ from wakeful.records import (
     Checkpoint,
     Claim,
     Commit,
-    Dispatch,
     Done,
     EventDraft,
     Lease,
@@ -266,21 +266,22 @@ class Worker:
         d, claim = lease.dispatch, lease.claim
         fields = log_fields(d)
         started = time.monotonic()
-        log.info(
-            "dispatch %s started: %s on thread %s (attempt %d of %d)",
-            d.dispatch_id,
-            fields["target"],
-            d.thread_id,
-            d.attempts,
-            d.max_attempts,
-            extra=fields,
-        )
+        if log.isEnabledFor(logging.INFO):  # its fields are built only for a line written
+            log.info(
+                "dispatch %s started: %s on thread %s (attempt %d of %d)",
+                d.dispatch_id,
+                fields["target"],
+                d.thread_id,
+                d.attempts,
+                d.max_attempts,
+                extra=fields,
+            )
         try:
             outcome = await self._execute(lease)
         except (CheckpointWriteFailed, StaleClaim) as exc:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
-            self._log_end(d, fields, started, "fenced", f"a newer owner has it ({exc})")
+            log_end(log, d, fields, started, "fenced", f"a newer owner has it ({exc})")
             return "fenced"
         except RunYielded:
             outcome = Retry(0.0, "the worker shut down; recovering elsewhere")
@@ -299,7 +300,7 @@ class Worker:
         except StaleClaim:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
-            self._log_end(d, fields, started, "fenced", "settled by a newer owner")
+            log_end(log, d, fields, started, "fenced", "settled by a newer owner")
             return "fenced"
         ending = self._endings.pop(d.dispatch_id, None)
         if isinstance(outcome, Retry):
@@ -312,10 +313,10 @@ class Worker:
                 outcome.error,
                 extra={**fields, "outcome": "retry", "reason": outcome.error},
             )
-            self._log_end(d, fields, started, "retry", outcome.error)
+            log_end(log, d, fields, started, "retry", outcome.error)
         else:
             name = "awaiting" if isinstance(outcome, Awaiting) else "done"
-            self._log_end(d, fields, started, name, ending)
+            log_end(log, d, fields, started, name, ending)
         if isinstance(outcome, Retry):
             self.stats.retried += 1
             self.metrics.retries.inc()
@@ -328,24 +329,6 @@ class Worker:
         self.stats.done += 1
         self.metrics.settles.inc(outcome="done")
         return "done"
-
-    def _log_end(
-        self,
-        d: Dispatch,
-        fields: dict[str, Any],
-        started: float,
-        outcome: str,
-        reason: str | None,
-    ) -> None:
-        duration = time.monotonic() - started
-        log.info(
-            "dispatch %s ended %s in %.3f s%s",
-            d.dispatch_id,
-            outcome,
-            duration,
-            f": {reason}" if reason else "",
-            extra={**fields, "outcome": outcome, "reason": reason, "duration": round(duration, 6)},
-        )
 
     def _backoff(self, attempts: int) -> float:
         return backoff_delay(attempts, self.retry_backoff, self.max_retry_backoff, jitter=0.25)
