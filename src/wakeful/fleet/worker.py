@@ -114,11 +114,17 @@ class Worker:
     live: LiveChannel | None = None
     """Where the runs' model deltas are published for stream servers in other processes
     (``wakeful.fleet.live``); the caller opens and closes it."""
+    claim_gather: float = 0.005
+    """Seconds a worker with runs in flight and fewer than half its slots free waits for
+    more to free up before it claims (one ``claim_next`` for several leases, not one per
+    ended run); 0 claims for every freed slot at once. An idle worker never waits."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if not self.claim_gather >= 0:
+            raise ValueError("claim_gather must be >= 0 (at most poll_interval is used)")
         self._stopping = asyncio.Event()
         self._running: dict[str, tuple[asyncio.Task[None], RunHandle | None]] = {}
         self._handles: dict[str, RunHandle] = {}
@@ -210,7 +216,7 @@ class Worker:
         while not self._stopping.is_set():
             # the stores take at most CLAIM_BATCH per call (SQLite and PostgreSQL): a larger
             # concurrency fills up over several calls (``continue`` below)
-            free = min(self.concurrency - len(self._running), CLAIM_BATCH)
+            free = await self._gather()
             leases: list[Lease] = []
             polled = (time.time_ns(), 0)
             if free > 0:
@@ -239,6 +245,18 @@ class Worker:
             await self._waiter.wait(self.poll_interval)
         if self._running:
             await asyncio.wait([t for t, _ in self._running.values()])
+
+    async def _gather(self) -> int:
+        """The slots to claim for: with runs in flight and fewer than half the slots free,
+        first wait up to ``claim_gather`` seconds for more runs to end (a stop or a wake
+        ends the wait too)."""
+        wanted = (self.concurrency + 1) // 2
+        deadline = time.monotonic() + min(self.claim_gather, self.poll_interval)
+        while 0 < self.concurrency - len(self._running) < wanted and not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not await self._waiter.wait(left):
+                break
+        return min(self.concurrency - len(self._running), CLAIM_BATCH)
 
     def _on_done(self, dispatch_id: str) -> Callable[[asyncio.Task[None]], None]:
         return lambda _task: self._finished(dispatch_id)
