@@ -22,6 +22,7 @@ from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.metrics import Metrics
 from wakeful.records import Claim, Commit
 from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, append
+from wakeful.runtime.claims import Renewer
 from wakeful.store.memory import MemoryStore
 
 pytestmark = pytest.mark.asyncio
@@ -148,6 +149,36 @@ async def test_a_failing_body_is_logged_and_stop_does_not_raise(
 
 
 # ------------------------------------------------------------------ progress-gated renewal
+
+
+class _CountingRenewals(MemoryStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.renewed: list[int] = []
+
+    async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
+        self.renewed.append(token)
+        return await super().renew(thread_id, token, ttl)
+
+
+async def test_a_renewer_makes_no_task_before_its_first_interval_and_renews_after_it() -> None:
+    store = _CountingRenewals()
+    claim = await store.claim("t1", "h", 30)
+    policy = ClaimPolicy(ttl=30, renew_every=0.04)
+    short = Renewer(store, "t1", claim.token, policy, lambda _: None)
+    before = len(asyncio.all_tasks())
+    short.start()
+    assert len(asyncio.all_tasks()) == before, "a timer, not a task, until the first interval"
+    await short.stop()  # a run that ended within its first interval
+    await asyncio.sleep(0.1)
+    assert store.renewed == [] and len(asyncio.all_tasks()) == before, "the timer was cancelled"
+    long = Renewer(store, "t1", claim.token, policy, lambda _: None)
+    long.start()
+    await eventually(lambda: long.renewals >= 2)
+    await long.stop()
+    stopped = len(store.renewed)
+    await asyncio.sleep(0.1)
+    assert len(store.renewed) == stopped, "no renewal after stop()"
 
 
 def _graph(node: Any) -> Any:

@@ -16,7 +16,7 @@ from tests.services import nats_url, postgres_dsn
 from wakeful.errors import InvalidInput
 from wakeful.fleet.natswake import NatsWake
 from wakeful.fleet.pgwake import PostgresWake
-from wakeful.fleet.wake import LocalWake, NoWake
+from wakeful.fleet.wake import LocalWake, NoWake, WakeWaiter
 from wakeful.ids import new_id
 
 # --------------------------------------------------------------------------- local
@@ -245,3 +245,22 @@ def test_nats_subject_must_be_literal() -> None:
     for bad in ("", "a.*", "a.>", "a..b", "has space", ".a"):
         with pytest.raises(InvalidInput):
             NatsWake("nats://unused", bad)
+
+
+@pytest.mark.asyncio
+async def test_a_waiter_ends_at_a_nudge_before_or_during_its_wait_and_keeps_the_wake_wait() -> None:
+    wake = LocalWake()
+    waiter = WakeWaiter(wake)
+    waiter.nudge()
+    assert await asyncio.wait_for(waiter.wait(60), 5) is True, "a nudge before: at once"
+    waiting = asyncio.ensure_future(waiter.wait(60))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    waiter.nudge()
+    assert await asyncio.wait_for(waiting, 5) is True, "a nudge during the wait ends it"
+    await wake.notify()  # lands in the wake wait the nudge cut short: not lost
+    assert await asyncio.wait_for(waiter.wait(60), 5) is True
+    started = time.monotonic()
+    assert await waiter.wait(0.02) is False, "nothing: the wait times out"
+    assert time.monotonic() - started < 5
+    await waiter.close()

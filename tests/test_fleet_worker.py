@@ -378,3 +378,47 @@ async def test_work_of_another_tenant_never_reaches_the_owners_thread(env: Env) 
     after = await env.store.read("t1")
     assert after is not None and after.version == before.version and after.tenant == "beta"
     assert await env.store.events_after("t1") == events_before
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("gather", [5.0, 0.0])
+async def test_a_busy_worker_gathers_freed_slots_into_one_claim(env: Env, gather: float) -> None:
+    """With runs in flight and fewer than half its slots free, the worker waits (up to
+    ``claim_gather``) for more to free up, then leases them in one ``claim_next``; with
+    ``claim_gather=0`` it claims for each freed slot at once."""
+    for i in range(4):
+        env.registry.add(f"g{i}", env.graph(f"g{i}", [f"n{i}"]))
+        env.gates[f"n{i}"] = asyncio.Event()
+    limits: list[int] = []
+    claim_next = env.store.claim_next
+
+    async def counted(holder: str, ttl: float, limit: int = 1) -> list[Any]:
+        limits.append(limit)
+        return await claim_next(holder, ttl, limit)
+
+    env.store.claim_next = counted  # type: ignore[method-assign]
+    for i in range(4):
+        await submit(env.store, f"t{i}", f"g{i}", {"log": []}, dispatch_id=f"d{i}")
+    worker = Worker(
+        env.store,
+        env.registry,
+        concurrency=4,
+        claims=POLICY,
+        wake=env.wake,
+        poll_interval=10,
+        clock=env.clock,
+        claim_gather=gather,
+    )
+    env.workers.append((worker, asyncio.create_task(worker.run())))
+    await eventually(lambda: worker.busy == 4)
+    limits.clear()
+    env.gates["n0"].set()
+    await eventually(lambda: worker.busy == 3)
+    for _ in range(20):  # the loop's turns in which an ungathered claim is sent
+        await asyncio.sleep(0)
+    env.gates["n1"].set()
+    await eventually(lambda: worker.busy == 2 and len(limits) >= 1)
+    if gather:
+        assert limits[0] == 2, f"one claim for both freed slots, not {limits}"
+    else:
+        assert limits[0] == 1, f"a claim as soon as one slot was free, not {limits}"

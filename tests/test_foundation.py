@@ -125,6 +125,25 @@ def test_invalid_ids(bad: object) -> None:
     assert refused.value.field == "thread_id"
 
 
+def test_remembered_ids_stay_bounded_and_never_admit_a_bad_one() -> None:
+    from wakeful import ids
+
+    for i in range(ids._KNOWN_MAX + 10):
+        check_id("thread_id", f"t{i}")
+    assert 0 < len(ids._KNOWN) <= ids._KNOWN_MAX, "the set is cleared when full"
+    assert check_id("run_id", "t1") == "t1"  # remembered or not, the same answer
+
+    class Sneaky(str):
+        def __eq__(self, other: object) -> bool:
+            return True
+
+        def __hash__(self) -> int:
+            return hash("t1")
+
+    with pytest.raises(InvalidInput):
+        check_id("thread_id", Sneaky("a b"))  # a subclass is always checked in full
+
+
 def test_seconds_validation() -> None:
     assert check_seconds("ttl", 1) == 1.0
     for bad in (0, -1, float("inf"), float("nan"), True, "3", 10**9):

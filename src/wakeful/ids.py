@@ -25,8 +25,16 @@ MAX_PAGE = 10_000
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@+=-]*")
 
 
+_KNOWN: set[str] = set()
+"""Identifiers already found valid: a worker checks the same few (its thread's, run's,
+dispatch's) a dozen times per dispatch, and a set lookup is cheaper than the pattern."""
+_KNOWN_MAX = 4096
+
+
 def check_id(field: str, value: object) -> str:
     """Return ``value`` if it is a valid identifier, else raise ``InvalidInput``."""
+    if type(value) is str and value in _KNOWN:
+        return value
     if not isinstance(value, str):
         raise InvalidInput(field, f"must be a string, got {type(value).__name__}")
     if not value:
@@ -39,6 +47,10 @@ def check_id(field: str, value: object) -> str:
             f"{value[:40]!r} has characters outside [A-Za-z0-9._:@+=-] "
             f"or does not start with a letter or digit",
         )
+    if type(value) is str:  # a subclass could compare equal and hash alike, yet differ
+        if len(_KNOWN) >= _KNOWN_MAX:
+            _KNOWN.clear()
+        _KNOWN.add(value)
     return value
 
 

@@ -61,6 +61,7 @@ class _Family:
         self._registry = registry if registry is not None else CollectorRegistry()
         self._metric = self._make(name, help, self.labels, self._registry, **options)
         self._children: dict[tuple[str, ...], Any] = {}
+        self._names = frozenset(self.labels)
 
     @staticmethod
     def _make(name: str, help: str, labels: tuple[str, ...], registry: Any, **options: Any) -> Any:
@@ -71,9 +72,9 @@ class _Family:
             if labels:
                 raise ValueError(f"{self.name} takes no labels, got {sorted(labels)}")
             return self._metric
-        if set(labels) != set(self.labels):
+        if labels.keys() != self._names:
             raise ValueError(f"{self.name} takes labels {self.labels}, got {sorted(labels)}")
-        key = tuple(str(labels[name]) for name in self.labels)
+        key = tuple([str(labels[name]) for name in self.labels])
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = self._metric.labels(*key)

@@ -4,6 +4,8 @@ ending commit, and the structured fields of its log lines."""
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,29 @@ def log_fields(d: Dispatch) -> dict[str, Any]:
     }
 
 
+def log_end(
+    log: logging.Logger,
+    d: Dispatch,
+    fields: dict[str, Any],
+    started: float,
+    outcome: str,
+    reason: str | None,
+) -> None:
+    """The line that closes a dispatch attempt (``started``: ``time.monotonic()`` when it
+    began). Nothing is built when INFO is off: a worker writes one per dispatch."""
+    if not log.isEnabledFor(logging.INFO):
+        return
+    duration = time.monotonic() - started
+    log.info(
+        "dispatch %s ended %s in %.3f s%s",
+        d.dispatch_id,
+        outcome,
+        duration,
+        f": {reason}" if reason else "",
+        extra={**fields, "outcome": outcome, "reason": reason, "duration": round(duration, 6)},
+    )
+
+
 def settle_done(dispatch_id: str | None) -> Settle | None:
     return None if dispatch_id is None else Settle(dispatch_id=dispatch_id, outcome=Done())
 
@@ -54,4 +79,4 @@ def run_of(
     return None
 
 
-__all__ = ["Settled", "foreign_tenant", "log_fields", "run_of", "settle_done"]
+__all__ = ["Settled", "foreign_tenant", "log_end", "log_fields", "run_of", "settle_done"]

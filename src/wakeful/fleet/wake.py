@@ -162,28 +162,36 @@ class WakeWaiter:
 
     def __init__(self, wake: Wake) -> None:
         self.wake = wake
-        self._nudged = asyncio.Event()
+        self._nudged = False
+        self._waiter: asyncio.Future[None] | None = None
+        """The wait in progress's future, resolved by a nudge (a future, not a task
+        waiting on an event: a worker waits once per claim)."""
         self._pending: asyncio.Task[bool] | None = None
 
     def nudge(self) -> None:
         """End the wait in progress (or the next) now."""
-        self._nudged.set()
+        self._nudged = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _take_nudge(self) -> bool:
+        nudged, self._nudged = self._nudged, False
+        return nudged
 
     async def wait(self, timeout: float) -> bool:
         """True when nudged or notified within ``timeout`` seconds (or since the last wait);
         False when the wait timed out."""
-        if self._nudged.is_set():
-            self._nudged.clear()
+        if self._take_nudge():
             return True
         if self._pending is None:
             self._pending = asyncio.ensure_future(self.wake.wait(timeout))
-        nudged = asyncio.ensure_future(self._nudged.wait())
+        self._waiter = nudged = asyncio.get_running_loop().create_future()
         try:
             await asyncio.wait({self._pending, nudged}, return_when=asyncio.FIRST_COMPLETED)
         finally:
+            self._waiter = None
             nudged.cancel()
-        if self._nudged.is_set():
-            self._nudged.clear()
+        if self._take_nudge():
             return True
         pending, self._pending = self._pending, None
         return pending.result() if pending.done() else False

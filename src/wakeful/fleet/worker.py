@@ -33,6 +33,7 @@ from wakeful.errors import (
 from wakeful.fleet.attempts import (
     Settled,
     foreign_tenant,
+    log_end,
     log_fields,
     run_of,
     settle_done,
@@ -50,7 +51,6 @@ from wakeful.records import (
     Checkpoint,
     Claim,
     Commit,
-    Dispatch,
     Done,
     EventDraft,
     Lease,
@@ -114,11 +114,17 @@ class Worker:
     live: LiveChannel | None = None
     """Where the runs' model deltas are published for stream servers in other processes
     (``wakeful.fleet.live``); the caller opens and closes it."""
+    claim_gather: float = 0.005
+    """Seconds a worker with runs in flight and fewer than half its slots free waits for
+    more to free up before it claims (one ``claim_next`` for several leases, not one per
+    ended run); 0 claims for every freed slot at once. An idle worker never waits."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if not self.claim_gather >= 0:
+            raise ValueError("claim_gather must be >= 0 (at most poll_interval is used)")
         self._stopping = asyncio.Event()
         self._running: dict[str, tuple[asyncio.Task[None], RunHandle | None]] = {}
         self._handles: dict[str, RunHandle] = {}
@@ -210,7 +216,7 @@ class Worker:
         while not self._stopping.is_set():
             # the stores take at most CLAIM_BATCH per call (SQLite and PostgreSQL): a larger
             # concurrency fills up over several calls (``continue`` below)
-            free = min(self.concurrency - len(self._running), CLAIM_BATCH)
+            free = await self._gather()
             leases: list[Lease] = []
             polled = (time.time_ns(), 0)
             if free > 0:
@@ -240,6 +246,18 @@ class Worker:
         if self._running:
             await asyncio.wait([t for t, _ in self._running.values()])
 
+    async def _gather(self) -> int:
+        """The slots to claim for: with runs in flight and fewer than half the slots free,
+        first wait up to ``claim_gather`` seconds for more runs to end (a stop or a wake
+        ends the wait too)."""
+        wanted = (self.concurrency + 1) // 2
+        deadline = time.monotonic() + min(self.claim_gather, self.poll_interval)
+        while 0 < self.concurrency - len(self._running) < wanted and not self._stopping.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not await self._waiter.wait(left):
+                break
+        return min(self.concurrency - len(self._running), CLAIM_BATCH)
+
     def _on_done(self, dispatch_id: str) -> Callable[[asyncio.Task[None]], None]:
         return lambda _task: self._finished(dispatch_id)
 
@@ -266,21 +284,22 @@ class Worker:
         d, claim = lease.dispatch, lease.claim
         fields = log_fields(d)
         started = time.monotonic()
-        log.info(
-            "dispatch %s started: %s on thread %s (attempt %d of %d)",
-            d.dispatch_id,
-            fields["target"],
-            d.thread_id,
-            d.attempts,
-            d.max_attempts,
-            extra=fields,
-        )
+        if log.isEnabledFor(logging.INFO):  # its fields are built only for a line written
+            log.info(
+                "dispatch %s started: %s on thread %s (attempt %d of %d)",
+                d.dispatch_id,
+                fields["target"],
+                d.thread_id,
+                d.attempts,
+                d.max_attempts,
+                extra=fields,
+            )
         try:
             outcome = await self._execute(lease)
         except (CheckpointWriteFailed, StaleClaim) as exc:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
-            self._log_end(d, fields, started, "fenced", f"a newer owner has it ({exc})")
+            log_end(log, d, fields, started, "fenced", f"a newer owner has it ({exc})")
             return "fenced"
         except RunYielded:
             outcome = Retry(0.0, "the worker shut down; recovering elsewhere")
@@ -299,7 +318,7 @@ class Worker:
         except StaleClaim:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
-            self._log_end(d, fields, started, "fenced", "settled by a newer owner")
+            log_end(log, d, fields, started, "fenced", "settled by a newer owner")
             return "fenced"
         ending = self._endings.pop(d.dispatch_id, None)
         if isinstance(outcome, Retry):
@@ -312,10 +331,10 @@ class Worker:
                 outcome.error,
                 extra={**fields, "outcome": "retry", "reason": outcome.error},
             )
-            self._log_end(d, fields, started, "retry", outcome.error)
+            log_end(log, d, fields, started, "retry", outcome.error)
         else:
             name = "awaiting" if isinstance(outcome, Awaiting) else "done"
-            self._log_end(d, fields, started, name, ending)
+            log_end(log, d, fields, started, name, ending)
         if isinstance(outcome, Retry):
             self.stats.retried += 1
             self.metrics.retries.inc()
@@ -328,24 +347,6 @@ class Worker:
         self.stats.done += 1
         self.metrics.settles.inc(outcome="done")
         return "done"
-
-    def _log_end(
-        self,
-        d: Dispatch,
-        fields: dict[str, Any],
-        started: float,
-        outcome: str,
-        reason: str | None,
-    ) -> None:
-        duration = time.monotonic() - started
-        log.info(
-            "dispatch %s ended %s in %.3f s%s",
-            d.dispatch_id,
-            outcome,
-            duration,
-            f": {reason}" if reason else "",
-            extra={**fields, "outcome": outcome, "reason": reason, "duration": round(duration, 6)},
-        )
 
     def _backoff(self, attempts: int) -> float:
         return backoff_delay(attempts, self.retry_backoff, self.max_retry_backoff, jitter=0.25)

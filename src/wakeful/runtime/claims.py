@@ -91,7 +91,12 @@ class Renewer:
     ``stop()`` ends the task by its own signal (see ``wakeful.background``): once it has
     returned, no renewal is sent (unless the task had to be abandoned, which is logged; a
     renewal it still sends is refused by the store once the run's ending commit has ended
-    the claim)."""
+    the claim).
+
+    With the event loop's own sleep, the task is not created until its first interval has
+    passed (one timer until then): most runs end well within it, and a task per run (its
+    creation, first step, waiter and the wait for it at ``stop()``) was a measurable part of
+    a worker's CPU per short dispatch (decision 0022, "Worker CPU")."""
 
     def __init__(
         self,
@@ -117,25 +122,42 @@ class Renewer:
         )
         self.renewals = 0
         self.stalled = False
+        # The first interval is a random part of the period, so that runs started together
+        # (a worker's batch of leases) spread their renewals over it instead of renewing in
+        # the same instant every period; later intervals are exact.
+        self._first = policy.renew_every * random.uniform(0.5, 1.0)
+        self._deferred: asyncio.TimerHandle | None = None
+        """The timer that starts the task after the first interval (the loop's own sleep)."""
 
     def start(self) -> None:
-        self._task.start()
+        if self._sleep is asyncio.sleep:
+            loop = asyncio.get_running_loop()
+            self._deferred = loop.call_later(self._first, self._begin)
+        else:  # a caller's sleep (a test's clock) paces even the first interval
+            self._task.start()
+
+    def _begin(self) -> None:
+        self._deferred = None
+        self._first = 0.0  # waited for by the timer
+        self._task.start()  # never after stop(): a stopped task does not start
 
     async def stop(self) -> None:
         """Stop renewing: returns once no renewal is in flight (bounded by twice the
         policy's ``stop_timeout``)."""
+        if self._deferred is not None:
+            self._deferred.cancel()
+            self._deferred = None
         await self._task.stop()
 
     async def _run(self, signal: StopSignal) -> None:
         progress = self._progress
         seen = -1  # the run's start is progress: the first interval never counts as idle
         idle = 0.0
-        # The first interval is a random part of the period, so that runs started together
-        # (a worker's batch of leases) spread their renewals over it instead of renewing in
-        # the same instant every period; later intervals are exact.
-        interval = self._policy.renew_every * random.uniform(0.5, 1.0)
+        interval = self._first
         while True:
-            if await signal.pause(interval, self._sleep):
+            if interval > 0 and await signal.pause(interval, self._sleep):
+                return
+            if signal.is_set():
                 return
             if progress is not None and self._policy.stall_after is not None:
                 if progress.waiting or progress.steps != seen:
