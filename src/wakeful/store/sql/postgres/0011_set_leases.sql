@@ -34,6 +34,7 @@ LANGUAGE plpgsql
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $fn$
 DECLARE
     n timestamptz := @schema@.store_now();
