@@ -38,6 +38,7 @@ from wakeful.fleet.attempts import (
     settle_done,
 )
 from wakeful.fleet.client import tenant_of
+from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
@@ -68,8 +69,6 @@ from wakeful.store.contract import Store
 log = logging.getLogger("wakeful.fleet")
 
 UNFINISHED = ("running", "suspended")
-CLAIM_BATCH = 1000
-"""Dispatches asked for per ``claim_next`` call at most."""
 ADMIT_SLICE = 32
 """Leases started per event-loop iteration at most: a started run's first step (up to its
 admission commit) is fixed Python work, and 1,000 of them in one iteration stalled the loop
@@ -111,6 +110,8 @@ class Worker:
     clock: Clock = field(default_factory=SystemClock)
     stats: WorkerStats = field(default_factory=WorkerStats)
     metrics: Metrics = field(default_factory=Metrics)
+    claim_gather: float = 0.002
+    """Under a backlog, how long a freed slot may wait for others (``wakeful.fleet.gather``)."""
     live: LiveChannel | None = None
     """Where the runs' model deltas are published for stream servers in other processes
     (``wakeful.fleet.live``); the caller opens and closes it."""
@@ -125,6 +126,7 @@ class Worker:
         self._endings: dict[str, str] = {}
         """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
         self._waiter = WakeWaiter(self.wake)
+        self._gather = ClaimGather(self.claim_gather, self.concurrency, self._stopping)
         self.identity: Any = None
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
@@ -208,9 +210,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
-            # the stores take at most CLAIM_BATCH per call (SQLite and PostgreSQL): a larger
-            # concurrency fills up over several calls (``continue`` below)
-            free = min(self.concurrency - len(self._running), CLAIM_BATCH)
+            free = await self._gather.hold(lambda: self.concurrency - self.busy, self._waiter)
             leases: list[Lease] = []
             polled = (time.time_ns(), 0)
             if free > 0:
@@ -224,6 +224,7 @@ class Worker:
                 except WakefulError as exc:
                     log.warning("claiming work failed: %s", exc)
                 self.stats.polls += 1
+            self._gather.claimed(free, len(leases))
             polled = (polled[0], time.time_ns())
             for started, lease in enumerate(leases):
                 if started and started % ADMIT_SLICE == 0:
