@@ -79,6 +79,8 @@ async def test_the_hold_ends_at_the_window_at_a_stop_and_never_with_one_slot() -
     assert await ClaimGather(30.0, 8, asyncio.Event(), backlog=True).hold(lambda: 0, waiter) == 0
     assert await ClaimGather(0.0, 8, asyncio.Event(), backlog=True).hold(lambda: 1, waiter) == 1
     assert await ClaimGather(0.0, 2000, asyncio.Event()).hold(lambda: 2000, waiter) == CLAIM_BATCH
+    with pytest.raises(ValueError, match="claim_gather"):
+        ClaimGather(-1.0, 8, asyncio.Event())
 
 
 async def test_a_worker_with_a_backlog_claims_freed_slots_together() -> None:

@@ -40,6 +40,10 @@ class ClaimGather:
     backlog: bool = False
     """The last claim call leased as many dispatches as it asked for."""
 
+    def __post_init__(self) -> None:
+        if not self.window >= 0:
+            raise ValueError("claim_gather must be a number of seconds, 0 or more")
+
     @property
     def enough(self) -> int:
         """Free slots worth a call of their own: half of them (at least one)."""

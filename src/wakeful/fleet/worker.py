@@ -110,11 +110,11 @@ class Worker:
     clock: Clock = field(default_factory=SystemClock)
     stats: WorkerStats = field(default_factory=WorkerStats)
     metrics: Metrics = field(default_factory=Metrics)
-    claim_gather: float = 0.002
-    """Under a backlog, how long a freed slot may wait for others (``wakeful.fleet.gather``)."""
     live: LiveChannel | None = None
     """Where the runs' model deltas are published for stream servers in other processes
     (``wakeful.fleet.live``); the caller opens and closes it."""
+    claim_gather: float = 0.002
+    """Under a backlog, how long a freed slot may wait for others (``wakeful.fleet.gather``)."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
