@@ -73,7 +73,7 @@ async def test_the_hold_ends_at_the_window_at_a_stop_and_never_with_one_slot() -
     assert not held.done()
     stopping.set()
     waiter.queue.put_nowait(None)
-    assert await asyncio.wait_for(held, 5) == 2
+    assert await asyncio.wait_for(held, 5) == 0, "nothing to claim for once stopping"
     # one slot, no slot free, or the window off: nothing to gather
     assert await ClaimGather(30.0, 1, asyncio.Event(), backlog=True).hold(lambda: 1, waiter) == 1
     assert await ClaimGather(30.0, 8, asyncio.Event(), backlog=True).hold(lambda: 0, waiter) == 0
@@ -83,35 +83,46 @@ async def test_the_hold_ends_at_the_window_at_a_stop_and_never_with_one_slot() -
         ClaimGather(-1.0, 8, asyncio.Event())
 
 
+class Gated:
+    """A worker of 4 slots over a memory store of 12 dispatches, each run held at a gate of
+    its own; ``limits``: the limit of every claim call that leased something."""
+
+    def __init__(self, **options: Any) -> None:
+        clock = ManualClock()
+        self.store = MemoryStore(clock)
+        self.gates = {f"t{i}": asyncio.Event() for i in range(12)}
+        self.limits: list[int] = []
+
+        async def step(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+            await self.gates[ctx.thread_id].wait()
+            return {"log": [ctx.thread_id]}
+
+        registry = Registry(default="g")
+        registry.add("g", Graph(State, name="g").node("s", step).edge(START, "s").compile())
+        claim_next = self.store.claim_next
+
+        async def counting(holder: str, ttl: float, limit: int = 1) -> Any:
+            leases = await claim_next(holder, ttl, limit)
+            if leases:
+                self.limits.append(limit)
+            return leases
+
+        self.store.claim_next = counting  # type: ignore[method-assign]
+        self.worker = Worker(
+            self.store, registry, concurrency=4, claims=POLICY, wake=LocalWake(),
+            clock=clock, **options,
+        )  # fmt: skip
+
+    async def start(self) -> asyncio.Task[None]:
+        for i in range(12):
+            await submit(self.store, f"t{i}", "g", {"log": []}, dispatch_id=f"d{i}")
+        return asyncio.create_task(self.worker.run())
+
+
 async def test_a_worker_with_a_backlog_claims_freed_slots_together() -> None:
-    clock = ManualClock()
-    store = MemoryStore(clock)
-    wake = LocalWake()
-    gates = {f"t{i}": asyncio.Event() for i in range(12)}
-
-    async def step(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
-        await gates[ctx.thread_id].wait()
-        return {"log": [ctx.thread_id]}
-
-    registry = Registry(default="g")
-    registry.add("g", Graph(State, name="g").node("s", step).edge(START, "s").compile())
-    limits: list[int] = []
-    claim_next = store.claim_next
-
-    async def counting(holder: str, ttl: float, limit: int = 1) -> Any:
-        leases = await claim_next(holder, ttl, limit)
-        if leases:
-            limits.append(limit)
-        return leases
-
-    store.claim_next = counting  # type: ignore[method-assign]
-    for i in range(12):
-        await submit(store, f"t{i}", "g", {"log": []}, dispatch_id=f"d{i}")
-    worker = Worker(
-        store, registry, concurrency=4, claims=POLICY, wake=wake, poll_interval=0.05,
-        clock=clock, claim_gather=30.0,
-    )  # fmt: skip
-    task = asyncio.create_task(worker.run())
+    env = Gated(claim_gather=30.0, poll_interval=0.05)
+    worker, gates, limits = env.worker, env.gates, env.limits
+    task = await env.start()
     try:
         await eventually(lambda: limits == [4] and worker.busy == 4)
         gates["t0"].set()  # one slot frees: held (backlog, fewer than half free)
@@ -127,3 +138,26 @@ async def test_a_worker_with_a_backlog_claims_freed_slots_together() -> None:
             gate.set()
         await worker.stop(grace=5)
         await asyncio.wait_for(task, 10)
+
+
+async def test_a_stop_while_holding_claims_nothing_more_and_ends_the_loop_at_once() -> None:
+    # a poll interval longer than the test's bounds: only the stop's nudge ends the loop
+    env = Gated(claim_gather=60.0, poll_interval=60.0)
+    worker, gates, limits = env.worker, env.gates, env.limits
+    task = await env.start()
+    try:
+        await eventually(lambda: limits == [4] and worker.busy == 4)
+        gates["t0"].set()
+        await eventually(lambda: worker.busy == 3)  # holding: one slot of four free
+        stopping = asyncio.create_task(worker.stop(grace=5))
+        for i in range(1, 4):
+            gates[f"t{i}"].set()
+        await asyncio.wait_for(stopping, 10)
+        await asyncio.wait_for(task, 10)
+        assert limits == [4] and worker.stats.done == 4
+    finally:
+        for gate in gates.values():
+            gate.set()
+        if not task.done():
+            await worker.stop(grace=5)
+            await asyncio.wait_for(task, 10)

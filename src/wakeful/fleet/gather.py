@@ -55,7 +55,8 @@ class ClaimGather:
             self.backlog = leased >= asked
 
     async def hold(self, free: Callable[[], int], waiter: Waiter) -> int:
-        """The slots to claim for (``free()``, at most ``CLAIM_BATCH``), once a call is due:
+        """The slots to claim for (``free()``, at most ``CLAIM_BATCH``; 0 once the worker
+        stops: no claim after a stop), once a call is due:
         at once unless there is a backlog and fewer than ``enough`` slots are free with runs
         in flight; else once enough are, the worker stops or ``window`` seconds passed.
         ``waiter`` returns early when a slot frees up (the worker nudges it)."""
@@ -67,4 +68,4 @@ class ClaimGather:
                 if remaining <= 0:
                     break
                 await waiter.wait(remaining)
-        return min(free(), CLAIM_BATCH)
+        return 0 if self.stopping.is_set() else min(free(), CLAIM_BATCH)

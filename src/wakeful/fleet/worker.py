@@ -235,8 +235,8 @@ class Worker:
                 task = asyncio.create_task(self._handle(lease, polled), name=f"dispatch:{did}")
                 self._running[did] = (task, None)
                 task.add_done_callback(self._on_done(did))
-            if leases and len(self._running) < self.concurrency:
-                continue  # there may be more
+            if (leases and self.busy < self.concurrency) or self._stopping.is_set():
+                continue  # there may be more (or the worker stopped while holding)
             await self._waiter.wait(self.poll_interval)
         if self._running:
             await asyncio.wait([t for t, _ in self._running.values()])
