@@ -11,9 +11,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.postgres_support import Databases, open_test_store
 from wakeful.records import Checkpoint, Commit, Dispatch, Done, Lease, PendingWrite
+from wakeful.store.postgres import migrations
+from wakeful.store.postgres.connection import render
+from wakeful.store.postgres.queue import _CLAIM_NEXT
 from wakeful.store.postgres.store import PostgresStore
 
 pytest_plugins = ["tests.postgres_fixtures"]
@@ -190,3 +194,55 @@ async def test_concurrent_batch_leases_never_hold_one_thread_twice(
     finally:
         for store in stores:
             await store.close()
+
+
+async def test_a_version_10_process_keeps_its_lease_call_across_migration_0011(
+    pg_databases: Databases,
+) -> None:
+    """A fleet mid-upgrade: 0011 keeps claim_next_read's signature and result columns, so a
+    process of the previous version, whose lease call is the same statement, keeps leasing
+    (and gets the set-based body) while and after it is applied."""
+    dsn = await pg_databases.clone()
+    shipped = migrations.migrations()
+    assert shipped[10][0] == 11 and len(shipped) == 11
+    signature = """
+    SELECT pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
+           p.proconfig
+      FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+     WHERE n.nspname = 'old' AND p.proname = 'claim_next_read'
+    """
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier("old")))
+        async with conn.transaction():
+            for _, _, text in shipped[:10]:
+                await conn.execute(render(text, conn, "old"))
+            await conn.execute(
+                "CREATE TABLE old.schema_migrations (version integer PRIMARY KEY,"
+                " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            for version, name, _ in shipped[:10]:
+                await conn.execute(
+                    "INSERT INTO old.schema_migrations (version, name) VALUES (%s, %s)",
+                    (version, name),
+                )
+        version_10 = await (await conn.execute(signature)).fetchone()
+        # a version-10 process enqueues and leases through its own statements
+        for i in range(3):
+            await conn.execute(
+                f"SELECT old.enqueue('d{i}', 't{i}', 'start', '{{}}', 0, NULL, 5, NULL, NULL)"
+            )
+        lease_call = render(_CLAIM_NEXT, conn, "old")
+        first = await (await conn.execute(lease_call, ("old-w", 60.0, 1))).fetchall()
+        store = await open_test_store(dsn, schema="old")  # migrates to 11
+        try:
+            version_11 = await (await conn.execute(signature)).fetchone()
+            # the same statement after 0011: the set-based body (a generic plan) answers it
+            after = await (await conn.execute(lease_call, ("old-w", 60.0, 5))).fetchall()
+        finally:
+            await store.close()
+    assert version_10 is not None and version_11 is not None
+    assert version_10[:2] == version_11[:2], "same arguments and result columns"
+    assert "jit=off" in version_11[2] and "plan_cache_mode=force_generic_plan" in version_11[2]
+    assert [row[0] for row in first] == ["d0"]
+    assert [row[0] for row in after] == ["d1", "d2"]
+    assert len(after[0]) == len(first[0])
