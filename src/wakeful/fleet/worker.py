@@ -39,6 +39,7 @@ from wakeful.fleet.attempts import (
     settle_done,
 )
 from wakeful.fleet.client import tenant_of
+from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
@@ -68,8 +69,6 @@ from wakeful.store.contract import Store
 log = logging.getLogger("wakeful.fleet")
 
 UNFINISHED = ("running", "suspended")
-CLAIM_BATCH = 1000
-"""Dispatches asked for per ``claim_next`` call at most."""
 ADMIT_SLICE = 32
 """Leases started per event-loop iteration at most: a started run's first step (up to its
 admission commit) is fixed Python work, and 1,000 of them in one iteration stalled the loop
@@ -114,10 +113,8 @@ class Worker:
     live: LiveChannel | None = None
     """Where the runs' model deltas are published for stream servers in other processes
     (``wakeful.fleet.live``); the caller opens and closes it."""
-    claim_gather: float = 0.005
-    """Seconds a worker with runs in flight and fewer than half its slots free waits for
-    more to free up before it claims (one ``claim_next`` for several leases, not one per
-    ended run); 0 claims for every freed slot at once. An idle worker never waits."""
+    claim_gather: float = 0.002
+    """Under a backlog, how long a freed slot may wait for others (``wakeful.fleet.gather``)."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
@@ -131,6 +128,7 @@ class Worker:
         self._endings: dict[str, str] = {}
         """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
         self._waiter = WakeWaiter(self.wake)
+        self._gather = ClaimGather(self.claim_gather, self.concurrency, self._stopping)
         self.identity: Any = None
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
@@ -214,9 +212,7 @@ class Worker:
 
     async def _claim_loop(self) -> None:
         while not self._stopping.is_set():
-            # the stores take at most CLAIM_BATCH per call (SQLite and PostgreSQL): a larger
-            # concurrency fills up over several calls (``continue`` below)
-            free = await self._gather()
+            free = await self._gather.hold(lambda: self.concurrency - self.busy, self._waiter)
             leases: list[Lease] = []
             polled = (time.time_ns(), 0)
             if free > 0:
@@ -230,6 +226,7 @@ class Worker:
                 except WakefulError as exc:
                     log.warning("claiming work failed: %s", exc)
                 self.stats.polls += 1
+            self._gather.claimed(free, len(leases))
             polled = (polled[0], time.time_ns())
             for started, lease in enumerate(leases):
                 if started and started % ADMIT_SLICE == 0:
@@ -240,23 +237,11 @@ class Worker:
                 task = asyncio.create_task(self._handle(lease, polled), name=f"dispatch:{did}")
                 self._running[did] = (task, None)
                 task.add_done_callback(self._on_done(did))
-            if leases and len(self._running) < self.concurrency:
-                continue  # there may be more
+            if (leases and self.busy < self.concurrency) or self._stopping.is_set():
+                continue  # there may be more (or the worker stopped while holding)
             await self._waiter.wait(self.poll_interval)
         if self._running:
             await asyncio.wait([t for t, _ in self._running.values()])
-
-    async def _gather(self) -> int:
-        """The slots to claim for: with runs in flight and fewer than half the slots free,
-        first wait up to ``claim_gather`` seconds for more runs to end (a stop or a wake
-        ends the wait too)."""
-        wanted = (self.concurrency + 1) // 2
-        deadline = time.monotonic() + min(self.claim_gather, self.poll_interval)
-        while 0 < self.concurrency - len(self._running) < wanted and not self._stopping.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0 or not await self._waiter.wait(left):
-                break
-        return min(self.concurrency - len(self._running), CLAIM_BATCH)
 
     def _on_done(self, dispatch_id: str) -> Callable[[asyncio.Task[None]], None]:
         return lambda _task: self._finished(dispatch_id)
