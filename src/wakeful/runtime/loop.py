@@ -10,6 +10,7 @@ stops at the start of its next superstep and records nothing more.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
@@ -253,10 +254,7 @@ class Execution:
             await self._check_yield()
             cp = self.checkpoint
             step = int(cp.metadata.get("step", 0))
-            if traced:
-                with step_span(step, len(cp.frontier)):
-                    outcome = await self._superstep(cp, step, traced)
-            else:
+            with step_span(step, len(cp.frontier)) if traced else contextlib.nullcontext():
                 outcome = await self._superstep(cp, step, traced)
             if outcome is not None:
                 return outcome
@@ -341,6 +339,8 @@ class Execution:
                         span.set_attribute("wakeful.task.error", result.error)
                     return result
 
+        if len(cp.frontier) == 1:  # a task and gather's future: 1 KB a run held all step
+            return [await one(cp.frontier[0])]
         return list(await asyncio.gather(*(one(e) for e in cp.frontier)))
 
     async def _run_task(
