@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 import tracemalloc
+import types
 from pathlib import Path
 from typing import Any
 
@@ -87,9 +88,21 @@ def _dump_types(path: str) -> None:
     counts: dict[str, list[int]] = {}
     for obj in gc.get_objects():
         name = type(obj).__qualname__
+        code = getattr(obj, "cr_code", None) or getattr(obj, "ag_code", None)
+        code = code or getattr(obj, "gi_code", None)
+        if isinstance(code, types.CodeType):  # a coroutine or generator: by its function
+            name = f"{name} {code.co_qualname}"
         row = counts.setdefault(name, [0, 0])
         row[0] += 1
         row[1] += sys.getsizeof(obj)
+    if os.environ.get("DICTS"):  # who holds the large dicts (slow: a small N only)
+        for obj in gc.get_objects():
+            if type(obj) is dict and sys.getsizeof(obj) >= 300:
+                owners = [type(r).__qualname__ for r in gc.get_referrers(obj) if r is not counts]
+                key = f"dict {sys.getsizeof(obj)} of {','.join(sorted(owners)[:3])}"
+                row = counts.setdefault(key, [0, 0])
+                row[0] += 1
+                row[1] += sys.getsizeof(obj)
     with open(path, "w") as f:
         json.dump(counts, f)
 
