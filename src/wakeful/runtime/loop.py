@@ -339,8 +339,6 @@ class Execution:
                         span.set_attribute("wakeful.task.error", result.error)
                     return result
 
-        if len(cp.frontier) == 1:  # a task and gather's future: 1 KB a run held all step
-            return [await one(cp.frontier[0])]
         return list(await asyncio.gather(*(one(e) for e in cp.frontier)))
 
     async def _run_task(
