@@ -13,6 +13,9 @@ the database's ``xact_commit``; SQLite: the store's write transactions, each hol
 of writes), and how many runs ended exactly once (one ``run.completed``, the full reply, no
 stream checkpoint left) and how many were left stuck.
 
+The worker process tunes its garbage collector as `wakeful worker` does by default
+(`--gc worker`, `wakeful.fleet.gctune`); `--gc python` measures it with Python's settings.
+
 Targets at N = 1000: wall <= 1.05x ideal; CPU <= 3x the baseline's; loop lag p99 <= 20 ms;
 peak RSS <= baseline + 40 KB per run. Every N: every run ends exactly once.
 """
@@ -122,10 +125,12 @@ async def baseline_child(n: int, seconds: float) -> dict[str, Any]:
     return {"wall": wall, "cpu": cpu, "lag": lag, "rss": _peak_rss_mb(), "once": ok, "stuck": 0}
 
 
-async def wakeful_child(kind: str, url: str, n: int, seconds: float) -> dict[str, Any]:
+async def wakeful_child(
+    kind: str, url: str, n: int, seconds: float, gc_setting: str = "worker"
+) -> dict[str, Any]:
     from wakeful import open_store
     from wakeful.agent import Agent
-    from wakeful.fleet import LocalWake, Registry, Worker, submit
+    from wakeful.fleet import LocalWake, Registry, Worker, gctune, submit
     from wakeful.runtime import ClaimPolicy
 
     async with open_store(url) as store:
@@ -141,6 +146,8 @@ async def wakeful_child(kind: str, url: str, n: int, seconds: float) -> dict[str
             poll_interval=0.5,
             relay=False,
         )
+        # as ``wakeful worker`` does by default (``--gc``, docs/operations.md)
+        gctune.tune(gctune.parse(gc_setting))
         before = _transactions(store, kind, url)
         monitor = LagMonitor()
         monitor.start()
@@ -208,15 +215,17 @@ async def _verify(store: Any, n: int) -> tuple[int, int]:
 
 
 def child_main(argv: list[str]) -> None:
-    kind, url, n, seconds = argv[0], argv[1], int(argv[2]), float(argv[3])
+    kind, url, n, seconds, gc_setting = argv[0], argv[1], int(argv[2]), float(argv[3]), argv[4]
     if kind == "baseline":
         data = asyncio.run(baseline_child(n, seconds))
     else:
-        data = asyncio.run(wakeful_child(kind, url, n, seconds))
+        data = asyncio.run(wakeful_child(kind, url, n, seconds, gc_setting))
     print(json.dumps(data), flush=True)
 
 
-def measure(kind: str, url: str, n: int, seconds: float) -> dict[str, Any]:
+def measure(
+    kind: str, url: str, n: int, seconds: float, gc_setting: str = "worker"
+) -> dict[str, Any]:
     root = Path(__file__).resolve().parent.parent
     done = subprocess.run(
         [
@@ -228,6 +237,7 @@ def measure(kind: str, url: str, n: int, seconds: float) -> dict[str, Any]:
             url,
             str(n),
             str(seconds),
+            gc_setting,
         ],
         cwd=root,
         capture_output=True,
@@ -251,6 +261,12 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--stores", default="sqlite,postgres")
     parser.add_argument("--dsn", default=DEFAULT_DSN)
     parser.add_argument(
+        "--gc",
+        default="worker",
+        help="the worker's garbage-collector setting, as `wakeful worker --gc` (default: its "
+        "default); python for Python's own",
+    )
+    parser.add_argument(
         "--single-round", action="store_true", help="one round whatever --rounds says"
     )
     args = parser.parse_args(argv if argv is not None else [])
@@ -266,11 +282,13 @@ def main(argv: list[str] | None = None) -> list[Result]:
             for kind in stores:
                 with tempfile.TemporaryDirectory(prefix="wakeful-conc-") as tmp:
                     if kind == "sqlite":
-                        runs[kind].append(measure(kind, f"sqlite:///{tmp}/c.db", n, args.seconds))
+                        runs[kind].append(
+                            measure(kind, f"sqlite:///{tmp}/c.db", n, args.seconds, args.gc)
+                        )
                     else:
                         db = Database(args.dsn, f"wakeful_conc_{os.getpid()}").create()
                         try:
-                            runs[kind].append(measure(kind, db.dsn, n, args.seconds))
+                            runs[kind].append(measure(kind, db.dsn, n, args.seconds, args.gc))
                         finally:
                             db.drop()
         base = runs["baseline"]

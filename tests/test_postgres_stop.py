@@ -113,7 +113,33 @@ async def test_the_renewer(pg_databases: Databases) -> None:
             await _handover_then_stop(store, k, start, renewer.stop)
             counted.stopped = True
             assert counted.made <= 1, "only the renewal handed the connection was sent"
-            assert not renewer._task.running and counted.after_stop == 0
+            assert renewer._task is not None and not renewer._task.running
+            assert counted.after_stop == 0
+    finally:
+        await store.close()
+
+
+async def test_the_renewer_on_timers(pg_databases: Databases) -> None:
+    """With the default sleep the renewer waits on event-loop timers and each renewal is
+    a task of its own: the same stop guarantees, and no timer left armed."""
+    store = await _one_connection(pg_databases)
+    policy = ClaimPolicy(ttl=30, renew_every=0.01, stall_after=None)
+    try:
+        for k in ITERATIONS:
+            claim = await store.claim(f"t{k}", "h", 30)
+            counted = Counted(store, "renew")
+            renewer = Renewer(counted, f"t{k}", claim.token, policy, lambda _: None)
+
+            async def start(r: Renewer = renewer) -> None:
+                r.start()
+
+            await _handover_then_stop(store, k, start, renewer.stop)
+            counted.stopped = True
+            assert counted.made == 1, "only the renewal handed the connection was sent"
+            assert renewer._task is not None and not renewer._task.running
+            assert renewer._timer is None and counted.after_stop == 0
+            await asyncio.sleep(0.05)  # five periods: nothing more is sent
+            assert counted.after_stop == 0 and renewer.renewals <= 1
     finally:
         await store.close()
 

@@ -21,6 +21,7 @@ So every long-lived task wakeful owns is a ``BackgroundTask``:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -38,6 +39,11 @@ def _resolve(waiter: asyncio.Future[None]) -> None:
         waiter.set_result(None)
 
 
+def _discard(waiters: list[asyncio.Future[None]], waiter: asyncio.Future[None]) -> None:
+    with contextlib.suppress(ValueError):  # set() or wake() took the list
+        waiters.remove(waiter)
+
+
 class StopSignal:
     """A one-way flag a loop checks between its steps and waits through."""
 
@@ -45,7 +51,9 @@ class StopSignal:
 
     def __init__(self) -> None:
         self._set = False
-        self._waiters: set[asyncio.Future[None]] = set()
+        # a list: one or two waiters at a time (a set costs 216 bytes, for every run's
+        # renewer and stream saver)
+        self._waiters: list[asyncio.Future[None]] = []
 
     def is_set(self) -> bool:
         return self._set
@@ -53,7 +61,7 @@ class StopSignal:
     def set(self) -> None:
         """Raise the flag and end every ``pause`` and ``wait`` in progress."""
         self._set = True
-        waiters, self._waiters = self._waiters, set()
+        waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             _resolve(waiter)
 
@@ -68,17 +76,17 @@ class StopSignal:
         if self._set:
             return True
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.add(waiter)
+        self._waiters.append(waiter)
         try:
             await waiter
         finally:
-            self._waiters.discard(waiter)
+            _discard(self._waiters, waiter)
         return self._set
 
     def wake(self) -> None:
         """End the ``idle`` waits in progress without setting the signal (a ``pause`` in
         progress returns early too, with False)."""
-        waiters, self._waiters = self._waiters, set()
+        waiters, self._waiters = self._waiters, []
         for waiter in waiters:
             _resolve(waiter)
 
@@ -90,7 +98,7 @@ class StopSignal:
             return True
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
-        self._waiters.add(waiter)
+        self._waiters.append(waiter)
         try:
             if sleep is None or sleep is asyncio.sleep:
                 timer = loop.call_later(max(seconds, 0.0), _resolve, waiter)
@@ -108,7 +116,7 @@ class StopSignal:
                 if sleeper.done() and not sleeper.cancelled():
                     sleeper.result()  # a sleep that failed fails the loop
         finally:
-            self._waiters.discard(waiter)
+            _discard(self._waiters, waiter)
         return self._set
 
 

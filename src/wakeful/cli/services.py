@@ -201,6 +201,15 @@ def _summary(worker_id: str, stats: Any, seconds: float) -> None:
     show_default=True,
     help="Address of the /metrics endpoint (0.0.0.0 for every interface).",
 )
+@click.option(
+    "--gc",
+    "gc_setting",
+    default="worker",
+    show_default=True,
+    help="The garbage collector's thresholds in this process: worker (10000,10,10, and what "
+    "start-up allocated frozen), python (Python's defaults), or three numbers like "
+    "10000,10,10 (wakeful.fleet.gctune, docs/operations.md).",
+)
 @live_options
 @json_option
 @run_async
@@ -216,6 +225,7 @@ async def worker(
     grace: float,
     metrics_port: int | None,
     metrics_host: str,
+    gc_setting: str,
     live: str,
     live_url: str | None,
     as_json: bool,
@@ -223,9 +233,13 @@ async def worker(
     """Claim and run dispatches until SIGTERM or SIGINT (then stop gracefully, letting running
     work finish within --grace) and print a summary."""
     from wakeful import open_store
-    from wakeful.fleet import Worker
+    from wakeful.fleet import Worker, gctune
     from wakeful.runtime import ClaimPolicy
 
+    try:
+        threshold = gctune.parse(gc_setting)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--gc") from None
     registry = load_registry(app)
     signal_wake = _wake(wake, wake_url)
     if metrics_port is not None:
@@ -245,6 +259,7 @@ async def worker(
             poll_interval=poll,
             live=channel,
         )
+        gctune.tune(threshold)  # start-up is done: what it allocated is frozen
         running = asyncio.create_task(w.run(), name="worker")
         exporter = None
         try:

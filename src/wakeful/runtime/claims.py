@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterator
@@ -88,15 +89,16 @@ class Renewer:
     stopped. A ``StaleClaim`` marks the run fenced (it stops at its next superstep); other
     store errors are retried at the next tick, since the claim may still be valid.
 
-    ``stop()`` ends the task by its own signal (see ``wakeful.background``): once it has
-    returned, no renewal is sent (unless the task had to be abandoned, which is logged; a
-    renewal it still sends is refused by the store once the run's ending commit has ended
-    the claim).
+    With the default sleep the waits between renewals are event-loop timers and a renewal
+    runs as a short ``BackgroundTask`` of its own: a worker's thousand runs hold no renewal
+    task (with its coroutines, future and context: about 1.3 KB a run) through the ten
+    seconds between two renewals. With another ``sleep`` (a test's controllable one) one
+    ``BackgroundTask`` loops through it.
 
-    With the event loop's own sleep, the task is not created until its first interval has
-    passed (one timer until then): most runs end well within it, and a task per run (its
-    creation, first step, waiter and the wait for it at ``stop()``) was a measurable part of
-    a worker's CPU per short dispatch (decision 0022, "Worker CPU")."""
+    ``stop()`` ends the renewal in flight by its own signal (see ``wakeful.background``):
+    once it has returned, no renewal is sent (unless the task had to be abandoned, which is
+    logged; a renewal it still sends is refused by the store once the run's ending commit
+    has ended the claim)."""
 
     def __init__(
         self,
@@ -117,64 +119,82 @@ class Renewer:
         self._sleep = sleep
         self._progress = progress
         self._on_stalled = on_stalled
-        self._task = BackgroundTask(
-            f"renew:{thread_id}", self._run, stop_timeout=policy.stop_timeout, logger=log
-        )
+        self._task: BackgroundTask | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._stopped = False
+        self._seen = -1  # the run's start is progress: the first interval never counts as idle
+        self._idle = 0.0
         self.renewals = 0
         self.stalled = False
+
+    def start(self) -> None:
         # The first interval is a random part of the period, so that runs started together
         # (a worker's batch of leases) spread their renewals over it instead of renewing in
         # the same instant every period; later intervals are exact.
-        self._first = policy.renew_every * random.uniform(0.5, 1.0)
-        self._deferred: asyncio.TimerHandle | None = None
-        """The timer that starts the task after the first interval (the loop's own sleep)."""
-
-    def start(self) -> None:
+        first = self._policy.renew_every * random.uniform(0.5, 1.0)
         if self._sleep is asyncio.sleep:
-            loop = asyncio.get_running_loop()
-            self._deferred = loop.call_later(self._first, self._begin)
-        else:  # a caller's sleep (a test's clock) paces even the first interval
-            self._task.start()
-
-    def _begin(self) -> None:
-        self._deferred = None
-        self._first = 0.0  # waited for by the timer
-        self._task.start()  # never after stop(): a stopped task does not start
+            self._timer = asyncio.get_running_loop().call_later(first, self._due, first)
+        else:
+            self._task = self._background(functools.partial(self._run, first))
 
     async def stop(self) -> None:
         """Stop renewing: returns once no renewal is in flight (bounded by twice the
         policy's ``stop_timeout``)."""
-        if self._deferred is not None:
-            self._deferred.cancel()
-            self._deferred = None
-        await self._task.stop()
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._task is not None:
+            await self._task.stop()
 
-    async def _run(self, signal: StopSignal) -> None:
-        progress = self._progress
-        seen = -1  # the run's start is progress: the first interval never counts as idle
-        idle = 0.0
-        interval = self._first
+    def _background(self, body: Callable[[StopSignal], Awaitable[None]]) -> BackgroundTask:
+        task = BackgroundTask(
+            f"renew:{self._thread_id}", body, stop_timeout=self._policy.stop_timeout, logger=log
+        )
+        task.start()
+        return task
+
+    def _due(self, interval: float) -> None:
+        """The timer fired: one renewal, in a task of its own."""
+        self._timer = None
+        if not self._stopped:
+            self._task = self._background(functools.partial(self._once, interval))
+
+    async def _once(self, interval: float, signal: StopSignal) -> None:
+        if await self._tick(interval, signal) and not (signal.is_set() or self._stopped):
+            every = self._policy.renew_every
+            self._timer = asyncio.get_running_loop().call_later(every, self._due, every)
+
+    async def _run(self, interval: float, signal: StopSignal) -> None:
         while True:
-            if interval > 0 and await signal.pause(interval, self._sleep):
+            if await signal.pause(interval, self._sleep):
                 return
-            if signal.is_set():
+            if not await self._tick(interval, signal):
                 return
-            if progress is not None and self._policy.stall_after is not None:
-                if progress.waiting or progress.steps != seen:
-                    seen, idle = progress.steps, 0.0
-                else:
-                    idle += interval
-                    if idle >= self._policy.stall_after:
-                        self.stalled = True
-                        if self._on_stalled is not None:
-                            await self._on_stalled(idle)
-                        return
             interval = self._policy.renew_every
-            try:
-                await self._store.renew(self._thread_id, self._token, self._policy.ttl)
-                self.renewals += 1
-            except StaleClaim as exc:
-                self._on_fenced(exc)
-                return
-            except WakefulError as exc:
-                log.warning("renewing claim on %s failed, will retry: %s", self._thread_id, exc)
+
+    async def _tick(self, interval: float, signal: StopSignal) -> bool:
+        """One renewal, ``interval`` seconds after the last; False when renewing is over
+        (stopped, stalled or fenced)."""
+        if signal.is_set():
+            return False
+        progress = self._progress
+        if progress is not None and self._policy.stall_after is not None:
+            if progress.waiting or progress.steps != self._seen:
+                self._seen, self._idle = progress.steps, 0.0
+            else:
+                self._idle += interval
+                if self._idle >= self._policy.stall_after:
+                    self.stalled = True
+                    if self._on_stalled is not None:
+                        await self._on_stalled(self._idle)
+                    return False
+        try:
+            await self._store.renew(self._thread_id, self._token, self._policy.ttl)
+            self.renewals += 1
+        except StaleClaim as exc:
+            self._on_fenced(exc)
+            return False
+        except WakefulError as exc:
+            log.warning("renewing claim on %s failed, will retry: %s", self._thread_id, exc)
+        return True
