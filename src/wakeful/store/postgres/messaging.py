@@ -93,7 +93,13 @@ class PostgresStreamCheckpoints:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._queue: list[tuple[StreamCheckpoint, asyncio.Future[bool]]] = []
-        self._discards: list[tuple[tuple[str, str, int], asyncio.Future[None]]] = []
+        self._discards: list[tuple[tuple[str, str, int, int], asyncio.Future[None]]] = []
+        """(run id, task id, token, the puts queued before it), in arrival order."""
+        self._puts_queued = 0
+        self._puts_written = 0
+        """Puts ever queued and ever taken from the queue: a discard goes only after every put
+        queued before it (one overtaking a put of its run would let that put land afterwards
+        and leave a stream checkpoint behind a committed turn)."""
         self._writer: BackgroundTask | None = None
         self.statements = 0
         """Statements that wrote puts (for tests and benchmarks)."""
@@ -124,6 +130,7 @@ class PostgresStreamCheckpoints:
             raise StreamCheckpointError(copy.run_id, "storage", "the store is closed")
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._queue.append((copy, done))
+        self._puts_queued += 1
         self._start_writer()
         try:
             stored = await done
@@ -141,7 +148,7 @@ class PostgresStreamCheckpoints:
         if self._db.closed:
             raise StreamCheckpointError(run_id, "storage", "the store is closed")
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._discards.append(((run_id, task_id, big(token)), done))
+        self._discards.append(((run_id, task_id, big(token), self._puts_queued), done))
         self._start_writer()
         try:
             await done
@@ -157,14 +164,15 @@ class PostgresStreamCheckpoints:
         """Write what is queued, batch after batch, until both queues are empty (or
         stopped: what is left then fails as the store closing)."""
         while (self._queue or self._discards) and not signal.is_set():
-            if self._queue:
-                await self._write_puts()
-            if self._discards and not signal.is_set():
+            if self._discards and self._discards[0][0][3] <= self._puts_written:
                 await self._write_discards()
+            elif self._queue:
+                await self._write_puts()
         self._fail_queued()
 
     async def _write_puts(self) -> None:
         batch, self._queue = self._queue[:MAX_PUTS], self._queue[MAX_PUTS:]
+        self._puts_written += len(batch)
         rows = [c for c, _ in batch]
         params = (
             [c.run_id for c in rows],
@@ -184,7 +192,12 @@ class PostgresStreamCheckpoints:
                 done.set_result(bool(stored))
 
     async def _write_discards(self) -> None:
-        batch, self._discards = self._discards[:MAX_PUTS], self._discards[MAX_PUTS:]
+        ready = 0  # the discards whose earlier puts are all written (a prefix: arrival order)
+        while ready < min(len(self._discards), MAX_PUTS):
+            if self._discards[ready][0][3] > self._puts_written:
+                break
+            ready += 1
+        batch, self._discards = self._discards[:ready], self._discards[ready:]
         keys = [key for key, _ in batch]
         params = ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
         try:
@@ -199,6 +212,7 @@ class PostgresStreamCheckpoints:
 
     def _fail_queued(self) -> None:
         queued, self._queue = self._queue, []
+        self._puts_written += len(queued)
         discards, self._discards = self._discards, []
         _fail(queued, StoreClosed())
         _fail(discards, StoreClosed())
