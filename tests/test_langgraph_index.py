@@ -102,3 +102,38 @@ async def test_eight_concurrent_runs_share_the_sqlite_stores_write_transactions(
     # Sequentially a run is 6 transactions (1 claim + 5 commits). Nothing in the saver may
     # serialise concurrent threads: runs submitted together share the store's transactions.
     assert transactions <= runs * tasks * 6 / 2
+
+
+@pytest.mark.asyncio
+async def test_one_renewer_keeps_every_hold_alive_and_ends_with_the_saver() -> None:
+    store = await open_store("memory://")
+    saver = WakefulSaver(store, ttl=1.0, renew_every=0.2, idle_release=60)
+    renewals: list[str] = []
+    renew = store.renew
+
+    async def counted(thread_id: str, token: int, ttl: float) -> Any:
+        renewals.append(thread_id)
+        return await renew(thread_id, token, ttl)
+
+    store.renew = counted  # type: ignore[method-assign]
+    try:
+        for thread in ("t1", "t2", "t3"):
+            await saver.aput(_conf(thread), _checkpoint("c1"), {"step": 0}, {})
+        first = {t: saver._holds.get(t) for t in ("t1", "t2", "t3")}
+        assert all(h is not None for h in first.values())
+        renewers = [t for t in asyncio.all_tasks() if t.get_name() == "renew langgraph claims"]
+        assert len(renewers) == 1
+        deadline = asyncio.get_running_loop().time() + 10
+        while not all(renewals.count(t) >= 2 for t in first):
+            assert asyncio.get_running_loop().time() < deadline, renewals
+            await asyncio.sleep(0.05)
+        # every claim was renewed at least twice by the one task; none was lost or replaced
+        for thread, hold in first.items():
+            assert saver._holds.get(thread) is hold and hold is not None and hold.lost is None
+            snap = await store.read(thread)
+            assert snap is not None and snap.claim is not None
+            assert snap.claim.token == hold.token
+    finally:
+        await saver.aclose()
+        await store.close()
+    assert not [t for t in asyncio.all_tasks() if t.get_name() == "renew langgraph claims"]
