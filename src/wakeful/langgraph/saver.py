@@ -410,10 +410,13 @@ class WakefulSaver(SyncMethods):
         return decoded if isinstance(decoded, dict) else {}
 
     def _entry_metadata(self, item: dict[str, Any]) -> dict[str, Any]:
-        """An index entry's metadata, for filters only (a tuple decodes its own copy): a
-        plain JSON one is used as the item holds it, already detached from any caller."""
+        """An index entry's metadata, for filters only (a tuple decodes its own copy),
+        detached from the caller's objects."""
         stored = item["metadata"].get("j")
-        return stored if isinstance(stored, dict) else self._metadata(item)
+        if isinstance(stored, dict):
+            copy: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(stored))
+            return copy
+        return self._metadata(item)
 
     def _remember(self, thread: str, idx: ThreadIndex) -> ThreadIndex:
         self._cache[thread] = idx
@@ -458,7 +461,7 @@ class WakefulSaver(SyncMethods):
             after = page[-1].thread_id
 
     def _tuple(self, lg_thread: str, idx: ThreadIndex, entry: Entry) -> CheckpointTuple:
-        return checkpoint_tuple(self.codec, lg_thread, idx, entry, self._metadata(entry.item))
+        return checkpoint_tuple(self.codec, lg_thread, idx, entry, self._metadata)
 
     async def _append(
         self, lg_thread: str, build: Callable[[ThreadIndex], Items], run_id: Any
@@ -533,8 +536,9 @@ class WakefulSaver(SyncMethods):
         drop: list[str],
         run_id: Any,
     ) -> None:
-        # A detached copy: the index must not share objects with the caller's values.
-        state = msgspec.json.decode(msgspec.json.encode(record_state(lg_thread, items, drop)))
+        # The caller's objects: the store validates a detached copy before its first await,
+        # and the index folds copies (``ThreadIndex.fold``).
+        state = record_state(lg_thread, items, drop)
         record = Record(
             id=f"lgr-{uuid.uuid4().hex}",
             parent=idx.latest_record,

@@ -12,10 +12,11 @@ from wakeful.langgraph.index import Entry, ThreadIndex
 
 
 def checkpoint_tuple(
-    codec: ValueCodec, lg_thread: str, idx: ThreadIndex, entry: Entry, metadata: dict[str, Any]
+    codec: ValueCodec, lg_thread: str, idx: ThreadIndex, entry: Entry, metadata: Any
 ) -> CheckpointTuple:
     """The checkpoint ``entry`` with its values decoded and its pending writes in the order
-    live execution applies them (``writes_sort_key``)."""
+    live execution applies them (``writes_sort_key``). ``metadata(item)``: the decoded
+    metadata of the checkpoint item."""
     item = entry.item
     ns, cid = item["ns"], item["id"]
     checkpoint = codec.decode(item["checkpoint"], f"checkpoint {cid!r}")
@@ -23,16 +24,12 @@ def checkpoint_tuple(
         k: codec.decode(v, f"checkpoint {cid!r} channel {k!r}") for k, v in item["values"].items()
     }
     ordered = sorted(
-        idx.writes.get((ns, cid), {}).values(),
-        key=lambda e: writes_sort_key(e.item["path"], e.item["task"], e.item["idx"]),
+        (e.item for e in idx.writes.get((ns, cid), {}).values()),
+        key=lambda w: writes_sort_key(w["path"], w["task"], w["idx"]),
     )
     pending = [
-        (
-            e.item["task"],
-            e.item["channel"],
-            codec.decode(e.item["value"], f"write of task {e.item['task']!r}"),
-        )
-        for e in ordered
+        (w["task"], w["channel"], codec.decode(w["value"], f"write of task {w['task']!r}"))
+        for w in ordered
     ]
 
     def config(checkpoint_id: str) -> RunnableConfig:
@@ -47,7 +44,7 @@ def checkpoint_tuple(
     return CheckpointTuple(
         config=config(cid),
         checkpoint=checkpoint,
-        metadata=metadata,  # type: ignore[arg-type]
+        metadata=metadata(item),
         parent_config=config(item["parent"]) if item["parent"] else None,
         pending_writes=pending,
     )
