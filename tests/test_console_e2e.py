@@ -277,15 +277,18 @@ def test_operator_views_workers_and_overview(page: Any, rig: Fleet) -> None:
     shoot(page, "threads")
     page.fill("#search", "console-s")
     page.click("#thread-search button")
+    # The rows of the previous listing stay until the new page is drawn: wait for the new
+    # page's rows, not for a row that both listings hold.
+    rows = page.locator("tr[data-thread]")
+    wait_until(lambda: rows.count() == 2, "the two console-s threads")
     page.locator("tr[data-thread='console-ship']").wait_for()
     page.locator("tr[data-thread='console-sort']").wait_for()
-    assert page.locator("tr[data-thread]").count() == 2
     page.select_option("#status-filter", "completed")
     page.fill("#target-filter", "sorter")
     page.click("#thread-search button")
     page.wait_for_url(re.compile(r"target=sorter"))
+    wait_until(lambda: rows.count() == 1, "only the completed sorter thread")
     page.locator("tr[data-thread='console-sort']").wait_for()
-    assert page.locator("tr[data-thread]").count() == 1
     page.goto(f"{rig.url}/console/#/workers")
     live = rig.workers[-1]
     assert live.poll() is None
