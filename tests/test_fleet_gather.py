@@ -140,6 +140,23 @@ async def test_a_worker_with_a_backlog_claims_freed_slots_together() -> None:
         await asyncio.wait_for(task, 10)
 
 
+async def test_without_a_gather_window_each_freed_slot_is_claimed_for_at_once() -> None:
+    env = Gated(claim_gather=0.0, poll_interval=60.0)
+    worker, gates, limits = env.worker, env.gates, env.limits
+    task = await env.start()
+    try:
+        await eventually(lambda: limits == [4] and worker.busy == 4)
+        gates["t0"].set()  # a backlog and one slot free: no hold without a window
+        await eventually(lambda: limits == [4, 1] and worker.busy == 4)
+        gates["t1"].set()
+        await eventually(lambda: limits == [4, 1, 1] and worker.busy == 4)
+    finally:
+        for gate in gates.values():
+            gate.set()
+        await worker.stop(grace=5)
+        await asyncio.wait_for(task, 10)
+
+
 async def test_a_stop_while_holding_claims_nothing_more_and_ends_the_loop_at_once() -> None:
     # a poll interval longer than the test's bounds: only the stop's nudge ends the loop
     env = Gated(claim_gather=60.0, poll_interval=60.0)
