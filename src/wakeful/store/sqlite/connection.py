@@ -9,8 +9,9 @@ No ``sqlite3`` call runs on the event loop:
   change underneath them. Jobs that queue up while a transaction runs are group-committed:
   the next transaction runs them one after another (a refused job rolls back only itself:
   a savepoint per job when one refused job had changed rows, ``_Writer._transaction``), and
-  one ``COMMIT`` (one fsync of the WAL) makes them durable together. No job is acknowledged before that ``COMMIT`` returned. A store object belongs
-  to the event loop that uses it (like every asyncio object);
+  one ``COMMIT`` (one fsync of the WAL) makes them durable together. No job is
+  acknowledged before that ``COMMIT`` returned. A store object belongs to the event loop
+  that uses it (like every asyncio object);
 - a small pool of reader connections, each used by one pool thread at a time; every read
   job is one read transaction, so it sees one consistent snapshot and never waits for the
   writer (WAL lets readers and one writer proceed together);
