@@ -563,13 +563,13 @@ async def test_a_group_of_writes_refused_before_writing_needs_no_savepoint(
             assert [e.type for e in await store.events_after(f"t{i}")] == [f"e{i}"] * kept
 
         statements.clear()
-        results = await asyncio.gather(
+        mixed = await asyncio.gather(
             store.commit("t0", Commit(token=claims[0].token, events=(EventDraft(type="a"),))),
             store.claim_and_commit("n1", "h", 30, Commit(token=0, expected_version=3)),
             store.commit("t3", Commit(token=claims[3].token, events=(EventDraft(type="b"),))),
             return_exceptions=True,
         )
-        assert [type(r) for r in results] == [Receipt, VersionConflict, Receipt]
+        assert [type(r) for r in mixed] == [Receipt, VersionConflict, Receipt]
         assert statements.count("ROLLBACK") == 1, statements  # the first attempt, whole
         assert statements.count("SAVEPOINT job") == 3, statements
         assert statements.count("COMMIT") == 1, statements
