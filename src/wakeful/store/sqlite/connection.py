@@ -253,7 +253,11 @@ class _Writer:
                     conn.execute("ROLLBACK TO job")
                     conn.execute("RELEASE job")
                 elif not alone and (conn.total_changes != before or isinstance(exc, sqlite3.Error)):
-                    conn.execute("ROLLBACK")
+                    try:
+                        conn.execute("ROLLBACK")
+                    except BaseException as failed:  # nothing of the group is committed
+                        lost = StoreUnavailable(f"a write to {self._path} failed: {failed}")
+                        return [(j, False, lost) for j in jobs]
                     return None
             else:
                 if guard:
