@@ -147,6 +147,41 @@ async def test_values_are_stored_as_json_and_pickle_is_refused(tmp_path: Path) -
         assert tup is not None and tup.pending_writes == [("task-1", "log", Opaque(3))]
 
 
+def test_only_values_json_gives_back_unchanged_are_stored_as_json() -> None:
+    from enum import StrEnum
+
+    from wakeful.langgraph.codec import is_plain_json
+
+    class Tag(StrEnum):
+        A = "a"
+
+    class Sub(dict[str, Any]):
+        pass
+
+    nested: Any = "leaf"
+    for _ in range(70):
+        nested = [nested]
+    plain: list[Any] = ["s", 1, -(2**63), 2**64 - 1, 1.5, True, None, [], {}, {"a": [{"b": "c"}]}]
+    refused: list[Any] = [
+        (1, 2),
+        {"a": (1,)},
+        {1: "a"},
+        {"a": {2: "b"}},
+        ["a", Tag.A],
+        {"k": Tag.A},
+        Sub(a=1),
+        [float("nan")],
+        {"x": float("inf")},
+        [2**64],
+        -(2**63) - 1,
+        b"bytes",
+        {"a": ["s", {"b": {1, 2}}]},
+        nested,
+    ]
+    assert [v for v in plain if not is_plain_json(v)] == []
+    assert [v for v in refused if is_plain_json(v)] == []
+
+
 class Opaque:
     """Only pickle can serialize it: LangGraph's msgpack has no form for a plain class
     (no dataclass, pydantic model or enum)."""

@@ -512,6 +512,72 @@ async def test_folded_writes_in_one_group_roll_back_alone(
         assert d is not None and d.status == "pending" and d.last_error == "again"
 
 
+def _record_writer_statements(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every statement the writer connection runs from now on (its first words)."""
+    seen: list[str] = []
+    original = connection.connect
+
+    def traced(path: str, busy_timeout: float) -> sqlite3.Connection:
+        conn = original(path, busy_timeout)
+        if threading.current_thread().name.startswith("wakeful-sqlite-writer"):
+            conn.set_trace_callback(lambda sql: seen.append(" ".join(sql.split()[:2])))
+        return conn
+
+    monkeypatch.setattr(connection, "connect", traced)
+    return seen
+
+
+@case
+async def test_a_group_of_writes_refused_before_writing_needs_no_savepoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refusals raised by a job's checks (stale token, version) change no row: the group
+    runs without savepoints, in one transaction, with the same outcomes. A refusal after a
+    change (a granted claim whose commit is refused) reruns the group with a savepoint per
+    job, and nothing of the refused job stays."""
+    sizes = _record_batch_sizes(monkeypatch)
+    statements = _record_writer_statements(monkeypatch)
+    async with open_store(sqlite_url(tmp_path / "nosave.db")) as store:
+        claims = [await store.claim(f"t{i}", "h", 30) for i in range(4)]
+        statements.clear()
+        before = store._db.transactions  # type: ignore[attr-defined]
+        results = await asyncio.gather(
+            *(
+                store.commit(
+                    f"t{i}",
+                    Commit(
+                        token=claims[i].token + (1 if i == 1 else 0),
+                        expected_version=5 if i == 2 else None,
+                        events=(EventDraft(type=f"e{i}"),),
+                    ),
+                )
+                for i in range(4)
+            ),
+            return_exceptions=True,
+        )
+        assert [type(r) for r in results] == [Receipt, StaleClaim, VersionConflict, Receipt]
+        assert max(sizes) == 4, f"the writes were not grouped: {sizes}"
+        assert store._db.transactions == before + 1  # type: ignore[attr-defined]
+        assert not [s for s in statements if s.startswith(("SAVEPOINT", "ROLLBACK"))]
+        for i, kept in ((0, 1), (1, 0), (2, 0), (3, 1)):
+            assert [e.type for e in await store.events_after(f"t{i}")] == [f"e{i}"] * kept
+
+        statements.clear()
+        mixed = await asyncio.gather(
+            store.commit("t0", Commit(token=claims[0].token, events=(EventDraft(type="a"),))),
+            store.claim_and_commit("n1", "h", 30, Commit(token=0, expected_version=3)),
+            store.commit("t3", Commit(token=claims[3].token, events=(EventDraft(type="b"),))),
+            return_exceptions=True,
+        )
+        assert [type(r) for r in mixed] == [Receipt, VersionConflict, Receipt]
+        assert statements.count("ROLLBACK") == 1, statements  # the first attempt, whole
+        assert statements.count("SAVEPOINT job") == 3, statements
+        assert statements.count("COMMIT") == 1, statements
+        assert await store.read("n1") is None, "the refused claim_and_commit left its claim"
+        assert [e.type for e in await store.events_after("t0")] == ["e0", "a"]
+        assert [e.type for e in await store.events_after("t3")] == ["e3", "b"]
+
+
 def test_migration_5_fills_the_run_segments_of_an_existing_history(tmp_path: Path) -> None:
     db = tmp_path / "v4.db"
     raw = sqlite3.connect(db, isolation_level=None)
