@@ -214,9 +214,17 @@ async def test_a_batch_answers_and_writes_what_commit_does_commit_by_commit(
         assert batch_state == state
         assert called == {}
         # each alone: the same path, the same answer, the state of that commit alone
-        for thread in ("t-ok", "t-used", "t-bind", "t-writes"):
-            one, _, called = await _grouped(conn, [cases[thread]])
-            assert one == [expected[thread]] and called == {}
+        for thread in ("t-ok", "t-used", "t-bind", "t-writes", "t-release"):
+            _, alone = await _singly(conn, {thread: cases[thread]})
+            one, one_state, called = await _grouped(conn, [cases[thread]])
+            assert one == [expected[thread]] and one_state == alone and called == {}
+        # without a release or a thread with pending writes: the statement without those
+        # parts (migration 0012), the same answers and state as commit() by commit()
+        lean = {t: p for t, p in cases.items() if t not in ("t-release", "t-released", "t-writes")}
+        expected, state = await _singly(conn, lean)
+        answers, batch_state, called = await _grouped(conn, list(lean.values()))
+        assert answers == list(expected.values()) and batch_state == state and called == {}
+        assert {code for _, code, _ in expected.values()} == codes
 
 
 async def test_a_batch_that_needs_commit_each_gives_the_same_answers(
