@@ -98,6 +98,33 @@ async def test_concurrent_commits_are_grouped_and_each_keeps_its_own_outcome(
         await store.close()
 
 
+async def test_commits_of_one_loop_turn_go_together_with_nothing_in_flight(
+    pg_databases: Databases,
+) -> None:
+    """With no call in flight, the first commit does not go alone: the commits queued in the
+    same turn of the event loop (runs woken by one event) go with it, as one commit_many
+    call; a commit with nothing beside it still goes alone, as one commit() call."""
+    store = await open_test_store(await pg_databases.clone(), pool_size=4)
+    try:
+        claims = [await store.claim(f"t{i}", "w", 60) for i in range(7)]
+        group = store.group_commit
+        assert (group.batches, group.grouped) == (0, 0)
+        outcomes = await asyncio.gather(
+            *(
+                store.commit(f"t{i}", Commit(token=claims[i].token, events=(EventDraft(type="e"),)))
+                for i in range(6)
+            )
+        )
+        assert (group.batches, group.grouped) == (1, 6)
+        assert [o.events for o in outcomes] == [(1,)] * 6
+        alone = await store.commit(
+            "t6", Commit(token=claims[6].token, checkpoint=_checkpoint("a", None))
+        )
+        assert alone.version == 1 and (group.batches, group.grouped) == (1, 6)
+    finally:
+        await store.close()
+
+
 async def test_a_settling_commit_in_a_group_settles_and_ends_the_claim(
     pg_databases: Databases,
 ) -> None:

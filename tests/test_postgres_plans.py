@@ -6,13 +6,16 @@ sequential or bitmap scan and no sort of the range, without statistics and after
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 import psycopg
 import pytest
 from benchmarks.scale_data import QUIET, Shape, postgres_statements
 
 from tests.postgres_support import SCHEMA, Databases
-from wakeful.store.postgres.threads import _STRETCHES
+from wakeful.records import Checkpoint, Commit, Done, EventDraft, Settle
+from wakeful.store.postgres.group import COMMIT_MANY, batch_params
+from wakeful.store.postgres.threads import _STRETCHES, _commit_params
 
 pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -170,3 +173,62 @@ async def test_runs_walks_the_primary_key_a_few_rows_per_run(pg_databases: Datab
         assert banned not in plan, plan
     fetched = sum(int(m) * int(n) for m, n in re.findall(r"rows=(\d+) loops=(\d+)", plan))
     assert fetched < 200, plan  # a few per run and node, not the 4,000 checkpoints
+
+
+def _plans_with(conn: psycopg.Connection, query: str, params: list[object]) -> str:
+    """Every plan auto_explain reports while ``query`` runs with ``params`` (rolled back)."""
+    notes: list[str] = []
+    conn.add_notice_handler(lambda d: notes.append(d.message_primary or ""))
+    with conn.transaction(force_rollback=True):
+        conn.execute(query, params).fetchall()
+    conn._notice_handlers.clear()
+    return "\n".join(notes)
+
+
+async def test_commit_many_probes_by_key_in_both_of_its_statements(
+    pg_databases: Databases,
+) -> None:
+    """commit_many's set-based statement (migration 0009) and its variant without the
+    release and superseded-writes parts (0012) read every row by key, with or without
+    statistics: no sequential scan, and a bitmap scan only of a keyed range."""
+    dsn = await pg_databases.clone()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            for statement in postgres_statements(S, Shape(3000, 600, 200, 500, 50, 20)):
+                conn.execute(statement)
+        conn.execute("LOAD 'auto_explain'")
+        for setting in (
+            "auto_explain.log_min_duration = 0",
+            "auto_explain.log_nested_statements = on",
+            "auto_explain.log_level = notice",
+            "client_min_messages = notice",
+        ):
+            conn.execute(f"SET {setting}")
+        many = COMMIT_MANY.replace("@schema@", S).replace("%b", "%s")
+        checkpoint = Checkpoint(
+            id="plan-1", parent=None, run_id="r", status="running", state={},
+            created_at=datetime.now(UTC),
+        )  # fmt: skip
+        for analyzed in (False, True):
+            if analyzed:
+                conn.execute("ANALYZE")
+            # a thread that does not exist (nothing to release, no pending writes): the
+            # statement without rl and wd; then one that releases: the whole statement
+            for thread, release in (("no-such-thread", False), ("t00000005", True)):
+                commit = Commit(
+                    token=1, checkpoint=checkpoint, events=(EventDraft(type="e"),),
+                    operation_id="op", release=release,
+                    settle=None if release else Settle(dispatch_id="d1", outcome=Done()),
+                )  # fmt: skip
+                params = batch_params([(thread, 1, *_commit_params(commit))])
+                plans = _plans_with(conn, many, params)
+                assert "Index Scan using threads_pkey" in plans, plans
+                assert "Index Scan using receipts_pkey" in plans, plans
+                assert "Seq Scan" not in plans, (thread, analyzed, plans)
+                # a bitmap only of keyed probes: the batch's thread rows and settled dispatches
+                # (= ANY of their ids), one thread's pending writes or leases (wd and rl)
+                bitmaps = set(re.findall(r"Bitmap Index Scan on (\w+)", plans))
+                keyed = {"threads_pkey", "dispatches_pkey", "writes_pkey"}
+                keyed.add("dispatches_by_thread_status")
+                assert bitmaps <= keyed, plans
+                assert ("Delete on" in plans) is release, plans  # wd: the whole statement only

@@ -10,6 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from tests.postgres_support import Databases, open_test_store
 from wakeful.records import (
@@ -22,6 +23,7 @@ from wakeful.records import (
     Retry,
     Settle,
 )
+from wakeful.store.postgres import migrations
 from wakeful.store.postgres.connection import render
 from wakeful.store.postgres.group import COMMIT_MANY, batch_params
 from wakeful.store.postgres.store import PostgresStore
@@ -214,9 +216,17 @@ async def test_a_batch_answers_and_writes_what_commit_does_commit_by_commit(
         assert batch_state == state
         assert called == {}
         # each alone: the same path, the same answer, the state of that commit alone
-        for thread in ("t-ok", "t-used", "t-bind", "t-writes"):
-            one, _, called = await _grouped(conn, [cases[thread]])
-            assert one == [expected[thread]] and called == {}
+        for thread in ("t-ok", "t-used", "t-bind", "t-writes", "t-release"):
+            _, alone = await _singly(conn, {thread: cases[thread]})
+            one, one_state, called = await _grouped(conn, [cases[thread]])
+            assert one == [expected[thread]] and one_state == alone and called == {}
+        # without a release or a thread with pending writes: the statement without those
+        # parts (migration 0012), the same answers and state as commit() by commit()
+        lean = {t: p for t, p in cases.items() if t not in ("t-release", "t-released", "t-writes")}
+        expected, state = await _singly(conn, lean)
+        answers, batch_state, called = await _grouped(conn, list(lean.values()))
+        assert answers == list(expected.values()) and batch_state == state and called == {}
+        assert {code for _, code, _ in expected.values()} == codes
 
 
 async def test_a_batch_that_needs_commit_each_gives_the_same_answers(
@@ -284,3 +294,73 @@ async def test_a_batch_updates_thread_rows_hot(pg_databases: Databases) -> None:
     assert [row[5] for row in rows] == [None] * 6
     assert before is not None and after is not None
     assert after[0] - before[0] == 6 and after[1] - before[1] == 6
+
+
+async def test_a_version_11_process_keeps_its_commit_many_call_across_migration_0012(
+    pg_databases: Databases,
+) -> None:
+    """A fleet mid-upgrade: 0012 replaces commit_many's body with its signature and result
+    columns, so a process of version 11, whose group commit is the same statement, keeps
+    committing (fenced: a stale token is refused in its row) while and after it is applied."""
+    dsn = await pg_databases.clone()
+    shipped = migrations.migrations()
+    assert shipped[11][0] == 12
+    signature = """
+    SELECT pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
+           p.proconfig
+      FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+     WHERE n.nspname = 'old' AND p.proname = 'commit_many'
+    """
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier("old")))
+        async with conn.transaction():
+            for _, _, text in shipped[:11]:
+                await conn.execute(render(text, conn, "old"))
+            await conn.execute(
+                "CREATE TABLE old.schema_migrations (version integer PRIMARY KEY,"
+                " name text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now())"
+            )
+            for version, name, _ in shipped[:11]:
+                await conn.execute(
+                    "INSERT INTO old.schema_migrations (version, name) VALUES (%s, %s)",
+                    (version, name),
+                )
+        version_11 = await (await conn.execute(signature)).fetchone()
+        for i in range(4):
+            await conn.execute(
+                f"SELECT old.enqueue('d{i}', 't{i}', 'start', '{{}}', 0, NULL, 5, NULL, NULL)"
+            )
+        leases = await (
+            await conn.execute(
+                "SELECT (o_dispatch).thread_id, (o_dispatch).token, (o_dispatch).dispatch_id"
+                " FROM old.claim_next_read('old-w', 60, 4)"
+            )
+        ).fetchall()
+        assert len(leases) == 4
+        many = render(COMMIT_MANY, conn, "old")
+
+        def batch(rows: list[Any], stale: bool = False) -> list[object]:
+            commits = [
+                (t, tok + int(stale), *_commit_params(Commit(
+                    token=tok + int(stale), checkpoint=_cp(f"{t}-1", None),
+                    events=_events("done"), operation_id=f"op-{t}",
+                    settle=Settle(dispatch_id=d, outcome=Done()),
+                )))
+                for t, tok, d in sorted(rows)
+            ]  # fmt: skip
+            return batch_params(commits)
+
+        before = await (await conn.execute(many, batch(leases[:2]))).fetchall()
+        store = await open_test_store(dsn, schema="old")  # migrates to 12
+        try:
+            version_12 = await (await conn.execute(signature)).fetchone()
+            refused = await (await conn.execute(many, batch(leases[2:], stale=True))).fetchall()
+            after = await (await conn.execute(many, batch(leases[2:]))).fetchall()
+            done = await store.list_dispatches(status="done")
+        finally:
+            await store.close()
+    assert version_11 is not None and version_11 == version_12
+    assert [row[5] for row in before] == [None, None] and [row[1] for row in before] == [1, 1]
+    assert [row[5] for row in refused] == ["WK001", "WK001"]
+    assert [row[5] for row in after] == [None, None] and [row[1] for row in after] == [1, 1]
+    assert sorted(d.dispatch_id for d in done) == ["d0", "d1", "d2", "d3"]

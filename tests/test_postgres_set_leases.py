@@ -204,7 +204,7 @@ async def test_a_version_10_process_keeps_its_lease_call_across_migration_0011(
     (and gets the set-based body) while and after it is applied."""
     dsn = await pg_databases.clone()
     shipped = migrations.migrations()
-    assert shipped[10][0] == 11 and len(shipped) == 11
+    assert shipped[10][0] == 11 and len(shipped) >= 11
     signature = """
     SELECT pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid),
            p.proconfig

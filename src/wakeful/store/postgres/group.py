@@ -1,11 +1,14 @@
 """Group commit: the concurrent commits of one store sent together, in one round trip and
 one transaction, each with its own fencing check and its own outcome.
 
-A commit that finds nothing ahead of it goes out at once, alone, as one call of
-``commit()`` (a sequential writer pays nothing for the grouping). While ``MAX_IN_FLIGHT``
-calls are out, later commits wait in a queue; as soon as a call returns, everything queued
-(up to ``MAX_BATCH``) goes out as one call of ``commit_many()`` (migration 0006). So the
-batch grows with the load by itself, and no commit ever waits for a timer.
+A commit that finds nothing ahead of it goes out at once: at the event loop's next turn,
+when the task that sends it first runs, together with the commits queued during the same
+turn (runs woken by one event reach their commits in one turn), and alone, as one call of
+``commit()``, if there are none (a sequential writer pays nothing for the grouping). While
+``MAX_IN_FLIGHT`` calls are out, later commits wait in a queue; as soon as a call returns,
+everything queued (up to ``MAX_BATCH``) goes out as one call of ``commit_many()``
+(migration 0006). So the batch grows with the load by itself, and no commit ever waits for
+a timer.
 
 Inside ``commit_many`` (migration 0009) a batch of commits to distinct threads without
 pending writes, messages, outbox entries or consumed inbox ids is judged and written
@@ -120,6 +123,7 @@ class GroupCommit:
         self._single = single
         self._queue: list[_Queued] = []
         self._flights: set[asyncio.Task[None]] = set()
+        self._starting: set[asyncio.Task[None]] = set()  # flights yet to take their batch
         self.batches = 0
         """``commit_many`` calls made (for tests and operations)."""
         self.grouped = 0
@@ -133,17 +137,27 @@ class GroupCommit:
         return await future
 
     def _launch(self) -> None:
-        while self._queue and len(self._flights) < MAX_IN_FLIGHT:
-            batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
-            flight = asyncio.get_running_loop().create_task(self._fly(batch))
+        # A flight takes its batch when its task first runs (the loop's next turn), not
+        # here: commits queued in the meantime (the other runs woken by the same event, each
+        # reaching its commit in the same turn) go with it instead of waiting for it to land.
+        while len(self._queue) > MAX_BATCH * len(self._starting) and (
+            len(self._flights) < MAX_IN_FLIGHT
+        ):
+            flight = asyncio.get_running_loop().create_task(self._fly())
             self._flights.add(flight)
+            self._starting.add(flight)
             flight.add_done_callback(self._landed)
 
     def _landed(self, flight: asyncio.Task[None]) -> None:
         self._flights.discard(flight)
+        self._starting.discard(flight)  # (one cancelled before it ran)
         self._launch()
 
-    async def _fly(self, batch: list[_Queued]) -> None:
+    async def _fly(self) -> None:
+        self._starting.discard(asyncio.current_task())
+        batch, self._queue = self._queue[:MAX_BATCH], self._queue[MAX_BATCH:]
+        if not batch:  # an earlier flight of the same turn took them all
+            return
         try:
             if len(batch) == 1:
                 row = await self._db.fetchone(self._single, batch[0].params)
