@@ -23,6 +23,7 @@ _SYSTEMS = {
     "postgres": "postgresql",
 }
 _by_type: dict[type, str] = {}
+_CLIENT = tracing.kind("client")
 
 
 class Observe(Protocol):
@@ -79,9 +80,7 @@ class StoreCalls:
             }
             if thread_id is not None:
                 attributes["wakeful.thread.id"] = thread_id
-            with tracing.span(
-                f"{operation} {self.system}", attributes, kind=tracing.kind("client")
-            ) as span:
+            with tracing.span(f"{operation} {self.system}", attributes, kind=_CLIENT) as span:
                 try:
                     result = await call()
                 except BaseException as exc:
