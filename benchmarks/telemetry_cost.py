@@ -130,20 +130,20 @@ def sdk_span_cost(runs: int = 2_000) -> float:
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter(), max_queue_size=1 << 16))
     bare = provider.get_tracer("bound")
-    run = {
+    run: dict[str, str | int | bool] = {
         "wakeful.run.operation": "start",
         "wakeful.thread.id": "t-1",
         "wakeful.graph": "g",
         "wakeful.run.id": "run-1",
     }
-    step = {"wakeful.step": 1, "wakeful.step.tasks": 1}
-    task = {
+    step: dict[str, str | int | bool] = {"wakeful.step": 1, "wakeful.step.tasks": 1}
+    task: dict[str, str | int | bool] = {
         "wakeful.task.id": "x",
         "wakeful.node": "a",
         "wakeful.step": 1,
         "wakeful.task.reused": False,
     }
-    write = {
+    write: dict[str, str | int | bool] = {
         "db.system": "memory",
         "db.system.name": "memory",
         "db.operation.name": "commit",
@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
     for store in ("memory", "sqlite"):
         off = rates[(store, "off")]
         line = "  ".join(f"{m}: {statistics.median(rates[(store, m)]):,.0f}" for m in MODES)
-        paired = "  ".join(f"{m}: {statistics.median(ratios[(store, m)]):.3f}x" for m in MODES[1:])
-        print(f"{store:<7} {line}  (paired: {paired})")
+        pairs = "  ".join(f"{m}: {statistics.median(ratios[(store, m)]):.3f}x" for m in MODES[1:])
+        print(f"{store:<7} {line}  (paired: {pairs})")
         out.add(f"{store}, tracing off", off, "runs/CPU s")
         for mode, target in (("no SDK", 0.99), ("SDK", 0.90)):
             rate = statistics.median(rates[(store, mode)])

@@ -29,7 +29,7 @@ _SYSTEMS = {
     "postgres": "postgresql",
 }
 _by_type: dict[type, str] = {}
-_CLIENT = tracing.kind("client")
+_CLIENT: Any = tracing.kind("client")
 
 
 class Observe(Protocol):
