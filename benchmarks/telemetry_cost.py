@@ -76,7 +76,8 @@ async def one_round(url: str, runs: int) -> tuple[dict[str, list[float]], float]
     wall time: the machine is shared, and a process waiting for the CPU is not the
     instrumentation's cost. The SDK's batch processor exports from a thread of this
     process: each block ends with ``force_flush`` timed as the SDK's (its queue never
-    reaches a batch within a block, so no export runs during another mode's run)."""
+    reaches a batch within a block, so no export runs during another mode's run) and an
+    untimed run while that thread winds down; the order that starts a block rotates."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -96,15 +97,19 @@ async def one_round(url: str, runs: int) -> tuple[dict[str, list[float]], float]
         async with open_store(url) as store:
             runtime = Runtime(store, ClaimPolicy(ttl=30, renew_every=10))
             for i in range(max(runs // SLICE, 1) * SLICE):
-                for mode in ORDERS[i % len(ORDERS)]:
+                for mode in ORDERS[(i + i // SLICE) % len(ORDERS)]:
                     _set_mode(mode, provider)
                     thread = f"t-{i}-{MODES.index(mode)}"  # names of one length
                     started = clock()
                     await (await runtime.start(thread, graph, {"log": []})).result()
-                    if mode == "SDK" and i % SLICE == SLICE - 1:
-                        provider.force_flush()
                     block[mode] += clock() - started
                 if i % SLICE == SLICE - 1:
+                    started = clock()
+                    provider.force_flush()
+                    block["SDK"] += clock() - started
+                    # the exporting thread winds down during this run, which is not timed
+                    _set_mode("off", provider)
+                    await (await runtime.start(f"settle-{i}", graph, {"log": []})).result()
                     for mode in MODES:
                         cpu[mode].append(block[mode] / SLICE)
                     block = dict.fromkeys(MODES, 0.0)
@@ -173,11 +178,42 @@ def sdk_span_cost(runs: int = 2_000) -> float:
         provider.shutdown()
 
 
+async def probe(url: str, mode: str, runs: int) -> None:
+    """``runs`` graph runs in one mode after 20 warm-up runs, nothing measured: for counting
+    instructions under ``valgrind --tool=callgrind`` (the count at ``--runs 200`` minus the
+    count at ``--runs 0``, divided by 200, is a run's). Instructions do not depend on the
+    machine's load, so they settle what CPU time on a shared machine cannot: a 1 % effect."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(InMemorySpanExporter(), max_queue_size=1 << 16))
+    _set_mode(mode, provider)
+    graph = _graph()
+    try:
+        async with open_store(url) as store:
+            runtime = Runtime(store, ClaimPolicy(ttl=30, renew_every=10))
+            for n in range(20 + runs):
+                await (await runtime.start(f"t-{n}", graph, {"log": []})).result()
+    finally:
+        telemetry.configure()
+        provider.force_flush()
+        provider.shutdown()
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.telemetry_cost")
     parser.add_argument("--runs", type=int, default=RUNS, help="graph runs per measurement")
     rounds_argument(parser, default=5)
+    parser.add_argument("--probe", choices=MODES, help="only run --runs runs in this mode")
+    parser.add_argument("--store", choices=("memory", "sqlite"), default="memory")
     args = parser.parse_args(argv if argv is not None else [])
+    if args.probe is not None:
+        with tempfile.TemporaryDirectory() as tmp:
+            url = "memory://" if args.store == "memory" else f"sqlite:///{Path(tmp) / 'w.db'}"
+            asyncio.run(probe(url, args.probe, args.runs))
+        return []
     rates: dict[tuple[str, str], list[float]] = {}
     ratios: dict[tuple[str, str], list[float]] = {}
     spans_per_run = 0.0
