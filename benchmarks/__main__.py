@@ -51,7 +51,7 @@ PLAN = (
     Module("sqlite_store", 150, ("--n", "1000")),
     Module("postgres_store", 200, ("--n", "1000"), postgres=True),
     Module("runtime_graph", 180, ("--runs", "150")),  # sequential and 8 threads
-    Module("telemetry_cost", 150, ("--runs", "150")),
+    Module("telemetry_cost", 150, ("--runs", "480")),  # 20 blocks of 24 runs per mode
     Module("streaming", 90),
     Module("dispatch", 300, ("--n", "1000", "--n-single", "300"), postgres=True),
     Module("agents", 240, ("--n", "400"), postgres=True),

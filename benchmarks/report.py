@@ -74,8 +74,9 @@ METHOD = {
         "The `runtime_graph` graph on the memory and SQLite stores with tracing off "
         "(`telemetry.configure(enabled=False)`), with the OpenTelemetry API and no SDK (the "
         "default), and with the SDK recording every span (11 per run) into an in-memory "
-        "exporter through a `BatchSpanProcessor`, interleaved round by round; ratios against "
-        "tracing off (decision 0018 compares with the code before instrumentation)."
+        "exporter through a `BatchSpanProcessor`, the modes taking turns run by run; ratios "
+        "paired block by block against the tracing-off runs interleaved with them. CPU time on "
+        "a shared machine cannot judge 1 %: decision 0018 counts instructions (`--probe`)."
     ),
     "streaming": (
         "Deltas per second through the agent's model node from a provider pacing 10,000 "

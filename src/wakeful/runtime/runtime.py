@@ -214,34 +214,38 @@ class Runtime:
         attempt: SpanLike = NO_SPAN,
         recovered_at: str | None = None,
         admission: _Admission | None = None,
+        trace: dict[str, str] | None = None,
     ) -> RunHandle:
-        """``admission``: the run is new, admitted by this attempt (``start``)."""
-        with telemetry.use(attempt):  # the run's tasks start inside its attempt's span
-            return RunHandle(
-                Execution(
-                    store=self.store,
-                    graph=graph,
-                    thread_id=thread_id,
-                    claim=claim,
-                    checkpoint=checkpoint,
-                    writes={w.task_id: w for w in writes if w.checkpoint_id == checkpoint.id},
-                    durability=durability,
-                    policy=self.claims,
-                    clock=self.clock,
-                    sleep=self.sleep,
-                    renew_sleep=self.renew_sleep,
-                    live=self.live,
-                    release_claim=release,
-                    settle_dispatch=None if release else dispatch_id,
-                    attempt=attempt,
-                    trace=telemetry.inject(attempt) if attempt is not NO_SPAN else {},
-                    calls=store_calls(self.store, self.metrics),
-                    metrics=self.metrics,
-                    recovered_at=recovered_at,
-                    admitted=admission is not None,
-                    history_seed=admission.history if admission is not None else None,
-                )
+        """``admission``: the run is new, admitted by this attempt (``start``). ``trace``:
+        the attempt's context as already injected (default: injected here). The run's task
+        makes ``attempt`` current itself (``in_attempt``)."""
+        if trace is None:
+            trace = telemetry.inject(attempt) if attempt is not NO_SPAN else {}
+        return RunHandle(
+            Execution(
+                store=self.store,
+                graph=graph,
+                thread_id=thread_id,
+                claim=claim,
+                checkpoint=checkpoint,
+                writes={w.task_id: w for w in writes if w.checkpoint_id == checkpoint.id},
+                durability=durability,
+                policy=self.claims,
+                clock=self.clock,
+                sleep=self.sleep,
+                renew_sleep=self.renew_sleep,
+                live=self.live,
+                release_claim=release,
+                settle_dispatch=None if release else dispatch_id,
+                attempt=attempt,
+                trace=trace,
+                calls=store_calls(self.store, self.metrics),
+                metrics=self.metrics,
+                recovered_at=recovered_at,
+                admitted=admission is not None,
+                history_seed=admission.history if admission is not None else None,
             )
+        )
 
     async def start(
         self,
@@ -316,6 +320,7 @@ class Runtime:
             dispatch_id,
             attempt,
             admission=admission,
+            trace=admission.trace,
         )
 
     async def recover(
@@ -446,7 +451,16 @@ class Runtime:
         attempt.set_attribute("wakeful.run.id", latest.run_id)
         mode = durability or str(latest.metadata.get("durability", "sync"))
         return self._execute(
-            graph, thread_id, claim, resumed, carried, mode, owned, dispatch_id, attempt
+            graph,
+            thread_id,
+            claim,
+            resumed,
+            carried,
+            mode,
+            owned,
+            dispatch_id,
+            attempt,
+            trace=trace,
         )
 
     def _resumption(

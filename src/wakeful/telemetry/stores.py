@@ -4,13 +4,19 @@ the outcome (``ok`` or the refusal, e.g. ``StaleClaim``), and the write's latenc
 histogram by store and operation.
 
 It wraps the call sites, not the backends, so every store (a third party's too) is
-observed the same way. With tracing off and no histogram it only awaits the call."""
+observed the same way. With tracing off and no histogram it only awaits the call.
+
+A write's span is a leaf: it is not made the current span while the write runs (no context
+attach and detach, about 4 % of what a traced run adds). A log line written by a store during
+the write carries the span around the write (the superstep's or the run's), and a database
+driver's own instrumentation, if any, records its spans beside the write's rather than
+beneath it."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from wakeful.telemetry import tracing
 
@@ -23,6 +29,7 @@ _SYSTEMS = {
     "postgres": "postgresql",
 }
 _by_type: dict[type, str] = {}
+_CLIENT: Any = tracing.kind("client")
 
 
 class Observe(Protocol):
@@ -64,7 +71,7 @@ class StoreCalls:
         call: Callable[[], Awaitable[T]],
         thread_id: str | None = None,
     ) -> T:
-        """Await ``call()`` (one store write named ``operation``) inside its span."""
+        """Await ``call()`` (one store write named ``operation``) timed by its span."""
         t = tracing.tracer()
         if t is None and self.seconds is None:
             return await call()
@@ -79,16 +86,23 @@ class StoreCalls:
             }
             if thread_id is not None:
                 attributes["wakeful.thread.id"] = thread_id
-            with tracing.span(
-                f"{operation} {self.system}", attributes, kind=tracing.kind("client")
-            ) as span:
-                try:
-                    result = await call()
-                except BaseException as exc:
-                    span.set_attribute("wakeful.outcome", type(exc).__name__)
-                    raise
-                span.set_attribute("wakeful.outcome", "ok")
-                return result
+            span: Any = t.start_span(
+                f"{operation} {self.system}",
+                kind=_CLIENT,
+                attributes=attributes,
+                record_exception=False,
+                set_status_on_exception=False,
+            )
+            try:
+                result = await call()
+            except BaseException as exc:
+                span.set_attribute("wakeful.outcome", type(exc).__name__)
+                tracing.failed(span, exc)
+                span.end()
+                raise
+            span.set_attribute("wakeful.outcome", "ok")
+            span.end()
+            return result
         finally:
             if self.seconds is not None:
                 self.seconds.observe(

@@ -160,11 +160,14 @@ def capture_content() -> bool:
     return os.environ.get(CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
+_KINDS: dict[str, SpanKind] = {k.name.lower(): k for k in _otel_trace.SpanKind} if _HAVE_API else {}
+
+
 def kind(name: str) -> SpanKind | None:
     """``SpanKind`` by name (``"client"``, ``"server"``, ``"consumer"``, ``"producer"``)."""
     if not _HAVE_API:
         return None
-    return _otel_trace.SpanKind[name.upper()]
+    return _KINDS[name.lower()]
 
 
 class _Current:
@@ -230,13 +233,12 @@ def start(
     t = tracer()
     if t is None:
         return NO_SPAN
-    assert _otel_trace is not None
     return t.start_span(
         name,
         context=parent,
-        kind=kind or _otel_trace.SpanKind.INTERNAL,
+        kind=kind or _KINDS["internal"],
         attributes=attributes,
-        links=[link for link in links if link is not None] or None,
+        links=([link for link in links if link is not None] or None) if links else None,
         start_time=start_time,
         record_exception=False,
         set_status_on_exception=False,
