@@ -185,14 +185,13 @@ _HASHED = tuple(name for name in Commit.__struct_fields__ if name != "drop_check
 def payload_hash(commit: Commit) -> str:
     """The hash that identifies an operation's payload: everything but the token, with
     object keys sorted so equal JSON hashes equal."""
-    # The commit's fields as a dict (its nested records and values as they are: sorted
-    # encoding sorts their keys too), so no builtin copy of its values is made.
+    # Its fields as a dict, values as they are (no builtin copy: sorted encoding sorts the
+    # keys inside them too). A commit that drops nothing hashes as it did before
+    # ``drop_checkpoints`` existed: receipts of older versions still answer their retries.
     fields = {name: getattr(commit, name) for name in _HASHED}
     fields["token"] = 0
     if commit.drop_checkpoints:
         fields["drop_checkpoints"] = commit.drop_checkpoints
-    # else: a commit that drops nothing hashes as it did before ``drop_checkpoints``
-    # existed, so receipts recorded by an older version still answer their retries.
     return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).hexdigest()
 
 
