@@ -235,7 +235,7 @@ def _decoded(
         raise InvalidInput(field, problem) from None
     try:
         same = copy == original
-    except RecursionError:  # far too deep: the scan says so
+    except Exception:  # far too deep (the scan says so), or a value's own __eq__ failed
         same = False
     if not same:
         _scan_all(values(original))
