@@ -35,6 +35,7 @@ from wakeful.records import Checkpoint, Commit, Dispatch, Done, EventDraft, Sett
 from wakeful.store.postgres.connection import render
 from wakeful.store.postgres.group import COMMIT_MANY, batch_params
 from wakeful.store.postgres.threads import COMMIT, _commit_params
+from wakeful.store.validate import encode_commit
 
 PATHS = ("set", "each", "single")
 Params = tuple[object, ...]
@@ -59,7 +60,7 @@ def _commit(thread: str, token: int, dispatch: str, final: bool) -> Params:
         operation_id=cid,
         settle=Settle(dispatch_id=dispatch, outcome=Done()) if final else None,
     )
-    return (thread, token, *_commit_params(commit))
+    return (thread, token, *_commit_params(encode_commit(thread, commit)))
 
 
 async def _leases(url: str, count: int) -> list[tuple[str, int, str]]:

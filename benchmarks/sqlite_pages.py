@@ -32,6 +32,7 @@ from benchmarks.sqlite_store import payload
 from wakeful.records import Checkpoint, Commit, EventDraft
 from wakeful.store.sqlite import open_sqlite_store
 from wakeful.store.sqlite import threads as jobs
+from wakeful.store.validate import encode_commit
 
 
 def _frames(conn: sqlite3.Connection, wal: Path) -> int:
@@ -57,7 +58,7 @@ def _commit(conn: sqlite3.Connection, tid: str, token: int, parent: str | None, 
         events=() if big else (EventDraft(type="node.finished", data={"node": "a"}, run_id="r"),),
         operation_id=None if big else uuid.uuid4().hex,
     )
-    jobs.commit(conn, now, tid, commit)
+    jobs.commit(conn, now, tid, encode_commit(tid, commit))
     return cp.id
 
 

@@ -18,6 +18,7 @@ from wakeful.store.postgres import migrations
 from wakeful.store.postgres.connection import render
 from wakeful.store.postgres.group import COMMIT_MANY, MAX_IN_FLIGHT, batch_params
 from wakeful.store.postgres.threads import _commit_params
+from wakeful.store.validate import encode_commit
 
 pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -182,8 +183,8 @@ async def test_commit_many_fails_whole_on_an_error_that_is_not_a_refusal(
             settle=Settle(dispatch_id="d1", outcome=Done()),
         )
         params = [
-            ("t1", lease.claim.token, *_commit_params(good)),
-            ("t2", other.token, *_commit_params(bad)),
+            ("t1", lease.claim.token, *_commit_params(encode_commit("t1", good))),
+            ("t2", other.token, *_commit_params(encode_commit("t2", bad))),
         ]
         # commit 2 settles another thread's dispatch: a refusal, reported in its row
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -199,7 +200,10 @@ async def test_commit_many_fails_whole_on_an_error_that_is_not_a_refusal(
             retry = Commit(token=other.token, events=(EventDraft(type="y"),))
             with pytest.raises(psycopg.errors.CheckViolation):
                 await conn.execute(
-                    query, batch_params([("t2", other.token, *_commit_params(retry)), broken])
+                    query,
+                    batch_params(
+                        [("t2", other.token, *_commit_params(encode_commit("t2", retry))), broken]
+                    ),
                 )
         assert await store.events_after("t2") == []
         assert [e.type for e in await store.events_after("t1")] == ["kept?"]

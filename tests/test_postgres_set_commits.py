@@ -28,6 +28,7 @@ from wakeful.store.postgres.connection import render
 from wakeful.store.postgres.group import COMMIT_MANY, batch_params
 from wakeful.store.postgres.store import PostgresStore
 from wakeful.store.postgres.threads import COMMIT, _commit_params
+from wakeful.store.validate import encode_commit
 
 pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -138,7 +139,7 @@ async def _scenarios(store: PostgresStore) -> dict[str, Params]:
         "t-writes": Commit(token=token["t-writes"], checkpoint=_cp("w2", "w1")),
         "t-segment": Commit(token=token["t-segment"], checkpoint=_cp("s2", "s1", run="r1")),
     }  # fmt: skip
-    return {t: (t, c.token, *_commit_params(c)) for t, c in sorted(cases.items())}
+    return {t: (t, c.token, *_commit_params(encode_commit(t, c))) for t, c in sorted(cases.items())}
 
 
 def _answer(row: Any) -> tuple[Any, ...]:
@@ -246,7 +247,10 @@ async def test_a_batch_that_needs_commit_each_gives_the_same_answers(
     with_write = Commit(token=claim.token, writes=(write,), events=_events("w"))
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
         await conn.execute("SET track_functions = 'pl'")
-        everything = {**cases, "t-w2": ("t-w2", claim.token, *_commit_params(with_write))}
+        everything = {
+            **cases,
+            "t-w2": ("t-w2", claim.token, *_commit_params(encode_commit("t-w2", with_write))),
+        }
         expected, state = await _singly(conn, everything)
         answers, batch_state, called = await _grouped(conn, list(everything.values()))
         assert answers == list(expected.values()) and batch_state == state
@@ -256,7 +260,10 @@ async def test_a_batch_that_needs_commit_each_gives_the_same_answers(
         # the same thread twice: the second sees the first's result
         first = Commit(token=claim.token, events=_events("one"), operation_id="op-1")
         second = Commit(token=claim.token, events=_events("two"), operation_id="op-2")
-        twice = [("t-w2", claim.token, *_commit_params(c)) for c in (first, second)]
+        twice = [
+            ("t-w2", claim.token, *_commit_params(encode_commit("t-w2", c)))
+            for c in (first, second)
+        ]
         answers, _, called = await _grouped(conn, twice)
         assert [a[0][3] for a in answers] == [1, 2]  # first_seq of each
         assert called["commit_each"] == 1
@@ -278,7 +285,7 @@ async def test_a_batch_updates_thread_rows_hot(pg_databases: Databases) -> None:
             second = Commit(
                 token=claim.token, checkpoint=_cp(f"b{i}", f"a{i}", tenant), events=_events("e")
             )
-            batch.append((f"t{i}", claim.token, *_commit_params(second)))
+            batch.append((f"t{i}", claim.token, *_commit_params(encode_commit(f"t{i}", second))))
     finally:
         await store.close()
     updates = """

@@ -14,6 +14,7 @@ from tests.sqlite_support import sqlite_url
 from wakeful.records import Checkpoint, Commit, EventDraft
 from wakeful.store.sqlite import reads, threads
 from wakeful.store.sqlite.migrations import migrate, shipped
+from wakeful.store.validate import encode_commit
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -62,11 +63,14 @@ def test_a_later_commit_leaves_the_listing_indexes_alone(tmp_path: Path) -> None
                 c,
                 NOW,
                 "t",
-                Commit(
-                    token=token,
-                    checkpoint=_checkpoint(cp_id, parent, "acme"),
-                    events=(EventDraft(type="e"),),
-                    operation_id=f"op-{cp_id}",
+                encode_commit(
+                    "t",
+                    Commit(
+                        token=token,
+                        checkpoint=_checkpoint(cp_id, parent, "acme"),
+                        events=(EventDraft(type="e"),),
+                        operation_id=f"op-{cp_id}",
+                    ),
                 ),
             )
 
@@ -151,7 +155,12 @@ def test_the_first_commit_sets_listed_itself(tmp_path: Path, ending: bool) -> No
         conn.set_trace_callback(statements.append)
         changes = conn.total_changes  # trigger bodies' changes count too
         threads.commit(
-            conn, NOW, "t", Commit(token=token, checkpoint=_checkpoint("c1", None), release=ending)
+            conn,
+            NOW,
+            "t",
+            encode_commit(
+                "t", Commit(token=token, checkpoint=_checkpoint("c1", None), release=ending)
+            ),
         )
         conn.set_trace_callback(None)
         assert conn.total_changes - changes == 2, "the checkpoint and the thread, no trigger"

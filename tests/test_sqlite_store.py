@@ -44,6 +44,7 @@ from wakeful.store.memory import MemoryStore
 from wakeful.store.sqlite import connection, parse_url, reads, retention
 from wakeful.store.sqlite.migrations import Migration, current_version, migrate, shipped
 from wakeful.store.sqlite.queue import _DUE, _LAPSED
+from wakeful.store.validate import encode_commit
 
 case = pytest.mark.asyncio
 
@@ -676,17 +677,19 @@ async def test_a_later_commit_reads_the_thread_once_and_leaves_its_tenant_alone(
         conn.execute("BEGIN IMMEDIATE")
         statements.clear()
         commit = Commit(token=claim.token, checkpoint=checkpoint("c3", "c2"))
-        threads.commit(conn, now, "t", commit)
+        threads.commit(conn, now, "t", encode_commit("t", commit))
         kinds = [s.split()[0] for s in statements]
         assert kinds == ["SELECT", "INSERT", "UPDATE"], statements
         assert "tenant" not in statements[2], statements[2]
         # with an operation id, its recorded receipt comes with the same read
         statements.clear()
         keyed = Commit(token=claim.token, checkpoint=checkpoint("c4", "c3"), operation_id="op")
-        receipt = threads.commit(conn, now, "t", keyed)
+        receipt = threads.commit(conn, now, "t", encode_commit("t", keyed))
         assert [s.split()[0] for s in statements] == ["SELECT", "INSERT", "INSERT", "UPDATE"]
         statements.clear()
-        assert threads.commit(conn, now, "t", keyed) == receipt  # the retry is answered
+        assert (
+            threads.commit(conn, now, "t", encode_commit("t", keyed)) == receipt
+        )  # the retry is answered
         assert [s.split()[0] for s in statements] == ["SELECT"], statements
         rows = conn.execute(
             "SELECT checkpoint_id, seg_first, ordinal FROM checkpoints WHERE thread_id = 't' "

@@ -62,11 +62,11 @@ from wakeful.store.projection import (
 )
 from wakeful.store.segments import run_segments
 from wakeful.store.validate import (
-    check_claim_and_commit,
-    check_commit,
     check_policy,
     check_token,
     drop_refusal,
+    encode_claim_and_commit,
+    encode_commit,
 )
 
 
@@ -108,7 +108,8 @@ class ProjectedStore(ProjectedQueue):
     # ------------------------------------------------------------ commits
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
-        commit = check_commit(thread_id, commit)
+        encoded = encode_commit(thread_id, commit)
+        commit = encoded.commit
         state, now = self._open(), self._now()
         t = state.threads.get(thread_id)
         # 1. fencing, always first
@@ -124,7 +125,7 @@ class ProjectedStore(ProjectedQueue):
         prepared = self._prepare(state, t, commit, digest, now)
         if isinstance(prepared, Receipt):
             return prepared
-        await self._record(prepared)
+        await self._record_commit(prepared, encoded.body)
         if commit.events:
             self._notify(thread_id)
         return prepared.receipt
@@ -132,7 +133,8 @@ class ProjectedStore(ProjectedQueue):
     async def claim_and_commit(
         self, thread_id: str, holder: str, ttl: float, commit: Commit
     ) -> tuple[Claim, Receipt]:
-        ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
+        ttl, encoded = encode_claim_and_commit(thread_id, holder, ttl, commit)
+        commit = encoded.commit
         state, now = self._open(), self._now()
         known = state.threads.get(thread_id)
         # the tenant first: a busy refusal would name another tenant's holder
@@ -140,14 +142,15 @@ class ProjectedStore(ProjectedQueue):
         if cp is not None and known is not None and known.foreign_checkpoint(cp.tenant):
             raise TenantMismatch(thread_id)
         claim = _grant(state, thread_id, holder, ttl, now)
-        commit = msgspec.structs.replace(commit, token=claim.token)
+        encoded = encoded.with_token(claim.token)
+        commit = encoded.commit
         digest = payload_hash(commit) if commit.operation_id is not None else ""
         t = state.threads.get(thread_id) or ThreadState(thread_id)
         prepared = self._prepare(state, t, commit, digest, now, claimed=claim)
         if isinstance(prepared, Receipt):
             await self._record(Claimed(claim))
             return claim, prepared
-        await self._record(prepared)
+        await self._record_commit(prepared, encoded.body)
         if commit.events:
             self._notify(thread_id)
         return claim, prepared.receipt

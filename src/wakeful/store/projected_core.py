@@ -12,7 +12,7 @@ from typing import Self
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import StoreClosed, TenantMismatch
 from wakeful.records import Claim, PruneReport, ThreadSnapshot
-from wakeful.store.projection import Mutation, State, ThreadState
+from wakeful.store.projection import Committed, Mutation, State, ThreadState
 
 CANCEL_PRIORITY = 2**31 - 1
 """Cancellation dispatches outrank all other work."""
@@ -39,10 +39,20 @@ class ProjectedCore:
     def _fault(self, point: str) -> None:
         """A named point where tests inject a crash; no-op unless a subclass arms it."""
 
+    async def _persist_commit(self, record: Committed, commit_body: bytes) -> None:
+        """``_persist`` for a commit record whose commit encodes as ``commit_body`` (its
+        checked encoding, to be reused rather than encoded again)."""
+        await self._persist(record)
+
     async def _record(self, record: Mutation) -> PruneReport | None:
         result = self._state.apply(record)
         await self._persist(record)
         return result
+
+    async def _record_commit(self, record: Committed, commit_body: bytes) -> None:
+        """``_record`` for a commit whose checked encoding is ``commit_body``."""
+        self._state.apply(record)
+        await self._persist_commit(record, commit_body)
 
     def _now(self) -> datetime:
         return self._clock.now()

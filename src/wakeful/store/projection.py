@@ -179,18 +179,20 @@ Mutation = (
 )
 
 
+_HASHED = tuple(name for name in Commit.__struct_fields__ if name != "drop_checkpoints")
+
+
 def payload_hash(commit: Commit) -> str:
     """The hash that identifies an operation's payload: everything but the token, with
     object keys sorted so equal JSON hashes equal."""
+    # Its fields as a dict, values as they are (no builtin copy: sorted encoding sorts the
+    # keys inside them too). A commit that drops nothing hashes as it did before
+    # ``drop_checkpoints`` existed: receipts of older versions still answer their retries.
+    fields = {name: getattr(commit, name) for name in _HASHED}
+    fields["token"] = 0
     if commit.drop_checkpoints:
-        body = msgspec.json.encode(msgspec.structs.replace(commit, token=0), order="sorted")
-    else:
-        # A commit that drops nothing hashes as it did before ``drop_checkpoints`` existed,
-        # so receipts recorded by an older version still answer their retries.
-        fields = msgspec.to_builtins(msgspec.structs.replace(commit, token=0))
-        del fields["drop_checkpoints"]
-        body = msgspec.json.encode(fields, order="sorted")
-    return hashlib.sha256(body).hexdigest()
+        fields["drop_checkpoints"] = commit.drop_checkpoints
+    return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).hexdigest()
 
 
 # ------------------------------------------------------------------------ state

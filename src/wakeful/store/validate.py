@@ -13,7 +13,8 @@ stored, so every reader (the stores' decoders, the HTTP API's serializer) can re
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any, TypeVar
 
 import msgspec
@@ -59,13 +60,14 @@ class _Refused(Exception):
 
 
 _SCALARS = (str, int, bool, type(None))
+_TOO_DEEP = f"nests deeper than {MAX_JSON_DEPTH} arrays/objects (the limit)"
 
 
 def _scan(value: Any, depth: int) -> None:
     kind = type(value)
     if kind is dict or kind is list or kind is tuple:
         if depth >= MAX_JSON_DEPTH:
-            raise _Refused(f"nests deeper than {MAX_JSON_DEPTH} arrays/objects (the limit)")
+            raise _Refused(_TOO_DEEP)
         for item in value.values() if kind is dict else value:
             if type(item) not in _SCALARS:  # most items: skip the call
                 _scan(item, depth + 1)
@@ -110,14 +112,169 @@ def json_roundtrip(field: str, value: T, type_: type[T], limit: int) -> T:
         raise InvalidInput(field, str(exc)) from None
 
 
-def check_commit(thread_id: str, commit: Commit) -> Commit:
-    """Validate a commit's shape and ids; returns the detached copy."""
+class _Parts(msgspec.Struct, kw_only=True):
+    """The parts of a commit's JSON that the stores write, as the exact bytes encoded."""
+
+    checkpoint: msgspec.Raw = msgspec.Raw(b"null")
+    writes: tuple[msgspec.Raw, ...] = ()
+    events: tuple[msgspec.Raw, ...] = ()
+    messages: tuple[msgspec.Raw, ...] = ()
+    outbox: tuple[msgspec.Raw, ...] = ()
+
+
+class _Data(msgspec.Struct):
+    data: msgspec.Raw
+
+
+class _Payload(msgspec.Struct):
+    payload: msgspec.Raw
+
+
+_COMMIT = msgspec.json.Decoder(Commit)
+_PARTS = msgspec.json.Decoder(_Parts)
+_DATA = msgspec.json.Decoder(_Data)
+_PAYLOAD = msgspec.json.Decoder(_Payload)
+_STREAM = msgspec.json.Decoder(StreamCheckpoint)
+_encode = msgspec.json.Encoder().encode
+
+
+def _text(raw: msgspec.Raw) -> str:
+    return str(memoryview(raw), "utf-8")
+
+
+class EncodedCommit:
+    """A checked commit and its one JSON encoding.
+
+    ``commit`` is the detached, validated copy (decoded from ``body``); the ``*_texts``
+    methods give the JSON text of its parts cut from ``body``, the very bytes a reader
+    decodes, so no store encodes a commit's values a second time."""
+
+    __slots__ = ("_parts", "body", "commit")
+
+    def __init__(self, commit: Commit, body: bytes) -> None:
+        self.commit = commit
+        self.body = body
+        self._parts: _Parts | None = None
+
+    def with_token(self, token: int) -> EncodedCommit:
+        """The same commit under ``token`` (``claim_and_commit``'s granted claim). The
+        token is the encoding's first member: ``{"token":N,...``."""
+        rest = self.body[self.body.index(b",") :]
+        body = b'{"token":' + str(token).encode() + rest
+        return EncodedCommit(msgspec.structs.replace(self.commit, token=token), body)
+
+    @property
+    def parts(self) -> _Parts:
+        if self._parts is None:
+            self._parts = _PARTS.decode(self.body)
+        return self._parts
+
+    def checkpoint_text(self) -> str | None:
+        return None if self.commit.checkpoint is None else _text(self.parts.checkpoint)
+
+    def write_texts(self) -> list[str]:
+        return [_text(raw) for raw in self.parts.writes]
+
+    def event_texts(self) -> list[str]:
+        return [_text(raw) for raw in self.parts.events]
+
+    def event_data_texts(self) -> list[str]:
+        """Each event's ``data`` alone."""
+        return [_text(_DATA.decode(raw).data) for raw in self.parts.events]
+
+    def message_texts(self) -> list[str]:
+        return [_text(raw) for raw in self.parts.messages]
+
+    def outbox_texts(self) -> list[str]:
+        return [_text(raw) for raw in self.parts.outbox]
+
+    def outbox_payload_texts(self) -> list[str]:
+        """Each outbox entry's ``payload`` alone."""
+        return [_text(_PAYLOAD.decode(raw).payload) for raw in self.parts.outbox]
+
+
+Values = Callable[[Any], Iterator[tuple[str, Any]]]
+"""The free-form JSON values of a record, named for an error message."""
+
+
+def _encoded(field: str, value: Any, limit: int, values: Values) -> bytes:
+    """``value``'s JSON, at most ``limit`` bytes. On a refusal the scan of its free-form
+    ``values`` speaks first, as it always did (a NaN is named before the size)."""
+    try:
+        body = _encode(value)
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        _scan_all(values(value))
+        if isinstance(exc, RecursionError):
+            raise InvalidInput(
+                field, f"nests deeper than {MAX_JSON_DEPTH} arrays/objects"
+            ) from None
+        raise InvalidInput(field, f"is not JSON-encodable: {exc}") from None
+    if len(body) > limit:
+        _scan_all(values(value))
+        raise InvalidInput(field, f"is {len(body)} bytes as JSON; the limit is {limit}")
+    return body
+
+
+def _scan_all(values: Iterator[tuple[str, Any]]) -> None:
+    for field, value in values:
+        check_json(field, value)
+
+
+def _decoded(
+    field: str, body: bytes, decoder: msgspec.json.Decoder[T], original: T, values: Values
+) -> T:
+    """``body`` decoded (the detached, typed copy), with the JSON values checked: when the
+    copy equals ``original`` (a C-level comparison) nothing was changed by the encoding, so
+    it held no NaN or infinity (written as ``null``), and only the depth is left to check,
+    on the copy (plain lists and dicts); otherwise the values are scanned as given."""
+    try:
+        copy = decoder.decode(body)
+    except (msgspec.ValidationError, RecursionError) as exc:
+        _scan_all(values(original))
+        problem = _TOO_DEEP if isinstance(exc, RecursionError) else str(exc)
+        raise InvalidInput(field, problem) from None
+    try:
+        same = copy == original
+    except Exception:  # far too deep (the scan says so), or a value's own __eq__ failed
+        same = False
+    if not same:
+        _scan_all(values(original))
+    elif len(body) > _FEW_BRACKETS or body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH:
+        for name, value in values(copy):
+            if not _shallow(value):
+                raise InvalidInput(name, _TOO_DEEP)
+    return copy
+
+
+def _shallow(value: Any) -> bool:
+    """Whether ``value`` (decoded JSON: dicts, lists, scalars) nests at most
+    ``MAX_JSON_DEPTH`` arrays/objects: level by level, each a list of the one above's
+    items (no call per container, as ``_scan`` makes)."""
+    level = [value]
+    for _ in range(MAX_JSON_DEPTH + 1):
+        level = [
+            item
+            for node in level
+            if type(node) is dict or type(node) is list
+            for item in (node.values() if type(node) is dict else node)
+        ]
+        if not level:
+            return True
+    return False
+
+
+_FEW_BRACKETS = 16 * 1024
+"""A body up to this size is first searched for brackets: with at most ``MAX_JSON_DEPTH``
+of them (a small commit's usual case), nothing in it can nest deeper."""
+
+
+def encode_commit(thread_id: str, commit: Commit) -> EncodedCommit:
+    """Validate a commit's shape and ids; returns the detached copy with its encoding."""
     check_id("thread_id", thread_id)
     if not isinstance(commit, Commit):
         raise InvalidInput("commit", f"must be a Commit, got {type(commit).__name__}")
-    for field, value in _commit_values(commit):
-        check_json(field, value)
-    copy = json_roundtrip("commit", commit, Commit, MAX_COMMIT_BYTES)
+    body = _encoded("commit", commit, MAX_COMMIT_BYTES, _commit_values)
+    copy = _decoded("commit", body, _COMMIT, commit, _commit_values)
     check_optional_id("operation_id", copy.operation_id)
     if copy.expected_version is not None and copy.expected_version < 0:
         raise InvalidInput("expected_version", "must be >= 0")
@@ -154,7 +311,12 @@ def check_commit(thread_id: str, commit: Commit) -> Commit:
         check_id("drop_checkpoints", checkpoint_id)
     if len(set(copy.drop_checkpoints)) != len(copy.drop_checkpoints):
         raise InvalidInput("drop_checkpoints", "names a checkpoint more than once")
-    return copy
+    return EncodedCommit(copy, body)
+
+
+def check_commit(thread_id: str, commit: Commit) -> Commit:
+    """Validate a commit's shape and ids; returns the detached copy."""
+    return encode_commit(thread_id, commit).commit
 
 
 def drop_refusal(checkpoint_id: str, resulting: str | None) -> str:
@@ -192,8 +354,16 @@ def check_claim_and_commit(
 ) -> tuple[float, Commit]:
     """``claim_and_commit``'s arguments: the checked ttl and the detached commit (whose
     token the store ignores: the claim it grants supplies it)."""
+    ttl, encoded = encode_claim_and_commit(thread_id, holder, ttl, commit)
+    return ttl, encoded.commit
+
+
+def encode_claim_and_commit(
+    thread_id: str, holder: str, ttl: float, commit: Commit
+) -> tuple[float, EncodedCommit]:
+    """``check_claim_and_commit`` with the commit's encoding."""
     check_id("holder", holder)
-    return check_seconds("ttl", ttl), check_commit(thread_id, commit)
+    return check_seconds("ttl", ttl), encode_commit(thread_id, commit)
 
 
 def check_outcome(outcome: object) -> tuple[str, float, str | None]:
@@ -229,23 +399,61 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
     return copy
 
 
-def check_stream_checkpoint(checkpoint: StreamCheckpoint) -> StreamCheckpoint:
+def _stream_values(checkpoint: StreamCheckpoint) -> Iterator[tuple[str, Any]]:
+    yield "tool_calls", checkpoint.tool_calls
+    yield "in_flight_tool", checkpoint.in_flight_tool
+
+
+class EncodedStreamCheckpoint:
+    """A checked stream checkpoint and its one JSON encoding (``body``, what is stored)."""
+
+    __slots__ = ("body", "checkpoint")
+
+    def __init__(self, checkpoint: StreamCheckpoint, body: bytes) -> None:
+        self.checkpoint = checkpoint
+        self.body = body
+
+    def stamped(self, at: datetime) -> EncodedStreamCheckpoint:
+        """With ``updated_at`` set to ``at`` unless the caller set it. Only ``task_id`` and
+        ``message_id`` (a string or null each, whose text cannot hold an unescaped quote)
+        follow ``updated_at`` in the encoding, so its last ``"updated_at":null,"task_id":``
+        is the member itself."""
+        if self.checkpoint.updated_at is not None:
+            return self
+        cut = self.body.rindex(_UNSTAMPED)
+        body = b"".join(
+            (self.body[:cut], b'"updated_at":', _encode(at), self.body[cut + _NULL_AT :])
+        )
+        return EncodedStreamCheckpoint(
+            msgspec.structs.replace(self.checkpoint, updated_at=at), body
+        )
+
+
+_UNSTAMPED = b'"updated_at":null,"task_id":'
+_NULL_AT = len(b'"updated_at":null')
+
+
+def encode_stream_checkpoint(checkpoint: StreamCheckpoint) -> EncodedStreamCheckpoint:
+    """Validate a stream checkpoint; returns the detached copy with its encoding."""
     if not isinstance(checkpoint, StreamCheckpoint):
         raise InvalidInput(
             "checkpoint", f"must be a StreamCheckpoint, got {type(checkpoint).__name__}"
         )
-    check_json("tool_calls", checkpoint.tool_calls)
-    check_json("in_flight_tool", checkpoint.in_flight_tool)
-    copy = json_roundtrip(
-        "stream checkpoint", checkpoint, StreamCheckpoint, MAX_STREAM_CHECKPOINT_BYTES
-    )
+    field = "stream checkpoint"
+    body = _encoded(field, checkpoint, MAX_STREAM_CHECKPOINT_BYTES, _stream_values)
+    copy = _decoded(field, body, _STREAM, checkpoint, _stream_values)
     check_id("run_id", copy.run_id)
     check_id("thread_id", copy.thread_id)
     check_text("model", copy.model)
     check_optional_id("task_id", copy.task_id)
     if copy.updated_at is not None:
         check_aware("updated_at", copy.updated_at)
-    return copy
+    return EncodedStreamCheckpoint(copy, body)
+
+
+def check_stream_checkpoint(checkpoint: StreamCheckpoint) -> StreamCheckpoint:
+    """Validate a stream checkpoint; returns the detached copy."""
+    return encode_stream_checkpoint(checkpoint).checkpoint
 
 
 def discards(saved: StreamCheckpoint | None, task_id: str, token: int) -> bool:

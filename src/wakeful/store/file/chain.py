@@ -25,11 +25,13 @@ import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import msgspec
 
+from wakeful.records import Claim, Receipt
 from wakeful.store.file.codec import FRAME_OVERHEAD, frame
-from wakeful.store.projection import Mutation
+from wakeful.store.projection import Committed, Mutation, Settled
 from wakeful.store.validate import MAX_COMMIT_BYTES
 
 GENESIS = "0" * 32
@@ -93,6 +95,33 @@ def link(*parts: bytes) -> str:
 def encode_mutation(record: Mutation) -> bytes:
     """The JSON of one mutation: what the store hands to the log writer."""
     return _ENCODER.encode(record)
+
+
+class _CommittedWire(msgspec.Struct, frozen=True, tag="committed"):
+    """``Committed`` as written, its commit given as its checked encoding (the same fields
+    in the same order: the same bytes)."""
+
+    thread_id: str
+    commit: msgspec.Raw
+    receipt: Receipt
+    payload_hash: str
+    at: datetime
+    claim: Claim | None = None
+    settled: Settled | None = None
+
+
+def encode_committed(record: Committed, commit_body: bytes) -> bytes:
+    """``encode_mutation(record)``, given ``commit_body``, the JSON of ``record.commit``."""
+    wire = _CommittedWire(
+        record.thread_id,
+        msgspec.Raw(commit_body),
+        record.receipt,
+        record.payload_hash,
+        record.at,
+        record.claim,
+        record.settled,
+    )
+    return _ENCODER.encode(wire)
 
 
 def split_writes(bodies: Sequence[bytes]) -> list[Sequence[bytes]]:

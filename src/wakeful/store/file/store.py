@@ -30,7 +30,7 @@ from pathlib import Path
 
 from wakeful.clock import Clock
 from wakeful.errors import StoreUnavailable
-from wakeful.store.file.chain import encode_mutation
+from wakeful.store.file.chain import encode_committed, encode_mutation
 from wakeful.store.file.codec import STREAM_DIR
 from wakeful.store.file.iothread import IOThread
 from wakeful.store.file.lock import RootLock
@@ -39,7 +39,7 @@ from wakeful.store.file.snapshot import encode_state
 from wakeful.store.file.stream import FileStreamCheckpoints
 from wakeful.store.memory import InjectedCrash
 from wakeful.store.projected import ProjectedStore
-from wakeful.store.projection import Mutation, State
+from wakeful.store.projection import Committed, Mutation, State
 
 logger = logging.getLogger("wakeful.store.file")
 
@@ -188,9 +188,14 @@ class FileStore(ProjectedStore):
         return state
 
     async def _persist(self, record: Mutation) -> None:
+        await self._enqueue(encode_mutation(record))
+
+    async def _persist_commit(self, record: Committed, commit_body: bytes) -> None:
+        await self._enqueue(encode_committed(record, commit_body))
+
+    async def _enqueue(self, body: bytes) -> None:
         # This runs right after the record was applied, before any other task: the pending
         # order is the apply order, which is the order replay needs.
-        body = encode_mutation(record)
         # A live flusher runs on the running loop (one store serves one loop: its wake-up
         # event binds to it), so its loop spares a get_running_loop (a getpid system call).
         flusher = self._flusher

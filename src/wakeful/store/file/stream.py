@@ -32,7 +32,7 @@ from wakeful.records import StreamCheckpoint
 from wakeful.store.file.codec import TMP_SUFFIX
 from wakeful.store.file.fsutil import fsync_dir, write_synced
 from wakeful.store.projected import ProjectedStore
-from wakeful.store.validate import check_discard, check_stream_checkpoint, discards
+from wakeful.store.validate import check_discard, discards, encode_stream_checkpoint
 
 logger = logging.getLogger("wakeful.store.file")
 
@@ -44,6 +44,14 @@ class _File(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     format: str
     version: int
     checkpoint: StreamCheckpoint
+
+
+class _Written(msgspec.Struct, kw_only=True):
+    """``_File`` as written: the checkpoint is its checked encoding."""
+
+    format: str
+    version: int
+    checkpoint: msgspec.Raw
 
 
 _DECODER = msgspec.json.Decoder(_File)
@@ -82,10 +90,11 @@ class FileStreamCheckpoints:
 
     async def put(self, checkpoint: StreamCheckpoint) -> None:
         try:
-            copy = check_stream_checkpoint(checkpoint)
+            encoded = encode_stream_checkpoint(checkpoint)
         except WakefulError as exc:
             run_id = getattr(checkpoint, "run_id", "?")
             raise StreamCheckpointError(str(run_id)[:40], "invalid", str(exc)) from exc
+        copy = encoded.checkpoint
         path = self._path(copy.run_id)
         async with self._run_lock(copy.run_id):
             try:
@@ -98,9 +107,10 @@ class FileStreamCheckpoints:
                     "stale",
                     f"token {copy.token} is not the current claim of thread {copy.thread_id!r}",
                 )
-            if copy.updated_at is None:
-                copy = msgspec.structs.replace(copy, updated_at=self._store.now())
-            data = msgspec.json.encode(_File(format=FORMAT, version=VERSION, checkpoint=copy))
+            body = encoded.stamped(self._store.now()).body
+            data = msgspec.json.encode(
+                _Written(format=FORMAT, version=VERSION, checkpoint=msgspec.Raw(body))
+            )
             self._inflight[copy.run_id] = copy.thread_id
             try:
                 await asyncio.to_thread(_replace, path, data + b"\n")

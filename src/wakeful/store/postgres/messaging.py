@@ -20,7 +20,11 @@ from wakeful.ids import check_count, check_id
 from wakeful.records import InboxMessage, StreamCheckpoint
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.connection import Database, big, utc
-from wakeful.store.validate import check_discard, check_stream_checkpoint
+from wakeful.store.validate import (
+    EncodedStreamCheckpoint,
+    check_discard,
+    encode_stream_checkpoint,
+)
 
 _INBOX = """
 SELECT message_id, correlation_id, payload, revision, at, source_thread
@@ -92,7 +96,7 @@ class PostgresStreamCheckpoints:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._queue: list[tuple[StreamCheckpoint, asyncio.Future[bool]]] = []
+        self._queue: list[tuple[EncodedStreamCheckpoint, asyncio.Future[bool]]] = []
         self._discards: list[tuple[tuple[str, str, int, int], asyncio.Future[None]]] = []
         """(run id, task id, token, the puts queued before it), in arrival order."""
         self._puts_queued = 0
@@ -121,15 +125,16 @@ class PostgresStreamCheckpoints:
 
     async def put(self, checkpoint: StreamCheckpoint) -> None:
         try:
-            copy = check_stream_checkpoint(checkpoint)
+            encoded = encode_stream_checkpoint(checkpoint)
         except WakefulError as exc:
             raise StreamCheckpointError(
                 getattr(checkpoint, "run_id", "?"), "invalid", str(exc)
             ) from exc
+        copy = encoded.checkpoint
         if self._db.closed:
             raise StreamCheckpointError(copy.run_id, "storage", "the store is closed")
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.append((copy, done))
+        self._queue.append((encoded, done))
         self._puts_queued += 1
         self._start_writer()
         try:
@@ -173,12 +178,12 @@ class PostgresStreamCheckpoints:
     async def _write_puts(self) -> None:
         batch, self._queue = self._queue[:MAX_PUTS], self._queue[MAX_PUTS:]
         self._puts_written += len(batch)
-        rows = [c for c, _ in batch]
+        rows = [e.checkpoint for e, _ in batch]
         params = (
             [c.run_id for c in rows],
             [c.thread_id for c in rows],
             [big(c.token) for c in rows],
-            [codec.text(c) for c in rows],
+            [str(e.body, "utf-8") for e, _ in batch],
             [c.updated_at for c in rows],
         )
         try:

@@ -39,12 +39,13 @@ from wakeful.store.postgres.renewals import GroupRenew
 from wakeful.store.projection import payload_hash
 from wakeful.store.segments import join_adjacent
 from wakeful.store.validate import (
-    check_claim_and_commit,
-    check_commit,
+    EncodedCommit,
     check_outcome,
     check_policy,
     check_token,
     drop_refusal,
+    encode_claim_and_commit,
+    encode_commit,
 )
 
 T = TypeVar("T")
@@ -163,8 +164,10 @@ def _columns(items: Sequence[T], *parts: Callable[[T], object]) -> tuple[list[ob
     return tuple(_column(items, part) for part in parts)
 
 
-def _commit_params(commit: Commit) -> tuple[object, ...]:
-    """The parameters of a checked commit after its thread and token (``_COMMIT_ARGS``)."""
+def _commit_params(encoded: EncodedCommit) -> tuple[object, ...]:
+    """The parameters of a checked commit after its thread and token (``_COMMIT_ARGS``);
+    the JSON bodies are cut from the commit's one encoding."""
+    commit = encoded.commit
     cp = commit.checkpoint
     status: str | None = None
     delay: float | None = None
@@ -182,17 +185,20 @@ def _commit_params(commit: Commit) -> tuple[object, ...]:
         cp.parent if cp else None,
         cp.tenant if cp else None,
         cp.status if cp else None,
-        codec.text(cp) if cp else None,
-        *_columns(commit.writes, lambda w: w.task_id, lambda w: w.checkpoint_id, codec.text),
-        _column(commit.events, codec.text),
-        *_columns(commit.messages, lambda m: m.id, codec.text),
+        encoded.checkpoint_text(),
+        _column(commit.writes, lambda w: w.task_id),
+        _column(commit.writes, lambda w: w.checkpoint_id),
+        encoded.write_texts() or None,
+        encoded.event_texts() or None,
+        _column(commit.messages, lambda m: m.id),
+        encoded.message_texts() or None,
         *_columns(
             commit.outbox,
             lambda o: o.message_id,
             lambda o: o.target_thread,
             lambda o: o.correlation_id,
-            lambda o: codec.text(o.payload),
         ),
+        encoded.outbox_payload_texts() or None,
         list(commit.consume) or None,
         commit.release,
         commit.settle.dispatch_id if commit.settle is not None else None,
@@ -248,8 +254,9 @@ class ThreadOps:
     # ------------------------------------------------------------ commits
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
-        commit = check_commit(thread_id, commit)
-        params = (thread_id, big(commit.token), *_commit_params(commit))
+        encoded = encode_commit(thread_id, commit)
+        commit = encoded.commit
+        params = (thread_id, big(commit.token), *_commit_params(encoded))
         replayed, version, checkpoint_id, first, count = await self._write(
             COMMIT, params, thread_id, commit
         )
@@ -261,8 +268,9 @@ class ThreadOps:
         self, thread_id: str, holder: str, ttl: float, commit: Commit
     ) -> tuple[Claim, Receipt]:
         # commit.token is ignored; the payload hash never covers the token
-        ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
-        params = (thread_id, holder, ttl, *_commit_params(commit))
+        ttl, encoded = encode_claim_and_commit(thread_id, holder, ttl, commit)
+        commit = encoded.commit
+        params = (thread_id, holder, ttl, *_commit_params(encoded))
         row = await self._write(_CLAIM_AND_COMMIT, params, thread_id, commit)
         token, expires, replayed, version, checkpoint_id, first, count = row
         if count and not replayed:

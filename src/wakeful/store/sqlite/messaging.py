@@ -11,13 +11,11 @@ from __future__ import annotations
 import sqlite3
 from datetime import datetime
 
-import msgspec
-
 from wakeful.records import Dispatch, InboxMessage, StreamCheckpoint
 from wakeful.store.projected import message_dispatch_id
 from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.codec import OUTBOX_ENTRY, STREAM_CHECKPOINT, dumps
-from wakeful.store.validate import discards
+from wakeful.store.validate import EncodedStreamCheckpoint, discards
 
 
 def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int | None:
@@ -82,25 +80,25 @@ def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int 
 
 
 def put_stream_checkpoints(
-    conn: sqlite3.Connection, now: datetime, checkpoints: list[StreamCheckpoint]
+    conn: sqlite3.Connection, now: datetime, checkpoints: list[EncodedStreamCheckpoint]
 ) -> list[bool]:
     """Store each checkpoint if its token is its thread's current claim (fenced puts, in
     order; ``updated_at`` defaults to ``now``); whether each was stored."""
     stored: list[bool] = []
-    for checkpoint in checkpoints:
+    for encoded in checkpoints:
+        checkpoint = encoded.checkpoint
         row = conn.execute(
             "SELECT token FROM threads WHERE thread_id = ?", (checkpoint.thread_id,)
         ).fetchone()
         if row is None or row[0] is None or row[0] != checkpoint.token:
             stored.append(False)
             continue
-        if checkpoint.updated_at is None:
-            checkpoint = msgspec.structs.replace(checkpoint, updated_at=now)
+        body = encoded.stamped(now).body.decode()
         conn.execute(
             "INSERT INTO stream_checkpoints (run_id, thread_id, body) VALUES (?, ?, ?) "
             "ON CONFLICT (run_id) DO UPDATE "
             "SET thread_id = excluded.thread_id, body = excluded.body",
-            (checkpoint.run_id, checkpoint.thread_id, dumps(checkpoint)),
+            (checkpoint.run_id, checkpoint.thread_id, body),
         )
         stored.append(True)
     return stored

@@ -50,17 +50,18 @@ from wakeful.store.sqlite import messaging, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
 from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
-    check_claim_and_commit,
-    check_commit,
+    EncodedStreamCheckpoint,
     check_depth_limit,
     check_discard,
     check_dispatch,
     check_listing,
     check_outcome,
     check_policy,
-    check_stream_checkpoint,
     check_text,
     check_token,
+    encode_claim_and_commit,
+    encode_commit,
+    encode_stream_checkpoint,
 )
 
 T = TypeVar("T")
@@ -146,20 +147,20 @@ class SqliteStore:
     # ------------------------------------------------------------ commits
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
-        commit = check_commit(thread_id, commit)
-        receipt = await self._write(lambda c, now: threads.commit(c, now, thread_id, commit))
-        if commit.events:
+        encoded = encode_commit(thread_id, commit)
+        receipt = await self._write(lambda c, now: threads.commit(c, now, thread_id, encoded))
+        if encoded.commit.events:
             self._watcher.notify(thread_id)
         return receipt
 
     async def claim_and_commit(
         self, thread_id: str, holder: str, ttl: float, commit: Commit
     ) -> tuple[Claim, Receipt]:
-        ttl, commit = check_claim_and_commit(thread_id, holder, ttl, commit)
+        ttl, encoded = encode_claim_and_commit(thread_id, holder, ttl, commit)
         claim, receipt = await self._write(
-            lambda c, now: threads.claim_and_commit(c, now, thread_id, holder, ttl, commit)
+            lambda c, now: threads.claim_and_commit(c, now, thread_id, holder, ttl, encoded)
         )
-        if commit.events:
+        if encoded.commit.events:
             self._watcher.notify(thread_id)
         return claim, receipt
 
@@ -376,7 +377,7 @@ class SqliteStreamCheckpoints:
 
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
-        self._queue: list[tuple[StreamCheckpoint, asyncio.Future[bool]]] = []
+        self._queue: list[tuple[EncodedStreamCheckpoint, asyncio.Future[bool]]] = []
         self._writer: BackgroundTask | None = None
         self.batches = 0
         """Write jobs that stored puts (for tests and benchmarks)."""
@@ -392,15 +393,16 @@ class SqliteStreamCheckpoints:
 
     async def put(self, checkpoint: StreamCheckpoint) -> None:
         try:
-            copy = check_stream_checkpoint(checkpoint)
+            encoded = encode_stream_checkpoint(checkpoint)
         except WakefulError as exc:
             raise StreamCheckpointError(
                 getattr(checkpoint, "run_id", "?"), "invalid", str(exc)
             ) from exc
+        copy = encoded.checkpoint
         if self._store._closed:
             raise StreamCheckpointError(copy.run_id, "storage", "the store is closed")
         done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.append((copy, done))
+        self._queue.append((encoded, done))
         if self._writer is None or not self._writer.running:
             self._writer = BackgroundTask("wakeful-sqlite-stream-puts", self._write)
             self._writer.start()

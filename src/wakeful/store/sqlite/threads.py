@@ -12,8 +12,6 @@ import sqlite3
 from datetime import datetime, timedelta
 from typing import Any
 
-import msgspec
-
 from wakeful.errors import (
     InvalidCommit,
     OperationConflict,
@@ -29,7 +27,7 @@ from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.claims import advance_epoch, end_claim, grant_claim
 from wakeful.store.sqlite.codec import RECEIPT, dumps, from_us, to_us
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
-from wakeful.store.validate import drop_refusal
+from wakeful.store.validate import EncodedCommit, drop_refusal
 
 
 def _check_free(
@@ -120,8 +118,11 @@ _RECORDED_UNDER_EPOCH = (
 )
 
 
-def commit(conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit) -> Receipt:
+def commit(
+    conn: sqlite3.Connection, now: datetime, thread_id: str, encoded: EncodedCommit
+) -> Receipt:
     """Apply a validated commit; the checks in the contract's order (``ThreadStore.commit``)."""
+    c = encoded.commit
     new_id = c.checkpoint.id if c.checkpoint is not None else None
     row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id, c.operation_id)).fetchone()
     # 1. fencing, always first
@@ -134,14 +135,20 @@ def commit(conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit) -
             if recorded is not None and recorded[0] == payload_hash(c):
                 return RECEIPT.decode(recorded[1])
         raise StaleClaim(thread_id, c.token, current)
-    return _apply(conn, now, thread_id, c, row)
+    return _apply(conn, now, thread_id, encoded, row)
 
 
 def claim_and_commit(
-    conn: sqlite3.Connection, now: datetime, thread_id: str, holder: str, ttl: float, c: Commit
+    conn: sqlite3.Connection,
+    now: datetime,
+    thread_id: str,
+    holder: str,
+    ttl: float,
+    encoded: EncodedCommit,
 ) -> tuple[Claim, Receipt]:
     """``claim``, then ``commit`` under the granted token (``c.token`` is ignored). Runs as
     one write job: a refused commit raises, which rolls the claim back with it."""
+    c = encoded.commit
     new_id = c.checkpoint.id if c.checkpoint is not None else None
     row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id, c.operation_id)).fetchone()
     if row is not None:
@@ -150,17 +157,22 @@ def claim_and_commit(
             _check_checkpoint_tenant(thread_id, c.checkpoint.tenant, row[1], row[2])
         _check_free(thread_id, now, row[9], row[0], row[10], row[3])
     granted = grant_claim(conn, thread_id, holder, now + timedelta(seconds=ttl))
-    c = msgspec.structs.replace(c, token=granted.token)
     # The row as the grant left it: the new token, everything else unchanged.
     thread = (granted.token, *(_NEW_THREAD if row is None else row)[1:])
-    return granted, _apply(conn, now, thread_id, c, thread)
+    return granted, _apply(conn, now, thread_id, encoded.with_token(granted.token), thread)
 
 
 def _apply(
-    conn: sqlite3.Connection, now: datetime, thread_id: str, c: Commit, row: tuple[Any, ...]
+    conn: sqlite3.Connection,
+    now: datetime,
+    thread_id: str,
+    encoded: EncodedCommit,
+    row: tuple[Any, ...],
 ) -> Receipt:
     """Steps 2-5 of ``commit`` for the holder of ``c.token``, then everything applies.
-    ``row`` is what ``_THREAD_FOR_COMMIT`` read (the token as the caller's claim has it)."""
+    ``row`` is what ``_THREAD_FOR_COMMIT`` read (the token as the caller's claim has it).
+    The JSON bodies are cut from the commit's one encoding."""
+    c = encoded.commit
     _, version, tenant, latest, latest_pos, next_seq, message_count, write_count, used = row[:9]
     # 2. a retried operation
     digest = ""
@@ -188,7 +200,9 @@ def _apply(
     if c.checkpoint is not None:
         latest_pos += 1
         status = c.checkpoint.status
-        _insert_checkpoint(conn, thread_id, latest_pos, c.checkpoint, at, row[11:14])
+        body = encoded.checkpoint_text()
+        assert body is not None
+        _insert_checkpoint(conn, thread_id, latest_pos, c.checkpoint, body, at, row[11:14])
         if write_count:
             conn.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
         write_count = 0
@@ -201,7 +215,10 @@ def _apply(
         write_count += len(c.writes)
         conn.executemany(
             "INSERT INTO pending_writes (thread_id, task_id, body) VALUES (?, ?, ?)",
-            [(thread_id, w.task_id, dumps(w)) for w in c.writes],
+            [
+                (thread_id, w.task_id, body)
+                for w, body in zip(c.writes, encoded.write_texts(), strict=True)
+            ],
         )
     seqs = tuple(range(next_seq, next_seq + len(c.events)))
     if c.events:
@@ -209,20 +226,26 @@ def _apply(
             "INSERT INTO events (thread_id, seq, at, type, data, run_id, checkpoint_id, task_id) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (thread_id, seq, at, e.type, dumps(e.data), e.run_id, e.checkpoint_id, e.task_id)
-                for seq, e in zip(seqs, c.events, strict=True)
+                (thread_id, seq, at, e.type, data, e.run_id, e.checkpoint_id, e.task_id)
+                for seq, e, data in zip(seqs, c.events, encoded.event_data_texts(), strict=True)
             ],
         )
     if c.messages:
         conn.executemany(
             "INSERT INTO messages (thread_id, pos, message_id, body) VALUES (?, ?, ?, ?)",
-            [(thread_id, message_count + i, m.id, dumps(m)) for i, m in enumerate(c.messages)],
+            [
+                (thread_id, message_count + i, m.id, body)
+                for i, (m, body) in enumerate(zip(c.messages, encoded.message_texts(), strict=True))
+            ],
         )
     if c.outbox:
         conn.executemany(
             "INSERT INTO outbox (source_thread, target_thread, message_id, body, at) "
             "VALUES (?, ?, ?, ?, ?)",
-            [(thread_id, e.target_thread, e.message_id, dumps(e), at) for e in c.outbox],
+            [
+                (thread_id, e.target_thread, e.message_id, body, at)
+                for e, body in zip(c.outbox, encoded.outbox_texts(), strict=True)
+            ],
         )
     if c.consume:
         conn.executemany(
@@ -411,12 +434,14 @@ def _insert_checkpoint(
     thread_id: str,
     pos: int,
     cp: Checkpoint,
+    body: str,
     at: int,
     before: tuple[Any, ...],
 ) -> None:
-    """Insert ``cp`` at ``pos`` with its run segment columns (migration 0005): it continues
-    the segment of the checkpoint before it when both have its run id. ``before`` is that
-    checkpoint's ``(run_id, seg_first, ordinal)``, all None when the thread has none."""
+    """Insert ``cp`` (its JSON: ``body``) at ``pos`` with its run segment columns (migration
+    0005): it continues the segment of the checkpoint before it when both have its run id.
+    ``before`` is that checkpoint's ``(run_id, seg_first, ordinal)``, all None when the
+    thread has none."""
     run_id, before_first, before_ordinal = before
     seg_first = before_first if before_ordinal is not None and run_id == cp.run_id else pos
     ordinal = before_ordinal + 1 if before_ordinal is not None else 1
@@ -428,7 +453,7 @@ def _insert_checkpoint(
             pos,
             cp.id,
             at,
-            dumps(cp),
+            body,
             cp.run_id,
             cp.status,
             graph_of(cp),
