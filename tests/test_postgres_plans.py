@@ -16,6 +16,7 @@ from tests.postgres_support import SCHEMA, Databases
 from wakeful.records import Checkpoint, Commit, Done, EventDraft, Settle
 from wakeful.store.postgres.group import COMMIT_MANY, batch_params
 from wakeful.store.postgres.threads import _STRETCHES, _commit_params
+from wakeful.store.validate import encode_commit
 
 pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -220,7 +221,7 @@ async def test_commit_many_probes_by_key_in_both_of_its_statements(
                     operation_id="op", release=release,
                     settle=None if release else Settle(dispatch_id="d1", outcome=Done()),
                 )  # fmt: skip
-                params = batch_params([(thread, 1, *_commit_params(commit))])
+                params = batch_params([(thread, 1, *_commit_params(encode_commit(thread, commit)))])
                 plans = _plans_with(conn, many, params)
                 assert "Index Scan using threads_pkey" in plans, plans
                 assert "Index Scan using receipts_pkey" in plans, plans

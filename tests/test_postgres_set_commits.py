@@ -348,11 +348,11 @@ async def test_a_version_11_process_keeps_its_commit_many_call_across_migration_
 
         def batch(rows: list[Any], stale: bool = False) -> list[object]:
             commits = [
-                (t, tok + int(stale), *_commit_params(Commit(
+                (t, tok + int(stale), *_commit_params(encode_commit(t, Commit(
                     token=tok + int(stale), checkpoint=_cp(f"{t}-1", None),
                     events=_events("done"), operation_id=f"op-{t}",
                     settle=Settle(dispatch_id=d, outcome=Done()),
-                )))
+                ))))
                 for t, tok, d in sorted(rows)
             ]  # fmt: skip
             return batch_params(commits)
