@@ -372,13 +372,13 @@ async def test_a_put_batch_locks_its_threads_in_thread_id_order(
     N = 1,000 once renewals and saves fell on the same slots: a second per deadlock)."""
     store = await open_test_store(await pg_databases.clone(), pool_size=4)
     sent: list[list[str]] = []
-    db = store.stream_checkpoints._db  # type: ignore[attr-defined]
+    db: Any = store.stream_checkpoints._db
     fetchall = db.fetchall
 
-    async def recording(query: str, params: Any = None) -> Any:
+    async def recording(query: str, params: Any = None, **kwargs: Any) -> Any:
         if "put_stream_checkpoint" in query:
             sent.append(list(params[1]))
-        return await fetchall(query, params)
+        return await fetchall(query, params, **kwargs)
 
     db.fetchall = recording
     try:
