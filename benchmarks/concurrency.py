@@ -10,7 +10,9 @@ dispatches with concurrency N. Reported per store and N: wall time against the i
 stream's length), worker CPU against the baseline's, peak RSS against the baseline's + 40 KB
 a run, event-loop lag p99 (a 10 ms ticker's overshoot), transactions per second (PostgreSQL:
 the database's ``xact_commit``; SQLite: the store's write transactions, each holding a group
-of writes), and how many runs ended exactly once (one ``run.completed``, the full reply, no
+of writes), where the wall's overshoot goes (``last start``: from the worker's start to the
+last run's model stream starting; ``tail``: from the last delta of any stream to the last run
+ended), and how many runs ended exactly once (one ``run.completed``, the full reply, no
 stream checkpoint left) and how many were left stuck.
 
 The worker process tunes its garbage collector as `wakeful worker` does by default
@@ -50,6 +52,10 @@ class Paced:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        self.first = 0.0
+        """When the last stream to start started (monotonic)."""
+        self.last = 0.0
+        """When the last delta of any stream was yielded (monotonic)."""
 
     def stream(self, request: Any) -> AsyncIterator[Any]:
         return self._play()
@@ -59,11 +65,13 @@ class Paced:
 
         size = len(REPLY) // DELTAS
         start = time.monotonic()
+        self.first = max(self.first, start)
         for i in range(DELTAS):
             ahead = start + (i + 1) * self.seconds / DELTAS - time.monotonic()
             if ahead > 0:
                 await asyncio.sleep(ahead)
             yield TextDelta(REPLY[i * size : (i + 1) * size])
+        self.last = max(self.last, time.monotonic())
         yield StreamEnd("end_turn", Usage(1, DELTAS))
 
 
@@ -136,7 +144,8 @@ async def wakeful_child(
     async with open_store(url) as store:
         for i in range(n):
             await submit(store, f"t{i}", "paced", "go", dispatch_id=f"d{i}")
-        registry = Registry(default="paced").add("paced", Agent("paced", Paced(seconds)))
+        provider = Paced(seconds)
+        registry = Registry(default="paced").add("paced", Agent("paced", provider))
         worker = Worker(
             store,
             registry,
@@ -154,7 +163,8 @@ async def wakeful_child(
         cpu, start = _cpu(), time.monotonic()
         running = asyncio.create_task(worker.run())
         await _ended(worker, n, start + 10 * seconds + 60)
-        wall, cpu = time.monotonic() - start, _cpu() - cpu
+        end = time.monotonic()
+        wall, cpu = end - start, _cpu() - cpu
         lag = await monitor.stop()
         await worker.stop(grace=5)
         await asyncio.wait({running}, timeout=30)
@@ -168,6 +178,8 @@ async def wakeful_child(
         "once": once,
         "stuck": stuck,
         "transactions": transactions,
+        "admit": provider.first - start,
+        "tail": end - provider.last,
     }
 
 
@@ -320,6 +332,7 @@ def _row(
         f"{tx:,.0f}" if tx else "-",
         f"{int(min(v['once'] for v in got))}/{n}",
         str(int(max(v["stuck"] for v in got))),
+        f"{_med(got, 'admit'):.2f} / {_med(got, 'tail'):.2f} s" if "admit" in got[0] else "-",
     ]
 
 
@@ -387,7 +400,7 @@ def _collect(
 
 def _print(rows: list[list[str]]) -> None:
     headers = ["store", "N", "wall (x ideal)", "CPU (x base)", "peak RSS", "lag p99", "tx/s"]
-    headers += ["exactly once", "stuck"]
+    headers += ["exactly once", "stuck", "last start / tail"]
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
     print("  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)))
     for row in rows:

@@ -88,8 +88,11 @@ def _dump_types(path: str) -> None:
     counts: dict[str, list[int]] = {}
     for obj in gc.get_objects():
         name = type(obj).__qualname__
-        code = getattr(obj, "cr_code", None) or getattr(obj, "ag_code", None)
-        code = code or getattr(obj, "gi_code", None)
+        try:  # (some proxies raise on an unknown attribute: a ctypes library loader)
+            code = getattr(obj, "cr_code", None) or getattr(obj, "ag_code", None)
+            code = code or getattr(obj, "gi_code", None)
+        except Exception:
+            code = None
         if isinstance(code, types.CodeType):  # a coroutine or generator: by its function
             name = f"{name} {code.co_qualname}"
         row = counts.setdefault(name, [0, 0])

@@ -22,7 +22,7 @@ from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.metrics import Metrics
 from wakeful.records import Claim, Commit
 from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, append
-from wakeful.runtime.claims import Renewer
+from wakeful.runtime.claims import RENEW_SLOTS, Renewer
 from wakeful.store.memory import MemoryStore
 
 pytestmark = pytest.mark.asyncio
@@ -179,6 +179,34 @@ async def test_a_renewer_makes_no_task_before_its_first_interval_and_renews_afte
     stopped = len(store.renewed)
     await asyncio.sleep(0.1)
     assert len(store.renewed) == stopped, "no renewal after stop()"
+
+
+async def test_renewals_due_within_one_slot_fire_together_still_spread_over_the_period() -> None:
+    """Renewal timers sit on a grid of ``RENEW_SLOTS`` slots a period: runs started together
+    renew in a few groups (one grouped store statement each), not one by one, and their
+    first renewals still spread over the second half of the period."""
+    store = _CountingRenewals()
+    policy = ClaimPolicy(ttl=300, renew_every=100)  # nothing fires during the test
+    grid = policy.renew_every / RENEW_SLOTS
+    loop = asyncio.get_running_loop()
+    renewers = []
+    for i in range(200):
+        claim = await store.claim(f"t{i}", "h", 300)
+        renewer = Renewer(store, f"t{i}", claim.token, policy, lambda _: None)
+        renewers.append(renewer)
+    now = loop.time()
+    for renewer in renewers:
+        renewer.start()
+    whens = [r._timer.when() for r in renewers if r._timer is not None]
+    assert len(whens) == 200
+    for when in whens:
+        assert now + 0.5 * policy.renew_every <= when <= loop.time() + policy.renew_every + grid
+        assert abs(when / grid - round(when / grid)) < 1e-6, "on the grid"
+    slots = len(set(whens))
+    assert 10 <= slots <= RENEW_SLOTS // 2 + 1, slots
+    for renewer in renewers:
+        await renewer.stop()
+    assert all(r._timer is None for r in renewers) and store.renewed == []
 
 
 def _graph(node: Any) -> Any:

@@ -364,6 +364,46 @@ async def test_stream_checkpoint_puts_are_grouped_and_fenced_one_by_one(
         )
 
 
+async def test_a_put_batch_locks_its_threads_in_thread_id_order(
+    pg_databases: Databases,
+) -> None:
+    """Each put's fencing check locks its thread row; grouped renewals and commits lock
+    theirs in thread id order, so a put batch must too, or the two deadlock (seen at
+    N = 1,000 once renewals and saves fell on the same slots: a second per deadlock)."""
+    store = await open_test_store(await pg_databases.clone(), pool_size=4)
+    sent: list[list[str]] = []
+    db: Any = store.stream_checkpoints._db
+    fetchall = db.fetchall
+
+    async def recording(query: str, params: Any = None, **kwargs: Any) -> Any:
+        if "put_stream_checkpoint" in query:
+            sent.append(list(params[1]))
+        return await fetchall(query, params, **kwargs)
+
+    db.fetchall = recording
+    try:
+        claims = {i: await store.claim(f"t{i:02d}", "h", 30) for i in range(40)}
+        await asyncio.gather(
+            *(
+                store.stream_checkpoints.put(
+                    StreamCheckpoint(
+                        run_id=f"run-{i}",
+                        thread_id=f"t{i:02d}",
+                        model="m",
+                        token=claims[i].token,
+                        task_id="s0-t0",
+                    )
+                )
+                for i in reversed(range(40))  # queued in descending thread order
+            )
+        )
+        assert sum(len(b) for b in sent) == 40 and len(sent) <= 2, sent
+        assert all(batch == sorted(batch) for batch in sent), sent
+    finally:
+        db.fetchall = fetchall
+        await store.close()
+
+
 @pytest.mark.slow
 async def test_a_worker_with_more_slots_than_one_claim_takes_fills_them(
     pg_databases: Databases,

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -24,6 +25,10 @@ from wakeful.store.contract import ThreadStore
 log = logging.getLogger("wakeful.runtime")
 
 Sleep = Callable[[float], Awaitable[None]]
+
+RENEW_SLOTS = 40
+"""Renewal times are rounded up to a grid of this many slots per ``renew_every`` (0.25 s
+for the default 10 s): a renewal is at most a slot late, far inside the claim's ``ttl``."""
 
 
 @dataclass(frozen=True)
@@ -133,7 +138,7 @@ class Renewer:
         # the same instant every period; later intervals are exact.
         first = self._policy.renew_every * random.uniform(0.5, 1.0)
         if self._sleep is asyncio.sleep:
-            self._timer = asyncio.get_running_loop().call_later(first, self._due, first)
+            self._arm(first)
         else:
             self._task = self._background(functools.partial(self._run, first))
 
@@ -162,8 +167,18 @@ class Renewer:
 
     async def _once(self, interval: float, signal: StopSignal) -> None:
         if await self._tick(interval, signal) and not (signal.is_set() or self._stopped):
-            every = self._policy.renew_every
-            self._timer = asyncio.get_running_loop().call_later(every, self._due, every)
+            self._arm(self._policy.renew_every)
+
+    def _arm(self, interval: float) -> None:
+        """The timer for the next renewal, ``interval`` seconds from now rounded up to the
+        renewal grid (``RENEW_SLOTS`` slots a period): the renewals of many runs due within
+        one slot fire in the same event-loop iteration and reach the store together (one
+        grouped statement on PostgreSQL instead of one each), still spread over the
+        period."""
+        loop = asyncio.get_running_loop()
+        grid = self._policy.renew_every / RENEW_SLOTS
+        when = math.ceil((loop.time() + interval) / grid) * grid
+        self._timer = loop.call_at(when, self._due, interval)
 
     async def _run(self, interval: float, signal: StopSignal) -> None:
         while True:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any
 
 import msgspec
@@ -41,12 +41,22 @@ class LiveHub:
     def emit(
         self, loop: asyncio.AbstractEventLoop, thread_id: str, run_id: str, type: str, data: Any
     ) -> None:
-        """Deliver soon on ``loop``, from any thread: events are handed over in batches, one
-        loop callback per batch (``call_soon_threadsafe`` per event, which wakes the loop
-        through its self-pipe, cost about 22 µs a delta). An event for a thread nobody
+        """Deliver on ``loop``, from any thread: on the loop itself at once (after any batch
+        still waiting, in order); from another thread in batches, one loop callback per
+        batch (``call_soon_threadsafe`` per event, which wakes the loop through its
+        self-pipe, cost about 22 µs a delta). An event for a thread nobody
         subscribes to in this process is dropped at once (unless ``forwards`` it): live
         events are never stored."""
         if not self.wants(thread_id, type):
+            return
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop and loop not in self._batches:
+            # nothing handed over from a thread is waiting: deliver now, in order with what
+            # the run does next (its commits' durable events come after its live ones)
+            self.publish(thread_id, run_id, type, data)
             return
         with self._lock:
             batch = self._batches.get(loop)
@@ -55,14 +65,7 @@ class LiveHub:
                 return
             self._batches[loop] = [(thread_id, run_id, type, data)]
         try:
-            on_loop = asyncio.get_running_loop() is loop
-        except RuntimeError:
-            on_loop = False
-        try:
-            if on_loop:
-                loop.call_soon(self._flush, loop)
-            else:
-                loop.call_soon_threadsafe(self._flush, loop)
+            loop.call_soon_threadsafe(self._flush, loop)
         except RuntimeError:  # the loop is closed: nobody is left to deliver to
             with self._lock:
                 self._batches.pop(loop, None)
@@ -97,7 +100,7 @@ class LiveHub:
                 del self._queues[thread_id]
 
 
-async def subscribe(
+def subscribe(
     store: ThreadStore,
     hub: LiveHub,
     thread_id: str,
@@ -108,9 +111,70 @@ async def subscribe(
 ) -> AsyncIterator[Event | LiveEvent]:
     """Yield the thread's durable events after ``after_seq`` in order, forever, interleaved
     with live events as they happen. A ``ReplayUnavailable`` (events compacted away) is
-    raised to the consumer. Closing the iterator releases everything."""
-    queue = hub.attach(thread_id) if live else asyncio.Queue()
+    raised to the consumer. Closing the iterator releases everything.
 
+    The live subscription is attached when this returns, not at the first iteration: a
+    caller that subscribes and then starts a run receives every live event the run emits,
+    however soon (``aclose()`` detaches it, also when never iterated)."""
+    queue: asyncio.Queue[Event | LiveEvent | BaseException] = (
+        hub.attach(thread_id) if live else asyncio.Queue()
+    )
+    return _Subscription(
+        _follow(store, hub, thread_id, after_seq, queue, live, poll_timeout),
+        hub,
+        thread_id,
+        queue if live else None,
+    )
+
+
+class _Subscription:
+    """``subscribe``'s iterator: its generator, and the live queue it attached."""
+
+    __slots__ = ("_gen", "_hub", "_queue", "_thread_id")
+
+    def __init__(
+        self,
+        gen: AsyncGenerator[Event | LiveEvent, None],
+        hub: LiveHub,
+        thread_id: str,
+        queue: asyncio.Queue[Any] | None,
+    ) -> None:
+        self._gen = gen
+        self._hub = hub
+        self._thread_id = thread_id
+        self._queue = queue
+
+    def __aiter__(self) -> _Subscription:
+        return self
+
+    def __anext__(self) -> Awaitable[Event | LiveEvent]:
+        return self._gen.__anext__()
+
+    async def aclose(self) -> None:
+        try:
+            await self._gen.aclose()
+        finally:
+            self._detach()
+
+    def _detach(self) -> None:
+        if self._queue is not None:
+            self._hub.detach(self._thread_id, self._queue)
+            self._queue = None
+
+    def __del__(self) -> None:
+        # never iterated nor closed: the generator's own ``finally`` never runs
+        self._detach()
+
+
+async def _follow(
+    store: ThreadStore,
+    hub: LiveHub,
+    thread_id: str,
+    after_seq: int,
+    queue: asyncio.Queue[Event | LiveEvent | BaseException],
+    live: bool,
+    poll_timeout: float,
+) -> AsyncGenerator[Event | LiveEvent, None]:
     async def follow() -> None:
         cursor = after_seq
         try:

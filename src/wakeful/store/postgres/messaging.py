@@ -178,6 +178,10 @@ class PostgresStreamCheckpoints:
     async def _write_puts(self) -> None:
         batch, self._queue = self._queue[:MAX_PUTS], self._queue[MAX_PUTS:]
         self._puts_written += len(batch)
+        # Each row's fencing check locks its thread row: in thread id order, as grouped
+        # renewals and commits do, so a batch never deadlocks with one of theirs (stable:
+        # one run's puts keep their order).
+        batch.sort(key=lambda item: item[0].checkpoint.thread_id)
         rows = [e.checkpoint for e, _ in batch]
         params = (
             [c.run_id for c in rows],
