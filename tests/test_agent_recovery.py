@@ -4,15 +4,12 @@ executed."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
-from tests.runtime_support import eventually
 from wakeful import ManualClock, Message
 from wakeful.agent import Agent, StreamPolicy, tool
-from wakeful.agent.recovery import Accumulator, StreamRecovery
 from wakeful.errors import RunFailed, RunInterrupted
 from wakeful.providers.base import ProviderError, StreamEnd, TextDelta, ToolCallDelta
 from wakeful.providers.scripted import Drop, Fail, Scripted, Stall, calls, reply, text, tool_call
@@ -303,50 +300,3 @@ async def test_the_idle_guard_makes_no_task_per_delta_and_still_times_out() -> N
     assert timeout.value.kind == "timeout"
     current = asyncio.current_task()
     assert current is not None and current.cancelling() == 0, "the timer's cancel was undone"
-
-
-@pytest.mark.asyncio
-async def test_the_saves_of_many_turns_due_within_one_slot_reach_the_store_together() -> None:
-    """Stream-checkpoint writes wait for the next slot of a grid shared by every turn
-    (``checkpoint_min_interval`` seconds): turns that became due within one slot are
-    written in the same event-loop iteration, so the store can group them."""
-    loop = asyncio.get_running_loop()
-    iteration = 0
-    ticking = True
-
-    def tick() -> None:
-        nonlocal iteration
-        iteration += 1
-        if ticking:
-            loop.call_soon(tick)
-
-    class Recording:
-        def __init__(self) -> None:
-            self.puts: list[tuple[str, int]] = []
-
-        async def put(self, checkpoint: Any) -> None:
-            self.puts.append((checkpoint.run_id, iteration))
-
-        async def get(self, run_id: str) -> None:
-            return None
-
-    store = Recording()
-    policy = StreamPolicy(checkpoint_min_interval=0.05)
-    turns = [
-        StreamRecovery(Scripted.replies("x"), policy, f"r{i}", f"t{i}", "s0-t0", 1, store)  # type: ignore[arg-type]
-        for i in range(10)
-    ]
-    tick()
-    for turn in turns:  # due one after the other, several loop iterations apart
-        acc = Accumulator(text="partial")
-        turn._save_in_background(acc, 0)
-        for _ in range(3):
-            await asyncio.sleep(0)
-    await eventually(lambda: len(store.puts) == 10)  # at the slot's boundary, not a drain
-    for turn in turns:
-        await turn._drain_saves()
-    ticking = False
-    assert sorted(run for run, _ in store.puts) == sorted(f"r{i}" for i in range(10))
-    # one slot boundary (or two, if the turns straddled one): not ten separate writes
-    assert len({at for _, at in store.puts}) <= 2, store.puts
-    assert all(turn._slot is None for turn in turns)

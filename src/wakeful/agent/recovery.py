@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -187,8 +186,6 @@ class StreamRecovery:
     """The id the committed assistant message will have; live deltas and checkpoints name
     the turn by it."""
     _next_save: StreamCheckpoint | None = field(default=None, init=False)
-    _slot: asyncio.TimerHandle | None = field(default=None, init=False)
-    """The wake of the saver at the next save slot, while one is pending."""
     live_wanted: Callable[[str], bool] | None = None
     """Whether a live event of a type would reach anybody now (``NodeContext.wants_live``):
     deltas nobody would receive are not built. ``None``: always build them."""
@@ -446,9 +443,7 @@ class StreamRecovery:
         """Save without making the stream wait: one write in flight at a time, and while it
         runs only the newest snapshot waits its turn. One saver task per turn, woken for
         each snapshot (a task per save was most of the objects a stream left for the
-        garbage collector) at the next slot boundary: a grid of ``checkpoint_min_interval``
-        seconds shared by every turn in the process, so the saves of many turns due within
-        one slot reach the store together (one grouped write) instead of one by one."""
+        garbage collector)."""
         if self.checkpoints is None or acc.empty():
             return
         self._next_save = self._snapshot(acc, attempts)
@@ -457,38 +452,22 @@ class StreamRecovery:
                 f"stream-checkpoint:{self.run_id}", self._save_chain, logger=log
             )
             self._saver.start()
-        slot = self.policy.checkpoint_min_interval
-        if slot <= 0:
-            self._saver.signal.wake()
-        elif self._slot is None:
-            loop = asyncio.get_running_loop()
-            when = (math.floor(loop.time() / slot) + 1) * slot
-            self._slot = loop.call_at(when, self._slot_due)
-
-    def _slot_due(self) -> None:
-        self._slot = None
-        if self._saver is not None:
+        else:
             self._saver.signal.wake()
 
     async def _save_chain(self, signal: StopSignal) -> None:
-        # Waits for its slot (a wake) before writing, unless none is pending (no slots, or
-        # it passed during the last write); ends once a drain has begun
-        # (``signal``): nothing queues a new snapshot then, so at most the one in flight and
-        # the one queued are written.
+        # Ends once a drain has begun (``signal``); nothing queues a new snapshot then, so
+        # at most the one in flight and the one queued are written.
         while True:
-            waits = self._slot is not None or self._next_save is None
-            if waits and await signal.idle() and self._next_save is None:
-                return
             while (snapshot := self._next_save) is not None:
                 self._next_save = None
                 await self._put(snapshot)
+            if await signal.idle() and self._next_save is None:
+                return
 
     async def _drain_saves(self) -> None:
         """End the background writes once what is queued has landed (bounded: see
         ``wakeful.background``)."""
-        if self._slot is not None:
-            self._slot.cancel()
-            self._slot = None
         if self._saver is not None:
             await self._saver.stop()
             self._saver = None
