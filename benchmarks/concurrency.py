@@ -3,7 +3,8 @@ reply for many seconds, against a plain asyncio script that streams the same rep
 stores nothing, measured in the same run (issue 24).
 
 Each run is one agent turn: a 600-character reply as 150 text deltas spread over
-``--seconds`` (the issue's experiment: 18.1 s; ``make bench`` uses a shorter stream), with
+``--seconds`` or ``--n N:S`` (the issue's experiment: 18.1 s; ``make bench`` streams 18.1 s
+at N = 1,000, where the targets are judged, and 6 s at 100 and 5,000), with
 stream checkpoints on, ``ClaimPolicy(ttl=30, renew_every=10)``. Every measurement runs in a
 fresh subprocess (so peak RSS and CPU are its own): the worker drains N pre-submitted
 dispatches with concurrency N. Reported per store and N: wall time against the ideal (the
@@ -268,7 +269,11 @@ def measure(
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.concurrency")
     rounds_argument(parser, default=1)
-    parser.add_argument("--n", default="100,1000,5000", help="run counts, comma-separated")
+    parser.add_argument(
+        "--n",
+        default="100,1000,5000",
+        help="run counts, comma-separated; N:S streams S seconds at that N instead of --seconds",
+    )
     parser.add_argument("--seconds", type=float, default=18.1, help="length of each stream")
     parser.add_argument("--stores", default="sqlite,postgres")
     parser.add_argument("--dsn", default=DEFAULT_DSN)
@@ -283,34 +288,40 @@ def main(argv: list[str] | None = None) -> list[Result]:
     )
     args = parser.parse_args(argv if argv is not None else [])
     rounds = 1 if args.single_round else args.rounds
-    sizes = [int(x) for x in args.n.split(",")]
+    sizes = [_size(x, args.seconds) for x in args.n.split(",")]
     stores = args.stores.split(",")
     collector = Collector("concurrency")
     table: list[list[str]] = []
-    for n in sizes:
+    for n, seconds in sizes:
         runs: dict[str, list[dict[str, Any]]] = {k: [] for k in ["baseline", *stores]}
         for _ in range(rounds):
-            runs["baseline"].append(measure("baseline", "", n, args.seconds))
+            runs["baseline"].append(measure("baseline", "", n, seconds))
             for kind in stores:
                 with tempfile.TemporaryDirectory(prefix="wakeful-conc-") as tmp:
                     if kind == "sqlite":
                         runs[kind].append(
-                            measure(kind, f"sqlite:///{tmp}/c.db", n, args.seconds, args.gc)
+                            measure(kind, f"sqlite:///{tmp}/c.db", n, seconds, args.gc)
                         )
                     else:
                         db = Database(args.dsn, f"wakeful_conc_{os.getpid()}").create()
                         try:
-                            runs[kind].append(measure(kind, db.dsn, n, args.seconds, args.gc))
+                            runs[kind].append(measure(kind, db.dsn, n, seconds, args.gc))
                         finally:
                             db.drop()
         base = runs["baseline"]
-        table.append(_row("asyncio baseline", n, args.seconds, base, base))
+        table.append(_row("asyncio baseline", n, seconds, base, base))
         for kind in stores:
             got = runs[kind]
-            table.append(_row(kind, n, args.seconds, got, base))
-            _collect(collector, kind, n, args.seconds, got, base)
+            table.append(_row(kind, n, seconds, got, base))
+            _collect(collector, kind, n, seconds, got, base)
     _print(table)
     return collector.results
+
+
+def _size(spec: str, seconds: float) -> tuple[int, float]:
+    """``N`` or ``N:S`` (N runs streaming S seconds each)."""
+    n, _, own = spec.partition(":")
+    return int(n), float(own) if own else seconds
 
 
 def _med(values: list[dict[str, Any]], key: str) -> float:
