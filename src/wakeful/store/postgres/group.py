@@ -36,6 +36,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from wakeful.store.postgres.codec import ARRAYS, Int4Array, TextArray
 from wakeful.store.postgres.connection import Conn, Database
 from wakeful.store.postgres.translate import refused
 
@@ -87,23 +88,22 @@ COMMIT_MANY = _statement()
 def batch_params(batch: Sequence[Sequence[object]]) -> list[object]:
     """``commit_many``'s parameters for commits given as ``commit()``'s parameters (thread,
     token, then ``threads._COMMIT_ARGS``): one array per scalar, and each list flattened
-    beside its per-commit counts. A list parameter that is empty everywhere is NULL."""
-    before = len(_SCALARS_BEFORE)
-    params: list[object] = [[p[i] for p in batch] for i in range(before)]
-    at = before
+    beside its per-commit counts. A list parameter that is empty everywhere is NULL. Each
+    array goes typed (``codec.PgArray``): psycopg dumps it in one pass."""
+    params: list[object] = [array([p[i] for p in batch]) for i, array in enumerate(_BEFORE_ARRAYS)]
+    at = len(_BEFORE_ARRAYS)
     for width in _LISTS:
-        params.append([len(_items(p[at])) for p in batch])
+        params.append(Int4Array([len(p[at]) if p[at] else 0 for p in batch]))  # type: ignore[arg-type]
         for j in range(at, at + width):
-            flat = [item for p in batch for item in _items(p[j])]
-            params.append(flat or None)
+            flat = [item for p in batch if p[j] for item in p[j]]  # type: ignore[attr-defined]
+            params.append(TextArray(flat) if flat else None)
         at += width
-    params.extend([p[i] for p in batch] for i in range(at, at + len(_SCALARS_AFTER)))
+    params.extend(array([p[at + i] for p in batch]) for i, array in enumerate(_AFTER_ARRAYS))
     return params
 
 
-def _items(value: object) -> list[object]:
-    """A list parameter of ``commit()``: a list, or None for none."""
-    return value if isinstance(value, list) else []
+_BEFORE_ARRAYS = tuple(ARRAYS[kind] for kind in _SCALARS_BEFORE)
+_AFTER_ARRAYS = tuple(ARRAYS[kind] for kind in _SCALARS_AFTER)
 
 
 class _Queued:
