@@ -145,6 +145,8 @@ _HEAD = struct.Struct(">iiiii").pack
 _EMPTY = struct.Struct(">iii").pack
 _LENGTH = struct.Struct(">i").pack
 _NULL = _LENGTH(-1)
+_PACKED = 64
+"""Arrays of a fixed-size type up to this long without nulls are packed by one ``Struct``."""
 
 
 class PgArray:
@@ -170,39 +172,43 @@ class TextArray(PgArray):
         items = self.items
         if not items:
             return _EMPTY(0, 0, 25)
+        if None not in items:  # the usual case: one comprehension, no branch per element
+            encoded = [s.encode() for s in items]
+            body = b"".join([_LENGTH(len(b)) + b for b in encoded])
+            return _HEAD(1, 0, 25, len(items), 1) + body
         parts = []
-        nulls = 0
         for s in items:
             if s is None:
                 parts.append(_NULL)
-                nulls = 1
             else:
                 b = s.encode()
                 parts.append(_LENGTH(len(b)))
                 parts.append(b)
-        return _HEAD(1, nulls, 25, len(items), 1) + b"".join(parts)
+        return _HEAD(1, 1, 25, len(items), 1) + b"".join(parts)
 
 
 def _fixed(element_oid: int, code: str, doc: str) -> type[PgArray]:
     size = struct.calcsize(">" + code)
     pack = struct.Struct(">i" + code).pack
+    packers: dict[int, Any] = {}  # a struct per length up to _PACKED
 
     def binary(self: PgArray) -> bytes:
         items = self.items
-        if not items:
+        n = len(items)
+        if not n:
             return _EMPTY(0, 0, element_oid)
-        parts = []
-        nulls = 0
         try:
-            for v in items:
-                if v is None:
-                    parts.append(_NULL)
-                    nulls = 1
-                else:
-                    parts.append(pack(size, v))
+            if n <= _PACKED and None not in items:  # one struct call for the whole array
+                packer = packers.get(n)
+                if packer is None:
+                    packer = packers[n] = struct.Struct(">5i" + ("i" + code) * n).pack
+                values: list[Any] = [size, 0] * n
+                values[1::2] = items
+                return packer(1, 0, element_oid, n, 1, *values)
+            parts = [_NULL if v is None else pack(size, v) for v in items]
         except struct.error as exc:
             raise psycopg.DataError(f"array element out of range: {exc}") from None
-        return _HEAD(1, nulls, element_oid, len(items), 1) + b"".join(parts)
+        return _HEAD(1, int(None in items), element_oid, n, 1) + b"".join(parts)
 
     attrs = {"__slots__": (), "__doc__": doc, "element_oid": element_oid, "binary": binary}
     return type(f"PgArray{element_oid}", (PgArray,), attrs)

@@ -19,6 +19,7 @@ from wakeful.errors import StoreClosed, StreamCheckpointError, WakefulError
 from wakeful.ids import check_count, check_id
 from wakeful.records import InboxMessage, StreamCheckpoint
 from wakeful.store.postgres import codec
+from wakeful.store.postgres.codec import Int8Array, TextArray
 from wakeful.store.postgres.connection import Database, big, utc
 from wakeful.store.validate import (
     EncodedStreamCheckpoint,
@@ -184,10 +185,10 @@ class PostgresStreamCheckpoints:
         batch.sort(key=lambda item: item[0].checkpoint.thread_id)
         rows = [e.checkpoint for e, _ in batch]
         params = (
-            [c.run_id for c in rows],
-            [c.thread_id for c in rows],
-            [big(c.token) for c in rows],
-            [str(e.body, "utf-8") for e, _ in batch],
+            TextArray([c.run_id for c in rows]),
+            TextArray([c.thread_id for c in rows]),
+            Int8Array([big(c.token) for c in rows]),
+            TextArray([str(e.body, "utf-8") for e, _ in batch]),
             [c.updated_at for c in rows],
         )
         try:
@@ -208,7 +209,11 @@ class PostgresStreamCheckpoints:
             ready += 1
         batch, self._discards = self._discards[:ready], self._discards[ready:]
         keys = [key for key, _ in batch]
-        params = ([k[0] for k in keys], [k[1] for k in keys], [k[2] for k in keys])
+        params = (
+            TextArray([k[0] for k in keys]),
+            TextArray([k[1] for k in keys]),
+            Int8Array([k[2] for k in keys]),
+        )
         try:
             await self._db.execute(_STREAM_DISCARDS, params)
         except Exception as exc:

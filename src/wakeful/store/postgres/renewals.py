@@ -24,6 +24,7 @@ import asyncio
 
 from wakeful.errors import StaleClaim
 from wakeful.records import Claim
+from wakeful.store.postgres.codec import Float8Array, Int8Array, TextArray
 from wakeful.store.postgres.connection import Database, big, utc
 
 MAX_BATCH = 500
@@ -98,7 +99,11 @@ class GroupRenew:
                 holder, expires = await self._db.fetchone(RENEW, (thread_id, big(token), ttl))
                 rows = [(1, holder, expires, token)]
             else:
-                params = ([k[0] for k in keys], [big(k[1]) for k in keys], [k[2] for k in keys])
+                params = (
+                    TextArray([k[0] for k in keys]),
+                    Int8Array([big(k[1]) for k in keys]),
+                    Float8Array([k[2] for k in keys]),
+                )
                 rows = await self._db.fetchall(RENEW_MANY, params)
                 self.batches += 1
                 self.grouped += len(keys)
