@@ -58,7 +58,7 @@ async def test_typed_arrays_reach_the_server_as_sent(pg_databases: Databases) ->
                 [array, array, array],
             )
             value, count, type_name = await cur.fetchone()  # type: ignore[misc]
-            assert value == list(array.items), kind
+            assert value == list(array.items) == list(array), kind
             assert count == len(array.items)
             assert type_name == _SQL_NAMES[kind]  # the parameter's own type, uncast
             if kind != "bool":

@@ -7,7 +7,7 @@ decides (sequence numbers, times, tokens) and what queries filter on.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import msgspec
@@ -157,6 +157,15 @@ class PgArray:
 
     def __init__(self, items: Sequence[Any]) -> None:
         self.items = items
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.items!r})"
 
     def binary(self) -> bytes:
         raise NotImplementedError  # pragma: no cover

@@ -36,7 +36,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from wakeful.store.postgres.codec import ARRAYS, Int4Array, TextArray
+from wakeful.store.postgres.codec import ARRAYS, Int4Array, PgArray, TextArray
 from wakeful.store.postgres.connection import Conn, Database
 from wakeful.store.postgres.translate import refused
 
@@ -87,19 +87,25 @@ COMMIT_MANY = _statement()
 
 def batch_params(batch: Sequence[Sequence[object]]) -> list[object]:
     """``commit_many``'s parameters for commits given as ``commit()``'s parameters (thread,
-    token, then ``threads._COMMIT_ARGS``): one array per scalar, and each list flattened
-    beside its per-commit counts. A list parameter that is empty everywhere is NULL. Each
-    array goes typed (``codec.PgArray``): psycopg dumps it in one pass."""
+    token, then ``threads._COMMIT_ARGS``): one array per scalar, and each list (a
+    ``TextArray`` or None) flattened beside its per-commit counts. A list parameter that is
+    empty everywhere is NULL. Each array goes typed (``codec.PgArray``): psycopg dumps it in
+    one pass."""
     params: list[object] = [array([p[i] for p in batch]) for i, array in enumerate(_BEFORE_ARRAYS)]
     at = len(_BEFORE_ARRAYS)
     for width in _LISTS:
-        params.append(Int4Array([len(p[at]) if p[at] else 0 for p in batch]))  # type: ignore[arg-type]
+        params.append(Int4Array([len(_items(p[at])) for p in batch]))
         for j in range(at, at + width):
-            flat = [item for p in batch if p[j] for item in p[j]]  # type: ignore[attr-defined]
+            flat = [item for p in batch for item in _items(p[j])]
             params.append(TextArray(flat) if flat else None)
         at += width
     params.extend(array([p[at + i] for p in batch]) for i, array in enumerate(_AFTER_ARRAYS))
     return params
+
+
+def _items(value: object) -> Sequence[object]:
+    """A list parameter of ``commit()``: a ``TextArray``, or None for none."""
+    return value.items if isinstance(value, PgArray) else ()
 
 
 _BEFORE_ARRAYS = tuple(ARRAYS[kind] for kind in _SCALARS_BEFORE)

@@ -32,6 +32,7 @@ from wakeful.records import (
     ThreadSummary,
 )
 from wakeful.store.postgres import codec
+from wakeful.store.postgres.codec import TextArray
 from wakeful.store.postgres.connection import Conn, Database, big, no_nul, utc
 from wakeful.store.postgres.group import GroupCommit
 from wakeful.store.postgres.notify import Notifier
@@ -155,12 +156,16 @@ SELECT o_last, o_threads, o_checkpoints, o_events, o_receipts
 _PRUNE_DISPATCHES = "SELECT @schema@.prune_dispatches(%s, %s)"
 
 
-def _column(items: Sequence[T], part: Callable[[T], object]) -> list[object] | None:
+def _column(items: Sequence[T], part: Callable[[T], object]) -> TextArray | None:
     """One array parameter; ``None`` for none (dumping arrays is the costly part of a call)."""
-    return [part(item) for item in items] if items else None
+    return TextArray([part(item) for item in items]) if items else None
 
 
-def _columns(items: Sequence[T], *parts: Callable[[T], object]) -> tuple[list[object] | None, ...]:
+def _texts(items: Sequence[object]) -> TextArray | None:
+    return TextArray(items) if items else None
+
+
+def _columns(items: Sequence[T], *parts: Callable[[T], object]) -> tuple[TextArray | None, ...]:
     return tuple(_column(items, part) for part in parts)
 
 
@@ -188,18 +193,18 @@ def _commit_params(encoded: EncodedCommit) -> tuple[object, ...]:
         encoded.checkpoint_text(),
         _column(commit.writes, lambda w: w.task_id),
         _column(commit.writes, lambda w: w.checkpoint_id),
-        encoded.write_texts() or None,
-        encoded.event_texts() or None,
+        _texts(encoded.write_texts()),
+        _texts(encoded.event_texts()),
         _column(commit.messages, lambda m: m.id),
-        encoded.message_texts() or None,
+        _texts(encoded.message_texts()),
         *_columns(
             commit.outbox,
             lambda o: o.message_id,
             lambda o: o.target_thread,
             lambda o: o.correlation_id,
         ),
-        encoded.outbox_payload_texts() or None,
-        list(commit.consume) or None,
+        _texts(encoded.outbox_payload_texts()),
+        _texts(list(commit.consume)),
         commit.release,
         commit.settle.dispatch_id if commit.settle is not None else None,
         status,
