@@ -182,8 +182,7 @@ class TextArray(PgArray):
         if not items:
             return _EMPTY(0, 0, 25)
         if None not in items:  # the usual case: one comprehension, no branch per element
-            encoded = [s.encode() for s in items]
-            body = b"".join([_LENGTH(len(b)) + b for b in encoded])
+            body = b"".join([_LENGTH(len(b)) + b for b in map(str.encode, items)])
             return _HEAD(1, 0, 25, len(items), 1) + body
         parts = []
         for s in items:

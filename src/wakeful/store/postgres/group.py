@@ -36,7 +36,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-from wakeful.store.postgres.codec import ARRAYS, Int4Array, PgArray, TextArray
+from wakeful.store.postgres.codec import ARRAYS, Int4Array, TextArray
 from wakeful.store.postgres.connection import Conn, Database
 from wakeful.store.postgres.translate import refused
 
@@ -91,21 +91,17 @@ def batch_params(batch: Sequence[Sequence[object]]) -> list[object]:
     ``TextArray`` or None) flattened beside its per-commit counts. A list parameter that is
     empty everywhere is NULL. Each array goes typed (``codec.PgArray``): psycopg dumps it in
     one pass."""
-    params: list[object] = [array([p[i] for p in batch]) for i, array in enumerate(_BEFORE_ARRAYS)]
+    columns = list(zip(*batch, strict=True))
+    params: list[object] = [array(columns[i]) for i, array in enumerate(_BEFORE_ARRAYS)]
     at = len(_BEFORE_ARRAYS)
     for width in _LISTS:
-        params.append(Int4Array([len(_items(p[at])) for p in batch]))
+        params.append(Int4Array([0 if v is None else len(v.items) for v in columns[at]]))
         for j in range(at, at + width):
-            flat = [item for p in batch for item in _items(p[j])]
+            flat = [item for v in columns[j] if v is not None for item in v.items]
             params.append(TextArray(flat) if flat else None)
         at += width
-    params.extend(array([p[at + i] for p in batch]) for i, array in enumerate(_AFTER_ARRAYS))
+    params.extend(array(columns[at + i]) for i, array in enumerate(_AFTER_ARRAYS))
     return params
-
-
-def _items(value: object) -> Sequence[object]:
-    """A list parameter of ``commit()``: a ``TextArray``, or None for none."""
-    return value.items if isinstance(value, PgArray) else ()
 
 
 _BEFORE_ARRAYS = tuple(ARRAYS[kind] for kind in _SCALARS_BEFORE)
