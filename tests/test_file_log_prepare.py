@@ -12,7 +12,7 @@ import pytest
 from wakeful.records import Commit, EventDraft
 from wakeful.store.file import open_file_store
 from wakeful.store.file.chain import GENESIS, ChainPosition, encode_write, link
-from wakeful.store.file.codec import frame
+from wakeful.store.file.codec import frame, frame_parts, unframe
 from wakeful.store.file.log import LogWriter, create_log
 
 pytestmark = pytest.mark.asyncio
@@ -47,6 +47,15 @@ async def test_a_write_matches_the_documented_layout(count: int, start: int, seq
     ]
     position = ChainPosition(seq, link(b"before %d" % seq) if seq else GENESIS)
     assert encode_write(bodies, start, position) == reference(bodies, start, position)
+
+
+@pytest.mark.parametrize(
+    "parts", [[b"{}"], [b'{"a":', b"1", b"}"], [b"", b'{"b":"x"}', b""], [b"[", b"1" * 5000, b"]"]]
+)
+async def test_framing_parts_is_framing_their_join(parts: list[bytes]) -> None:
+    line = frame_parts(*parts)
+    assert line == frame(b"".join(parts))
+    assert unframe(line[:-1]) == b"".join(parts)
 
 
 def writer_at(tmp_path: Path) -> LogWriter:

@@ -33,6 +33,7 @@ from wakeful.records import (
     Done,
     EventDraft,
     Message,
+    PendingWrite,
     Receipt,
     RetentionPolicy,
     Retry,
@@ -724,3 +725,50 @@ async def test_closed_stores_leave_no_descriptors_open(tmp_path: Path) -> None:
     for i in range(1, 11):
         await cycle(i)
     assert open_fds() <= baseline
+
+
+# ------------------------------------------------------------------ rows of a commit
+
+
+@case
+@pytest.mark.parametrize("count", [1, 3])
+async def test_a_commits_rows_read_back_as_committed_one_or_many(
+    tmp_path: Path, count: int
+) -> None:
+    """A commit's events, writes and messages are inserted with ``execute`` when there is
+    one of a kind and ``executemany`` otherwise: both store what was committed, in order."""
+    async with await open_store(sqlite_url(tmp_path / "rows.db")) as store:
+        claim = await store.claim("t", "me", 60)
+        events = tuple(
+            EventDraft(type="step", data={"i": i}, task_id=f"k{i}") for i in range(count)
+        )
+        writes = tuple(
+            PendingWrite(checkpoint_id="c1", task_id=f"k{i}", node="n", value=[i, {"v": i}])
+            for i in range(count)
+        )
+        messages = tuple(Message(id=f"m{i}", role="user", content=f"hi {i}") for i in range(count))
+        cp = Checkpoint(
+            id="c1",
+            parent=None,
+            run_id="r",
+            status="running",
+            state={"n": count},
+            created_at=datetime(2026, 1, 1, tzinfo=UTC),
+        )
+        receipt = await store.commit(
+            "t",
+            Commit(
+                token=claim.token, checkpoint=cp, events=events, writes=writes, messages=messages
+            ),
+        )
+        assert receipt.events == tuple(range(1, count + 1))
+        got = await store.events_after("t")
+        assert [(e.seq, e.type, e.data, e.task_id) for e in got] == [
+            (i + 1, "step", {"i": i}, f"k{i}") for i in range(count)
+        ]
+        snapshot = await store.read("t")
+        assert snapshot is not None and snapshot.writes == writes
+        assert tuple(await store.messages("t")) == messages
+        # A second commit of one or many continues the numbering.
+        more = await store.commit("t", Commit(token=claim.token, events=events))
+        assert more.events == tuple(range(count + 1, 2 * count + 1))

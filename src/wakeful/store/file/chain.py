@@ -30,7 +30,7 @@ from datetime import datetime
 import msgspec
 
 from wakeful.records import Claim, Receipt
-from wakeful.store.file.codec import FRAME_OVERHEAD, frame
+from wakeful.store.file.codec import FRAME_OVERHEAD, frame_parts
 from wakeful.store.projection import Committed, Mutation, Settled
 from wakeful.store.validate import MAX_COMMIT_BYTES
 
@@ -152,19 +152,24 @@ def encode_write(
     """The lines of one write of ``bodies`` at log offset ``start`` after ``position``, and the
     position after them. Every line carries the write's end offset, which depends on its own
     digit count: the count is found first (a fixed point reached in a step or two)."""
-    if not bodies:
+    count = len(bodies)
+    if not count:
         return b"", position
-    seqs = range(position.seq + 1, position.seq + 1 + len(bodies))
-    rest = sum(
-        _ENVELOPE + len(str(seq)) + len(body) for seq, body in zip(seqs, bodies, strict=True)
+    first = position.seq + 1
+    # The lines' bytes besides the end offset's digits (seq digits summed without a
+    # generator for the common single record: a sequential commit is a batch of one).
+    seq_digits = (
+        len(str(first)) if count == 1 else sum(map(len, map(str, range(first, first + count))))
     )
+    rest = _ENVELOPE * count + seq_digits + sum(map(len, bodies))
     digits = 1
-    while (found := len(str(start + rest + digits * len(bodies)))) != digits:
+    while (found := len(str(start + rest + digits * count))) != digits:
         digits = found
-    end = start + rest + digits * len(bodies)
+    end = start + rest + digits * count
     lines: list[bytes] = []
     prev = position.link
-    for seq, body in zip(seqs, bodies, strict=True):
+    seq = first
+    for body in bodies:
         head = b"%s%d%s%d%s%s%s" % (
             _BEFORE_END,
             end,
@@ -174,12 +179,15 @@ def encode_write(
             prev.encode(),
             _BEFORE_MUTATION,
         )
-        line = frame(b"".join((head, body, b"}")))
+        # ``frame(head + body + b"}")`` without building that body: the checksum runs over
+        # its parts in order and the line is joined once.
+        line = frame_parts(head, body, b"}")
         lines.append(line)
         prev = link(line)
-    data = b"".join(lines)
+        seq += 1
+    data = lines[0] if count == 1 else b"".join(lines)
     assert len(data) == end - start, "the envelope length is computed from the same layout"
-    return data, ChainPosition(seqs[-1], prev)
+    return data, ChainPosition(seq - 1, prev)
 
 
 def torn_batch_end(tail: bytes) -> int | None:

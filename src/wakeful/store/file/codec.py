@@ -75,6 +75,14 @@ def frame(body: bytes) -> bytes:
     return b"".join((_HEAD, b"%08x" % zlib.crc32(body), _MID, body, b"}\n"))
 
 
+def frame_parts(*parts: bytes) -> bytes:
+    """``frame(b"".join(parts))``, without joining the body first."""
+    crc = 0
+    for part in parts:
+        crc = zlib.crc32(part, crc)
+    return b"".join((_HEAD, b"%08x" % crc, _MID, *parts, b"}\n"))
+
+
 def unframe(line: bytes) -> bytes:
     """The body of one line (without its newline). Raises ``FrameError``."""
     if len(line) <= _PREFIX or not line.startswith(_HEAD) or line[-1:] != b"}":

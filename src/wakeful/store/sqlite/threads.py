@@ -207,13 +207,15 @@ def _apply(
             conn.execute("DELETE FROM pending_writes WHERE thread_id = ?", (thread_id,))
         write_count = 0
     if c.drop_checkpoints:
-        conn.executemany(
+        _rows(
+            conn,
             "DELETE FROM checkpoints WHERE thread_id = ? AND checkpoint_id = ?",
             [(thread_id, checkpoint_id) for checkpoint_id in c.drop_checkpoints],
         )
     if c.writes:
         write_count += len(c.writes)
-        conn.executemany(
+        _rows(
+            conn,
             "INSERT INTO pending_writes (thread_id, task_id, body) VALUES (?, ?, ?)",
             [
                 (thread_id, w.task_id, body)
@@ -222,7 +224,8 @@ def _apply(
         )
     seqs = tuple(range(next_seq, next_seq + len(c.events)))
     if c.events:
-        conn.executemany(
+        _rows(
+            conn,
             "INSERT INTO events (thread_id, seq, at, type, data, run_id, checkpoint_id, task_id) "
             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [
@@ -231,7 +234,8 @@ def _apply(
             ],
         )
     if c.messages:
-        conn.executemany(
+        _rows(
+            conn,
             "INSERT INTO messages (thread_id, pos, message_id, body) VALUES (?, ?, ?, ?)",
             [
                 (thread_id, message_count + i, m.id, body)
@@ -239,7 +243,8 @@ def _apply(
             ],
         )
     if c.outbox:
-        conn.executemany(
+        _rows(
+            conn,
             "INSERT INTO outbox (source_thread, target_thread, message_id, body, at) "
             "VALUES (?, ?, ?, ?, ?)",
             [
@@ -248,7 +253,8 @@ def _apply(
             ],
         )
     if c.consume:
-        conn.executemany(
+        _rows(
+            conn,
             "DELETE FROM inbox WHERE thread_id = ? AND message_id = ?",
             [(thread_id, message_id) for message_id in c.consume],
         )
@@ -315,6 +321,15 @@ _UPDATE = f"UPDATE threads SET version = ?, {_UPDATE_REST} WHERE thread_id = ?"
 _UPDATE_ENDING_CLAIM = (
     f"UPDATE threads SET version = ?, {_UPDATE_REST}{_ENDING_CLAIM} WHERE thread_id = ?"
 )
+
+
+def _rows(conn: sqlite3.Connection, sql: str, rows: list[tuple[Any, ...]]) -> None:
+    """``conn.executemany(sql, rows)``; a single row (a commit's usual one event or write)
+    through ``execute``, which skips ``executemany``'s iterator (about 0.7 µs a call)."""
+    if len(rows) == 1:
+        conn.execute(sql, rows[0])
+    else:
+        conn.executemany(sql, rows)
 
 
 def _check_consistency(
