@@ -94,6 +94,8 @@ async def exchange(
             nonlocal started
             while ex.kills < kills:
                 await asyncio.sleep(0.05)
+                if len(ex.seen) >= messages:
+                    return  # all delivered: a relay started after that has nothing to deliver
                 if not any(at > started for at in ex.seen.values()):
                     continue  # the current relay has not delivered yet
                 await asyncio.sleep(rng.uniform(0.1, 0.6))
