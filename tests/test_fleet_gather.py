@@ -118,6 +118,14 @@ class Gated:
             await submit(self.store, f"t{i}", "g", {"log": []}, dispatch_id=f"d{i}")
         return asyncio.create_task(self.worker.run())
 
+    async def close(self, task: asyncio.Task[None]) -> None:
+        """Open every gate, stop the worker and wait for its loop (if still running)."""
+        for gate in self.gates.values():
+            gate.set()
+        if not task.done():
+            await self.worker.stop(grace=5)
+            await asyncio.wait_for(task, 10)
+
 
 async def test_a_worker_with_a_backlog_claims_freed_slots_together() -> None:
     env = Gated(claim_gather=30.0, poll_interval=0.05)
@@ -134,10 +142,7 @@ async def test_a_worker_with_a_backlog_claims_freed_slots_together() -> None:
         await eventually(lambda: worker.stats.done == 12)
         assert sum(limits) >= 12 and all(limit >= 2 for limit in limits[1:]), limits
     finally:
-        for gate in gates.values():
-            gate.set()
-        await worker.stop(grace=5)
-        await asyncio.wait_for(task, 10)
+        await env.close(task)
 
 
 async def test_without_a_gather_window_each_freed_slot_is_claimed_for_at_once() -> None:
@@ -151,10 +156,7 @@ async def test_without_a_gather_window_each_freed_slot_is_claimed_for_at_once() 
         gates["t1"].set()
         await eventually(lambda: limits == [4, 1, 1] and worker.busy == 4)
     finally:
-        for gate in gates.values():
-            gate.set()
-        await worker.stop(grace=5)
-        await asyncio.wait_for(task, 10)
+        await env.close(task)
 
 
 async def test_a_stop_while_holding_claims_nothing_more_and_ends_the_loop_at_once() -> None:
@@ -173,8 +175,4 @@ async def test_a_stop_while_holding_claims_nothing_more_and_ends_the_loop_at_onc
         await asyncio.wait_for(task, 10)
         assert limits == [4] and worker.stats.done == 4
     finally:
-        for gate in gates.values():
-            gate.set()
-        if not task.done():
-            await worker.stop(grace=5)
-            await asyncio.wait_for(task, 10)
+        await env.close(task)
