@@ -4,6 +4,7 @@ admission refusals, tenants and the node context."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 from typing import Annotated, Any, TypedDict
 
@@ -482,3 +483,23 @@ async def test_a_subscription_receives_live_events_emitted_before_its_first_iter
     assert "t" in runtime.live._queues
     await unused.aclose()  # type: ignore[attr-defined]
     assert runtime.live._queues == {}
+
+
+@pytest.mark.asyncio
+async def test_a_finished_run_is_freed_without_the_garbage_collector() -> None:
+    # A worker ends thousands of runs; one left in a reference cycle (the run and its claim
+    # renewer's callbacks) waits for the collector, which then scans all that is live.
+    from wakeful.runtime.loop import Execution
+
+    store = MemoryStore(ManualClock())
+    runtime = Runtime(store)
+    gc.collect()
+    gc.disable()
+    try:
+        handle = await runtime.start("t", linear("a", "b"), {})
+        assert (await handle.result()).state == {"log": ["a", "b"]}
+        del handle
+        await asyncio.sleep(0)  # the run's task is let go by the loop's done callbacks
+        assert not [o for o in gc.get_objects() if isinstance(o, Execution)]
+    finally:
+        gc.enable()

@@ -89,6 +89,10 @@ class Progress:
             self.steps += 1
 
 
+def _ignore(_cause: BaseException) -> None:
+    """A stopped renewer's ``on_fenced``."""
+
+
 class Renewer:
     """Renews one claim every ``renew_every`` seconds while its run shows life, until
     stopped. A ``StaleClaim`` marks the run fenced (it stops at its next superstep); other
@@ -144,13 +148,17 @@ class Renewer:
 
     async def stop(self) -> None:
         """Stop renewing: returns once no renewal is in flight (bounded by twice the
-        policy's ``stop_timeout``)."""
+        policy's ``stop_timeout``). A stopped renewer calls back nothing and lets go of
+        its callbacks (bound methods of its run, which holds it): the finished run is then
+        freed by reference counting, not left as a cycle for the garbage collector."""
         self._stopped = True
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._task is not None:
             await self._task.stop()
+        self._on_fenced = _ignore
+        self._on_stalled = None
 
     def _background(self, body: Callable[[StopSignal], Awaitable[None]]) -> BackgroundTask:
         task = BackgroundTask(
