@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -50,7 +51,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict
@@ -60,7 +61,7 @@ import psycopg
 from benchmarks.common import DEFAULT_DSN, Collector, Database, Result, rounds_argument
 from benchmarks.pgcost import ProcessCpu, ServerCost, add_costs, print_costs, record_cost
 from wakeful import open_store
-from wakeful.fleet import LocalWake, Registry, Worker, submit
+from wakeful.fleet import LocalWake, Registry, Worker, gctune, submit
 from wakeful.runtime import START, ClaimPolicy, Graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +113,7 @@ async def _drained(worker: Worker) -> None:
             return
 
 
-async def wakeful_child(url: str, concurrency: int) -> None:
+async def wakeful_child(url: str, concurrency: int, gc_setting: str = "worker") -> None:
     counter = [0]
     async with open_store(url) as store:
         worker = Worker(
@@ -124,6 +125,8 @@ async def wakeful_child(url: str, concurrency: int) -> None:
             poll_interval=0.5,
             relay=False,
         )
+        # as ``wakeful worker`` does by default (``--gc``, docs/operations.md)
+        gctune.tune(gctune.parse(gc_setting))
         await _go()
         start = time.monotonic()
         running = asyncio.create_task(worker.run())
@@ -256,11 +259,15 @@ async def recovery_child(url: str, directory: Path, worker_id: str) -> None:
     _emit({"done": worker.stats.done})
 
 
-async def _serve(system: str) -> None:
+async def _serve(system: str, gc_setting: str) -> None:
     """A worker process kept for the whole benchmark: each ``prepare TARGET C`` line sets up
-    one drain (printing READY), ``go`` starts it, a RESULT line reports it; EOF ends."""
-    runners = {"wakeful": wakeful_child, "pgqueuer": pgqueuer_child}
-    runners["procrastinate"] = procrastinate_child
+    one drain (printing READY), ``go`` starts it, a RESULT line reports it; EOF ends.
+    ``gc_setting``: the garbage collector's settings of a wakeful worker (``gctune``)."""
+    runners: dict[str, Callable[[str, int], Awaitable[None]]] = {
+        "wakeful": functools.partial(wakeful_child, gc_setting=gc_setting),
+        "pgqueuer": pgqueuer_child,
+        "procrastinate": procrastinate_child,
+    }
     print("READY", flush=True)
     while line := await asyncio.to_thread(sys.stdin.readline):
         command, target, concurrency = line.split()
@@ -273,7 +280,7 @@ def child_main(argv: list[str]) -> None:
     if argv[0] == "recovery":
         asyncio.run(recovery_child(argv[1], Path(argv[2]), argv[3]))
     elif argv[0] in ("wakeful", "pgqueuer", "procrastinate"):
-        asyncio.run(_serve(argv[0]))
+        asyncio.run(_serve(argv[0], argv[1] if len(argv) > 1 else "worker"))
     else:
         raise SystemExit(f"unknown system {argv[0]!r}")
 
@@ -330,7 +337,7 @@ class Workers:
 
     def get(self, system: str) -> list[subprocess.Popen[str]]:
         if system not in self._pools:
-            children = [spawn(system) for _ in range(WORKERS)]
+            children = [spawn(system, GC_SETTING[0]) for _ in range(WORKERS)]
             self._pools[system] = children
             for child in children:
                 expect_ready(child)
@@ -352,6 +359,9 @@ class Workers:
 
 
 WORKER_POOL = Workers()
+GC_SETTING = ["worker"]
+"""The wakeful worker processes' garbage collector settings (``--gc``): as ``wakeful worker``
+runs by default, unless told ``python``."""
 
 
 def drain(
@@ -755,8 +765,17 @@ def main(argv: list[str] | None = None) -> list[Result]:
     )
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="server to benchmark (admin DSN)")
     parser.add_argument("--kill-trials", type=int, default=3, help="SIGKILL trials per store")
+    parser.add_argument(
+        "--gc",
+        default="worker",
+        help="wakeful worker processes' collector settings, as `wakeful worker --gc` takes: "
+        "worker (its default), python, or three thresholds",
+    )
     rounds_argument(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    gctune.parse(args.gc)  # refused here, not in the worker processes
+    GC_SETTING[0] = args.gc
+    return run(args)
 
 
 if __name__ == "__main__":
