@@ -503,3 +503,25 @@ async def test_a_finished_run_is_freed_without_the_garbage_collector() -> None:
         assert not [o for o in gc.get_objects() if isinstance(o, Execution)]
     finally:
         gc.enable()
+
+
+@pytest.mark.asyncio
+async def test_cancelling_a_wait_for_the_result_leaves_the_run_running() -> None:
+    gate = asyncio.Event()
+
+    async def held(state: dict[str, Any]) -> dict[str, Any]:
+        await gate.wait()
+        return {"log": ["held"]}
+
+    g = Graph(State)
+    g.node("held", held).edge(START, "held")
+    handle = await Runtime(MemoryStore(ManualClock())).start("t", g.compile(), {})
+    waiting = asyncio.create_task(handle.result())
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert handle.status == "running" and not handle.done()
+    gate.set()
+    assert (await handle.result()).state == {"log": ["held"]}
+    assert (await handle.result()).status == "completed", "a finished run answers again"
