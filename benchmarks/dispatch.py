@@ -2,7 +2,7 @@
 killed worker's run takes to resume in another worker process.
 
 Run ``python -m benchmarks.dispatch [--n 2000] [--n-single 500] [--rounds 3] [--dsn URL]
-[--kill-trials 3]``.
+[--kill-trials 3] [--gc worker|python|A,B,C]``.
 
 Throughput: ``--n`` dispatches (``--n-single`` at one run per worker) of a trivial one-node
 graph are submitted (untimed), then two worker processes (``Worker(..., concurrency=C,
@@ -11,6 +11,8 @@ dispatches/s = n / (go -> the later worker's drain returned). A dispatch is ``cl
 (leasing the dispatch, claiming its fresh thread and reading it, for up to the free slots
 at once), the admission commit, and the commit of the node's result with the final
 checkpoint that also settles the dispatch ``Done`` (decision 0004): every step durable.
+The wakeful worker processes set the garbage collector as ``wakeful worker`` does by default
+(``--gc worker``: ``wakeful.fleet.gctune``; ``--gc python`` leaves Python's settings).
 The node is an ``async def`` no-op, as are the pgqueuer and procrastinate jobs. C is
 1 and 10 runs per worker, on SQLite (a fresh file) and PostgreSQL (a fresh database). In the
 same run, on the same server, the same number of no-op jobs is drained by two pgqueuer
