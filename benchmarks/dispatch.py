@@ -2,7 +2,7 @@
 killed worker's run takes to resume in another worker process.
 
 Run ``python -m benchmarks.dispatch [--n 2000] [--n-single 500] [--rounds 3] [--dsn URL]
-[--kill-trials 3]``.
+[--kill-trials 3] [--gc worker|python|A,B,C]``.
 
 Throughput: ``--n`` dispatches (``--n-single`` at one run per worker) of a trivial one-node
 graph are submitted (untimed), then two worker processes (``Worker(..., concurrency=C,
@@ -11,6 +11,8 @@ dispatches/s = n / (go -> the later worker's drain returned). A dispatch is ``cl
 (leasing the dispatch, claiming its fresh thread and reading it, for up to the free slots
 at once), the admission commit, and the commit of the node's result with the final
 checkpoint that also settles the dispatch ``Done`` (decision 0004): every step durable.
+The wakeful worker processes set the garbage collector as ``wakeful worker`` does by default
+(``--gc worker``: ``wakeful.fleet.gctune``; ``--gc python`` leaves Python's settings).
 The node is an ``async def`` no-op, as are the pgqueuer and procrastinate jobs. C is
 1 and 10 runs per worker, on SQLite (a fresh file) and PostgreSQL (a fresh database). In the
 same run, on the same server, the same number of no-op jobs is drained by two pgqueuer
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -50,7 +53,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypedDict
@@ -60,7 +63,7 @@ import psycopg
 from benchmarks.common import DEFAULT_DSN, Collector, Database, Result, rounds_argument
 from benchmarks.pgcost import ProcessCpu, ServerCost, add_costs, print_costs, record_cost
 from wakeful import open_store
-from wakeful.fleet import LocalWake, Registry, Worker, submit
+from wakeful.fleet import LocalWake, Registry, Worker, gctune, submit
 from wakeful.runtime import START, ClaimPolicy, Graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -112,7 +115,7 @@ async def _drained(worker: Worker) -> None:
             return
 
 
-async def wakeful_child(url: str, concurrency: int) -> None:
+async def wakeful_child(url: str, concurrency: int, gc_setting: str = "worker") -> None:
     counter = [0]
     async with open_store(url) as store:
         worker = Worker(
@@ -124,6 +127,8 @@ async def wakeful_child(url: str, concurrency: int) -> None:
             poll_interval=0.5,
             relay=False,
         )
+        # as ``wakeful worker`` does by default (``--gc``, docs/operations.md)
+        gctune.tune(gctune.parse(gc_setting))
         await _go()
         start = time.monotonic()
         running = asyncio.create_task(worker.run())
@@ -256,11 +261,15 @@ async def recovery_child(url: str, directory: Path, worker_id: str) -> None:
     _emit({"done": worker.stats.done})
 
 
-async def _serve(system: str) -> None:
+async def _serve(system: str, gc_setting: str) -> None:
     """A worker process kept for the whole benchmark: each ``prepare TARGET C`` line sets up
-    one drain (printing READY), ``go`` starts it, a RESULT line reports it; EOF ends."""
-    runners = {"wakeful": wakeful_child, "pgqueuer": pgqueuer_child}
-    runners["procrastinate"] = procrastinate_child
+    one drain (printing READY), ``go`` starts it, a RESULT line reports it; EOF ends.
+    ``gc_setting``: the garbage collector's settings of a wakeful worker (``gctune``)."""
+    runners: dict[str, Callable[[str, int], Awaitable[None]]] = {
+        "wakeful": functools.partial(wakeful_child, gc_setting=gc_setting),
+        "pgqueuer": pgqueuer_child,
+        "procrastinate": procrastinate_child,
+    }
     print("READY", flush=True)
     while line := await asyncio.to_thread(sys.stdin.readline):
         command, target, concurrency = line.split()
@@ -273,7 +282,7 @@ def child_main(argv: list[str]) -> None:
     if argv[0] == "recovery":
         asyncio.run(recovery_child(argv[1], Path(argv[2]), argv[3]))
     elif argv[0] in ("wakeful", "pgqueuer", "procrastinate"):
-        asyncio.run(_serve(argv[0]))
+        asyncio.run(_serve(argv[0], argv[1] if len(argv) > 1 else "worker"))
     else:
         raise SystemExit(f"unknown system {argv[0]!r}")
 
@@ -330,7 +339,7 @@ class Workers:
 
     def get(self, system: str) -> list[subprocess.Popen[str]]:
         if system not in self._pools:
-            children = [spawn(system) for _ in range(WORKERS)]
+            children = [spawn(system, GC_SETTING[0]) for _ in range(WORKERS)]
             self._pools[system] = children
             for child in children:
                 expect_ready(child)
@@ -352,6 +361,9 @@ class Workers:
 
 
 WORKER_POOL = Workers()
+GC_SETTING = ["worker"]
+"""The wakeful worker processes' garbage collector settings (``--gc``): as ``wakeful worker``
+runs by default, unless told ``python``."""
 
 
 def drain(
@@ -755,8 +767,17 @@ def main(argv: list[str] | None = None) -> list[Result]:
     )
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="server to benchmark (admin DSN)")
     parser.add_argument("--kill-trials", type=int, default=3, help="SIGKILL trials per store")
+    parser.add_argument(
+        "--gc",
+        default="worker",
+        help="wakeful worker processes' collector settings, as `wakeful worker --gc` takes: "
+        "worker (its default), python, or three thresholds",
+    )
     rounds_argument(parser)
-    return run(parser.parse_args(argv))
+    args = parser.parse_args(argv)
+    gctune.parse(args.gc)  # refused here, not in the worker processes
+    GC_SETTING[0] = args.gc
+    return run(args)
 
 
 if __name__ == "__main__":

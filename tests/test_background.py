@@ -204,6 +204,8 @@ async def test_renewals_due_within_one_slot_fire_together_still_spread_over_the_
         assert abs(when / grid - round(when / grid)) < 1e-6, "on the grid"
     slots = len(set(whens))
     assert 10 <= slots <= RENEW_SLOTS // 2 + 1, slots
+    timers = {id(r._timer) for r in renewers}
+    assert len(timers) == slots, "the renewers due at one instant share its one timer"
     for renewer in renewers:
         await renewer.stop()
     assert all(r._timer is None for r in renewers) and store.renewed == []

@@ -4,6 +4,7 @@ admission refusals, tenants and the node context."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import itertools
 from typing import Annotated, Any, TypedDict
 
@@ -482,3 +483,45 @@ async def test_a_subscription_receives_live_events_emitted_before_its_first_iter
     assert "t" in runtime.live._queues
     await unused.aclose()  # type: ignore[attr-defined]
     assert runtime.live._queues == {}
+
+
+@pytest.mark.asyncio
+async def test_a_finished_run_is_freed_without_the_garbage_collector() -> None:
+    # A worker ends thousands of runs; one left in a reference cycle (the run and its claim
+    # renewer's callbacks) waits for the collector, which then scans all that is live.
+    from wakeful.runtime.loop import Execution
+
+    store = MemoryStore(ManualClock())
+    runtime = Runtime(store)
+    gc.collect()
+    gc.disable()
+    try:
+        handle = await runtime.start("t", linear("a", "b"), {})
+        assert (await handle.result()).state == {"log": ["a", "b"]}
+        del handle
+        await asyncio.sleep(0)  # the run's task is let go by the loop's done callbacks
+        assert not [o for o in gc.get_objects() if isinstance(o, Execution)]
+    finally:
+        gc.enable()
+
+
+@pytest.mark.asyncio
+async def test_cancelling_a_wait_for_the_result_leaves_the_run_running() -> None:
+    gate = asyncio.Event()
+
+    async def held(state: dict[str, Any]) -> dict[str, Any]:
+        await gate.wait()
+        return {"log": ["held"]}
+
+    g = Graph(State)
+    g.node("held", held).edge(START, "held")
+    handle = await Runtime(MemoryStore(ManualClock())).start("t", g.compile(), {})
+    waiting = asyncio.create_task(handle.result())
+    await asyncio.sleep(0.01)
+    waiting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiting
+    assert handle.status == "running" and not handle.done()
+    gate.set()
+    assert (await handle.result()).state == {"log": ["held"]}
+    assert (await handle.result()).status == "completed", "a finished run answers again"

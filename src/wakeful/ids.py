@@ -55,7 +55,9 @@ def check_id(field: str, value: object) -> str:
 
 
 def check_optional_id(field: str, value: object) -> str | None:
-    return None if value is None else check_id(field, value)
+    if value is None or (type(value) is str and value in _KNOWN):
+        return value
+    return check_id(field, value)
 
 
 def check_seconds(

@@ -45,9 +45,11 @@ def log_end(
     reason: str | None,
 ) -> None:
     """The line that closes a dispatch attempt (``started``: ``time.monotonic()`` when it
-    began). Nothing is built when INFO is off: a worker writes one per dispatch."""
+    began; ``fields``: ``log_fields(d)``, or empty to have them built here). Nothing is
+    built when INFO is off: a worker writes one per dispatch."""
     if not log.isEnabledFor(logging.INFO):
         return
+    fields = fields or log_fields(d)
     duration = time.monotonic() - started
     log.info(
         "dispatch %s ended %s in %.3f s%s",

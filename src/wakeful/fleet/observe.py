@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from contextlib import AbstractContextManager
 from datetime import datetime
+from types import TracebackType
 
 from wakeful import telemetry
 from wakeful.clock import Clock
@@ -23,13 +23,47 @@ TRACE_FIELD = "trace"
 """The payload field holding the submitter's W3C trace context."""
 
 
-@dataclass
 class Attempt:
-    """One worker attempt at a dispatch; ``outcome`` is set by the worker when it knows
-    (``done``, ``awaiting``, ``retry``, ``fenced``)."""
+    """One worker attempt at a dispatch, observed for as long as it is the ``with`` block
+    of ``WorkerObserver.dispatch`` (its span current, counted as running, its duration
+    recorded at the end); ``outcome`` is set by the worker when it knows (``done``,
+    ``awaiting``, ``retry``, ``fenced``). A plain object rather than a generator's context
+    manager: a worker makes one per dispatch."""
 
-    span: SpanLike
-    outcome: str = "error"
+    __slots__ = ("_began", "_current", "_metrics", "_target", "outcome", "span")
+
+    def __init__(self, span: SpanLike, metrics: Metrics, target: str) -> None:
+        self.span = span
+        self.outcome = "error"
+        self._metrics = metrics
+        self._target = target
+        self._began = time.perf_counter()
+        self._current: AbstractContextManager[object] | None = None
+
+    def __enter__(self) -> Attempt:
+        self._metrics.running.inc()
+        self._current = telemetry.use(self.span)
+        self._current.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        try:
+            if self._current is not None:
+                self._current.__exit__(kind, exc, tb)
+            if exc is not None:
+                telemetry.failed(self.span, exc)
+        finally:
+            self._metrics.running.dec()
+            self._metrics.run_seconds.observe(
+                time.perf_counter() - self._began, target=self._target, outcome=self.outcome
+            )
+            self.span.set_attribute("wakeful.dispatch.outcome", self.outcome)
+            telemetry.finish(self.span)
 
 
 def _nanos(moment: datetime) -> int:
@@ -59,34 +93,19 @@ class WorkerObserver:
         except NotFound:
             return lease.dispatch.kind
 
-    @contextlib.contextmanager
-    def dispatch(self, lease: Lease, polled: tuple[int, int]) -> Iterator[Attempt]:
+    def dispatch(self, lease: Lease, polled: tuple[int, int]) -> Attempt:
         """The attempt at ``lease`` (leased by a ``claim_next`` that ran from ``polled[0]``
-        to ``polled[1]``, in nanoseconds since the epoch): current span for the block."""
+        to ``polled[1]``, in nanoseconds since the epoch), to use as a ``with`` block: its
+        span is current for the block."""
         d = lease.dispatch
         payload = d.payload if isinstance(d.payload, dict) else {}
         target = self.target(lease)
-        began = time.perf_counter()
         available = d.available_at or d.created_at
         if available is not None:  # by the worker's clock, which the store's should match
             wait = (self.clock.now() - available).total_seconds()
             self.metrics.queue_wait.observe(max(wait, 0.0), kind=d.kind)
         span = self._spans(lease, target, payload.get(TRACE_FIELD), polled)
-        attempt = Attempt(span)
-        self.metrics.running.inc()
-        try:
-            with telemetry.use(span):
-                yield attempt
-        except BaseException as exc:
-            telemetry.failed(span, exc)
-            raise
-        finally:
-            self.metrics.running.dec()
-            self.metrics.run_seconds.observe(
-                time.perf_counter() - began, target=target, outcome=attempt.outcome
-            )
-            span.set_attribute("wakeful.dispatch.outcome", attempt.outcome)
-            telemetry.finish(span)
+        return Attempt(span, self.metrics, target)
 
     def _spans(
         self, lease: Lease, target: str, carrier: object, polled: tuple[int, int]

@@ -267,9 +267,11 @@ class Worker:
         """Run and settle one lease; how it ended (``done``, ``awaiting``, ``retry``,
         ``fenced``)."""
         d, claim = lease.dispatch, lease.claim
-        fields = log_fields(d)
+        # the fields are built only for a line written (``log_end`` builds them if INFO is
+        # turned on meanwhile)
+        fields = log_fields(d) if log.isEnabledFor(logging.INFO) else {}
         started = time.monotonic()
-        if log.isEnabledFor(logging.INFO):  # its fields are built only for a line written
+        if fields:
             log.info(
                 "dispatch %s started: %s on thread %s (attempt %d of %d)",
                 d.dispatch_id,
@@ -314,7 +316,7 @@ class Worker:
                 d.max_attempts,
                 outcome.delay,
                 outcome.error,
-                extra={**fields, "outcome": "retry", "reason": outcome.error},
+                extra={**(fields or log_fields(d)), "outcome": "retry", "reason": outcome.error},
             )
             log_end(log, d, fields, started, "retry", outcome.error)
         else:

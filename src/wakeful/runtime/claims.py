@@ -15,6 +15,7 @@ import functools
 import logging
 import math
 import random
+import weakref
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
@@ -89,6 +90,57 @@ class Progress:
             self.steps += 1
 
 
+class _Grid:
+    """One event loop's renewal timers: one timer per instant of the renewal grid, shared by
+    every renewer due then (a worker starts and ends hundreds of runs a second, and most end
+    before their first renewal: a timer of their own each, made and cancelled, cost the
+    loop's timer heap a push and a purge per run)."""
+
+    __slots__ = ("due",)
+
+    def __init__(self) -> None:
+        self.due: dict[float, tuple[asyncio.TimerHandle, dict[Renewer, float]]] = {}
+
+    def add(
+        self, loop: asyncio.AbstractEventLoop, when: float, renewer: Renewer, interval: float
+    ) -> asyncio.TimerHandle:
+        """Call ``renewer._due(interval)`` at ``when``; the timer it shares."""
+        slot = self.due.get(when)
+        if slot is None:
+            slot = self.due[when] = (loop.call_at(when, self._fire, when), {})
+        slot[1][renewer] = interval
+        return slot[0]
+
+    def remove(self, when: float, renewer: Renewer) -> None:
+        slot = self.due.get(when)
+        if slot is not None:
+            slot[1].pop(renewer, None)
+
+    def _fire(self, when: float) -> None:
+        _, renewers = self.due.pop(when)
+        for renewer, interval in renewers.items():
+            renewer._due(interval)
+
+
+_GRIDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Grid] = weakref.WeakKeyDictionary()
+
+
+def _grid(loop: asyncio.AbstractEventLoop) -> _Grid | None:
+    """The loop's grid; None for a loop that cannot be weakly referenced (its renewers then
+    keep a timer each)."""
+    try:
+        grid = _GRIDS.get(loop)
+        if grid is None:
+            grid = _GRIDS[loop] = _Grid()
+    except TypeError:
+        return None
+    return grid
+
+
+def _ignore(_cause: BaseException) -> None:
+    """A stopped renewer's ``on_fenced``."""
+
+
 class Renewer:
     """Renews one claim every ``renew_every`` seconds while its run shows life, until
     stopped. A ``StaleClaim`` marks the run fenced (it stops at its next superstep); other
@@ -126,6 +178,8 @@ class Renewer:
         self._on_stalled = on_stalled
         self._task: BackgroundTask | None = None
         self._timer: asyncio.TimerHandle | None = None
+        """The (shared) timer of the next renewal, while one is armed."""
+        self._armed: tuple[_Grid, float] | None = None
         self._stopped = False
         self._seen = -1  # the run's start is progress: the first interval never counts as idle
         self._idle = 0.0
@@ -144,13 +198,20 @@ class Renewer:
 
     async def stop(self) -> None:
         """Stop renewing: returns once no renewal is in flight (bounded by twice the
-        policy's ``stop_timeout``)."""
+        policy's ``stop_timeout``). A stopped renewer calls back nothing and lets go of
+        its callbacks (bound methods of its run, which holds it): the finished run is then
+        freed by reference counting, not left as a cycle for the garbage collector."""
         self._stopped = True
-        if self._timer is not None:
+        if self._armed is not None:  # a shared timer: only this renewer leaves it
+            grid, when = self._armed
+            grid.remove(when, self)
+        elif self._timer is not None:
             self._timer.cancel()
-            self._timer = None
+        self._armed = self._timer = None
         if self._task is not None:
             await self._task.stop()
+        self._on_fenced = _ignore
+        self._on_stalled = None
 
     def _background(self, body: Callable[[StopSignal], Awaitable[None]]) -> BackgroundTask:
         task = BackgroundTask(
@@ -161,7 +222,7 @@ class Renewer:
 
     def _due(self, interval: float) -> None:
         """The timer fired: one renewal, in a task of its own."""
-        self._timer = None
+        self._armed = self._timer = None
         if not self._stopped:
             self._task = self._background(functools.partial(self._once, interval))
 
@@ -176,9 +237,14 @@ class Renewer:
         grouped statement on PostgreSQL instead of one each), still spread over the
         period."""
         loop = asyncio.get_running_loop()
-        grid = self._policy.renew_every / RENEW_SLOTS
-        when = math.ceil((loop.time() + interval) / grid) * grid
-        self._timer = loop.call_at(when, self._due, interval)
+        step = self._policy.renew_every / RENEW_SLOTS
+        when = math.ceil((loop.time() + interval) / step) * step
+        grid = _grid(loop)
+        if grid is None:
+            self._timer = loop.call_at(when, self._due, interval)
+            return
+        self._timer = grid.add(loop, when, self, interval)
+        self._armed = (grid, when)
 
     async def _run(self, interval: float, signal: StopSignal) -> None:
         while True:

@@ -81,7 +81,7 @@ class NodeContext:
         self.node = node
         self.fencing_token = fencing_token
         """The claim token this run writes under; pass it to a system that can fence."""
-        self.idempotency_key = idempotency_key(thread_id, run_id, step, task_id)
+        self._key: str | None = None
         self.arg = arg
         self.recovered = recovered
         """The run was recovered at this task's superstep: an earlier attempt may have
@@ -101,6 +101,14 @@ class NodeContext:
         self.messages: list[Message] = []
         self.outbox: list[OutboxEntry] = []
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
+
+    @property
+    def idempotency_key(self) -> str:
+        """Deterministic per thread, run, superstep and task (``idempotency_key``); made
+        when first asked for (most nodes never ask)."""
+        if self._key is None:
+            self._key = idempotency_key(self.thread_id, self.run_id, self.step, self.task_id)
+        return self._key
 
     @property
     def store(self) -> ThreadStore:

@@ -244,8 +244,10 @@ class CompiledGraph:
                 f"graph {self.name!r} takes a JSON object of its state fields "
                 f"{sorted(self.graph.channels)}, got {_json_kind(input)}",
             )
-        unknown = sorted(str(k) for k in input if k not in self.graph.channels)
-        if unknown:
+        if not input:  # a run started without input (no field to look up)
+            return {}
+        if not input.keys() <= self.graph.channels.keys():
+            unknown = sorted(str(k) for k in input if k not in self.graph.channels)
             raise InvalidInput(
                 "input",
                 f"graph {self.name!r} has no state fields {unknown}; its fields are "

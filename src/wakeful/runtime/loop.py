@@ -287,10 +287,10 @@ class Execution:
             error = f"barrier of step {step} failed: {exc}"
             await self._end("failed", "run.failed", {"error": error})
             raise RunFailed(self.thread_id, self.run_id, error) from exc
+        status: RunStatus = "running" if tasks else "completed"
         nxt = self._next_checkpoint(
-            cp, "running" if tasks else "completed", state, frontier_entries(step + 1, tasks)
+            cp, status, state, frontier_entries(step + 1, tasks), step=step + 1
         )
-        nxt = msgspec.structs.replace(nxt, metadata={**nxt.metadata, "step": step + 1})
         carried = tuple(e for r in results for e in r.events)
         messages = tuple(m for r in results for m in r.messages)
         outbox = tuple(o for r in results for o in r.outbox)
@@ -392,9 +392,6 @@ class Execution:
                 with self.progress.wait():
                     await self.sleep(retry.delay(attempt))
         self.progress.moved()
-        write = PendingWrite(
-            checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value={"updates": updates}
-        )
         done = EventDraft(
             type="task.completed",
             data={"node": spec.name, "step": step, "updates": updates},
@@ -415,6 +412,9 @@ class Execution:
                 outbox=outbox,
                 callbacks=callbacks,
             )
+        write = PendingWrite(
+            checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value={"updates": updates}
+        )
         try:
             await self._writer.submit(
                 Commit(

@@ -87,10 +87,10 @@ class _Admission:
         the thread as read had no messages (then it is exactly ``messages``), else None."""
 
     def build(
-        self, thread_id: str, snap: ThreadSnapshot | None, clock: Clock
+        self, thread_id: str, snap: ThreadSnapshot | None, clock: Clock, token: int = 0
     ) -> tuple[Checkpoint, Commit]:
-        """Raises ``RunInProgress`` while the thread's last run is unfinished. The commit's
-        token is 0: the caller puts its claim's token in."""
+        """Raises ``RunInProgress`` while the thread's last run is unfinished. The commit is
+        under ``token`` (0 for ``claim_and_commit``, whose claim supplies it)."""
         latest = snap.checkpoint if snap is not None else None
         if latest is not None and latest.status in ("running", "suspended"):
             raise RunInProgress(thread_id, latest.run_id, latest.status)
@@ -128,7 +128,7 @@ class _Admission:
             checkpoint_id=first.id,
         )
         commit = Commit(
-            token=0,
+            token=token,
             checkpoint=first,
             events=(event,),
             messages=self.messages,
@@ -301,10 +301,8 @@ class Runtime:
                     owned = True
                 else:
                     claim, snap = await self._admit(thread_id, tenant, claim, snapshot)
-                    first, commit = admission.build(thread_id, snap, self.clock)
-                    await self._commit(
-                        thread_id, msgspec.structs.replace(commit, token=claim.token)
-                    )
+                    first, commit = admission.build(thread_id, snap, self.clock, claim.token)
+                    await self._commit(thread_id, commit)
                     owned = False
         except BaseException as exc:
             telemetry.finish(attempt, exc)

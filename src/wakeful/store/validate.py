@@ -307,10 +307,11 @@ def encode_commit(thread_id: str, commit: Commit) -> EncodedCommit:
     if copy.settle is not None:
         check_id("settle.dispatch_id", copy.settle.dispatch_id)
         check_outcome(copy.settle.outcome)
-    for checkpoint_id in copy.drop_checkpoints:
-        check_id("drop_checkpoints", checkpoint_id)
-    if len(set(copy.drop_checkpoints)) != len(copy.drop_checkpoints):
-        raise InvalidInput("drop_checkpoints", "names a checkpoint more than once")
+    if copy.drop_checkpoints:
+        for checkpoint_id in copy.drop_checkpoints:
+            check_id("drop_checkpoints", checkpoint_id)
+        if len(set(copy.drop_checkpoints)) != len(copy.drop_checkpoints):
+            raise InvalidInput("drop_checkpoints", "names a checkpoint more than once")
     return EncodedCommit(copy, body)
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from datetime import datetime
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from wakeful.errors import InvalidCommit, ReplayUnavailable
@@ -169,11 +170,22 @@ def _columns(items: Sequence[T], *parts: Callable[[T], object]) -> tuple[TextArr
     return tuple(_column(items, part) for part in parts)
 
 
+_TASK_ID, _CHECKPOINT_ID, _ID = attrgetter("task_id"), attrgetter("checkpoint_id"), attrgetter("id")
+_OUTBOX_COLUMNS = (
+    attrgetter("message_id"),
+    attrgetter("target_thread"),
+    attrgetter("correlation_id"),
+)
+_NO_OUTBOX: tuple[None, ...] = (None,) * (len(_OUTBOX_COLUMNS) + 1)
+
+
 def _commit_params(encoded: EncodedCommit) -> tuple[object, ...]:
     """The parameters of a checked commit after its thread and token (``_COMMIT_ARGS``);
-    the JSON bodies are cut from the commit's one encoding."""
+    the JSON bodies are cut from the commit's one encoding. A part the commit does not
+    have is None, without a look at the encoding (a run's commits have few parts)."""
     commit = encoded.commit
     cp = commit.checkpoint
+    writes, messages, outbox = commit.writes, commit.messages, commit.outbox
     status: str | None = None
     delay: float | None = None
     error: str | None = None
@@ -191,20 +203,18 @@ def _commit_params(encoded: EncodedCommit) -> tuple[object, ...]:
         cp.tenant if cp else None,
         cp.status if cp else None,
         encoded.checkpoint_text(),
-        _column(commit.writes, lambda w: w.task_id),
-        _column(commit.writes, lambda w: w.checkpoint_id),
-        _texts(encoded.write_texts()),
-        _texts(encoded.event_texts()),
-        _column(commit.messages, lambda m: m.id),
-        _texts(encoded.message_texts()),
-        *_columns(
-            commit.outbox,
-            lambda o: o.message_id,
-            lambda o: o.target_thread,
-            lambda o: o.correlation_id,
+        _column(writes, _TASK_ID),
+        _column(writes, _CHECKPOINT_ID),
+        _texts(encoded.write_texts()) if writes else None,
+        _texts(encoded.event_texts()) if commit.events else None,
+        _column(messages, _ID),
+        _texts(encoded.message_texts()) if messages else None,
+        *(
+            (*_columns(outbox, *_OUTBOX_COLUMNS), _texts(encoded.outbox_payload_texts()))
+            if outbox
+            else _NO_OUTBOX
         ),
-        _texts(encoded.outbox_payload_texts()),
-        _texts(list(commit.consume)),
+        _texts(commit.consume),
         commit.release,
         commit.settle.dispatch_id if commit.settle is not None else None,
         status,
