@@ -71,8 +71,10 @@ class Saves:
         flight.add_done_callback(self._landed)
 
     def _landed(self, flight: asyncio.Future[Any]) -> None:
-        if flight is not self._flight:
-            return  # abandoned by a drain; what it did no longer concerns the turn
+        if flight is not self._flight:  # abandoned by a drain: no longer the turn's concern
+            if not flight.cancelled():
+                flight.exception()  # retrieved, so nothing reports it as never retrieved
+            return
         self._flight = None
         if flight.cancelled():
             self._failed(asyncio.CancelledError("the stream checkpoint write was cancelled"))
