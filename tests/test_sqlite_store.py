@@ -645,6 +645,45 @@ async def test_stream_checkpoint_puts_are_grouped_and_fenced_one_by_one(tmp_path
             assert got is None or got.updated_at is not None
 
 
+@pytest.mark.asyncio
+async def test_a_stream_checkpoint_batch_fences_each_row_in_order(tmp_path: Path) -> None:
+    """One batch (the claims read once, the rows written by one ``executemany``): two puts of
+    a run keep the later, a stale token and an unknown thread are refused, and more threads
+    than one ``IN`` list holds are all checked."""
+    import functools
+
+    from wakeful.records import StreamCheckpoint
+    from wakeful.store.sqlite import messaging
+    from wakeful.store.validate import encode_stream_checkpoint
+
+    async with open_store(f"sqlite:///{tmp_path}/s.db") as store:
+        n = messaging._IN_CHUNK + 20
+        claims = [await store.claim(f"t{i}", "w", 30) for i in range(n)]
+
+        def cp(run: str, thread: str, token: int, text: str) -> Any:
+            return encode_stream_checkpoint(
+                StreamCheckpoint(
+                    run_id=run, thread_id=thread, model="m", partial_text=text, token=token
+                )
+            )
+
+        batch = [cp(f"r{i}", f"t{i}", c.token, "x") for i, c in enumerate(claims)]
+        batch += [
+            cp("r0", "t0", claims[0].token, "later"),
+            cp("r1", "t1", claims[1].token + 1, "stale"),
+            cp("r-none", "t-none", 1, "no such thread"),
+        ]
+        stored = await store._write(  # type: ignore[attr-defined]
+            functools.partial(messaging.put_stream_checkpoints, checkpoints=batch)
+        )
+        assert stored == [True] * n + [True, False, False]
+        got = [await store.stream_checkpoints.get(r) for r in ("r0", "r1", "r-none")]
+        assert got[0] is not None and got[0].partial_text == "later"
+        assert got[1] is not None and got[1].partial_text == "x" and got[2] is None
+        last = await store.stream_checkpoints.get(f"r{n - 1}")
+        assert last is not None and last.updated_at is not None
+
+
 # ------------------------------------------------------------------ commit cost (issue 22)
 
 

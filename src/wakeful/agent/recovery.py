@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from wakeful.agent.observe import TurnObserver
-from wakeful.background import BackgroundTask, StopSignal
+from wakeful.agent.saves import Saves
 from wakeful.backoff import backoff_delay
 from wakeful.providers.base import (
     MAX_RETRY_AFTER,
@@ -178,14 +178,13 @@ class StreamRecovery:
     waiting: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
     """Marks the run as known to be waiting (``NodeContext.waiting``) while the model
     streams (its silence is bounded by ``idle_timeout``) and during a backoff sleep."""
-    _saver: BackgroundTask | None = field(default=None, init=False)
+    _saves: Saves | None = field(default=None, init=False)
     metrics: Metrics | None = None
     """Where the model metrics go (time to first token, tokens/s, retries, recoveries)."""
     _seen: TurnObserver = field(init=False)
     message_id: str | None = None
     """The id the committed assistant message will have; live deltas and checkpoints name
     the turn by it."""
-    _next_save: StreamCheckpoint | None = field(default=None, init=False)
     live_wanted: Callable[[str], bool] | None = None
     """Whether a live event of a type would reach anybody now (``NodeContext.wants_live``):
     deltas nobody would receive are not built. ``None``: always build them."""
@@ -441,37 +440,27 @@ class StreamRecovery:
 
     def _save_in_background(self, acc: Accumulator, attempts: int) -> None:
         """Save without making the stream wait: one write in flight at a time, and while it
-        runs only the newest snapshot waits its turn. One saver task per turn, woken for
-        each snapshot (a task per save was most of the objects a stream left for the
-        garbage collector)."""
+        runs only the newest snapshot waits its turn (``agent.saves``: no task per turn)."""
         if self.checkpoints is None or acc.empty():
             return
-        self._next_save = self._snapshot(acc, attempts)
-        if self._saver is None or not self._saver.running:
-            self._saver = BackgroundTask(
-                f"stream-checkpoint:{self.run_id}", self._save_chain, logger=log
+        if self._saves is None:
+            self._saves = Saves(
+                self.checkpoints,
+                f"stream-checkpoint:{self.run_id}",
+                self._saved,
+                self._checkpoint_failed,
+                log,
             )
-            self._saver.start()
-        else:
-            self._saver.signal.wake()
-
-    async def _save_chain(self, signal: StopSignal) -> None:
-        # Ends once a drain has begun (``signal``); nothing queues a new snapshot then, so
-        # at most the one in flight and the one queued are written.
-        while True:
-            while (snapshot := self._next_save) is not None:
-                self._next_save = None
-                await self._put(snapshot)
-            if await signal.idle() and self._next_save is None:
-                return
+        self._saves.save(self._snapshot(acc, attempts))
 
     async def _drain_saves(self) -> None:
         """End the background writes once what is queued has landed (bounded: see
-        ``wakeful.background``)."""
-        if self._saver is not None:
-            await self._saver.stop()
-            self._saver = None
-        self._next_save = None
+        ``agent.saves``)."""
+        if self._saves is not None:
+            await self._saves.drain()
+
+    def _saved(self) -> None:
+        self.counters["checkpoints"] = self.counters.get("checkpoints", 0) + 1
 
     async def _save(self, acc: Accumulator, attempts: int, *, force: bool = False) -> None:
         if self.checkpoints is None or (acc.empty() and not force):
@@ -497,7 +486,7 @@ class StreamRecovery:
             return
         try:
             await self.checkpoints.put(checkpoint)
-            self.counters["checkpoints"] = self.counters.get("checkpoints", 0) + 1
+            self._saved()
         except Exception as exc:
             self._checkpoint_failed(exc)
 

@@ -195,6 +195,21 @@ class TextArray(PgArray):
         return _HEAD(1, 1, 25, len(items), 1) + b"".join(parts)
 
 
+class Utf8Array(PgArray):
+    """``text[]`` of ``bytes`` already UTF-8 (a JSON body as encoded: no decode and
+    re-encode per element); no NULLs."""
+
+    __slots__ = ()
+    element_oid = 25
+
+    def binary(self) -> bytes:
+        items = self.items
+        if not items:
+            return _EMPTY(0, 0, 25)
+        body = b"".join([_LENGTH(len(b)) + b for b in items])
+        return _HEAD(1, 0, 25, len(items), 1) + body
+
+
 def _fixed(element_oid: int, code: str, doc: str) -> type[PgArray]:
     size = struct.calcsize(">" + code)
     pack = struct.Struct(">i" + code).pack
@@ -248,7 +263,7 @@ def _register(cls: type[PgArray], array_oid: int) -> None:
     psycopg.adapters.register_dumper(cls, _Dumper)
 
 
-for _cls, _oid in ((TextArray, 1009), (Int4Array, 1007), (Int8Array, 1016)):
+for _cls, _oid in ((TextArray, 1009), (Utf8Array, 1009), (Int4Array, 1007), (Int8Array, 1016)):
     _register(_cls, _oid)
 _register(Float8Array, 1022)
 _register(BoolArray, 1000)

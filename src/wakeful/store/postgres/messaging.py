@@ -18,14 +18,11 @@ from wakeful.background import BackgroundTask, StopSignal
 from wakeful.errors import StoreClosed, StreamCheckpointError, WakefulError
 from wakeful.ids import check_count, check_id
 from wakeful.records import InboxMessage, StreamCheckpoint
+from wakeful.store import streamputs
 from wakeful.store.postgres import codec
-from wakeful.store.postgres.codec import Int8Array, TextArray
+from wakeful.store.postgres.codec import Int8Array, TextArray, Utf8Array
 from wakeful.store.postgres.connection import Database, big, utc
-from wakeful.store.validate import (
-    EncodedStreamCheckpoint,
-    check_discard,
-    encode_stream_checkpoint,
-)
+from wakeful.store.validate import check_discard
 
 _INBOX = """
 SELECT message_id, correlation_id, payload, revision, at, source_thread
@@ -97,7 +94,7 @@ class PostgresStreamCheckpoints:
 
     def __init__(self, db: Database) -> None:
         self._db = db
-        self._queue: list[tuple[EncodedStreamCheckpoint, asyncio.Future[bool]]] = []
+        self._queue: list[streamputs.Queued] = []
         self._discards: list[tuple[tuple[str, str, int, int], asyncio.Future[None]]] = []
         """(run id, task id, token, the puts queued before it), in arrival order."""
         self._puts_queued = 0
@@ -125,29 +122,19 @@ class PostgresStreamCheckpoints:
         return checkpoint
 
     async def put(self, checkpoint: StreamCheckpoint) -> None:
-        try:
-            encoded = encode_stream_checkpoint(checkpoint)
-        except WakefulError as exc:
-            raise StreamCheckpointError(
-                getattr(checkpoint, "run_id", "?"), "invalid", str(exc)
-            ) from exc
-        copy = encoded.checkpoint
+        await self.put_soon(checkpoint)
+
+    def put_soon(self, checkpoint: StreamCheckpoint) -> asyncio.Future[None]:
+        """``put`` as a future (``wakeful.store.streamputs``): validated and queued now,
+        raising as ``put`` does; the future ends as the awaited ``put`` would."""
+        encoded = streamputs.checked(checkpoint)
         if self._db.closed:
-            raise StreamCheckpointError(copy.run_id, "storage", "the store is closed")
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            raise StreamCheckpointError(encoded.checkpoint.run_id, "storage", "the store is closed")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((encoded, done))
         self._puts_queued += 1
         self._start_writer()
-        try:
-            stored = await done
-        except Exception as exc:
-            raise StreamCheckpointError(copy.run_id, "storage", str(exc)) from exc
-        if not stored:
-            raise StreamCheckpointError(
-                copy.run_id,
-                "stale",
-                f"token {copy.token} is not the current claim of thread {copy.thread_id!r}",
-            )
+        return done
 
     async def discard(self, run_id: str, task_id: str, token: int) -> None:
         check_discard(run_id, task_id, token)
@@ -188,18 +175,17 @@ class PostgresStreamCheckpoints:
             TextArray([c.run_id for c in rows]),
             TextArray([c.thread_id for c in rows]),
             Int8Array([big(c.token) for c in rows]),
-            TextArray([str(e.body, "utf-8") for e, _ in batch]),
+            Utf8Array([e.body for e, _ in batch]),
             [c.updated_at for c in rows],
         )
         try:
             found = await self._db.fetchall(_STREAM_PUTS, params)
         except Exception as exc:
-            _fail(batch, exc)
+            streamputs.fail(batch, exc)
             return
         self.statements += 1
-        for (_, done), (stored,) in zip(batch, found, strict=True):
-            if not done.done():
-                done.set_result(bool(stored))
+        for item, (stored,) in zip(batch, found, strict=True):
+            streamputs.answer(item, stored)
 
     async def _write_discards(self) -> None:
         ready = 0  # the discards whose earlier puts are all written (a prefix: arrival order)
@@ -228,7 +214,7 @@ class PostgresStreamCheckpoints:
         queued, self._queue = self._queue, []
         self._puts_written += len(queued)
         discards, self._discards = self._discards, []
-        _fail(queued, StoreClosed())
+        streamputs.fail(queued, StoreClosed())
         _fail(discards, StoreClosed())
 
     async def close(self) -> None:

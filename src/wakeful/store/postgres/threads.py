@@ -224,14 +224,19 @@ def _commit_params(encoded: EncodedCommit) -> tuple[object, ...]:
 
 
 def _receipt(
-    thread_id: str, commit: Commit, version: int, checkpoint_id: str | None, first: int, count: int
+    thread_id: str,
+    operation_id: str | None,
+    version: int,
+    checkpoint_id: str | None,
+    first: int,
+    count: int,
 ) -> Receipt:
     return Receipt(
         thread_id=thread_id,
         version=version,
         checkpoint_id=checkpoint_id,
         events=tuple(range(first, first + count)),
-        operation_id=commit.operation_id,
+        operation_id=operation_id,
     )
 
 
@@ -270,40 +275,44 @@ class ThreadOps:
 
     async def commit(self, thread_id: str, commit: Commit) -> Receipt:
         encoded = encode_commit(thread_id, commit)
-        commit = encoded.commit
-        params = (thread_id, big(commit.token), *_commit_params(encoded))
+        params = (thread_id, big(encoded.commit.token), *_commit_params(encoded))
+        # While the commit waits its turn (a thousand runs ending together queue theirs in
+        # the group), only its parameters are held: not the checked copy and its JSON.
+        operation_id, drops = encoded.commit.operation_id, encoded.commit.drop_checkpoints
+        del encoded, commit
         replayed, version, checkpoint_id, first, count = await self._write(
-            COMMIT, params, thread_id, commit
+            COMMIT, params, thread_id, drops
         )
         if count and not replayed:
             self._notifier.notify(thread_id)
-        return _receipt(thread_id, commit, version, checkpoint_id, first, count)
+        return _receipt(thread_id, operation_id, version, checkpoint_id, first, count)
 
     async def claim_and_commit(
         self, thread_id: str, holder: str, ttl: float, commit: Commit
     ) -> tuple[Claim, Receipt]:
         # commit.token is ignored; the payload hash never covers the token
         ttl, encoded = encode_claim_and_commit(thread_id, holder, ttl, commit)
-        commit = encoded.commit
         params = (thread_id, holder, ttl, *_commit_params(encoded))
-        row = await self._write(_CLAIM_AND_COMMIT, params, thread_id, commit)
+        operation_id, drops = encoded.commit.operation_id, encoded.commit.drop_checkpoints
+        del encoded, commit
+        row = await self._write(_CLAIM_AND_COMMIT, params, thread_id, drops)
         token, expires, replayed, version, checkpoint_id, first, count = row
         if count and not replayed:
             self._notifier.notify(thread_id)
         claim = Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
-        return claim, _receipt(thread_id, commit, version, checkpoint_id, first, count)
+        return claim, _receipt(thread_id, operation_id, version, checkpoint_id, first, count)
 
     async def _write(
-        self, template: str, params: tuple[object, ...], thread_id: str, commit: Commit
+        self, template: str, params: tuple[object, ...], thread_id: str, drops: Sequence[str]
     ) -> Any:
         """One commit function call; with ``drop_checkpoints``, in one transaction with the
         deletion of those checkpoints (a refusal rolls both back)."""
-        if not commit.drop_checkpoints:
+        if not drops:
             if template is COMMIT:
                 return await self._group.commit(params)
             return await self._db.fetchone(template, params)
         query, present, delete = (self._db.sql(t) for t in (template, _PRESENT, _DROP))
-        names = {"thread": thread_id, "drop": list(commit.drop_checkpoints)}
+        names = {"thread": thread_id, "drop": list(drops)}
 
         async def op(conn: Conn) -> Any:
             async with conn.transaction():
@@ -312,7 +321,7 @@ class ThreadOps:
                 replayed, latest = row[-5], row[-3]
                 if not replayed:
                     found = {r[0] for r in await (await conn.execute(present, names)).fetchall()}
-                    for dropped in commit.drop_checkpoints:
+                    for dropped in drops:
                         if dropped == latest or dropped not in found:
                             raise InvalidCommit(thread_id, drop_refusal(dropped, latest))
                     await conn.execute(delete, names)

@@ -83,25 +83,42 @@ def put_stream_checkpoints(
     conn: sqlite3.Connection, now: datetime, checkpoints: list[EncodedStreamCheckpoint]
 ) -> list[bool]:
     """Store each checkpoint if its token is its thread's current claim (fenced puts, in
-    order; ``updated_at`` defaults to ``now``); whether each was stored."""
+    order; ``updated_at`` defaults to ``now``); whether each was stored. The claims are
+    read once for the batch and the stored rows written by one ``executemany``, in the
+    writer's one transaction (nothing changes a claim between the two)."""
+    threads = list({e.checkpoint.thread_id for e in checkpoints})
+    claims: dict[str, int | None] = {}
+    for start in range(0, len(threads), _IN_CHUNK):
+        chunk = threads[start : start + _IN_CHUNK]
+        claims.update(
+            conn.execute(
+                f"SELECT thread_id, token FROM threads WHERE thread_id IN "
+                f"({','.join('?' * len(chunk))})",
+                chunk,
+            ).fetchall()
+        )
     stored: list[bool] = []
+    rows: list[tuple[str, str, str]] = []
     for encoded in checkpoints:
         checkpoint = encoded.checkpoint
-        row = conn.execute(
-            "SELECT token FROM threads WHERE thread_id = ?", (checkpoint.thread_id,)
-        ).fetchone()
-        if row is None or row[0] is None or row[0] != checkpoint.token:
+        token = claims.get(checkpoint.thread_id)
+        if token is None or token != checkpoint.token:
             stored.append(False)
             continue
-        body = encoded.stamped(now).body.decode()
-        conn.execute(
-            "INSERT INTO stream_checkpoints (run_id, thread_id, body) VALUES (?, ?, ?) "
-            "ON CONFLICT (run_id) DO UPDATE "
-            "SET thread_id = excluded.thread_id, body = excluded.body",
-            (checkpoint.run_id, checkpoint.thread_id, body),
-        )
+        rows.append((checkpoint.run_id, checkpoint.thread_id, encoded.stamped(now).body.decode()))
         stored.append(True)
+    conn.executemany(
+        "INSERT INTO stream_checkpoints (run_id, thread_id, body) VALUES (?, ?, ?) "
+        "ON CONFLICT (run_id) DO UPDATE "
+        "SET thread_id = excluded.thread_id, body = excluded.body",
+        rows,
+    )
     return stored
+
+
+_IN_CHUNK = 500
+"""Thread ids per ``IN (...)`` list at most (SQLite's default limit on parameters is 999
+before 3.32)."""
 
 
 def get_stream_checkpoint(conn: sqlite3.Connection, run_id: str) -> StreamCheckpoint | None:

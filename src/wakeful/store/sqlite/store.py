@@ -45,12 +45,12 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
+from wakeful.store import streamputs
 from wakeful.store.projected import DISPATCH_KINDS
 from wakeful.store.sqlite import messaging, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
 from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
-    EncodedStreamCheckpoint,
     check_depth_limit,
     check_discard,
     check_dispatch,
@@ -61,7 +61,6 @@ from wakeful.store.validate import (
     check_token,
     encode_claim_and_commit,
     encode_commit,
-    encode_stream_checkpoint,
 )
 
 T = TypeVar("T")
@@ -377,7 +376,7 @@ class SqliteStreamCheckpoints:
 
     def __init__(self, store: SqliteStore) -> None:
         self._store = store
-        self._queue: list[tuple[EncodedStreamCheckpoint, asyncio.Future[bool]]] = []
+        self._queue: list[streamputs.Queued] = []
         self._writer: BackgroundTask | None = None
         self.batches = 0
         """Write jobs that stored puts (for tests and benchmarks)."""
@@ -392,30 +391,20 @@ class SqliteStreamCheckpoints:
             raise StreamCheckpointError(run_id, "storage", str(exc)) from exc
 
     async def put(self, checkpoint: StreamCheckpoint) -> None:
-        try:
-            encoded = encode_stream_checkpoint(checkpoint)
-        except WakefulError as exc:
-            raise StreamCheckpointError(
-                getattr(checkpoint, "run_id", "?"), "invalid", str(exc)
-            ) from exc
-        copy = encoded.checkpoint
+        await self.put_soon(checkpoint)
+
+    def put_soon(self, checkpoint: StreamCheckpoint) -> asyncio.Future[None]:
+        """``put`` as a future (``wakeful.store.streamputs``): validated and queued now,
+        raising as ``put`` does; the future ends as the awaited ``put`` would."""
+        encoded = streamputs.checked(checkpoint)
         if self._store._closed:
-            raise StreamCheckpointError(copy.run_id, "storage", "the store is closed")
-        done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            raise StreamCheckpointError(encoded.checkpoint.run_id, "storage", "the store is closed")
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((encoded, done))
         if self._writer is None or not self._writer.running:
             self._writer = BackgroundTask("wakeful-sqlite-stream-puts", self._write)
             self._writer.start()
-        try:
-            stored = await done
-        except Exception as exc:
-            raise StreamCheckpointError(copy.run_id, "storage", str(exc)) from exc
-        if not stored:
-            raise StreamCheckpointError(
-                copy.run_id,
-                "stale",
-                f"token {copy.token} is not the current claim of thread {copy.thread_id!r}",
-            )
+        return done
 
     async def _write(self, signal: StopSignal) -> None:
         """Write what is queued, batch after batch, until the queue is empty (or stopped:
@@ -428,21 +417,16 @@ class SqliteStreamCheckpoints:
                     functools.partial(messaging.put_stream_checkpoints, checkpoints=rows)
                 )
             except Exception as exc:
-                for _, done in batch:
-                    if not done.done():
-                        done.set_exception(exc)
+                streamputs.fail(batch, exc)
                 continue
             self.batches += 1
-            for (_, done), ok in zip(batch, stored, strict=True):
-                if not done.done():
-                    done.set_result(ok)
+            for item, ok in zip(batch, stored, strict=True):
+                streamputs.answer(item, ok)
         self._fail_queued()
 
     def _fail_queued(self) -> None:
         queued, self._queue = self._queue, []
-        for _, done in queued:
-            if not done.done():
-                done.set_exception(StoreClosed())
+        streamputs.fail(queued, StoreClosed())
 
     async def close(self) -> None:
         """Stop the writer (bounded, see ``wakeful.background``); queued puts fail."""
