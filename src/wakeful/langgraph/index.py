@@ -50,12 +50,15 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 
-@dataclass(slots=True)
-class Entry:
+class Entry(msgspec.Struct, gc=False):
     """One effective item and the record holding it. The item is kept as its JSON bytes:
     detached from the caller that wrote it, and one object where the decoded item is dozens
     the garbage collector would traverse at every full collection for as long as the thread
-    stays cached (at 8 concurrent runs those traversals cost more CPU than encoding does)."""
+    stays cached (at 8 concurrent runs those traversals cost more CPU than encoding does).
+    Not tracked by the collector at all (``gc=False``): an entry holds bytes, a string and
+    decoded JSON, never a reference back to anything that could close a cycle, and a
+    cached thread's entries (a dozen per run of a 3-node graph) were most of what a run
+    left for every full collection to traverse."""
 
     raw: bytes
     record: str
