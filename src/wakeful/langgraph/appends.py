@@ -43,6 +43,20 @@ lock is held, closes the batch to newcomers and returns its appends; ``flush`` a
 every one of them (an exception it raises answers those it did not)."""
 
 
+def fail(done: asyncio.Future[None], exc: BaseException) -> None:
+    """Answer an append with ``exc``, retrieved even if its caller was cancelled after the
+    answer was set and never looks at it (no "exception was never retrieved" at exit). Only
+    a failure gets the callback: a success needs no retrieving, and each callback is one
+    more loop callback per append."""
+    done.set_exception(exc)
+    done.add_done_callback(_retrieve)
+
+
+def _retrieve(done: asyncio.Future[None]) -> None:
+    if not done.cancelled():
+        done.exception()
+
+
 class Appends:
     """Open batches by wakeful thread id, each written by one background task."""
 
@@ -57,8 +71,6 @@ class Appends:
         """Append to ``thread`` and return once the commit holding it is durable."""
         loop = asyncio.get_running_loop()
         append = Append(build, run_id, loop.create_future())
-        # A caller cancelled while its commit ran never looks at the answer: retrieve it.
-        append.done.add_done_callback(lambda f: f.cancelled() or f.exception())
         batch = self._open.get(thread)
         if batch is not None:
             batch.appends.append(append)
@@ -66,10 +78,11 @@ class Appends:
             batch = Batch([append])
             self._open[thread] = batch
             # The batch is written by a task of its own, not by its first caller: a caller
-            # cancelled while waiting must not strand the appends that joined it.
+            # cancelled while waiting must not strand the appends that joined it. The task
+            # removes itself from ``_tasks`` when it ends (no done callback: one loop
+            # callback less per commit).
             task = loop.create_task(self._write(thread, lg_thread, batch))
             self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
         # A caller cancelled here cancels only its own future; the batch goes on for the rest.
         await append.done
 
@@ -88,11 +101,15 @@ class Appends:
                 if append.done.done():
                     continue
                 if isinstance(exc, Exception):
-                    append.done.set_exception(exc)
+                    fail(append.done, exc)
                 else:
                     append.done.cancel()
             if not isinstance(exc, Exception):
                 raise
+        finally:
+            me = asyncio.current_task()
+            if me is not None:
+                self._tasks.discard(me)
 
     def _close(self, thread: str, batch: Batch) -> None:
         if self._open.get(thread) is batch:

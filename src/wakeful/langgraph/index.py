@@ -50,17 +50,29 @@ _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder().decode
 
 
-@dataclass(slots=True)
-class Entry:
+class Entry(msgspec.Struct, gc=False):
     """One effective item and the record holding it. The item is kept as its JSON bytes:
     detached from the caller that wrote it, and one object where the decoded item is dozens
     the garbage collector would traverse at every full collection for as long as the thread
-    stays cached (at 8 concurrent runs those traversals cost more CPU than encoding does)."""
+    stays cached (at 8 concurrent runs those traversals cost more CPU than encoding does).
+    Not tracked by the collector at all (``gc=False``): an entry holds bytes, a string and
+    decoded JSON, never a reference back to anything that could close a cycle, and a
+    cached thread's entries (a dozen per run of a 3-node graph) were most of what a run
+    left for every full collection to traverse."""
 
     raw: bytes
     record: str
-    metadata: dict[str, Any] = field(default_factory=dict)
-    """The checkpoint's metadata (filters read it), detached from the caller."""
+    decoded_metadata: dict[str, Any] | None = None
+    """The checkpoint's metadata once a filter asked for it (``metadata``); decoded on
+    demand, not at every write: most entries are never filtered, and an undecoded entry is
+    one object less for the collector."""
+
+    def metadata(self, decode: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """The checkpoint's metadata for filters, detached (``decode`` decodes it from the
+        item, which is a fresh copy already), kept once decoded."""
+        if self.decoded_metadata is None:
+            self.decoded_metadata = decode(self.item)
+        return self.decoded_metadata
 
     @property
     def item(self) -> dict[str, Any]:
@@ -86,10 +98,9 @@ class ThreadIndex:
     latest: dict[str, str] = field(default_factory=dict)
     """namespace -> its newest checkpoint id (LangGraph ids sort by creation time)."""
 
-    def fold(self, record_id: str, state: Any, decode_metadata: Any) -> None:
-        """Apply one record, newer than every record folded so far. The index keeps copies:
-        ``state`` may be the caller's objects (``decode_metadata`` must detach what it
-        returns)."""
+    def fold(self, record_id: str, state: Any) -> None:
+        """Apply one record, newer than every record folded so far. The index keeps copies
+        (the items' JSON): ``state`` may be the caller's objects."""
         self.latest_record = record_id
         if not is_record(state):
             self.foreign = True
@@ -100,7 +111,7 @@ class ThreadIndex:
         for item in state["items"]:
             if item["k"] == "c":
                 key = (item["ns"], item["id"])
-                self.checkpoints[key] = Entry(_encode(item), record_id, decode_metadata(item))
+                self.checkpoints[key] = Entry(_encode(item), record_id)
                 if item["id"] > self.latest.get(item["ns"], ""):
                     self.latest[item["ns"]] = item["id"]
             else:
@@ -195,7 +206,6 @@ async def catch_up(
     store: ThreadStore,
     snap: ThreadSnapshot | None,
     cached: ThreadIndex | None,
-    decode_metadata: Any,
 ) -> ThreadIndex:
     """The index of the thread ``snap`` was read from: ``cached`` advanced by the records
     committed after its latest one, or (when that record is gone: dropped by a rewrite, or
@@ -220,6 +230,6 @@ async def catch_up(
             before = page[-1][0].id
     idx = cached if cached is not None and found else ThreadIndex()
     for record in reversed(newer):
-        idx.fold(record.id, record.state, decode_metadata)
+        idx.fold(record.id, record.state)
     idx.version = snap.version
     return idx

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import uuid
+import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
@@ -41,7 +41,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from wakeful.errors import InvalidInput, InvalidState, StaleClaim, VersionConflict
 from wakeful.ids import check_id
-from wakeful.langgraph.appends import Append, Appends, Items
+from wakeful.langgraph.appends import Append, Appends, Items, fail
 from wakeful.langgraph.bridge import LoopThread, call_on
 from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
 from wakeful.langgraph.holds import Holds, default_holder, not_held
@@ -248,7 +248,9 @@ class WakefulSaver(SyncMethods):
                     continue
                 if before_id is not None and key[1] >= before_id:
                     continue
-                if filter and not all(entry.metadata.get(k) == v for k, v in filter.items()):
+                if filter and not all(
+                    entry.metadata(self._metadata).get(k) == v for k, v in filter.items()
+                ):
                     continue
                 if left is not None:
                     left -= 1
@@ -337,13 +339,13 @@ class WakefulSaver(SyncMethods):
         runs = set(run_ids)
         if not runs:
             return
+
+        def of_runs(ix: ThreadIndex, key: CheckpointKey) -> bool:
+            return ix.checkpoints[key].metadata(self._metadata).get("run_id") in runs
+
         async for lg_thread, idx in self._threads(None):
-            if any(e.metadata.get("run_id") in runs for e in idx.checkpoints.values()):
-                await self._rewrite(
-                    lg_thread,
-                    lambda ix, key: ix.checkpoints[key].metadata.get("run_id") in runs,
-                    orphans=False,
-                )
+            if any(of_runs(idx, key) for key in idx.checkpoints):
+                await self._rewrite(lg_thread, of_runs, orphans=False)
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of the source to the target in one commit."""
@@ -409,15 +411,6 @@ class WakefulSaver(SyncMethods):
         decoded = self.codec.decode(item["metadata"], f"metadata of {item['id']!r}")
         return decoded if isinstance(decoded, dict) else {}
 
-    def _entry_metadata(self, item: dict[str, Any]) -> dict[str, Any]:
-        """An index entry's metadata, for filters only (a tuple decodes its own copy),
-        detached from the caller's objects."""
-        stored = item["metadata"].get("j")
-        if isinstance(stored, dict):
-            copy: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(stored))
-            return copy
-        return self._metadata(item)
-
     def _remember(self, thread: str, idx: ThreadIndex) -> ThreadIndex:
         self._cache[thread] = idx
         self._cache.move_to_end(thread)
@@ -438,9 +431,7 @@ class WakefulSaver(SyncMethods):
         if cached is not None and snap is not None and cached.version == snap.version:
             self._cache.move_to_end(thread)
             return cached
-        return self._remember(
-            thread, await catch_up(self.store, snap, cached, self._entry_metadata)
-        )
+        return self._remember(thread, await catch_up(self.store, snap, cached))
 
     async def _threads(self, lg_thread: str | None) -> AsyncIterator[tuple[str, ThreadIndex]]:
         """(LangGraph thread id, index) of one thread, or of every LangGraph thread."""
@@ -484,7 +475,7 @@ class WakefulSaver(SyncMethods):
                 try:
                     built = append.build(idx)
                 except Exception as exc:  # this caller's own refusal (a value the codec refuses)
-                    append.done.set_exception(exc)
+                    fail(append.done, exc)
                     continue
                 items.extend(built or ())
                 run_id = run_id if run_id is not None else append.run_id
@@ -540,7 +531,7 @@ class WakefulSaver(SyncMethods):
         # and the index folds copies (``ThreadIndex.fold``).
         state = record_state(lg_thread, items, drop)
         record = Record(
-            id=f"lgr-{uuid.uuid4().hex}",
+            id=f"lgr-{os.urandom(16).hex()}",  # 128 random bits, as uuid4 (cheaper)
             parent=idx.latest_record,
             run_id=run_id if isinstance(run_id, str) and valid_id(run_id) else "langgraph",
             status="suspended",
@@ -554,7 +545,7 @@ class WakefulSaver(SyncMethods):
             drop_checkpoints=tuple(drop),
         )
         version = await self._commit(thread, commit)
-        idx.fold(record.id, state, self._entry_metadata)
+        idx.fold(record.id, state)
         idx.version = version
         self._remember(thread, idx)
 
