@@ -39,7 +39,7 @@ def _rss_kb() -> int:
 async def _child(kind: str, url: str, n: int, seconds: float, trace: str) -> dict[str, Any]:
     if kind == "baseline":
         loaded = _rss_kb()
-        task = asyncio.create_task(baseline_child(n, seconds))
+        task = asyncio.create_task(baseline_child(n, seconds, 0.5))
         await asyncio.sleep(seconds * 0.6)
         mid = _rss_kb()
         await task
