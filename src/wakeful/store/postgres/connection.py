@@ -269,8 +269,15 @@ class Database:
             if self.closed:
                 raise StoreClosed()
             try:
-                async with self.pool.connection(timeout=self.timeout) as conn:
+                # getconn/putconn, not pool.connection(): that also enters the connection's
+                # own context, whose exit is a commit() (a lock and a wait) that has nothing
+                # to do on an autocommit connection; putconn rolls back or closes what a
+                # failed op left in a transaction or mid-statement all the same.
+                conn = await self.pool.getconn(timeout=self.timeout)
+                try:
                     return await op(conn)
+                finally:
+                    await self.pool.putconn(conn)
             except psycopg_pool.PoolClosed as exc:
                 if self.closed:
                     raise StoreClosed() from None
