@@ -269,10 +269,14 @@ class Database:
             if self.closed:
                 raise StoreClosed()
             try:
-                # getconn/putconn, not pool.connection(): that also enters the connection's
-                # own context, whose exit is a commit() (a lock and a wait) that has nothing
-                # to do on an autocommit connection; putconn rolls back or closes what a
-                # failed op left in a transaction or mid-statement all the same.
+                if not self.owns_pool:  # a caller's pool may hand out connections not in
+                    # autocommit: the connection's context commits what op did
+                    async with self.pool.connection(timeout=self.timeout) as conn:
+                        return await op(conn)
+                # The store's own autocommit connections: getconn/putconn, without the
+                # connection's context, whose exit is a commit() (a lock and a wait) with
+                # nothing to do; putconn still rolls back or closes a connection that a
+                # failed op left in a transaction or mid-statement.
                 conn = await self.pool.getconn(timeout=self.timeout)
                 try:
                     return await op(conn)
