@@ -28,6 +28,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from wakeful.errors import InvalidInput, StoreClosed, StoreUnavailable
+from wakeful.store.postgres.lean import LeanConn
 from wakeful.store.postgres.translate import (
     connect_error,
     is_disconnect,
@@ -236,6 +237,7 @@ class Database:
             open=False,
             timeout=timeout,
             name=f"wakeful-{schema}",
+            connection_class=LeanConn,
             kwargs={"autocommit": True},
         )
         try:
@@ -267,8 +269,19 @@ class Database:
             if self.closed:
                 raise StoreClosed()
             try:
-                async with self.pool.connection(timeout=self.timeout) as conn:
+                if not self.owns_pool:  # a caller's pool may hand out connections not in
+                    # autocommit: the connection's context commits what op did
+                    async with self.pool.connection(timeout=self.timeout) as conn:
+                        return await op(conn)
+                # The store's own autocommit connections: getconn/putconn, without the
+                # connection's context, whose exit is a commit() (a lock and a wait) with
+                # nothing to do; putconn still rolls back or closes a connection that a
+                # failed op left in a transaction or mid-statement.
+                conn = await self.pool.getconn(timeout=self.timeout)
+                try:
                     return await op(conn)
+                finally:
+                    await self.pool.putconn(conn)
             except psycopg_pool.PoolClosed as exc:
                 if self.closed:
                     raise StoreClosed() from None
