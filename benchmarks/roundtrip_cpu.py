@@ -10,7 +10,6 @@ median over the rounds. The paths:
   the return, the error translation);
 - ``pool``: ``pool.connection()`` then the statement, on the store's pool;
 - ``psycopg``: psycopg's plain ``AsyncConnection``, one connection, no pool;
-- ``lean``: the store's connection class (``LeanConn``, if the source has it), the same;
 - ``sync``: psycopg's blocking ``Connection`` (no event loop: the floor).
 
 Decision 0022, seventh session (h22p). Only ``Database`` is the store's own; run it with
@@ -89,12 +88,6 @@ async def one_round(dsn: str, n: int) -> dict[str, float]:
     finally:
         await db.close()
     found["psycopg"] = await _connection(psycopg.AsyncConnection, dsn, n)
-    try:
-        from wakeful.store.postgres.lean import LeanConn
-    except ImportError:  # a source without it
-        pass
-    else:
-        found["lean"] = await _connection(LeanConn, dsn, n)
     found["sync"] = _sync(dsn, n)
     return found
 

@@ -28,7 +28,6 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from wakeful.errors import InvalidInput, StoreClosed, StoreUnavailable
-from wakeful.store.postgres.lean import LeanConn
 from wakeful.store.postgres.translate import (
     connect_error,
     is_disconnect,
@@ -237,7 +236,6 @@ class Database:
             open=False,
             timeout=timeout,
             name=f"wakeful-{schema}",
-            connection_class=LeanConn,
             kwargs={"autocommit": True},
         )
         try:
