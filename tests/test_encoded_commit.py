@@ -29,12 +29,13 @@ from wakeful.records import (
     StreamCheckpoint,
 )
 from wakeful.store.file.chain import encode_committed, encode_mutation
-from wakeful.store.projection import Committed, Settled, payload_hash
+from wakeful.store.projection import Committed, Settled
 from wakeful.store.validate import (
     MAX_JSON_DEPTH,
     check_commit,
     encode_commit,
     encode_stream_checkpoint,
+    payload_hash,
 )
 from wakeful.testkit.value_cases import nested
 

@@ -38,9 +38,8 @@ from wakeful.records import (
     ThreadSnapshot,
     ThreadSummary,
 )
+from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.projected_core import (
-    CANCEL_PRIORITY,
-    DISPATCH_KINDS,
     check_thread_tenant,
     claim_of,
     latest_checkpoint_id,
@@ -57,7 +56,6 @@ from wakeful.store.projection import (
     Renewed,
     State,
     ThreadState,
-    payload_hash,
     settled_record,
 )
 from wakeful.store.segments import run_segments
@@ -67,6 +65,7 @@ from wakeful.store.validate import (
     drop_refusal,
     encode_claim_and_commit,
     encode_commit,
+    payload_hash,
 )
 
 

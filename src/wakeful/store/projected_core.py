@@ -14,11 +14,6 @@ from wakeful.errors import StoreClosed, TenantMismatch
 from wakeful.records import Claim, PruneReport, ThreadSnapshot
 from wakeful.store.projection import Committed, Mutation, State, ThreadState
 
-CANCEL_PRIORITY = 2**31 - 1
-"""Cancellation dispatches outrank all other work."""
-
-DISPATCH_KINDS = frozenset(("start", "resume", "cancel", "message"))
-
 
 class ProjectedCore:
     """The projection, the clock, change waiters and the store's lifecycle: what the thread

@@ -28,9 +28,8 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
+from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.projected_core import (
-    CANCEL_PRIORITY,
-    DISPATCH_KINDS,
     ProjectedCore,
     check_thread_tenant,
     claim_of,

@@ -10,7 +10,6 @@ clock and never fails on a record that was planned against the same state.
 from __future__ import annotations
 
 import bisect
-import hashlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -177,22 +176,6 @@ Mutation = (
     | Delivered
     | Unstaged
 )
-
-
-_HASHED = tuple(name for name in Commit.__struct_fields__ if name != "drop_checkpoints")
-
-
-def payload_hash(commit: Commit) -> str:
-    """The hash that identifies an operation's payload: everything but the token, with
-    object keys sorted so equal JSON hashes equal."""
-    # Its fields as a dict, values as they are (no builtin copy: sorted encoding sorts the
-    # keys inside them too). A commit that drops nothing hashes as it did before
-    # ``drop_checkpoints`` existed: receipts of older versions still answer their retries.
-    fields = {name: getattr(commit, name) for name in _HASHED}
-    fields["token"] = 0
-    if commit.drop_checkpoints:
-        fields["drop_checkpoints"] = commit.drop_checkpoints
-    return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).hexdigest()
 
 
 # ------------------------------------------------------------------------ state

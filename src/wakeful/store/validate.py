@@ -12,6 +12,7 @@ stored, so every reader (the stores' decoders, the HTTP API's serializer) can re
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -38,6 +39,22 @@ from wakeful.records import (
     Retry,
     StreamCheckpoint,
 )
+
+_HASHED = tuple(name for name in Commit.__struct_fields__ if name != "drop_checkpoints")
+
+
+def payload_hash(commit: Commit) -> str:
+    """The hash that identifies an operation's payload: everything but the token, with
+    object keys sorted so equal JSON hashes equal."""
+    # Its fields as a dict, values as they are (no builtin copy: sorted encoding sorts the
+    # keys inside them too). A commit that drops nothing hashes as it did before
+    # ``drop_checkpoints`` existed: receipts of older versions still answer their retries.
+    fields = {name: getattr(commit, name) for name in _HASHED}
+    fields["token"] = 0
+    if commit.drop_checkpoints:
+        fields["drop_checkpoints"] = commit.drop_checkpoints
+    return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).hexdigest()
+
 
 MAX_COMMIT_BYTES = 16 * 1024 * 1024
 MAX_DISPATCH_BYTES = 1024 * 1024

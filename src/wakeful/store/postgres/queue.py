@@ -23,10 +23,10 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
+from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.codec import DISPATCH_COLUMNS, DISPATCH_WIDTH
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
-from wakeful.store.projected import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.validate import (
     QUEUE_DEPTH_STATUSES,
     check_depth_limit,

@@ -38,7 +38,6 @@ from wakeful.store.postgres.connection import Conn, Database, big, no_nul, utc
 from wakeful.store.postgres.group import GroupCommit
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.postgres.renewals import GroupRenew
-from wakeful.store.projection import payload_hash
 from wakeful.store.segments import join_adjacent
 from wakeful.store.validate import (
     EncodedCommit,
@@ -48,6 +47,7 @@ from wakeful.store.validate import (
     drop_refusal,
     encode_claim_and_commit,
     encode_commit,
+    payload_hash,
 )
 
 T = TypeVar("T")

@@ -46,7 +46,7 @@ from wakeful.records import (
     WorkerInfo,
 )
 from wakeful.store import streamputs
-from wakeful.store.projected import DISPATCH_KINDS
+from wakeful.store.kinds import DISPATCH_KINDS
 from wakeful.store.sqlite import messaging, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
 from wakeful.store.sqlite.waiting import Watcher

@@ -21,13 +21,12 @@ from wakeful.errors import (
     VersionConflict,
 )
 from wakeful.records import Checkpoint, Claim, Commit, Receipt
-from wakeful.store.projection import payload_hash
 from wakeful.store.segments import graph_of
 from wakeful.store.sqlite import queue
 from wakeful.store.sqlite.claims import advance_epoch, end_claim, grant_claim
 from wakeful.store.sqlite.codec import RECEIPT, dumps, from_us, to_us
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
-from wakeful.store.validate import EncodedCommit, drop_refusal
+from wakeful.store.validate import EncodedCommit, drop_refusal, payload_hash
 
 
 def _check_free(
