@@ -454,6 +454,10 @@ class Worker:
                 return Retry(self._backoff(1), str(busy))  # the message waits in the inbox
             await self._note(claim, "dispatch.refused", {"reason": str(busy)}, dispatch_id)
             return Settled(Done())
+        # This frame waits for the whole run: it lets go of what only the admission needed
+        # (the input state and messages, of which the run keeps its stored copy, and the
+        # thread as read), a few hundred bytes a run among thousands (issue 24).
+        del state, messages, snap, latest, payload, input
         return await self._follow(dispatch_id, handle)
 
     async def _message_input(
