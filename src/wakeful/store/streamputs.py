@@ -29,6 +29,20 @@ def checked(checkpoint: StreamCheckpoint) -> EncodedStreamCheckpoint:
         ) from exc
 
 
+def enqueue(
+    queue: list[Queued], checkpoint: StreamCheckpoint, closed: bool
+) -> asyncio.Future[None]:
+    """``checkpoint`` validated (``checked``) and appended to ``queue``; the future its
+    writer ends with ``answer`` or ``fail``. Raises as ``put`` does, ``storage`` when the
+    store is ``closed``."""
+    encoded = checked(checkpoint)
+    if closed:
+        raise StreamCheckpointError(encoded.checkpoint.run_id, "storage", "the store is closed")
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    queue.append((encoded, done))
+    return done
+
+
 def answer(item: Queued, stored: Any) -> None:
     """End a queued put: stored, or refused as ``stale`` (its token is not the claim)."""
     encoded, done = item
@@ -56,4 +70,4 @@ def fail(items: list[Queued], exc: BaseException) -> None:
             done.set_exception(error)
 
 
-__all__ = ["Queued", "answer", "checked", "fail"]
+__all__ = ["Queued", "answer", "checked", "enqueue", "fail"]

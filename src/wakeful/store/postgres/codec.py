@@ -182,8 +182,7 @@ class TextArray(PgArray):
         if not items:
             return _EMPTY(0, 0, 25)
         if None not in items:  # the usual case: one comprehension, no branch per element
-            body = b"".join([_LENGTH(len(b)) + b for b in map(str.encode, items)])
-            return _HEAD(1, 0, 25, len(items), 1) + body
+            return _utf8_array(list(map(str.encode, items)))
         parts = []
         for s in items:
             if s is None:
@@ -203,11 +202,13 @@ class Utf8Array(PgArray):
     element_oid = 25
 
     def binary(self) -> bytes:
-        items = self.items
-        if not items:
-            return _EMPTY(0, 0, 25)
-        body = b"".join([_LENGTH(len(b)) + b for b in items])
-        return _HEAD(1, 0, 25, len(items), 1) + body
+        return _utf8_array(self.items) if self.items else _EMPTY(0, 0, 25)
+
+
+def _utf8_array(items: Sequence[bytes]) -> bytes:
+    """A non-empty one-dimensional ``text[]`` without NULLs, of UTF-8 elements."""
+    body = b"".join([_LENGTH(len(b)) + b for b in items])
+    return _HEAD(1, 0, 25, len(items), 1) + body
 
 
 def _fixed(element_oid: int, code: str, doc: str) -> type[PgArray]:

@@ -127,11 +127,7 @@ class PostgresStreamCheckpoints:
     def put_soon(self, checkpoint: StreamCheckpoint) -> asyncio.Future[None]:
         """``put`` as a future (``wakeful.store.streamputs``): validated and queued now,
         raising as ``put`` does; the future ends as the awaited ``put`` would."""
-        encoded = streamputs.checked(checkpoint)
-        if self._db.closed:
-            raise StreamCheckpointError(encoded.checkpoint.run_id, "storage", "the store is closed")
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((encoded, done))
+        done = streamputs.enqueue(self._queue, checkpoint, self._db.closed)
         self._puts_queued += 1
         self._start_writer()
         return done

@@ -396,11 +396,7 @@ class SqliteStreamCheckpoints:
     def put_soon(self, checkpoint: StreamCheckpoint) -> asyncio.Future[None]:
         """``put`` as a future (``wakeful.store.streamputs``): validated and queued now,
         raising as ``put`` does; the future ends as the awaited ``put`` would."""
-        encoded = streamputs.checked(checkpoint)
-        if self._store._closed:
-            raise StreamCheckpointError(encoded.checkpoint.run_id, "storage", "the store is closed")
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._queue.append((encoded, done))
+        done = streamputs.enqueue(self._queue, checkpoint, self._store._closed)
         if self._writer is None or not self._writer.running:
             self._writer = BackgroundTask("wakeful-sqlite-stream-puts", self._write)
             self._writer.start()
