@@ -507,9 +507,10 @@ async def test_a_finished_run_is_freed_without_the_garbage_collector() -> None:
 
 @pytest.mark.asyncio
 async def test_cancelling_a_wait_for_the_result_leaves_the_run_running() -> None:
-    gate = asyncio.Event()
+    gate, entered = asyncio.Event(), asyncio.Event()
 
     async def held(state: dict[str, Any]) -> dict[str, Any]:
+        entered.set()
         await gate.wait()
         return {"log": ["held"]}
 
@@ -517,7 +518,8 @@ async def test_cancelling_a_wait_for_the_result_leaves_the_run_running() -> None
     g.node("held", held).edge(START, "held")
     handle = await Runtime(MemoryStore(ManualClock())).start("t", g.compile(), {})
     waiting = asyncio.create_task(handle.result())
-    await asyncio.sleep(0.01)
+    # the waiter (scheduled first) is suspended on the result by the time the node runs
+    await entered.wait()
     waiting.cancel()
     with pytest.raises(asyncio.CancelledError):
         await waiting
