@@ -283,6 +283,10 @@ class Worker:
             )
         try:
             outcome = await self._execute(lease)
+            if isinstance(outcome, RunHandle):
+                # followed here, not in the frames that started it: a worker holds a thousand
+                # runs for their whole length, and two frames less is about 1 KB each
+                outcome = await self._follow(d.dispatch_id, outcome)
         except (CheckpointWriteFailed, StaleClaim) as exc:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
@@ -338,7 +342,7 @@ class Worker:
     def _backoff(self, attempts: int) -> float:
         return backoff_delay(attempts, self.retry_backoff, self.max_retry_backoff, jitter=0.25)
 
-    async def _execute(self, lease: Lease) -> Outcome | Settled:
+    async def _execute(self, lease: Lease) -> Outcome | Settled | RunHandle:
         d, claim = lease.dispatch, lease.claim
         payload = d.payload if isinstance(d.payload, dict) else {}
         # the thread as read when the lease was granted, else (an older store) read it now
@@ -414,7 +418,7 @@ class Worker:
         snap: ThreadSnapshot | None,
         payload: dict[str, Any],
         tenant: str | None,
-    ) -> Outcome | Settled:
+    ) -> Outcome | Settled | RunHandle:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
         run_id = str(payload.get("run_id") or f"run-{dispatch_id}")
@@ -454,11 +458,7 @@ class Worker:
                 return Retry(self._backoff(1), str(busy))  # the message waits in the inbox
             await self._note(claim, "dispatch.refused", {"reason": str(busy)}, dispatch_id)
             return Settled(Done())
-        # This frame waits for the whole run: it lets go of what only the admission needed
-        # (the input state and messages, of which the run keeps its stored copy, and the
-        # thread as read), a few hundred bytes a run among thousands (issue 24).
-        del state, messages, snap, latest, payload, input
-        return await self._follow(dispatch_id, handle)
+        return handle
 
     async def _message_input(
         self, claim: Claim, latest: Checkpoint | None, payload: dict[str, Any]
@@ -480,7 +480,7 @@ class Worker:
         snap: ThreadSnapshot | None,
         payload: dict[str, Any],
         tenant: str | None,
-    ) -> Outcome | Settled:
+    ) -> Outcome | Settled | RunHandle:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
         if latest is None or latest.status != "suspended":
@@ -498,11 +498,11 @@ class Worker:
             snapshot=snap,
             dispatch_id=dispatch_id,
         )
-        return await self._follow(dispatch_id, handle)
+        return handle
 
     async def _continue(
         self, dispatch_id: str, claim: Claim, latest: Checkpoint, snap: ThreadSnapshot | None
-    ) -> Outcome | Settled:
+    ) -> Outcome | Settled | RunHandle:
         """The dispatch's running run was admitted before (this is a redelivery)."""
         assert self._runtime is not None
         target = self.registry.for_checkpoint(latest)
@@ -514,7 +514,7 @@ class Worker:
             snapshot=snap,
             dispatch_id=dispatch_id,
         )
-        return await self._follow(dispatch_id, handle)
+        return handle
 
     async def _follow(self, dispatch_id: str, handle: RunHandle) -> Outcome | Settled:
         self._handles[dispatch_id] = handle

@@ -188,10 +188,8 @@ class Execution:
         event = EventDraft(type="run.stalled", data={"idle_seconds": idle}, run_id=self.run_id)
         operation = f"{self.checkpoint.id}:stalled:{self.claim.token}"
         try:
-            await self.store.commit(
-                self.thread_id,
-                Commit(token=self.claim.token, events=(event,), operation_id=operation),
-            )
+            commit = Commit(token=self.claim.token, events=(event,), operation_id=operation)
+            await self.store.commit(self.thread_id, commit)
         except Exception as exc:  # the event is a report; the takeover happens regardless
             log.warning("recording that run %s stalled failed: %s", self.run_id, exc)
         if self._task is not None and not self._task.done():
@@ -260,8 +258,7 @@ class Execution:
                 return outcome
 
     async def _superstep(self, cp: Checkpoint, step: int, traced: bool) -> RunOutcome | None:
-        """One superstep: the frontier's tasks, the barrier and its commit. Returns the
-        outcome when the run ends or suspends with it."""
+        """One superstep (tasks, barrier, commit); the outcome if the run ends or suspends."""
         if step >= self.graph.max_steps:
             error = f"step limit of {self.graph.max_steps} supersteps reached"
             await self._end("failed", "run.failed", {"error": error})
@@ -321,8 +318,11 @@ class Execution:
     # ---------------------------------------------------------------- tasks
 
     async def _run_frontier(self, cp: Checkpoint, step: int, traced: bool) -> list[TaskResult]:
+        answers, frontier = dict(cp.metadata.get("answers", {})), cp.frontier
+        if len(frontier) == 1 and not traced and frontier[0]["id"] not in self.writes:
+            # one task: no closure, semaphore or task (frames that live as long as the run)
+            return [await self._run_task(cp, step, frontier[0], answers)]
         limit = asyncio.Semaphore(self.graph.max_concurrency)
-        answers = dict(cp.metadata.get("answers", {}))
 
         async def one(entry: dict[str, Any]) -> TaskResult:
             recorded = self.writes.get(entry["id"])
