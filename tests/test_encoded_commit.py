@@ -218,6 +218,19 @@ def test_depth_is_checked_value_by_value_whatever_the_brackets(pad: int) -> None
     assert "outbox.payload" in problem
 
 
+def test_the_bracket_shortcut_counts_every_opening_bracket() -> None:
+    """``_NOT_OPENING`` keeps exactly ``{`` and ``[``: the one-pass count equals the two
+    ``count`` calls it replaced, brackets inside strings included (they only make the count
+    err on the safe side)."""
+    from wakeful.store.validate import _NOT_OPENING
+
+    assert set(range(256)) - set(_NOT_OPENING) == set(b"{[")
+    values: list[Any] = [{"a": [1, {"b": "[{"}]}, [], "x" * 100, nested(MAX_JSON_DEPTH)]
+    for value in values:
+        body = msgspec.json.encode(Commit(token=1, checkpoint=_checkpoint(value)))
+        assert len(body.translate(None, _NOT_OPENING)) == body.count(b"{") + body.count(b"[")
+
+
 def test_the_copy_is_detached_from_the_caller() -> None:
     state: dict[str, Any] = {"list": [1, 2], "d": {"a": 1}}
     copy = check_commit("t", Commit(token=1, checkpoint=_checkpoint(state)))

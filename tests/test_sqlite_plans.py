@@ -163,3 +163,34 @@ async def test_claim_next_does_not_step_over_live_leases(tmp_path: Path) -> None
                 )
         steps[held] = _steps(path)
     assert steps[800] < 1.5 * steps[0], steps
+
+
+@pytest.mark.asyncio
+async def test_a_commit_without_an_operation_id_does_not_probe_receipts(tmp_path: Path) -> None:
+    """The thread read of a commit without an operation id leaves ``receipts`` out of its
+    plan and reads the very row the full statement reads for no operation id."""
+    from wakeful.records import Checkpoint, Commit
+    from wakeful.store.sqlite import threads
+
+    path = tmp_path / "plain.db"
+    async with await open_sqlite_store(f"sqlite:///{path}") as store:
+        claim = await store.claim("t", "h", 60)
+        for i, op in enumerate(("op-1", None)):
+            cp = Checkpoint(
+                id=f"c{i}", parent=f"c{i - 1}" if i else None, run_id="r", status="running",
+                state={"i": i}, created_at=NOW,
+            )  # fmt: skip
+            await store.commit("t", Commit(token=claim.token, checkpoint=cp, operation_id=op))
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        seen = Recording(conn)
+        plain = threads._thread_for_commit(cast(sqlite3.Connection, seen), "t", "c2", None)
+        [(sql, params)] = seen.queries
+        plan = " | ".join(row[3] for row in conn.execute(f"EXPLAIN QUERY PLAN {sql}", params))
+        assert "receipts" not in plan and "checkpoints" in plan, plan
+        full = conn.execute(threads._THREAD_FOR_COMMIT, ("t", "c2", None)).fetchone()
+        assert plain == full and plain[0] == claim.token and plain[-2:] == (None, None)
+        with_op = threads._thread_for_commit(conn, "t", "c2", "op-1")
+        assert with_op[:-2] == plain[:-2] and with_op[-2] is not None
+    finally:
+        conn.close()

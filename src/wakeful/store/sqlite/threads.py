@@ -93,16 +93,33 @@ def release(conn: sqlite3.Connection, thread_id: str, token: int) -> None:
 # commit's operation id (step 2): two statements less per commit of the runtime. The latest
 # checkpoint is the one at ``latest_pos`` (as ``reads.read`` relies on too: retention
 # and ``drop_checkpoints`` never remove it), one key lookup rather than a max() probe.
-_THREAD_FOR_COMMIT = (
+_THREAD_COLUMNS = (
     "SELECT t.token, t.version, t.tenant, t.latest_id, t.latest_pos, t.next_seq, "
     "t.message_count, t.write_count, "
     "(SELECT 1 FROM checkpoints WHERE thread_id = ?1 AND checkpoint_id = ?2), "
-    "t.holder, t.expires_at, c.run_id, c.seg_first, c.ordinal, r.payload_hash, r.receipt "
-    "FROM threads AS t "
-    "LEFT JOIN checkpoints AS c ON c.thread_id = ?1 AND c.pos = t.latest_pos "
+    "t.holder, t.expires_at, c.run_id, c.seg_first, c.ordinal, "
+)
+_THREAD_JOINS = (
+    "FROM threads AS t LEFT JOIN checkpoints AS c ON c.thread_id = ?1 AND c.pos = t.latest_pos "
+)
+_THREAD_FOR_COMMIT = (
+    f"{_THREAD_COLUMNS}r.payload_hash, r.receipt {_THREAD_JOINS}"
     "LEFT JOIN receipts AS r ON r.thread_id = ?1 AND r.operation_id = ?3 "
     "WHERE t.thread_id = ?1"
 )
+# A commit without an operation id has no receipt to look for: the same row with the
+# receipt columns NULL, one index probe (about 1.2 µs of the writer thread) less.
+_THREAD_FOR_PLAIN_COMMIT = f"{_THREAD_COLUMNS}NULL, NULL {_THREAD_JOINS}WHERE t.thread_id = ?1"
+
+
+def _thread_for_commit(
+    conn: sqlite3.Connection, thread_id: str, new_id: str | None, operation_id: str | None
+) -> Any:
+    """The row ``_apply`` starts from (``_THREAD_FOR_COMMIT``); None if the thread has none."""
+    if operation_id is None:
+        return conn.execute(_THREAD_FOR_PLAIN_COMMIT, (thread_id, new_id)).fetchone()
+    return conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id, operation_id)).fetchone()
+
 
 # What ``_apply`` reads of a thread that has no row yet: the schema's defaults (0001), no
 # checkpoint, no receipt.
@@ -123,7 +140,7 @@ def commit(
     """Apply a validated commit; the checks in the contract's order (``ThreadStore.commit``)."""
     c = encoded.commit
     new_id = c.checkpoint.id if c.checkpoint is not None else None
-    row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id, c.operation_id)).fetchone()
+    row = _thread_for_commit(conn, thread_id, new_id, c.operation_id)
     # 1. fencing, always first
     current = None if row is None else row[0]
     if current is None or current != c.token:
@@ -149,7 +166,7 @@ def claim_and_commit(
     one write job: a refused commit raises, which rolls the claim back with it."""
     c = encoded.commit
     new_id = c.checkpoint.id if c.checkpoint is not None else None
-    row = conn.execute(_THREAD_FOR_COMMIT, (thread_id, new_id, c.operation_id)).fetchone()
+    row = _thread_for_commit(conn, thread_id, new_id, c.operation_id)
     if row is not None:
         if c.checkpoint is not None:
             # the tenant first: a busy refusal would name another tenant's holder
