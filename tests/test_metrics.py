@@ -71,6 +71,24 @@ def test_two_metrics_objects_do_not_share_values() -> None:
         first.settles.inc(kind="x")
 
 
+def test_labels_passed_in_any_order_or_type_reach_the_same_values() -> None:
+    metrics = Metrics()
+    seconds = metrics.run_seconds
+    seconds.observe(0.2, target="g", outcome="done")
+    seconds.observe(0.3, outcome="done", target="g")  # remembered as passed: another order
+    seconds.observe(0.4, target="g", outcome="done")
+    assert seconds.count(target="g", outcome="done") == 3
+    metrics.settles.inc(outcome=1)  # type: ignore[arg-type]  # str() of the value, as before
+    metrics.settles.inc(outcome="1")
+    metrics.settles.inc(outcome=[1])  # type: ignore[arg-type]  # cannot be remembered
+    assert metrics.settles.value(outcome="1") == 2 and metrics.settles.value(outcome="[1]") == 1
+    for _ in range(2):  # a wrong label set is refused every time, never remembered
+        with pytest.raises(ValueError, match="takes labels"):
+            seconds.observe(0.1, target="g")
+        with pytest.raises(ValueError, match="takes labels"):
+            seconds.observe(0.1, target="g", outcome="done", extra="x")
+
+
 COUNT_IN_CHILD = """
 import sys
 from wakeful.metrics import Metrics
