@@ -106,13 +106,30 @@ def _noop_registry(counter: list[int]) -> Registry:
 
 
 async def _drained(worker: Worker) -> None:
-    """Return once a claim attempt made after the previous check found nothing and no run
-    is in flight: the queue is empty for this worker (no retries in this benchmark)."""
-    while True:
-        polls, claimed = worker.stats.polls, worker.stats.claimed
-        await asyncio.sleep(0.002)
-        if worker.busy == 0 and worker.stats.claimed == claimed and worker.stats.polls > polls:
-            return
+    """Return once a claim call (made after this was called) found nothing and no run is in
+    flight: the queue is empty for this worker (no retries in this benchmark). Told by the
+    worker's own claim calls (the store's ``claim_next`` wrapped on the instance), not by
+    polling: a 2 ms poll cost the drained process about 0.5 loop wake-ups per dispatch
+    (decision 0022, eighth session)."""
+    store = worker.store
+    claim_next = store.claim_next
+    own = vars(store).get("claim_next")  # (a store instance's own, to restore)
+    drained = asyncio.get_running_loop().create_future()
+
+    async def watched(*args: Any, **kwargs: Any) -> Any:
+        leases = await claim_next(*args, **kwargs)
+        if not leases and worker.busy == 0 and not drained.done():
+            drained.set_result(None)
+        return leases
+
+    setattr(store, "claim_next", watched)  # noqa: B010  (an instance attribute, for this drain)
+    try:
+        await drained
+    finally:
+        if own is None:
+            delattr(store, "claim_next")
+        else:
+            setattr(store, "claim_next", own)  # noqa: B010
 
 
 async def wakeful_child(url: str, concurrency: int, gc_setting: str = "worker") -> None:
