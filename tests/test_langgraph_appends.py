@@ -155,6 +155,33 @@ async def test_a_refused_value_fails_only_its_own_caller_in_a_batch() -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_refusal_names_the_value_it_refuses() -> None:
+    """The labels are formatted only when a value is refused: they still say which one."""
+    store = await open_store("memory://")
+    saver = WakefulSaver(store, serde=JsonPlusSerializer(pickle_fallback=True))
+    try:
+        c1 = await saver.aput(_conf("t"), _checkpoint("c1"), {"step": 0}, {})
+        with pytest.raises(InvalidInput) as write:
+            await saver.aput_writes(c1, [("log", Opaque(1))], "task-1")
+        assert write.value.field == "write of task 'task-1' to 'log'"
+        body = _checkpoint("c2")
+        body["channel_values"] = {"log": Opaque(2)}
+        body["channel_versions"] = {"log": "1"}
+        with pytest.raises(InvalidInput) as value:
+            await saver.aput(c1, body, {"step": 1}, {"log": "1"})
+        assert value.value.field == "checkpoint 'c2' channel 'log'"
+        with pytest.raises(InvalidInput) as meta:
+            await saver.aput(c1, _checkpoint("c3"), {"step": 1, "x": Opaque(3)}, {})  # type: ignore[typeddict-unknown-key]
+        assert meta.value.field == "checkpoint 'c3' metadata"
+        latest = await saver.aget_tuple(_conf("t"))
+        assert latest is not None and latest.checkpoint["id"] == "c1"
+        assert latest.pending_writes == []
+    finally:
+        await saver.aclose()
+        await store.close()
+
+
+@pytest.mark.asyncio
 async def test_a_stale_batch_fails_every_caller_and_writes_nothing() -> None:
     clock = ManualClock()
     store = await open_store("memory://", clock=clock)

@@ -16,31 +16,40 @@ acknowledged call guarantees.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+import types
+from collections.abc import Awaitable, Callable, Generator
 from typing import Any
 
 Items = list[dict[str, Any]] | None
 """What one append adds (``None``: nothing, every write it would make is already saved)."""
 
 
-@dataclass
 class Append:
-    build: Callable[[Any], Items]
-    """The record items, built from the thread's index when the batch is written."""
-    run_id: Any
-    done: asyncio.Future[None]
+    """One ``put`` or ``put_writes`` call waiting for its batch's commit."""
+
+    __slots__ = ("arg", "build", "done", "run_id")
+
+    def __init__(self, build: Build, arg: Any, run_id: Any, done: asyncio.Future[None]) -> None:
+        self.build = build
+        """``build(index, arg)``: the record items, built from the thread's index when the
+        batch is written (a function made once, not a closure per call: a closure and its
+        cells are several objects the garbage collector counts, at every append)."""
+        self.arg = arg
+        self.run_id = run_id
+        self.done = done
 
 
-@dataclass
-class Batch:
-    appends: list[Append] = field(default_factory=list)
+Build = Callable[[Any, Any], Items]
+
+Batch = list[Append]
+"""A thread's open batch: the appends that joined it, in order."""
 
 
-Flush = Callable[[str, str, Callable[[], list[Append]]], Awaitable[None]]
-"""``flush(thread, lg_thread, take)``: write one batch. ``take()``, called once the thread's
-lock is held, closes the batch to newcomers and returns its appends; ``flush`` answers
-every one of them (an exception it raises answers those it did not)."""
+Flush = Callable[[str, str, Callable[[str, Batch], Batch], Batch], Awaitable[None]]
+"""``flush(thread, lg_thread, take, batch)``: write one batch. ``take(thread, batch)``,
+called once the thread's lock is held, closes the batch to newcomers and returns its
+appends; ``flush`` answers every one of them (an exception it raises answers those it did
+not)."""
 
 
 def fail(done: asyncio.Future[None], exc: BaseException) -> None:
@@ -64,19 +73,17 @@ class Appends:
         self._flush = flush
         self._open: dict[str, Batch] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._taker = self._take  # bound once, not at every batch
 
-    async def add(
-        self, thread: str, lg_thread: str, build: Callable[[Any], Items], run_id: Any
-    ) -> None:
+    async def add(self, thread: str, lg_thread: str, build: Build, arg: Any, run_id: Any) -> None:
         """Append to ``thread`` and return once the commit holding it is durable."""
         loop = asyncio.get_running_loop()
-        append = Append(build, run_id, loop.create_future())
+        append = Append(build, arg, run_id, loop.create_future())
         batch = self._open.get(thread)
         if batch is not None:
-            batch.appends.append(append)
+            batch.append(append)
         else:
-            batch = Batch([append])
-            self._open[thread] = batch
+            batch = self._open[thread] = [append]
             # The batch is written by a task of its own, not by its first caller: a caller
             # cancelled while waiting must not strand the appends that joined it. The task
             # removes itself from ``_tasks`` when it ends (no done callback: one loop
@@ -87,17 +94,13 @@ class Appends:
         await append.done
 
     async def _write(self, thread: str, lg_thread: str, batch: Batch) -> None:
-        def take() -> list[Append]:
-            self._close(thread, batch)
-            return batch.appends
-
         try:
             # One loop iteration: what LangGraph submitted with this append joins it.
-            await asyncio.sleep(0)
-            await self._flush(thread, lg_thread, take)
+            await _next_iteration()
+            await self._flush(thread, lg_thread, self._taker, batch)
         except BaseException as exc:
             self._close(thread, batch)
-            for append in batch.appends:
+            for append in batch:
                 if append.done.done():
                     continue
                 if isinstance(exc, Exception):
@@ -111,6 +114,17 @@ class Appends:
             if me is not None:
                 self._tasks.discard(me)
 
+    def _take(self, thread: str, batch: Batch) -> Batch:
+        self._close(thread, batch)
+        return batch
+
     def _close(self, thread: str, batch: Batch) -> None:
         if self._open.get(thread) is batch:
             del self._open[thread]
+
+
+@types.coroutine
+def _next_iteration() -> Generator[None, None, None]:
+    """``await asyncio.sleep(0)`` in one object: a bare ``yield`` makes the task step again
+    in the loop's next iteration (``sleep(0)`` makes two coroutine objects to do this)."""
+    yield

@@ -65,13 +65,16 @@ class ValueCodec:
         self.plain_json = plain_json
         self.allow_pickle = allow_pickle
 
-    def encode(self, value: Any, what: str) -> dict[str, Any]:
+    def encode(self, value: Any, what: str, *args: object) -> dict[str, Any]:
+        """``value`` as stored JSON. ``what`` names it in a refusal, formatted with
+        ``args`` (``what.format(*args)``) only then: the saver encodes every value it saves,
+        and a label made for each was string formatting on the event loop for nothing."""
         if self.plain_json and is_plain_json(value):
             return {"j": value}
         kind, data = self.serde.dumps_typed(value)
         if kind == PICKLE and not self.allow_pickle:
             raise InvalidInput(
-                what,
+                what.format(*args) if args else what,
                 f"{type(value).__name__} can only be serialized with pickle, which this saver "
                 "refuses; make the value JSON- or msgpack-serializable, or open the saver "
                 "with allow_pickle=True if every reader of the store is trusted",

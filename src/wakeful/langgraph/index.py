@@ -233,3 +233,35 @@ async def catch_up(
         idx.fold(record.id, record.state)
     idx.version = snap.version
     return idx
+
+
+def given(idx: ThreadIndex, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``put``'s record items, made before its batch (they do not depend on the index)."""
+    return items
+
+
+def write_items(
+    encode: Callable[..., dict[str, Any]],
+    idx: ThreadIndex,
+    arg: tuple[str, str, str, str, list[tuple[int, str, Any]]],
+) -> list[dict[str, Any]]:
+    """``put_writes``' record items: the writes of ``arg`` (``(ns, checkpoint id, task id,
+    task path, [(idx, channel, value)])``) the thread does not have yet, values encoded with
+    ``encode`` (``ValueCodec.encode``). A function, not a closure per call: a closure and its
+    cells are objects the garbage collector counts."""
+    ns, cid, task_id, task_path, writes = arg
+    present = idx.writes.get((ns, cid), {})
+    return [
+        {
+            "k": "w",
+            "ns": ns,
+            "cid": cid,
+            "task": task_id,
+            "idx": i,
+            "channel": channel,
+            "value": encode(value, "write of task {!r} to {!r}", task_id, channel),
+            "path": task_path,
+        }
+        for i, channel, value in writes
+        if i < 0 or (task_id, i) not in present
+    ]

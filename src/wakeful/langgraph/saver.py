@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -25,7 +26,6 @@ from contextlib import asynccontextmanager, contextmanager
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-import msgspec
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
@@ -41,7 +41,7 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 
 from wakeful.errors import InvalidInput, InvalidState, StaleClaim, VersionConflict
 from wakeful.ids import check_id
-from wakeful.langgraph.appends import Append, Appends, Items, fail
+from wakeful.langgraph.appends import Append, Appends, Batch, fail
 from wakeful.langgraph.bridge import LoopThread, call_on
 from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
 from wakeful.langgraph.holds import Holds, default_holder, not_held
@@ -51,7 +51,9 @@ from wakeful.langgraph.index import (
     Entry,
     ThreadIndex,
     catch_up,
+    given,
     record_state,
+    write_items,
 )
 from wakeful.langgraph.sync import SyncMethods
 from wakeful.langgraph.tuples import checkpoint_tuple
@@ -107,6 +109,7 @@ class WakefulSaver(SyncMethods):
         self.codec = ValueCodec(self.serde, plain_json=plain_json, allow_pickle=allow_pickle)
         self._holds = Holds(store, ttl, renew_every, idle_release)
         self._appends = Appends(self._flush)
+        self._build_writes = functools.partial(write_items, self.codec.encode)  # made once
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
         self._fenced: dict[str, StaleClaim | VersionConflict] = {}
         """Threads whose run was fenced: writes raise this until a new run starts."""
@@ -268,22 +271,24 @@ class WakefulSaver(SyncMethods):
         body: dict[str, Any] = dict(checkpoint)
         values = body.pop("channel_values", None) or {}
         versions = body.get("channel_versions", {})
-        where = f"checkpoint {checkpoint['id']!r}"
+        cid = checkpoint["id"]
         meta = get_checkpoint_metadata(config, metadata)
+        encode = self.codec.encode
         item = {
             "k": "c",
             "ns": ns,
-            "id": checkpoint["id"],
+            "id": cid,
             "parent": conf.get("checkpoint_id"),
-            "checkpoint": self.codec.encode(body, where),
+            "checkpoint": encode(body, "checkpoint {!r}", cid),
             "values": {
-                k: self.codec.encode(v, f"{where} channel {k!r}")
+                k: encode(v, "checkpoint {!r} channel {!r}", cid, k)
                 for k, v in values.items()
                 if k in versions
             },
-            "metadata": self.codec.encode(meta, f"{where} metadata"),
+            "metadata": encode(meta, "checkpoint {!r} metadata", cid),
         }
-        await self._append(lg_thread, lambda idx: [item], meta.get("run_id"))
+        thread = self._bind(store_thread_id(lg_thread))
+        await self._appends.add(thread, lg_thread, given, [item], meta.get("run_id"))
         return {
             "configurable": {
                 "thread_id": lg_thread,
@@ -305,25 +310,14 @@ class WakefulSaver(SyncMethods):
             (WRITES_IDX_MAP.get(channel, i), channel, value)
             for i, (channel, value) in enumerate(writes)
         ]
-
-        def build(idx: ThreadIndex) -> Items:
-            present = idx.writes.get((ns, cid), {})
-            return [
-                {
-                    "k": "w",
-                    "ns": ns,
-                    "cid": cid,
-                    "task": task_id,
-                    "idx": i,
-                    "channel": channel,
-                    "value": self.codec.encode(value, f"write of task {task_id!r} to {channel!r}"),
-                    "path": task_path,
-                }
-                for i, channel, value in encoded
-                if i < 0 or (task_id, i) not in present
-            ]
-
-        await self._append(conf["thread_id"], build, None)
+        lg_thread = conf["thread_id"]
+        await self._appends.add(
+            self._bind(store_thread_id(lg_thread)),
+            lg_thread,
+            self._build_writes,
+            (ns, cid, task_id, task_path, encoded),
+            None,
+        )
 
     async def adelete_thread(self, thread_id: str) -> None:
         thread = self._bind(store_thread_id(thread_id))
@@ -454,17 +448,13 @@ class WakefulSaver(SyncMethods):
     def _tuple(self, lg_thread: str, idx: ThreadIndex, entry: Entry) -> CheckpointTuple:
         return checkpoint_tuple(self.codec, lg_thread, idx, entry, self._metadata)
 
-    async def _append(
-        self, lg_thread: str, build: Callable[[ThreadIndex], Items], run_id: Any
+    async def _flush(
+        self, thread: str, lg_thread: str, take: Callable[[str, Batch], Batch], batch: Batch
     ) -> None:
-        """``put``/``put_writes``: append items, combined with the thread's other appends
-        that arrive together (``appends``) into one fenced commit."""
-        thread = self._bind(store_thread_id(lg_thread))
-        await self._appends.add(thread, lg_thread, build, run_id)
-
-    async def _flush(self, thread: str, lg_thread: str, take: Callable[[], list[Append]]) -> None:
-        async with self._lock(thread):
-            appends = take()
+        lock = self._lock(thread)
+        await lock.acquire()  # not ``async with``: two coroutine objects less per commit
+        try:
+            appends = take(thread, batch)
             idx = await self._writable(thread, lg_thread)
             items: list[dict[str, Any]] = []
             answered: list[Append] = []
@@ -473,7 +463,7 @@ class WakefulSaver(SyncMethods):
                 if append.done.done():  # its caller was cancelled before it was built
                     continue
                 try:
-                    built = append.build(idx)
+                    built = append.build(idx, append.arg)
                 except Exception as exc:  # this caller's own refusal (a value the codec refuses)
                     fail(append.done, exc)
                     continue
@@ -485,6 +475,8 @@ class WakefulSaver(SyncMethods):
             for append in answered:
                 if not append.done.done():
                     append.done.set_result(None)
+        finally:
+            lock.release()
 
     async def _write(self, lg_thread: str, build: Callable[[ThreadIndex], Built]) -> None:
         """Commit one record built from the thread's current index, fenced (on its own:
@@ -527,6 +519,9 @@ class WakefulSaver(SyncMethods):
         drop: list[str],
         run_id: Any,
     ) -> None:
+        """Commit one record, fenced: under this saver's hold on the thread, or claiming it
+        in the same step (``claim_and_commit``: no hold yet, or ``fencing="off"``, which
+        also releases). The commit is built once with its token (no copy per commit)."""
         # The caller's objects: the store validates a detached copy before its first await,
         # and the index folds copies (``ThreadIndex.fold``).
         state = record_state(lg_thread, items, drop)
@@ -538,24 +533,19 @@ class WakefulSaver(SyncMethods):
             state=state,
             created_at=datetime.now(UTC),
         )
+        hold = self._holds.get(thread)
+        off = self.fencing == "off"
         commit = Commit(
-            token=0,
+            token=0 if off or hold is None else hold.token,
             checkpoint=record,
             expected_version=idx.version,
             drop_checkpoints=tuple(drop),
+            release=off,
         )
-        version = await self._commit(thread, commit)
-        idx.fold(record.id, state)
-        idx.version = version
-        self._remember(thread, idx)
-
-    async def _commit(self, thread: str, commit: Commit) -> int:
-        hold = self._holds.get(thread)
         try:
-            if self.fencing == "off":
-                released = msgspec.structs.replace(commit, release=True)
+            if off:
                 _, receipt = await self.store.claim_and_commit(
-                    thread, self.holder, self._holds.ttl, released
+                    thread, self.holder, self._holds.ttl, commit
                 )
             elif hold is None:
                 claim, receipt = await self.store.claim_and_commit(
@@ -563,9 +553,7 @@ class WakefulSaver(SyncMethods):
                 )
                 self._holds.start(claim, explicit=False)
             else:
-                receipt = await self.store.commit(
-                    thread, msgspec.structs.replace(commit, token=hold.token)
-                )
+                receipt = await self.store.commit(thread, commit)
         except (StaleClaim, VersionConflict) as exc:
             # The run that prepared this write is behind the thread: none of its later
             # writes may land either (a new run, or ``hold``, starts afresh).
@@ -573,7 +561,9 @@ class WakefulSaver(SyncMethods):
             self._cache.pop(thread, None)
             self._fenced[thread] = exc
             raise
-        return receipt.version
+        idx.fold(record.id, state)
+        idx.version = receipt.version
+        self._remember(thread, idx)
 
     async def _rewrite(
         self,
