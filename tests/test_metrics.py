@@ -82,6 +82,8 @@ def test_labels_passed_in_any_order_or_type_reach_the_same_values() -> None:
     metrics.settles.inc(outcome="1")
     metrics.settles.inc(outcome=[1])  # type: ignore[arg-type]  # cannot be remembered
     assert metrics.settles.value(outcome="1") == 2 and metrics.settles.value(outcome="[1]") == 1
+    metrics.settles.inc(outcome=True)  # type: ignore[arg-type]  # equal to 1, but "True"
+    assert metrics.settles.value(outcome="True") == 1 and metrics.settles.value(outcome="1") == 2
     for _ in range(2):  # a wrong label set is refused every time, never remembered
         with pytest.raises(ValueError, match="takes labels"):
             seconds.observe(0.1, target="g")

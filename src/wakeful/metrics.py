@@ -16,7 +16,6 @@ made, so importing this module stays cheap."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -78,15 +77,19 @@ class _Family:
             if labels:
                 raise ValueError(f"{self.name} takes no labels, got {sorted(labels)}")
             return self._metric
-        try:  # the labels as passed (names and values, in the caller's order), seen before
-            return self._passed[tuple(labels.items())]
-        except (KeyError, TypeError):  # (TypeError: a value that cannot be hashed)
+        passed = tuple(labels.items())  # names and values, in the caller's order
+        try:
+            return self._passed[passed]
+        except KeyError:
             pass
+        except TypeError:  # a value that cannot be hashed: named by its str(), as always
+            return self._checked(labels)
         child = self._checked(labels)
-        with contextlib.suppress(TypeError):
+        # only string values are remembered: 1 == True, but they name two children
+        if all(type(value) is str for value in labels.values()):
             if len(self._passed) >= _PASSED_MAX:
                 self._passed.clear()
-            self._passed[tuple(labels.items())] = child
+            self._passed[passed] = child
         return child
 
     def _checked(self, labels: Mapping[str, str]) -> Any:
