@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import operator
 from collections import Counter
+from collections.abc import AsyncIterator
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -131,11 +133,22 @@ class Opaque:
         self.n = n
 
 
-@pytest.mark.asyncio
-async def test_a_refused_value_fails_only_its_own_caller_in_a_batch() -> None:
+@contextlib.asynccontextmanager
+async def _pickling_saver() -> AsyncIterator[tuple[Store, WakefulSaver]]:
+    """A saver whose serializer would fall back to pickle (the saver refuses it), on a fresh
+    memory store; both closed on exit."""
     store = await open_store("memory://")
     saver = WakefulSaver(store, serde=JsonPlusSerializer(pickle_fallback=True))
     try:
+        yield store, saver
+    finally:
+        await saver.aclose()
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_refused_value_fails_only_its_own_caller_in_a_batch() -> None:
+    async with _pickling_saver() as (store, saver):
         c1 = await saver.aput(_conf("t"), _checkpoint("c1"), {"step": 0}, {})
         refused, stored = await asyncio.gather(
             saver.aput_writes(c1, [("log", Opaque(1))], "task-1"),
@@ -149,17 +162,12 @@ async def test_a_refused_value_fails_only_its_own_caller_in_a_batch() -> None:
         latest = await reader.aget_tuple(_conf("t"))
         assert first is not None and first.pending_writes == []
         assert latest is not None and latest.checkpoint["id"] == "c2"
-    finally:
-        await saver.aclose()
-        await store.close()
 
 
 @pytest.mark.asyncio
 async def test_a_refusal_names_the_value_it_refuses() -> None:
     """The labels are formatted only when a value is refused: they still say which one."""
-    store = await open_store("memory://")
-    saver = WakefulSaver(store, serde=JsonPlusSerializer(pickle_fallback=True))
-    try:
+    async with _pickling_saver() as (_, saver):
         c1 = await saver.aput(_conf("t"), _checkpoint("c1"), {"step": 0}, {})
         with pytest.raises(InvalidInput) as write:
             await saver.aput_writes(c1, [("log", Opaque(1))], "task-1")
@@ -176,9 +184,6 @@ async def test_a_refusal_names_the_value_it_refuses() -> None:
         latest = await saver.aget_tuple(_conf("t"))
         assert latest is not None and latest.checkpoint["id"] == "c1"
         assert latest.pending_writes == []
-    finally:
-        await saver.aclose()
-        await store.close()
 
 
 @pytest.mark.asyncio
