@@ -339,9 +339,9 @@ class Execution:
                         span.set_attribute("wakeful.task.error", result.error)
                     return result
 
-        if len(cp.frontier) == 1:  # in place: no task, future and context per superstep
-            return [await one(cp.frontier[0])]
-        return list(await asyncio.gather(*(one(e) for e in cp.frontier)))
+        if len(frontier) == 1:  # in place: no task, future and context per superstep
+            return [await one(frontier[0])]
+        return list(await asyncio.gather(*(one(e) for e in frontier)))
 
     async def _run_task(
         self, cp: Checkpoint, step: int, entry: dict[str, Any], answers: dict[str, Any]
