@@ -100,6 +100,8 @@ class NatsWake:
         self._sender = HintSender(f"nats wake on {self.subject!r}", self._send, logger=log)
         self.connections = 0
         """Connections opened (a replaced dead one counts again), for tests and metrics."""
+        self.received = 0
+        """Wake messages delivered to this subscriber, for tests and metrics."""
 
     # ---------------------------------------------------------------- connection
 
@@ -154,6 +156,7 @@ class NatsWake:
         await self._connection(CONNECT_TIMEOUT)
 
     async def _on_message(self, msg: Msg) -> None:
+        self.received += 1
         self._event.set()
 
     async def _on_error(self, exc: Exception) -> None:
