@@ -580,6 +580,67 @@ async def test_a_group_of_writes_refused_before_writing_needs_no_savepoint(
         assert [e.type for e in await store.events_after("t3")] == ["e3", "b"]
 
 
+async def _held_group(db: Any, first: Any, second: Any) -> tuple[list[Any], int]:
+    """Run ``first`` on the writer, queue ``second`` while ``first`` is still running (it
+    waits for the go-ahead inside its transaction), then let both finish; their outcomes and
+    the write transactions committed meanwhile."""
+    entered, go = threading.Event(), threading.Event()
+
+    def held(conn: sqlite3.Connection) -> Any:
+        entered.set()
+        assert go.wait(10), "the test never let the first job finish"
+        return first(conn)
+
+    before = db.transactions
+    one = asyncio.ensure_future(db.write(held))
+    assert await asyncio.to_thread(entered.wait, 10)
+    two = asyncio.ensure_future(db.write(second))
+    deadline = asyncio.get_running_loop().time() + 10
+    while db._writer._queue.qsize() == 0:  # the second job reached the writer's queue
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.001)
+    go.set()
+    outcomes = await asyncio.gather(one, two, return_exceptions=True)
+    return outcomes, db.transactions - before
+
+
+def _epoch(name: str, refuse: bool = False) -> Any:
+    def job(conn: sqlite3.Connection) -> str:
+        conn.execute("INSERT INTO epochs (thread_id, epoch) VALUES (?, 1)", (name,))
+        if refuse:
+            raise InvalidInput("job", f"{name} refused after writing")
+        return name
+
+    return job
+
+
+async def _epochs(store: Any) -> list[str]:
+    rows = await store._db.read(lambda c: c.execute("SELECT thread_id FROM epochs").fetchall())
+    return sorted(r[0] for r in rows)
+
+
+@case
+async def test_a_write_queued_while_a_group_runs_joins_its_transaction(tmp_path: Path) -> None:
+    """One fsync for both: the second write, queued while the first one's transaction ran,
+    commits in it. A refusal of the joined write after it changed rows rolls back only that
+    write (the group reruns with savepoints), and a lone write that is refused takes no
+    queued write into the transaction its refusal rolls back."""
+    async with open_store(sqlite_url(tmp_path / "join.db")) as store:
+        db = store._db  # type: ignore[attr-defined]
+        outcomes, committed = await _held_group(db, _epoch("a"), _epoch("b"))
+        assert outcomes == ["a", "b"]
+        assert committed == 1, "the queued write did not join the running transaction"
+
+        outcomes, committed = await _held_group(db, _epoch("c"), _epoch("d", refuse=True))
+        assert outcomes[0] == "c" and isinstance(outcomes[1], InvalidInput)
+        assert committed == 1
+
+        outcomes, committed = await _held_group(db, _epoch("e", refuse=True), _epoch("f"))
+        assert isinstance(outcomes[0], InvalidInput) and outcomes[1] == "f"
+        assert committed == 1, "the refused lone write's transaction committed"
+        assert await _epochs(store) == ["a", "b", "c", "f"]
+
+
 def test_migration_5_fills_the_run_segments_of_an_existing_history(tmp_path: Path) -> None:
     db = tmp_path / "v4.db"
     raw = sqlite3.connect(db, isolation_level=None)

@@ -7,7 +7,8 @@ No ``sqlite3`` call runs on the event loop:
   ``BEGIN IMMEDIATE`` transaction that holds SQLite's write lock from its first statement,
   so all of a job's checks and changes see one state no other connection (or process) can
   change underneath them. Jobs that queue up while a transaction runs are group-committed:
-  the next transaction runs them one after another (a refused job rolls back only itself:
+  those queued before its last job finished join it, the rest form the next transaction,
+  which runs them one after another (a refused job rolls back only itself:
   a savepoint per job when one refused job had changed rows, ``_Writer._transaction``), and
   one ``COMMIT`` (one fsync of the WAL) makes them durable together. No job is
   acknowledged before that ``COMMIT`` returned. A store object belongs to the event loop
@@ -106,8 +107,9 @@ class _Writer:
 
     Jobs arrive in groups: everything the event loop submitted during one of its iterations
     is queued as one list, and the thread takes every queued group (up to ``MAX_BATCH`` jobs)
-    into one transaction. Outcomes go back with one wake-up of each caller's event loop per
-    transaction, so the callers resume together and their next writes form the next group.
+    into one transaction, and before its ``COMMIT`` the groups queued while it ran. Outcomes
+    go back with one wake-up of each caller's event loop per transaction, so the callers
+    resume together and their next writes form the next group.
     """
 
     def __init__(self, path: str, busy_timeout: float) -> None:
@@ -116,6 +118,7 @@ class _Writer:
         self._queue: queue.SimpleQueue[list[_Job] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._stopping = False
+        self._stop_seen = False
         # A daemon, so a store the program forgot to close cannot keep the interpreter alive;
         # a transaction cut short at exit is rolled back by SQLite, and nothing unfinished
         # was acknowledged.
@@ -159,23 +162,32 @@ class _Writer:
             self.ready.set_exception(self._error(exc))
             self._shutdown()
             return
-        stop = False
-        while not stop:
+        while not self._stop_seen:
             group = self._queue.get()
             if group is None:
                 break
             batch = list(group)
-            while len(batch) < MAX_BATCH:
-                try:
-                    more = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                batch += more
+            self._take_queued(batch)
             self._run_batch(batch)
         self._shutdown()
+
+    def _take_queued(self, batch: list[_Job]) -> bool:
+        """Move the groups queued by now into ``batch`` (up to ``MAX_BATCH`` jobs) without
+        waiting, skipping jobs whose caller stopped waiting; whether any job was added."""
+        added = False
+        while len(batch) < MAX_BATCH and not self._stop_seen:
+            try:
+                more = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if more is None:
+                self._stop_seen = True
+                break
+            for job in more:
+                if not job.future.cancelled():
+                    batch.append(job)
+                    added = True
+        return added
 
     def _shutdown(self) -> None:
         # Jobs queued after the stop sentinel never run: fail them rather than leave their
@@ -234,7 +246,19 @@ class _Writer:
         alone = len(jobs) == 1
         guard = isolate and not alone
         outcomes: list[tuple[_Job, bool, Any]] = []
-        for index, job in enumerate(jobs):
+        index = -1
+        while True:
+            index += 1
+            if index == len(jobs):
+                # Jobs queued while this group ran join it before its COMMIT, so that one
+                # fsync serves more of them. Not on a rerun (it runs the same jobs), nor
+                # after a lone job's refusal (the ROLLBACK below is what undoes it).
+                if isolate or (alone and not outcomes[0][1]):
+                    break
+                if not self._take_queued(jobs):
+                    break
+                alone = False
+            job = jobs[index]
             if guard:
                 conn.execute("SAVEPOINT job")
             before = conn.total_changes
