@@ -601,7 +601,7 @@ async def _held_group(db: Any, first: Any, second: Any) -> tuple[list[Any], int]
         await asyncio.sleep(0.001)
     go.set()
     outcomes = await asyncio.gather(one, two, return_exceptions=True)
-    return outcomes, db.transactions - before
+    return list(outcomes), db.transactions - before
 
 
 def _epoch(name: str, refuse: bool = False) -> Any:
