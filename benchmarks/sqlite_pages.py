@@ -72,7 +72,7 @@ def count(path: Path, shape: str, threads: int, steps: int) -> tuple[float, floa
     wal = Path(f"{path}-wal")
     tokens: dict[str, int] = {}
     parents: dict[str, str | None] = {}
-    names = [f"{shape}-{i}" for i in range(threads)]
+    names = [f"{shape.replace(' ', '-')}-{i}" for i in range(threads)]
     conn.execute("BEGIN IMMEDIATE")
     for tid in names:
         tokens[tid] = jobs.claim(conn, datetime.now(UTC), tid, "pages", 3600).token
