@@ -212,14 +212,19 @@ def orchestrate(args: argparse.Namespace) -> int:
             print(f"{o.name}: {o.status} {o.detail}".rstrip())
     generated = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started))
     if args.merge and RESULTS.exists():
-        data = merged(json.loads(RESULTS.read_text(encoding="utf-8")), outcomes, results, generated)
+        data = merged(
+            json.loads(RESULTS.read_text(encoding="utf-8")), outcomes, results, generated, machine
+        )
     elif args.write or args.merge or not args.names:
         data = {
             "generated": generated,
             "seconds": round(elapsed, 1),
             "rounds": args.rounds,
             "machine": machine,
-            "modules": {o.name: {**o.to_json(), "generated": generated} for o in outcomes},
+            "modules": {
+                o.name: {**o.to_json(), "generated": generated, "machine": report.summary(machine)}
+                for o in outcomes
+            },
             "results": [r.to_json() for r in results],
         }
     if args.write or args.merge or not args.names:
@@ -231,18 +236,29 @@ def orchestrate(args: argparse.Namespace) -> int:
 
 
 def merged(
-    data: dict[str, Any], outcomes: list[Outcome], results: list[Result], generated: str
+    data: dict[str, Any],
+    outcomes: list[Outcome],
+    results: list[Result],
+    generated: str,
+    machine: dict[str, Any],
 ) -> dict[str, Any]:
     """``data`` (an earlier results file) with the modules of this run replaced by what they
-    reported now; every module keeps the date it was measured on, and the file's own date
-    becomes this run's."""
+    reported now; every module keeps the date it was measured on and the machine it was
+    measured on (``report.summary``; an older file's modules: the file's machine), and the
+    file's own date becomes this run's."""
+    from benchmarks import report
+
     ran = {o.name for o in outcomes}
+    earlier = report.summary(data.get("machine", {}))
     modules = {
-        name: {"generated": data["generated"], **m}
+        name: {"generated": data["generated"], "machine": earlier, **m}
         for name, m in data.get("modules", {}).items()
         if name not in ran
     }
-    modules.update({o.name: {**o.to_json(), "generated": generated} for o in outcomes})
+    here = report.summary(machine)
+    modules.update(
+        {o.name: {**o.to_json(), "generated": generated, "machine": here} for o in outcomes}
+    )
     order = {m.name: i for i, m in enumerate(PLAN)}
     kept = [r for r in data.get("results", []) if r["benchmark"] not in ran]
     fresh = [r.to_json() for r in results]

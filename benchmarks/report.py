@@ -215,6 +215,17 @@ def _git() -> dict[str, str]:
         return {}
 
 
+def summary(machine: dict[str, Any]) -> dict[str, Any]:
+    """What a module's section names of the machine it was measured on: its CPU, its disk's
+    fsync latency and the wakeful commit measured (figures from another CPU or disk compare
+    with each other, not with the rest of the page)."""
+    return {
+        "cpu_model": machine.get("cpu_model"),
+        "fsync_median_ms": machine.get("fsync", {}).get("median_ms"),
+        "commit": machine.get("git", {}).get("commit"),
+    }
+
+
 def machine_facts(dsn: str = DEFAULT_DSN) -> dict[str, Any]:
     versions = {}
     for package in PACKAGES:
@@ -285,7 +296,8 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
     if len(dates) > 1:
         lines += [
             "Stitched with `--merge` from module runs on different dates: each module's "
-            "section says when it was measured if that is not the date above.",
+            "section says when it was measured if that is not the date above, and on which "
+            "machine if not on the one under [Machine](#machine).",
             "",
         ]
     lines += [
@@ -368,6 +380,12 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
         seconds = f" ({status['seconds']:.0f} s)" if "seconds" in status else ""
         if "generated" in status and status["generated"] != data["generated"]:
             seconds += f", measured {status['generated']}"
+        measured_on = status.get("machine")
+        if measured_on and measured_on.get("cpu_model") != machine.get("cpu_model"):
+            seconds += (
+                f" on another machine: {measured_on.get('cpu_model')}, fsync median "
+                f"{measured_on.get('fsync_median_ms')} ms, wakeful {measured_on.get('commit')}"
+            )
         lines += [f"### {name}{seconds}", "", METHOD.get(name, ""), ""]
         if name not in by_module:
             lines += [f"Not reported: {status.get('status')} {status.get('detail', '')}", ""]
