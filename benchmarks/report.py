@@ -313,15 +313,21 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
         "",
     ]
     targeted = [r for r in results if r.target is not None or r.skipped]
+    modules = data.get("modules", {})
+    elsewhere = {
+        name
+        for name, m in modules.items()
+        if m.get("machine") and m["machine"].get("cpu_model") != machine.get("cpu_model")
+    }
     lines += _table(
         ["benchmark", "measurement", "ours", "anchor", "ratio", "target", "verdict"],
         [
-            [r.benchmark, r.name, format_value(r.value, r.unit), _anchor(r), format_ratio(r),
-             format_target(r), _verdict(r)]
+            [r.benchmark + (" (another machine)" if r.benchmark in elsewhere else ""), r.name,
+             format_value(r.value, r.unit), _anchor(r), format_ratio(r), format_target(r),
+             _verdict(r)]
             for r in targeted
         ],
     )  # fmt: skip
-    modules = data.get("modules", {})
     troubled = {name: m for name, m in modules.items() if m["status"] != "ok"}
     if troubled:
         lines += ["", "Modules that did not report:", ""]
