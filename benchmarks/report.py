@@ -54,7 +54,12 @@ METHOD = {
     "sqlite_store": (
         "wakeful's SQLite store (WAL, `synchronous=FULL`) beside LangGraph's `SqliteSaver.put` "
         "(WAL, `synchronous=FULL`) and `AsyncSqliteSaver.aput` of the same ~1.5 kB payload on "
-        "the same disk, sequential and 8 concurrent writers, interleaved round by round."
+        "the same disk, sequential and 8 concurrent writers, interleaved round by round. "
+        "The ceiling rows (`benchmarks/sqlite_ceiling.py`) are the fastest fenced group commit "
+        "the stack allows at 8 writers (raw `sqlite3` on a writer thread, three statements a "
+        "commit, one fsync for 8), with and without the contract's validation of each commit, "
+        "and on the event loop's own thread (not allowed): the bound of the 3x target "
+        "([decision 0022](decisions/0022-server-cost-per-dispatch.md))."
     ),
     "postgres_store": (
         "wakeful's PostgreSQL store beside a raw autocommit one-row `INSERT` of the same JSON "
