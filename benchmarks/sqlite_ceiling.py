@@ -128,21 +128,34 @@ class OffLoopCeiling:
     def _writer(self, groups: queue.SimpleQueue[list[_Item] | None]) -> None:
         conn = self._conn
         while (group := groups.get()) is not None:
-            outcomes: list[tuple[asyncio.Future[None], BaseException | None]] = []
-            conn.execute("BEGIN IMMEDIATE")
-            for thread_id, checkpoint_id, body, future in group:
-                if isinstance(body, EncodedCommit):
-                    text = body.checkpoint_text()
-                    assert text is not None
-                    body = text
-                try:
-                    _commit(conn, thread_id, checkpoint_id, body)
-                except StaleToken as exc:  # raised before it wrote: nothing to roll back
-                    outcomes.append((future, exc))
-                else:
-                    outcomes.append((future, None))
-            conn.execute("COMMIT")
-            group[0][3].get_loop().call_soon_threadsafe(_deliver, outcomes)
+            loop = group[0][3].get_loop()
+            try:
+                outcomes = self._transaction(conn, group)
+            except BaseException as exc:  # a driver error fails the group, loudly, not a hang
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                outcomes = [(future, exc) for _, _, _, future in group]
+            loop.call_soon_threadsafe(_deliver, outcomes)
+
+    @staticmethod
+    def _transaction(
+        conn: sqlite3.Connection, group: list[_Item]
+    ) -> list[tuple[asyncio.Future[None], BaseException | None]]:
+        outcomes: list[tuple[asyncio.Future[None], BaseException | None]] = []
+        conn.execute("BEGIN IMMEDIATE")
+        for thread_id, checkpoint_id, body, future in group:
+            if isinstance(body, EncodedCommit):
+                text = body.checkpoint_text()
+                assert text is not None
+                body = text
+            try:
+                _commit(conn, thread_id, checkpoint_id, body)
+            except StaleToken as exc:  # raised before it wrote: nothing to roll back
+                outcomes.append((future, exc))
+            else:
+                outcomes.append((future, None))
+        conn.execute("COMMIT")
+        return outcomes
 
     async def seconds(self, tag: str, writers: int, each: int, state: dict[str, Any]) -> float:
         """Seconds for ``writers`` tasks each making ``each`` commits to its own thread."""
