@@ -57,7 +57,8 @@ METHOD = {
         "the same disk, sequential and 8 concurrent writers, interleaved round by round. "
         "The ceiling rows (`benchmarks/sqlite_ceiling.py`) are the fastest fenced group commit "
         "the stack allows at 8 writers (raw `sqlite3` on a writer thread, three statements a "
-        "commit, one fsync for 8), with and without the contract's validation of each commit, "
+        "commit, one fsync for 8), without any check of a commit, with the least check of "
+        "its types, and with the contract's validation (`encode_commit`), "
         "and on the event loop's own thread (not allowed): the bound of the 3x target "
         "([decision 0022](decisions/0022-server-cost-per-dispatch.md))."
     ),

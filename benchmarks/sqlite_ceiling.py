@@ -18,10 +18,15 @@ loop once. No validation, no events, receipts, tenants, run segments or error tr
 narrower rows than wakeful's: it does less than a store that keeps the contract, so its rate is
 an upper bound on any such store's.
 
-``OffLoopCeiling(validated=True)`` adds what the contract makes every store do to a commit
-it is handed before it may write it: validate it (wakeful's own ``encode_commit``: types, ids,
-sizes, no NaN or infinity, depth; one msgspec encode and one typed decode), the checkpoint's
-JSON then cut from that one encoding on the writer thread, as the store does.
+``OffLoopCeiling(validation=...)`` adds a check of each commit before it is queued:
+
+- ``"types"``: the least check of a commit's types there is (one msgspec encode and one
+  typed decode of the ``Commit``; no NaN or infinity check, no id checks, no sizes), the
+  checkpoint's JSON encoded on its own so that the writer parses nothing;
+- ``"contract"``: what the contract makes every store do to a commit it is handed before it may
+  write it, as wakeful does it (``encode_commit``: types, ids, sizes, no NaN or infinity,
+  depth), the checkpoint's JSON then cut from that one encoding on the writer thread, as the
+  store does.
 
 ``OnLoopCeiling`` runs the same statements on the event loop's own thread, 8 per transaction,
 with no hand-off: what the 8 writers would get if the loop blocked on SQLite (the stack forbids
@@ -36,9 +41,10 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -58,6 +64,9 @@ _MOVE = "UPDATE threads SET version = ?, latest_pos = ?, latest_id = ? WHERE thr
 _TOKEN = 1
 
 _encode = msgspec.json.Encoder().encode
+_COMMIT = msgspec.json.Decoder(Commit)
+
+Validation = Literal["none", "types", "contract"]
 
 
 class StaleToken(Exception):
@@ -115,12 +124,32 @@ def _deliver(outcomes: list[tuple[asyncio.Future[None], BaseException | None]]) 
             future.set_exception(error)
 
 
+def _plain(thread_id: str, cp: Checkpoint) -> str:
+    return _encode(cp).decode()
+
+
+def _typed(thread_id: str, cp: Checkpoint) -> str:
+    _COMMIT.decode(_encode(Commit(token=_TOKEN, checkpoint=cp)))
+    return _encode(cp).decode()
+
+
+def _contract(thread_id: str, cp: Checkpoint) -> EncodedCommit:
+    return encode_commit(thread_id, Commit(token=_TOKEN, checkpoint=cp))
+
+
+_BODIES: dict[Validation, Callable[[str, Checkpoint], str | EncodedCommit]] = {
+    "none": _plain,
+    "types": _typed,
+    "contract": _contract,
+}
+
+
 class OffLoopCeiling:
     """The minimal fenced group commit with ``sqlite3`` on a writer thread (module docstring)."""
 
-    def __init__(self, path: Path, *, validated: bool = False) -> None:
+    def __init__(self, path: Path, *, validation: Validation = "none") -> None:
         self._conn = _connect(path)
-        self._validated = validated
+        self._body = _BODIES[validation]
 
     def close(self) -> None:
         self._conn.close()
@@ -171,17 +200,13 @@ class OffLoopCeiling:
             groups.put(pending[:])
             pending.clear()
 
-        validated = self._validated
+        make_body = self._body
 
         async def commits(thread_id: str) -> None:
             parent = None
             for _ in range(each):
                 cp = checkpoint(parent, state)
-                body: str | EncodedCommit
-                if validated:
-                    body = encode_commit(thread_id, Commit(token=_TOKEN, checkpoint=cp))
-                else:
-                    body = _encode(cp).decode()
+                body = make_body(thread_id, cp)
                 future: asyncio.Future[None] = loop.create_future()
                 if not pending:
                     loop.call_soon(flush)

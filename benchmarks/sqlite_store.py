@@ -14,8 +14,9 @@ in one run, every measurement of a round in ``SLICES`` alternating slices and ro
   saying so, when ``langgraph-checkpoint-sqlite`` is not installed);
 
 - the fenced group commit ceiling (``benchmarks.sqlite_ceiling``): the least a store that
-  fences its commits and keeps ``sqlite3`` off the event loop must do at 8 writers, and the
-  same statements on the event loop, which the stack does not allow;
+  fences its commits and keeps ``sqlite3`` off the event loop must do at 8 writers, without
+  any check of a commit, with the least check of its types and with the contract's
+  validation, and the same statements on the event loop, which the stack does not allow;
 
 and prints the ratios. Target (issue 22): commits >= 3x ``SqliteSaver.put`` at 8 writers;
 the ceiling's own ratio is that target's bound (decision 0022).
@@ -128,10 +129,12 @@ async def sliced_round(directory: Path, n: int, slices: int) -> tuple[dict[str, 
     stores: dict[str, tuple[Store, Callable[..., Awaitable[None]], _Measure]] = {}
     savers: list[tuple[sqlite3.Connection, Any, _Measure]] = []
     off_loop = OffLoopCeiling(directory / "ceiling-off-loop.db")
-    validated = OffLoopCeiling(directory / "ceiling-validated.db", validated=True)
+    typed = OffLoopCeiling(directory / "ceiling-typed.db", validation="types")
+    validated = OffLoopCeiling(directory / "ceiling-validated.db", validation="contract")
     on_loop = OnLoopCeiling(directory / "ceiling-on-loop.db")
     ceilings = tuple(
-        _Measure(f"{name} x{WRITERS}", WRITERS) for name in ("ceiling", "validated", "on-loop")
+        _Measure(f"{name} x{WRITERS}", WRITERS)
+        for name in ("ceiling", "typed", "validated", "on-loop")
     )
     note = "langgraph-checkpoint-sqlite is not installed: LangGraph column skipped"
     try:
@@ -161,9 +164,9 @@ async def sliced_round(directory: Path, n: int, slices: int) -> tuple[dict[str, 
                     )
                     m.add(each * m.k, time.perf_counter() - start)
                 each = per_slice // WRITERS
-                for ceiling, m in zip((off_loop, validated), ceilings, strict=False):
+                for ceiling, m in zip((off_loop, typed, validated), ceilings, strict=False):
                     m.add(each * WRITERS, await ceiling.seconds(f"t-{sl}", WRITERS, each, state))
-                ceilings[2].add(each * WRITERS, on_loop.seconds(f"t-{sl}", WRITERS, each, state))
+                ceilings[3].add(each * WRITERS, on_loop.seconds(f"t-{sl}", WRITERS, each, state))
                 for _, saver, m in savers:
                     each = per_slice // m.k
                     m.add(each * m.k, _put_seconds(saver, sl, m.k, each, state))
@@ -189,6 +192,7 @@ async def sliced_round(directory: Path, n: int, slices: int) -> tuple[dict[str, 
         for conn, _, _ in savers:
             conn.close()
         off_loop.close()
+        typed.close()
         validated.close()
         on_loop.close()
     return rates, note
@@ -308,6 +312,15 @@ def results(samples: dict[str, list[float]], skipped: str | None) -> list[Result
         note="raw sqlite3, 3 statements a commit, 8 a fsync: an upper bound on any fenced store",
     )
     out.add(
+        f"the same ceiling with each commit's types checked (encode, typed decode), {WRITERS} "
+        "writers",
+        samples[f"typed x{WRITERS}"],
+        "/s",
+        anchor=f"LangGraph SqliteSaver.put, {WRITERS} thread(s)",
+        anchor_samples=samples.get(f"put x{WRITERS}"),
+        note="the least check of a commit's types there is: no NaN, id or size checks",
+    )
+    out.add(
         f"the same ceiling with each commit validated (encode_commit), {WRITERS} writers",
         samples[f"validated x{WRITERS}"],
         "/s",
@@ -385,6 +398,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         print(f"{label:<46}{med[key]:>12,.0f}{ratio:>14}")
     for label, key in (
         (f"fenced group commit ceiling, {WRITERS} writers", f"ceiling x{WRITERS}"),
+        ("  the same, commits' types checked", f"typed x{WRITERS}"),
         ("  the same, commits validated as the contract asks", f"validated x{WRITERS}"),
         ("  the same on the event loop (not allowed)", f"on-loop x{WRITERS}"),
     ):
