@@ -18,13 +18,12 @@ import statistics
 import tempfile
 import time
 import uuid
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import DEFAULT_DSN
+from benchmarks.common import DEFAULT_DSN, bench_checkpoint
 from wakeful import open_store
-from wakeful.records import Checkpoint, Commit, EventDraft
+from wakeful.records import Commit, EventDraft
 
 STORES = ("memory", "file", "sqlite", "postgres")
 WARMUP = 50
@@ -56,14 +55,7 @@ async def cpu_per_commit(url: str, n: int, messages: int) -> float:
         for i in range(WARMUP + n):
             if i == WARMUP:
                 started = time.process_time()
-            cp = Checkpoint(
-                id=uuid.uuid4().hex,
-                parent=parent,
-                run_id="bench",
-                status="running",
-                state=value,
-                created_at=datetime.now(UTC),
-            )
+            cp = bench_checkpoint(parent, value)
             commit = Commit(
                 token=claim.token,
                 checkpoint=cp,

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
+
+from wakeful.records import Checkpoint
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 """The server the PostgreSQL benchmarks use (``--dsn``): a database they may create others
@@ -207,3 +211,27 @@ class Database:
         host = info.get("host", "127.0.0.1")
         port = info.get("port", 5432)
         return f"postgresql://{user}@{host}:{port}/{self.name}"
+
+
+def payload() -> dict[str, Any]:
+    """About 1.5 kB of JSON state: a short conversation (the store benchmarks' payload)."""
+    return {
+        "messages": [
+            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 12}
+            for i in range(10)
+        ],
+        "step": 3,
+        "flags": {"approved": True, "retries": 0},
+    }
+
+
+def bench_checkpoint(parent: str | None, state: dict[str, Any]) -> Checkpoint:
+    """The checkpoint the store benchmarks commit: a new id, ``parent``, ``state``."""
+    return Checkpoint(
+        id=uuid.uuid4().hex,
+        parent=parent,
+        run_id="bench",
+        status="running",
+        state=state,
+        created_at=datetime.now(UTC),
+    )

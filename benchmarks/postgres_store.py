@@ -33,7 +33,6 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from functools import partial
 from typing import Any, cast
 
@@ -41,8 +40,8 @@ import psycopg
 import psycopg_pool
 from psycopg import sql
 
-from benchmarks.common import Collector, Result
-from wakeful.records import Checkpoint, Commit, Dispatch, Done, EventDraft
+from benchmarks.common import Collector, Result, bench_checkpoint, payload
+from wakeful.records import Commit, Dispatch, Done, EventDraft
 from wakeful.store.postgres import PostgresStore, open_postgres_store
 from wakeful.store.postgres.codec import text
 
@@ -50,35 +49,12 @@ CLIENTS = 16
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 
 
-def payload() -> dict[str, Any]:
-    """About 1.5 kB of JSON state: a short conversation."""
-    return {
-        "messages": [
-            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 12}
-            for i in range(10)
-        ],
-        "step": 3,
-        "flags": {"approved": True, "retries": 0},
-    }
-
-
-def _checkpoint(parent: str | None, state: dict[str, Any]) -> Checkpoint:
-    return Checkpoint(
-        id=uuid.uuid4().hex,
-        parent=parent,
-        run_id="bench",
-        status="running",
-        state=state,
-        created_at=datetime.now(UTC),
-    )
-
-
 async def _commits(store: PostgresStore, count: int, state: dict[str, Any], w: int) -> None:
     thread_id = f"commit-{uuid.uuid4().hex[:8]}-{w}"
     claim = await store.claim(thread_id, "bench", 3600)
     parent = None
     for i in range(count):
-        cp = _checkpoint(parent, state)
+        cp = bench_checkpoint(parent, state)
         commit = Commit(
             token=claim.token,
             checkpoint=cp,
@@ -139,7 +115,7 @@ async def _timed(work: Callable[[int], Awaitable[None]], n: int, k: int) -> floa
 
 async def wakeful_and_raw_rates(dsn: str, n: int) -> dict[str, float]:
     state = payload()
-    body = text(_checkpoint(None, state))
+    body = text(bench_checkpoint(None, state))
     rates: dict[str, float] = {}
     pool: psycopg_pool.AsyncConnectionPool[Any] = psycopg_pool.AsyncConnectionPool(
         dsn, min_size=CLIENTS, max_size=CLIENTS, open=False, kwargs={"autocommit": True}

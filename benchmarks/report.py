@@ -286,6 +286,15 @@ def _samples(r: Result) -> str:
     return ", ".join(format_value(s, "") for s in r.samples)
 
 
+def _measured_elsewhere(modules: dict[str, Any], machine: dict[str, Any]) -> set[str]:
+    """The modules whose recorded machine (``summary``) has another CPU than the page's."""
+    return {
+        name
+        for name, m in modules.items()
+        if m.get("machine") and m["machine"].get("cpu_model") != machine.get("cpu_model")
+    }
+
+
 def render_markdown(data: dict[str, Any], png: str | None) -> str:
     results = [Result.from_json(r) for r in data["results"]]
     machine = data["machine"]
@@ -320,11 +329,7 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
     ]
     targeted = [r for r in results if r.target is not None or r.skipped]
     modules = data.get("modules", {})
-    elsewhere = {
-        name
-        for name, m in modules.items()
-        if m.get("machine") and m["machine"].get("cpu_model") != machine.get("cpu_model")
-    }
+    elsewhere = _measured_elsewhere(modules, machine)
     lines += _table(
         ["benchmark", "measurement", "ours", "anchor", "ratio", "target", "verdict"],
         [
@@ -392,8 +397,8 @@ def render_markdown(data: dict[str, Any], png: str | None) -> str:
         seconds = f" ({status['seconds']:.0f} s)" if "seconds" in status else ""
         if "generated" in status and status["generated"] != data["generated"]:
             seconds += f", measured {status['generated']}"
-        measured_on = status.get("machine")
-        if measured_on and measured_on.get("cpu_model") != machine.get("cpu_model"):
+        if name in elsewhere:
+            measured_on = status["machine"]
             seconds += (
                 f" on another machine: {measured_on.get('cpu_model')}, fsync median "
                 f"{measured_on.get('fsync_median_ms')} ms, wakeful {measured_on.get('commit')}"

@@ -40,14 +40,13 @@ import queue
 import sqlite3
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
 
+from benchmarks.common import bench_checkpoint
 from wakeful.records import Checkpoint, Commit
 from wakeful.store.validate import EncodedCommit, encode_commit
 
@@ -90,18 +89,6 @@ def _commit(conn: sqlite3.Connection, thread_id: str, checkpoint_id: str, body: 
         raise StaleToken(thread_id)
     conn.execute(_INSERT, (thread_id, pos + 1, checkpoint_id, body))
     conn.execute(_MOVE, (version + 1, pos + 1, checkpoint_id, thread_id))
-
-
-def checkpoint(parent: str | None, state: dict[str, Any]) -> Checkpoint:
-    """The checkpoint ``benchmarks.sqlite_store`` commits (its ``_checkpoint``)."""
-    return Checkpoint(
-        id=uuid.uuid4().hex,
-        parent=parent,
-        run_id="bench",
-        status="running",
-        state=state,
-        created_at=datetime.now(UTC),
-    )
 
 
 def _add_threads(conn: sqlite3.Connection, names: list[str]) -> None:
@@ -205,7 +192,7 @@ class OffLoopCeiling:
         async def commits(thread_id: str) -> None:
             parent = None
             for _ in range(each):
-                cp = checkpoint(parent, state)
+                cp = bench_checkpoint(parent, state)
                 body = make_body(thread_id, cp)
                 future: asyncio.Future[None] = loop.create_future()
                 if not pending:
@@ -232,7 +219,8 @@ class OnLoopCeiling:
     def close(self) -> None:
         self._conn.close()
 
-    def seconds(self, tag: str, writers: int, each: int, state: dict[str, Any]) -> float:
+    async def seconds(self, tag: str, writers: int, each: int, state: dict[str, Any]) -> float:
+        """As ``OffLoopCeiling.seconds``, every statement and fsync blocking the event loop."""
         names = [f"{tag}-{w}" for w in range(writers)]
         _add_threads(self._conn, names)
         conn = self._conn
@@ -241,8 +229,50 @@ class OnLoopCeiling:
         for _ in range(each):
             conn.execute("BEGIN IMMEDIATE")
             for w, name in enumerate(names):
-                cp = checkpoint(parents[w], state)
+                cp = bench_checkpoint(parents[w], state)
                 _commit(conn, name, cp.id, _encode(cp).decode())
                 parents[w] = cp.id
             conn.execute("COMMIT")
         return time.perf_counter() - start
+
+
+Ceiling = OffLoopCeiling | OnLoopCeiling
+
+CEILINGS: tuple[tuple[str, str, str, str], ...] = (
+    (
+        "ceiling",
+        "fenced group commit ceiling, {w} writers, off the event loop",
+        "fenced group commit ceiling, {w} writers",
+        "raw sqlite3, 3 statements a commit, 8 a fsync: an upper bound on any fenced store",
+    ),
+    (
+        "typed",
+        "the same ceiling with each commit's types checked (encode, typed decode), {w} writers",
+        "  the same, commits' types checked",
+        "the least check of a commit's types there is: no NaN, id or size checks",
+    ),
+    (
+        "validated",
+        "the same ceiling with each commit validated (encode_commit), {w} writers",
+        "  the same, commits validated as the contract asks",
+        "what the contract makes every store do with a commit before it may write it",
+    ),
+    (
+        "on-loop",
+        "the same ceiling on the event loop (not allowed: blocks the loop), {w} writers",
+        "  the same on the event loop (not allowed)",
+        "",
+    ),
+)
+"""Each ceiling's key, its result's name and its printed label (``{w}``: the writers), and
+its result's note."""
+
+
+def open_ceilings(directory: Path) -> dict[str, Ceiling]:
+    """Every ceiling of ``CEILINGS`` by key, each on its own file in ``directory``."""
+    return {
+        "ceiling": OffLoopCeiling(directory / "ceiling-off-loop.db"),
+        "typed": OffLoopCeiling(directory / "ceiling-typed.db", validation="types"),
+        "validated": OffLoopCeiling(directory / "ceiling-validated.db", validation="contract"),
+        "on-loop": OnLoopCeiling(directory / "ceiling-on-loop.db"),
+    }

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sqlite_store import payload
+from benchmarks.common import payload
 from wakeful.records import Checkpoint, Commit, EventDraft
 from wakeful.store.sqlite import open_sqlite_store
 from wakeful.store.sqlite import threads as jobs

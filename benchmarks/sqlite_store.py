@@ -38,47 +38,23 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common import Collector, Result
-from benchmarks.sqlite_ceiling import OffLoopCeiling, OnLoopCeiling
-from wakeful.records import Checkpoint, Commit
+from benchmarks.common import Collector, Result, bench_checkpoint, payload
+from benchmarks.sqlite_ceiling import CEILINGS, open_ceilings
+from wakeful.records import Commit
 from wakeful.store import open_store
 from wakeful.store.contract import Store
 
 WRITERS = 8
 
 
-def payload() -> dict[str, Any]:
-    """About 1.5 KB of JSON state: a short conversation."""
-    return {
-        "messages": [
-            {"role": "user" if i % 2 == 0 else "assistant", "content": f"message {i} " * 12}
-            for i in range(10)
-        ],
-        "step": 3,
-        "flags": {"approved": True, "retries": 0},
-    }
-
-
-def _checkpoint(parent: str | None, state: dict[str, Any]) -> Checkpoint:
-    return Checkpoint(
-        id=uuid.uuid4().hex,
-        parent=parent,
-        run_id="bench",
-        status="running",
-        state=state,
-        created_at=datetime.now(UTC),
-    )
-
-
 async def _commits(store: Store, thread_id: str, n: int, state: dict[str, Any]) -> None:
     claim = await store.claim(thread_id, "bench", 3600)
     parent = None
     for _ in range(n):
-        cp = _checkpoint(parent, state)
+        cp = bench_checkpoint(parent, state)
         await store.commit(thread_id, Commit(token=claim.token, checkpoint=cp))
         parent = cp.id
 
@@ -87,7 +63,7 @@ async def _cycles(store: Store, thread_id: str, n: int, state: dict[str, Any]) -
     parent = None
     for _ in range(n):
         claim = await store.claim(thread_id, "bench", 60)
-        cp = _checkpoint(parent, state)
+        cp = bench_checkpoint(parent, state)
         await store.commit(thread_id, Commit(token=claim.token, checkpoint=cp))
         await store.release(thread_id, claim.token)
         parent = cp.id
@@ -128,14 +104,10 @@ async def sliced_round(directory: Path, n: int, slices: int) -> tuple[dict[str, 
     floor = _Measure("floor", 1)
     stores: dict[str, tuple[Store, Callable[..., Awaitable[None]], _Measure]] = {}
     savers: list[tuple[sqlite3.Connection, Any, _Measure]] = []
-    off_loop = OffLoopCeiling(directory / "ceiling-off-loop.db")
-    typed = OffLoopCeiling(directory / "ceiling-typed.db", validation="types")
-    validated = OffLoopCeiling(directory / "ceiling-validated.db", validation="contract")
-    on_loop = OnLoopCeiling(directory / "ceiling-on-loop.db")
-    ceilings = tuple(
-        _Measure(f"{name} x{WRITERS}", WRITERS)
-        for name in ("ceiling", "typed", "validated", "on-loop")
-    )
+    ceilings = {
+        name: (ceiling, _Measure(f"{name} x{WRITERS}", WRITERS))
+        for name, ceiling in open_ceilings(directory).items()
+    }
     note = "langgraph-checkpoint-sqlite is not installed: LangGraph column skipped"
     try:
         works: tuple[tuple[str, Callable[..., Awaitable[None]]], ...] = (
@@ -164,9 +136,8 @@ async def sliced_round(directory: Path, n: int, slices: int) -> tuple[dict[str, 
                     )
                     m.add(each * m.k, time.perf_counter() - start)
                 each = per_slice // WRITERS
-                for ceiling, m in zip((off_loop, typed, validated), ceilings, strict=False):
+                for ceiling, m in ceilings.values():
                     m.add(each * WRITERS, await ceiling.seconds(f"t-{sl}", WRITERS, each, state))
-                ceilings[3].add(each * WRITERS, on_loop.seconds(f"t-{sl}", WRITERS, each, state))
                 for _, saver, m in savers:
                     each = per_slice // m.k
                     m.add(each * m.k, _put_seconds(saver, sl, m.k, each, state))
@@ -180,7 +151,7 @@ async def sliced_round(directory: Path, n: int, slices: int) -> tuple[dict[str, 
             rates["floor"] = floor.rate
             for _, _, m in stores.values():
                 rates[m.key] = m.rate
-            for m in ceilings:
+            for _, m in ceilings.values():
                 rates[m.key] = m.rate
             for _, _, m in savers:
                 rates[m.key] = m.rate
@@ -191,10 +162,8 @@ async def sliced_round(directory: Path, n: int, slices: int) -> tuple[dict[str, 
             await store.close()
         for conn, _, _ in savers:
             conn.close()
-        off_loop.close()
-        typed.close()
-        validated.close()
-        on_loop.close()
+        for ceiling, _ in ceilings.values():
+            ceiling.close()
     return rates, note
 
 
@@ -302,39 +271,16 @@ def results(samples: dict[str, list[float]], skipped: str | None) -> list[Result
         )
     # The bound of the 8-writer target (decision 0022): the least a fenced store keeping
     # sqlite3 off the event loop does, measured in the same slices (benchmarks.sqlite_ceiling).
-    ceiling = f"fenced group commit ceiling, {WRITERS} writers, off the event loop"
-    out.add(
-        ceiling,
-        samples[f"ceiling x{WRITERS}"],
-        "/s",
-        anchor=f"LangGraph SqliteSaver.put, {WRITERS} thread(s)",
-        anchor_samples=samples.get(f"put x{WRITERS}"),
-        note="raw sqlite3, 3 statements a commit, 8 a fsync: an upper bound on any fenced store",
-    )
-    out.add(
-        f"the same ceiling with each commit's types checked (encode, typed decode), {WRITERS} "
-        "writers",
-        samples[f"typed x{WRITERS}"],
-        "/s",
-        anchor=f"LangGraph SqliteSaver.put, {WRITERS} thread(s)",
-        anchor_samples=samples.get(f"put x{WRITERS}"),
-        note="the least check of a commit's types there is: no NaN, id or size checks",
-    )
-    out.add(
-        f"the same ceiling with each commit validated (encode_commit), {WRITERS} writers",
-        samples[f"validated x{WRITERS}"],
-        "/s",
-        anchor=f"LangGraph SqliteSaver.put, {WRITERS} thread(s)",
-        anchor_samples=samples.get(f"put x{WRITERS}"),
-        note="what the contract makes every store do with a commit before it may write it",
-    )
-    out.add(
-        f"the same ceiling on the event loop (not allowed: blocks the loop), {WRITERS} writers",
-        samples[f"on-loop x{WRITERS}"],
-        "/s",
-        anchor=f"LangGraph SqliteSaver.put, {WRITERS} thread(s)",
-        anchor_samples=samples.get(f"put x{WRITERS}"),
-    )
+    for key, label, _, note in CEILINGS:
+        out.add(
+            label.format(w=WRITERS),
+            samples[f"{key} x{WRITERS}"],
+            "/s",
+            anchor=f"LangGraph SqliteSaver.put, {WRITERS} thread(s)",
+            anchor_samples=samples.get(f"put x{WRITERS}"),
+            note=note,
+        )
+    ceiling = CEILINGS[0][1].format(w=WRITERS)
     out.add(
         f"commit, {WRITERS} concurrent writers, against the ceiling",
         samples[f"commit x{WRITERS}"],
@@ -396,15 +342,10 @@ def main(argv: list[str] | None = None) -> list[Result]:
     ):
         ratio = f"{med[key] / med[anchor]:.2f}x" if anchor in med else "-"
         print(f"{label:<46}{med[key]:>12,.0f}{ratio:>14}")
-    for label, key in (
-        (f"fenced group commit ceiling, {WRITERS} writers", f"ceiling x{WRITERS}"),
-        ("  the same, commits' types checked", f"typed x{WRITERS}"),
-        ("  the same, commits validated as the contract asks", f"validated x{WRITERS}"),
-        ("  the same on the event loop (not allowed)", f"on-loop x{WRITERS}"),
-    ):
-        anchor = f"put x{WRITERS}"
-        ratio = f"{med[key] / med[anchor]:.2f}x" if anchor in med else "-"
-        print(f"{label:<46}{med[key]:>12,.0f}{ratio:>14}")
+    for key, _, label, _ in CEILINGS:
+        measured, anchor = f"{key} x{WRITERS}", f"put x{WRITERS}"
+        ratio = f"{med[measured] / med[anchor]:.2f}x" if anchor in med else "-"
+        print(f"{label.format(w=WRITERS):<46}{med[measured]:>12,.0f}{ratio:>14}")
     share = med[f"commit x{WRITERS}"] / med[f"ceiling x{WRITERS}"]
     print(f"wakeful at {WRITERS} writers: {share:.2f}x the off-loop ceiling (sqlite_ceiling.py)")
     for key in ("put x1", f"put x{WRITERS}"):
