@@ -357,12 +357,16 @@ class UnknownTicket(WakefulError, ValueError):
 
 class CheckpointWriteFailed(WakefulError):
     """The run could not record its progress (``cause``: usually ``StaleClaim``, when another
-    process took the thread over). The run stopped; nothing it did afterwards was recorded."""
+    process took the thread over). The run stopped; nothing it did afterwards was recorded.
+
+    ``applied_receipt``: the cause's ``StaleClaim.applied_receipt``: the run's last commit
+    was applied (by an attempt whose answer was lost) before the claim was; else ``None``."""
 
     def __init__(self, thread_id: str, run_id: str, cause: BaseException) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
         self.cause = cause
+        self.applied_receipt = cause.applied_receipt if isinstance(cause, StaleClaim) else None
         super().__init__(
             f"run {run_id!r} on thread {thread_id!r} stopped: its progress could not be "
             f"recorded ({type(cause).__name__}: {cause})"

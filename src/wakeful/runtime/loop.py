@@ -309,7 +309,13 @@ class Execution:
         event = EventDraft(
             type="step.completed", data={"step": step}, run_id=self.run_id, checkpoint_id=nxt.id
         )
-        await self._writer.submit(self._commit(nxt, events=(*carried, event), messages=messages))
+        try:
+            await self._writer.submit(
+                self._commit(nxt, events=(*carried, event), messages=messages)
+            )
+        except Exception as exc:  # fenced like every other commit of the run
+            self._fenced(exc)
+            self._check()
         self._recorded(messages)
         self.checkpoint, self.writes = nxt, {}
         await self._run_callbacks(callbacks)
