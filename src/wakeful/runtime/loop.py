@@ -28,6 +28,7 @@ from wakeful.errors import (
     RunInterrupted,
     RunStalled,
     RunYielded,
+    StaleClaim,
     WakefulError,
 )
 from wakeful.metrics import Metrics
@@ -313,7 +314,7 @@ class Execution:
             await self._writer.submit(
                 self._commit(nxt, events=(*carried, event), messages=messages)
             )
-        except Exception as exc:  # fenced like every other commit of the run
+        except StaleClaim as exc:  # taken over: the run stops as fenced, as at its other commits
             self._fenced(exc)
             self._check()
         self._recorded(messages)
