@@ -130,10 +130,10 @@ class ThreadStore(Protocol):
         """The original receipt of the commit applied on ``thread_id`` with ``operation_id``,
         whoever holds the thread now (no token is needed: this is a read), or ``None`` when
         the thread has no such operation recorded: it was never applied, or its record is
-        gone. Records go with ``delete_thread`` (everything of the thread, so ``None``
-        after it, also for an operation id the recreated thread never used) and with
-        ``prune``'s ``receipt_age`` (then ``None``: "not known", the same answer a retry of
-        the operation would get, which would apply it again). Nothing else removes one:
+        gone. Records go with ``delete_thread`` (everything of the thread: ``None`` after
+        it; a thread created again under the id starts with no operations) and with
+        ``prune``'s ``receipt_max_age`` (then ``None``: "not known", and a retry of the
+        operation would apply it again). Nothing else removes one:
         ``compact_events``, dropped checkpoints and a store's own log compaction keep it
         (its ``events`` may then name numbers below the thread's floor). Operation ids are
         per thread: the same id on another thread is another operation. Tenants: like every

@@ -293,7 +293,7 @@ class ThreadOps:
             if operation_id is None:
                 raise
             # params[3]: the payload hash (``_commit_params``)
-            raise await self._stale_retry(exc, operation_id, params[3]) from None
+            raise await self._stale_retry(exc, thread_id, operation_id, params[3]) from None
         if count and not replayed:
             self._notifier.notify(thread_id)
         return _receipt(thread_id, operation_id, version, checkpoint_id, first, count)
@@ -313,21 +313,21 @@ class ThreadOps:
         claim = Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
         return claim, _receipt(thread_id, operation_id, version, checkpoint_id, first, count)
 
-    async def _stale_retry(self, exc: StaleClaim, operation_id: str, digest: object) -> StaleClaim:
+    async def _stale_retry(
+        self, exc: StaleClaim, thread_id: str, operation_id: str, digest: object
+    ) -> StaleClaim:
         """``exc``, carrying the operation's receipt if the thread recorded it with this
         payload (``applied_receipt``). Read after the refusal, outside its transaction: a
         receipt is never changed once written, only removed (delete, prune), so what is found
         was applied. A failed read leaves the refusal as it was."""
         try:
-            row = await self._db.fetchone(
-                _OPERATION, (exc.thread_id, operation_id), idempotent=True
-            )
+            row = await self._db.fetchone(_OPERATION, (thread_id, operation_id), idempotent=True)
         except StoreUnavailable:
             return exc
         if row is None or row[0] != digest:
             return exc
-        applied = _receipt(exc.thread_id, operation_id, *row[1:])
-        return StaleClaim(exc.thread_id, exc.token, exc.current, applied)
+        applied = _receipt(thread_id, operation_id, *row[1:])
+        return StaleClaim(thread_id, exc.token, exc.current, applied)
 
     async def _write(
         self, template: str, params: tuple[object, ...], thread_id: str, drops: Sequence[str]
