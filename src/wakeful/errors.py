@@ -366,7 +366,8 @@ class CheckpointWriteFailed(WakefulError):
         self.thread_id = thread_id
         self.run_id = run_id
         self.cause = cause
-        self.applied_receipt = cause.applied_receipt if isinstance(cause, StaleClaim) else None
+        # getattr: a StaleClaim rebuilt from a problem document has only some fields
+        self.applied_receipt: Receipt | None = getattr(cause, "applied_receipt", None)
         super().__init__(
             f"run {run_id!r} on thread {thread_id!r} stopped: its progress could not be "
             f"recorded ({type(cause).__name__}: {cause})"
