@@ -113,6 +113,9 @@ class Alternating:
     async def read(self, thread_id: str) -> ThreadSnapshot | None:
         return await self.next().read(thread_id)
 
+    async def operation(self, thread_id: str, operation_id: str) -> Receipt | None:
+        return await self.next().operation(thread_id, operation_id)
+
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
         return await self.next().messages(thread_id, after, limit)
 

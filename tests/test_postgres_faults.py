@@ -17,8 +17,9 @@ from tests.postgres_support import (
     open_test_store,
     postgres_cluster,
 )
-from wakeful.errors import StoreUnavailable
+from wakeful.errors import StaleClaim, StoreUnavailable
 from wakeful.records import Checkpoint, Commit, Event, EventDraft, Message, OutboxEntry
+from wakeful.store.postgres import threads
 from wakeful.store.postgres.listen import APPLICATION_NAME
 
 pytest_plugins = ["tests.postgres_fixtures"]
@@ -223,3 +224,43 @@ async def test_server_restart_while_committing(pg_databases: Databases) -> None:
         await asyncio.to_thread(ensure_server_up)
         await writer.close()
         await reader.close()
+
+
+async def test_a_stale_retry_whose_receipt_read_fails_is_still_refused(
+    pg_databases: Databases,
+) -> None:
+    # PostgreSQL reads the receipt a refused retry carries after the refusal, in a second
+    # statement: when that read fails the caller still gets the plain refusal, never the
+    # read's StoreUnavailable (which would invite another retry).
+    dsn = await pg_databases.clone()
+    store = await open_test_store(dsn)
+    try:
+        claim = await store.claim("t", "holder-a", 60)
+        commit = Commit(
+            token=claim.token,
+            operation_id="op-1",
+            checkpoint=_checkpoint("c1", None),
+            events=(EventDraft(type="e"),),
+        )
+        receipt = await store.commit("t", commit)
+        await store.cancel("t", "taken away")  # a newer epoch: the token is stale
+        with pytest.raises(StaleClaim) as refused:
+            await store.commit("t", commit)
+        assert refused.value.applied_receipt == receipt
+        fetchone = store._db.fetchone
+
+        async def receipts_unreachable(template: str, params: object, **kw: object) -> object:
+            if template is threads._OPERATION:
+                raise StoreUnavailable("PostgreSQL: the receipt read was lost")
+            return await fetchone(template, params, **kw)  # type: ignore[arg-type]
+
+        store._db.fetchone = receipts_unreachable  # type: ignore[method-assign]
+        with pytest.raises(StaleClaim) as plain:
+            await store.commit("t", commit)
+        assert plain.value.applied_receipt is None and plain.value.current is None
+        store._db.fetchone = fetchone  # type: ignore[method-assign]
+        assert await store.operation("t", "op-1") == receipt
+        snap = await store.read("t")
+        assert snap is not None and snap.version == receipt.version
+    finally:
+        await store.close()

@@ -4,6 +4,7 @@ work, fencing of the woken first run, concurrent recovery, and subscriptions."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
@@ -12,8 +13,9 @@ import pytest
 import pytest_asyncio
 
 from tests.runtime_support import STORE_KINDS, GatedSleep, eventually, open_kind
-from wakeful import Event, ManualClock, StaleClaim, ThreadBusy
+from wakeful import Event, ManualClock, StaleClaim, StoreUnavailable, ThreadBusy
 from wakeful.errors import CheckpointWriteFailed
+from wakeful.records import Commit, Receipt
 from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
 from wakeful.store.contract import Store
 
@@ -156,6 +158,58 @@ async def test_takeover_after_expiry_reuses_finished_work_and_fences_the_first_r
     snap = await env.store.read("t")
     assert snap is not None and snap.checkpoint is not None
     assert snap.checkpoint.status == "completed" and snap.checkpoint.run_id == second.run_id
+
+
+@pytest.mark.asyncio
+async def test_a_retried_commit_that_meets_a_takeover_reports_that_it_was_applied(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The answer to a's barrier commit is lost after the store applied it, and another
+    # holder takes the thread over before the runtime retries: the retry is fenced, but the
+    # run learns (and logs) that its last commit was applied.
+    calls = {"a": 0, "b": 0}
+
+    def node(name: str) -> Any:
+        def fn(state: dict[str, Any]) -> dict[str, Any]:
+            calls[name] += 1
+            return {"log": [name]}
+
+        return fn
+
+    builder = Graph(State).node("a", node("a")).node("b", node("b"))
+    graph = builder.edge(START, "a").edge("a", "b").compile()
+    original = env.store.commit
+    applied: list[Receipt] = []
+
+    async def lose_answer_then_take_over(thread_id: str, commit: Commit) -> Receipt:
+        receipt = await original(thread_id, commit)
+        if commit.checkpoint is not None and commit.checkpoint.parent is not None and not applied:
+            applied.append(receipt)
+            env.clock.advance(31)
+            await env.store.claim(thread_id, "rt-2", 30)
+            raise StoreUnavailable("the answer to the commit was lost")
+        return receipt
+
+    env.store.commit = lose_answer_then_take_over  # type: ignore[method-assign]
+    caplog.set_level(logging.WARNING, logger="wakeful.runtime")
+    handle = await env.runtime("rt-1").start("t", graph, {})
+    with pytest.raises(CheckpointWriteFailed) as stopped:
+        await handle.result()
+    assert handle.status == "fenced" and calls == {"a": 1, "b": 0}
+    (receipt,) = applied
+    assert isinstance(stopped.value.cause, StaleClaim)
+    assert stopped.value.cause.applied_receipt == receipt
+    assert stopped.value.applied_receipt == receipt
+    assert "this operation was applied before the claim was lost" in str(stopped.value)
+    warned = [r.getMessage() for r in caplog.records if "before the claim was lost" in r.message]
+    assert warned == [
+        f"commit {receipt.operation_id} on thread t was applied (version {receipt.version}, "
+        f"events {list(receipt.events)}) before the claim was lost; the run stops as fenced"
+    ]
+    snap = await env.store.read("t")
+    assert snap is not None and snap.version == receipt.version, "the retry applied nothing"
+    assert snap.claim is not None and snap.claim.holder == "rt-2"
+    assert await env.store.operation("t", receipt.operation_id or "") == receipt
 
 
 @pytest.mark.asyncio

@@ -7,7 +7,10 @@ structured fields, a message that says what happened and what the caller can do,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from wakeful.records import Receipt
 
 
 class WakefulError(Exception):
@@ -61,16 +64,34 @@ class ThreadBusy(WakefulError):
 class StaleClaim(WakefulError):
     """The token is not the thread's current claim: it was taken over, released, cancelled
     or deleted, or was never issued. Nothing was written; the caller must stop acting for
-    the thread."""
+    the thread.
 
-    def __init__(self, thread_id: str, token: int | None, current: int | None) -> None:
+    ``applied_receipt``: for a commit whose ``operation_id`` the thread has recorded with the
+    same payload, that operation's original receipt: an earlier attempt of this very commit
+    was applied before the claim was lost (a retry after ``StoreUnavailable``), so the
+    caller learns its outcome without another read. ``None`` otherwise."""
+
+    def __init__(
+        self,
+        thread_id: str,
+        token: int | None,
+        current: int | None,
+        applied_receipt: Receipt | None = None,
+    ) -> None:
         self.thread_id = thread_id
         self.token = token
         self.current = current
+        self.applied_receipt = applied_receipt
         now = f"the current token is {current}" if current is not None else "no claim is current"
+        applied = ""
+        if applied_receipt is not None:
+            applied = (
+                f"; operation {applied_receipt.operation_id!r}: this operation was applied "
+                f"before the claim was lost (thread version {applied_receipt.version})"
+            )
         super().__init__(
-            f"claim token {token} on thread {thread_id!r} is stale ({now}); this holder no "
-            f"longer owns the thread and must stop writing to it"
+            f"claim token {token} on thread {thread_id!r} is stale ({now}){applied}; this "
+            f"holder no longer owns the thread and must stop writing to it"
         )
 
 
@@ -336,12 +357,17 @@ class UnknownTicket(WakefulError, ValueError):
 
 class CheckpointWriteFailed(WakefulError):
     """The run could not record its progress (``cause``: usually ``StaleClaim``, when another
-    process took the thread over). The run stopped; nothing it did afterwards was recorded."""
+    process took the thread over). The run stopped; nothing it did afterwards was recorded.
+
+    ``applied_receipt``: the cause's ``StaleClaim.applied_receipt``: the run's last commit
+    was applied (by an attempt whose answer was lost) before the claim was; else ``None``."""
 
     def __init__(self, thread_id: str, run_id: str, cause: BaseException) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
         self.cause = cause
+        # getattr: a StaleClaim rebuilt from a problem document has only some fields
+        self.applied_receipt: Receipt | None = getattr(cause, "applied_receipt", None)
         super().__init__(
             f"run {run_id!r} on thread {thread_id!r} stopped: its progress could not be "
             f"recorded ({type(cause).__name__}: {cause})"

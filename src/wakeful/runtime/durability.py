@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Literal
 
 import msgspec
 
 from wakeful.background import BackgroundTask, StopSignal
-from wakeful.errors import StoreUnavailable
+from wakeful.errors import StaleClaim, StoreUnavailable
 from wakeful.records import Commit, Receipt
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import StoreCalls
@@ -29,19 +30,39 @@ DURABILITIES = ("sync", "async", "exit")
 
 RETRIES = 5
 
+log = logging.getLogger("wakeful.runtime")
+
 
 async def commit_retrying(
     store: ThreadStore, thread_id: str, commit: Commit, calls: StoreCalls | None = None
 ) -> Receipt:
     """Commit, retrying ``StoreUnavailable`` a bounded number of times. Safe because every
     runtime commit carries an operation id: a retry of an applied commit returns its
-    receipt instead of applying it twice. ``calls`` observes each attempt (span, latency)."""
+    receipt instead of applying it twice. ``calls`` observes each attempt (span, latency).
+
+    A retry can meet ``StaleClaim`` when the claim was taken over in between: the caller
+    is fenced either way (the token goes first), but when the store says the operation was
+    applied before the claim was lost (``StaleClaim.applied_receipt``) that is logged as a
+    warning, and the error keeps the receipt for whoever handles the fenced run."""
     delay = 0.05
     for attempt in range(RETRIES):
         try:
             if calls is None:
                 return await store.commit(thread_id, commit)
             return await calls("commit", lambda: store.commit(thread_id, commit), thread_id)
+        except StaleClaim as exc:
+            applied = exc.applied_receipt
+            if applied is not None:
+                log.warning(
+                    "commit %s on thread %s was applied (version %d, events %s) before the "
+                    "claim was lost; the run stops as fenced",
+                    commit.operation_id,
+                    thread_id,
+                    applied.version,
+                    list(applied.events),
+                    extra={"thread_id": thread_id, "operation_id": commit.operation_id},
+                )
+            raise
         except StoreUnavailable:
             if attempt == RETRIES - 1 or commit.operation_id is None:
                 raise

@@ -3,18 +3,22 @@ fan-out with ``Send``, validation and a structural fingerprint."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import inspect
 import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from wakeful.backoff import backoff_delay
 from wakeful.errors import GraphInvalid, InvalidInput
 from wakeful.ids import check_id
+
+if TYPE_CHECKING:
+    from wakeful.runtime.context import NodeContext
 
 START = "__start__"
 END = "__end__"
@@ -65,6 +69,25 @@ class NodeSpec:
     retry: RetryPolicy | None
     takes_ctx: bool
     is_async: bool
+
+
+async def call_node(spec: NodeSpec, entry: dict[str, Any], state: Any, ctx: NodeContext) -> Any:
+    """Call a node with its input (the state, or the ``Send`` argument) and validate what it
+    returns: a dict of JSON-encodable updates, or ``None``."""
+    value = entry.get("arg") if entry.get("sent") else dict(state or {})
+    args = (value, ctx) if spec.takes_ctx else (value,)
+    if spec.is_async:
+        updates = await spec.fn(*args)
+    else:
+        updates = await asyncio.to_thread(spec.fn, *args)
+    if updates is None:
+        return {}
+    if not isinstance(updates, dict):
+        raise TypeError(f"returned {type(updates).__name__}; return a dict of updates or None")
+    try:
+        return msgspec.json.decode(msgspec.json.encode(updates))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"returned updates that are not JSON: {exc}") from exc
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from wakeful.errors import (
     RunInterrupted,
     RunStalled,
     RunYielded,
+    StaleClaim,
     WakefulError,
 )
 from wakeful.metrics import Metrics
@@ -48,7 +49,7 @@ from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.events import LiveHub
-from wakeful.runtime.graph import CompiledGraph, NodeSpec, TaskSpec
+from wakeful.runtime.graph import CompiledGraph, TaskSpec, call_node
 from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries
 from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span, traced_metadata
 from wakeful.store.contract import ThreadStore
@@ -309,7 +310,13 @@ class Execution:
         event = EventDraft(
             type="step.completed", data={"step": step}, run_id=self.run_id, checkpoint_id=nxt.id
         )
-        await self._writer.submit(self._commit(nxt, events=(*carried, event), messages=messages))
+        try:
+            await self._writer.submit(
+                self._commit(nxt, events=(*carried, event), messages=messages)
+            )
+        except StaleClaim as exc:  # taken over: the run stops as fenced, as at its other commits
+            self._fenced(exc)
+            self._check()
         self._recorded(messages)
         self.checkpoint, self.writes = nxt, {}
         await self._run_callbacks(callbacks)
@@ -372,7 +379,7 @@ class Execution:
                 fresh=self.admitted or cp.id != self._entry,
             )
             try:
-                updates = await _call(spec, entry, cp.state, ctx)
+                updates = await call_node(spec, entry, cp.state, ctx)
                 break
             except Interrupt as interrupt:
                 return TaskResult(entry, ticket=interrupt.ticket)
@@ -579,22 +586,3 @@ class Execution:
             final, EventDraft(type=event_type, data=data, run_id=self.run_id), ending=ending
         )
         self.status = status
-
-
-async def _call(spec: NodeSpec, entry: dict[str, Any], state: Any, ctx: NodeContext) -> Any:
-    """Call a node with its input (the state, or the ``Send`` argument) and validate what it
-    returns: a dict of JSON-encodable updates, or ``None``."""
-    value = entry.get("arg") if entry.get("sent") else dict(state or {})
-    args = (value, ctx) if spec.takes_ctx else (value,)
-    if spec.is_async:
-        updates = await spec.fn(*args)
-    else:
-        updates = await asyncio.to_thread(spec.fn, *args)
-    if updates is None:
-        return {}
-    if not isinstance(updates, dict):
-        raise TypeError(f"returned {type(updates).__name__}; return a dict of updates or None")
-    try:
-        return msgspec.json.decode(msgspec.json.encode(updates))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"returned updates that are not JSON: {exc}") from exc

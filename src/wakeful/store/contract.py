@@ -81,7 +81,11 @@ class ThreadStore(Protocol):
         1. ``commit.token`` is the current claim (live, or expired and not replaced), else
            ``StaleClaim`` -- except that a recorded ``operation_id`` with the same payload
            still returns its receipt while no claim was granted after ``token`` (so a commit
-           that ended its own claim with ``release`` or ``settle`` answers its retries);
+           that ended its own claim with ``release`` or ``settle`` answers its retries).
+           The token stays first, always: once a claim was granted after ``token`` nothing
+           is returned or applied, but a recorded ``operation_id`` with the same payload
+           makes the ``StaleClaim`` carry its original receipt (``applied_receipt``): the
+           retry learns that its operation was applied before the claim was lost;
         2. a recorded ``operation_id``: the same payload (everything but the token) returns
            the original receipt and changes nothing; another payload is ``OperationConflict``;
         3. ``expected_version`` not the thread's version, or ``checkpoint.parent`` not the
@@ -120,6 +124,21 @@ class ThreadStore(Protocol):
         """The thread's consistent snapshot, or ``None`` when the store holds nothing of it
         (no commit, no claim and no fixed tenant: a thread bound by queued work reads as
         version 0 with its tenant)."""
+        ...
+
+    async def operation(self, thread_id: str, operation_id: str) -> Receipt | None:
+        """The original receipt of the commit applied on ``thread_id`` with ``operation_id``,
+        whoever holds the thread now (no token is needed: this is a read), or ``None`` when
+        the thread has no such operation recorded: it was never applied, or its record is
+        gone. Records go with ``delete_thread`` (everything of the thread: ``None`` after
+        it; a thread created again under the id starts with no operations) and with
+        ``prune``'s ``receipt_max_age`` (then ``None``: "not known", and a retry of the
+        operation would apply it again). Nothing else removes one:
+        ``compact_events``, dropped checkpoints and a store's own log compaction keep it
+        (its ``events`` may then name numbers below the thread's floor). Operation ids are
+        per thread: the same id on another thread is another operation. Tenants: like every
+        read of a thread (``read``, ``messages``), it names no tenant and answers for the
+        thread id; a caller serving several tenants checks the thread's tenant first."""
         ...
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:

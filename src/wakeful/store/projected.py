@@ -119,7 +119,12 @@ class ProjectedStore(ProjectedQueue):
             replayed = _released_replay(state, thread_id, commit, digest)
             if replayed is not None:
                 return replayed
-            raise StaleClaim(thread_id, commit.token, current.token if current else None)
+            raise StaleClaim(
+                thread_id,
+                commit.token,
+                current.token if current else None,
+                _applied(t, commit.operation_id, digest),
+            )
         assert t is not None
         prepared = self._prepare(state, t, commit, digest, now)
         if isinstance(prepared, Receipt):
@@ -213,6 +218,13 @@ class ProjectedStore(ProjectedQueue):
         check_id("thread_id", thread_id)
         t = self._open().threads.get(thread_id)
         return None if t is None else snapshot_of(t)
+
+    async def operation(self, thread_id: str, operation_id: str) -> Receipt | None:
+        check_id("thread_id", thread_id)
+        check_id("operation_id", operation_id)
+        t = self._open().threads.get(thread_id)
+        recorded = None if t is None else t.receipts.get(operation_id)
+        return None if recorded is None else recorded[1]
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
         check_id("thread_id", thread_id)
@@ -369,6 +381,15 @@ def _released_replay(state: State, thread_id: str, commit: Commit, digest: str) 
     if recorded is None or recorded[0] != digest:
         return None
     return recorded[1]
+
+
+def _applied(t: ThreadState | None, operation_id: str | None, digest: str) -> Receipt | None:
+    """The receipt of ``operation_id`` if the thread recorded it with this payload: what a
+    ``StaleClaim`` for a retry of an applied commit carries (``applied_receipt``)."""
+    if t is None or operation_id is None:
+        return None
+    recorded = t.receipts.get(operation_id)
+    return recorded[1] if recorded is not None and recorded[0] == digest else None
 
 
 def _check_commit_against(t: ThreadState, commit: Commit) -> None:

@@ -23,6 +23,7 @@ from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.listing_cases import ListingCases
 from wakeful.testkit.messaging_cases import MessagingCases
+from wakeful.testkit.operation_cases import OperationCases
 from wakeful.testkit.queue_cases import QueueCases
 from wakeful.testkit.run_cases import RunCases
 from wakeful.testkit.stateful import run_stateful
@@ -47,6 +48,7 @@ class StoreConformance(
     RunCases,
     ListingCases,
     MessagingCases,
+    OperationCases,
     TenantCases,
     ValueCases,
     StatefulCases,
@@ -64,6 +66,7 @@ __all__ = [
     "Kit",
     "ListingCases",
     "MessagingCases",
+    "OperationCases",
     "QueueCases",
     "RunCases",
     "StatefulCases",

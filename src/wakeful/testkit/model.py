@@ -77,6 +77,11 @@ class ReferenceModel:
                 and t.receipts.get(commit.operation_id, (None,))[0] == body
             ):
                 return t.receipts[commit.operation_id][1]
+            # refused all the same; an operation applied with this payload says so
+            op = commit.operation_id
+            applied = None if t is None or op is None else t.receipts.get(op)
+            if applied is not None and applied[0] == body:
+                return ("StaleClaim", applied[1])
             return ("StaleClaim",)
         if commit.operation_id is not None and commit.operation_id in t.receipts:
             recorded, replayed = t.receipts[commit.operation_id]
@@ -130,6 +135,12 @@ class ReferenceModel:
                 self.epochs[tid] = epoch
             return committed
         return ("ok", claimed[1], claimed[2], *committed[1:])
+
+    def operation(self, tid: str, operation_id: str) -> Outcome:
+        """The outcome the operation was applied with, or ``None``."""
+        t = self.threads.get(tid)
+        recorded = None if t is None else t.receipts.get(operation_id)
+        return ("ok", None if recorded is None else recorded[1])
 
     def compact(self, tid: str, before_seq: int) -> Outcome:
         t = self.threads.get(tid)

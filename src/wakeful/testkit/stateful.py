@@ -67,6 +67,9 @@ def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> N
                 return ("ThreadBusy", getattr(exc, "holder", None))
             if type(exc).__name__ == "ReplayUnavailable":
                 return ("ReplayUnavailable", getattr(exc, "earliest_seq", None))
+            applied = getattr(exc, "applied_receipt", None)
+            if type(exc).__name__ == "StaleClaim" and applied is not None:
+                return ("StaleClaim", _outcome_of(applied))
             return (type(exc).__name__,)
 
         def token_for(self, tid: str, choice: str) -> int:
@@ -249,6 +252,12 @@ def run_stateful(harness: Harness, max_examples: int = 40, steps: int = 40) -> N
                 expected_version=expected_version,
                 release=release,
             )
+
+        @rule(tid=THREADS, operation=st.sampled_from(["op-1", "op-2", "op-3"]))
+        def operation(self, tid: str, operation: str) -> None:
+            receipt = self.run(self.store.operation(tid, operation))
+            got = ("ok", None if receipt is None else _outcome_of(receipt))
+            assert got == self.model.operation(tid, operation), (got, tid, operation)
 
         @rule(tid=THREADS, before=st.integers(0, 12))
         def compact(self, tid: str, before: int) -> None:

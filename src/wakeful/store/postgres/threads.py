@@ -17,7 +17,7 @@ from datetime import datetime
 from operator import attrgetter
 from typing import Any, TypeVar
 
-from wakeful.errors import InvalidCommit, ReplayUnavailable
+from wakeful.errors import InvalidCommit, ReplayUnavailable, StaleClaim, StoreUnavailable
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
     Checkpoint,
@@ -80,6 +80,11 @@ SELECT t.version, t.tenant, t.claim_holder, t.claim_token, t.claim_expires, t.me
   LEFT JOIN @schema@.checkpoints c
     ON c.thread_id = t.thread_id AND c.checkpoint_id = t.latest_checkpoint
  WHERE t.thread_id = %s AND t.present
+"""
+# ``operation``, and the receipt a refused retry of an applied commit carries.
+_OPERATION = """
+SELECT payload_hash, version, checkpoint_id, first_seq, event_count
+  FROM @schema@.receipts WHERE thread_id = %s AND operation_id = %s
 """
 _MESSAGES = """
 SELECT body FROM @schema@.messages WHERE thread_id = %s AND pos >= %s ORDER BY pos LIMIT %s
@@ -280,9 +285,15 @@ class ThreadOps:
         # the group), only its parameters are held: not the checked copy and its JSON.
         operation_id, drops = encoded.commit.operation_id, encoded.commit.drop_checkpoints
         del encoded, commit
-        replayed, version, checkpoint_id, first, count = await self._write(
-            COMMIT, params, thread_id, drops
-        )
+        try:
+            replayed, version, checkpoint_id, first, count = await self._write(
+                COMMIT, params, thread_id, drops
+            )
+        except StaleClaim as exc:
+            if operation_id is None:
+                raise
+            # params[3]: the payload hash (``_commit_params``)
+            raise await self._stale_retry(exc, thread_id, operation_id, params[3]) from None
         if count and not replayed:
             self._notifier.notify(thread_id)
         return _receipt(thread_id, operation_id, version, checkpoint_id, first, count)
@@ -301,6 +312,22 @@ class ThreadOps:
             self._notifier.notify(thread_id)
         claim = Claim(thread_id=thread_id, holder=holder, token=token, expires_at=utc(expires))
         return claim, _receipt(thread_id, operation_id, version, checkpoint_id, first, count)
+
+    async def _stale_retry(
+        self, exc: StaleClaim, thread_id: str, operation_id: str, digest: object
+    ) -> StaleClaim:
+        """``exc``, carrying the operation's receipt if the thread recorded it with this
+        payload (``applied_receipt``). Read after the refusal, outside its transaction: a
+        receipt is never changed once written, only removed (delete, prune), so what is found
+        was applied. A failed read leaves the refusal as it was."""
+        try:
+            row = await self._db.fetchone(_OPERATION, (thread_id, operation_id), idempotent=True)
+        except StoreUnavailable:
+            return exc
+        if row is None or row[0] != digest:
+            return exc
+        applied = _receipt(thread_id, operation_id, *row[1:])
+        return StaleClaim(thread_id, exc.token, exc.current, applied)
 
     async def _write(
         self, template: str, params: tuple[object, ...], thread_id: str, drops: Sequence[str]
@@ -340,6 +367,12 @@ class ThreadOps:
         return codec.snapshot(
             thread_id, codec.claim(thread_id, holder, token, expires), version, tenant, *rest
         )
+
+    async def operation(self, thread_id: str, operation_id: str) -> Receipt | None:
+        check_id("thread_id", thread_id)
+        check_id("operation_id", operation_id)
+        row = await self._db.fetchone(_OPERATION, (thread_id, operation_id), idempotent=True)
+        return None if row is None else _receipt(thread_id, operation_id, *row[1:])
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
         check_id("thread_id", thread_id)

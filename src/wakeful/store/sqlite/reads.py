@@ -12,6 +12,7 @@ from wakeful.records import (
     Event,
     InboxMessage,
     Message,
+    Receipt,
     RunSegment,
     ThreadSnapshot,
     ThreadSummary,
@@ -22,6 +23,7 @@ from wakeful.store.sqlite.codec import (
     INBOX_MESSAGE,
     MESSAGE,
     PENDING_WRITE,
+    RECEIPT,
     claim_of,
     from_us,
     loads,
@@ -61,6 +63,14 @@ def read(conn: sqlite3.Connection, thread_id: str) -> ThreadSnapshot | None:
         last_seq=next_seq - 1,
         event_floor=floor,
     )
+
+
+def operation(conn: sqlite3.Connection, thread_id: str, operation_id: str) -> Receipt | None:
+    row = conn.execute(
+        "SELECT receipt FROM receipts WHERE thread_id = ? AND operation_id = ?",
+        (thread_id, operation_id),
+    ).fetchone()
+    return None if row is None else RECEIPT.decode(row[0])
 
 
 def messages(conn: sqlite3.Connection, thread_id: str, after: int, limit: int) -> list[Message]:

@@ -169,6 +169,11 @@ class SqliteStore:
         check_id("thread_id", thread_id)
         return await self._read(lambda c: reads.read(c, thread_id))
 
+    async def operation(self, thread_id: str, operation_id: str) -> Receipt | None:
+        check_id("thread_id", thread_id)
+        check_id("operation_id", operation_id)
+        return await self._read(lambda c: reads.operation(c, thread_id, operation_id))
+
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
         check_id("thread_id", thread_id)
         after = check_count("after", after, maximum=2**62)

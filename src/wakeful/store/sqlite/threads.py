@@ -150,7 +150,12 @@ def commit(
             ).fetchone()
             if recorded is not None and recorded[0] == payload_hash(c):
                 return RECEIPT.decode(recorded[1])
-        raise StaleClaim(thread_id, c.token, current)
+        applied = None
+        # the row carries the operation's receipt (``_THREAD_FOR_COMMIT``): a refused retry
+        # of an applied commit learns that it was applied
+        if row is not None and row[14] is not None and row[14] == payload_hash(c):
+            applied = RECEIPT.decode(row[15])
+        raise StaleClaim(thread_id, c.token, current, applied)
     return _apply(conn, now, thread_id, encoded, row)
 
 
