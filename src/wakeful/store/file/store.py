@@ -37,6 +37,7 @@ from typing import TypeVar
 
 from wakeful.clock import Clock
 from wakeful.errors import StoreUnavailable
+from wakeful.store.diskfull import full_disk
 from wakeful.store.file.chain import encode_committed, encode_mutation
 from wakeful.store.file.codec import STREAM_DIR
 from wakeful.store.file.iothread import IOThread
@@ -145,9 +146,10 @@ class FileStore(ProjectedStore):
         try:
             await self._stream.drop_thread(thread_id)
         except OSError as exc:
+            advice = full_disk(exc) or "the disk must be writable"
             raise StoreUnavailable(
                 f"thread {thread_id!r} was deleted but its stream checkpoints could not be "
-                f"removed ({exc}); call delete_thread again once the disk is writable"
+                f"removed ({exc}); {advice}, then call delete_thread again"
             ) from exc
 
     async def close(self) -> None:
@@ -339,7 +341,12 @@ class FileStore(ProjectedStore):
             else:
                 logger.warning("%s: compaction failed, the log is unchanged: %s", self._root, exc)
                 self._compact_floor = self._log.size + (self._compact_bytes or 0)
-            detail = f"compaction of {self._root} failed ({exc})"
+            advice = full_disk(exc)
+            detail = f"compaction of {self._root} failed ({exc})" + (
+                f"; nothing acknowledged is lost, but the log keeps growing until {advice}"
+                if advice
+                else ""
+            )
             _fail(requesters, lambda: StoreUnavailable(detail))
             return
         old, self._log = self._log, writer
@@ -360,10 +367,16 @@ class FileStore(ProjectedStore):
         them, once the log is cut back and the projection rebuilt from disk."""
         victims = victims + [w for _, w in self._pending]
         self._pending = []
+        advice = full_disk(exc)
+        remedy = (
+            f"{advice[0].upper()}{advice[1:]}"
+            if advice
+            else "Restore writable disk space or permissions"
+        )
         detail = (
             f"could not {action} durably at {self._root} ({exc}); the mutation was not "
-            f"applied and will not appear after a reopen. Restore writable disk space or "
-            f"permissions, then retry through the caller's normal commit policy"
+            f"applied and will not appear after a reopen. {remedy}, then retry through the "
+            f"caller's normal commit policy"
         )
         self._broken = detail
         logger.error("%s: %s", self._root, detail)
