@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,3 +79,23 @@ async def test_compaction_checks_the_lock_too(tmp_path: Path) -> None:
         await store.compact()
     await store.close()
     assert not (tmp_path / "snapshot.json").exists()
+
+
+async def test_where_a_directory_cannot_be_locked_the_lock_file_alone_guards_the_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real_flock = fcntl.flock
+
+    def flock(fd: int, operation: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):  # as NFS answers for a read-only descriptor
+            raise OSError(errno.EBADF, os.strerror(errno.EBADF))
+        real_flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    store = await open_file_store(tmp_path.as_uri(), compact_bytes=None)
+    assert any("cannot lock the directory itself" in r.getMessage() for r in caplog.records)
+
+    def tamper() -> None:
+        (tmp_path / "wakeful.lock").unlink()
+
+    await two_commits_around(store, tamper)

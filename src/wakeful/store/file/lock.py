@@ -76,13 +76,13 @@ class RootLock:
                 fd = os.open(root / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
                 fds.append(fd)
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                lock = cls(root, tuple(fds), key)
             except BlockingIOError:
                 _close(fds)
                 raise StoreLocked(str(root)) from None
             except BaseException:
                 _close(fds)
                 raise
-            lock = cls(root, tuple(fds), key)
             _held.add(key)
         # The pid is a courtesy for operators (the flock is what counts); fixed width, so
         # rewriting it never changes the file's size.
