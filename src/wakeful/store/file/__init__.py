@@ -112,7 +112,7 @@ def _open_root(root: Path) -> tuple[RootLock, Loaded]:
 
 
 def _unavailable(root: Path, exc: OSError) -> StoreUnavailable:
-    advice = full_disk(exc) or ("correct the absolute path, its ownership or the mount permissions")
+    advice = full_disk(exc) or "correct the absolute path, its ownership or the mount permissions"
     return StoreUnavailable(f"cannot open the file store at {root} ({exc}); {advice}, then reopen")
 
 

@@ -343,7 +343,8 @@ class FileStore(ProjectedStore):
                 self._compact_floor = self._log.size + (self._compact_bytes or 0)
             advice = full_disk(exc)
             detail = f"compaction of {self._root} failed ({exc})" + (
-                f"; nothing acknowledged is lost, but the log keeps growing until {advice}"
+                f"; {advice} (nothing acknowledged is lost; the log grows until a compaction "
+                f"succeeds)"
                 if advice
                 else ""
             )
