@@ -5,6 +5,8 @@ Modes:
   ``commit ROOT TAG``: commit in a loop from four concurrent writers; after each commit
       returns, print ``ack THREAD VERSION CHECKPOINT`` (so every printed line is an
       acknowledged commit). Runs until killed.
+  ``commit-hold ROOT TAG``: as ``commit``, but the first refused commit (``StoreUnavailable``)
+      prints ``refused`` and stops the writers; the store stays open until stdin closes.
   ``try-open ROOT``: open the root once and print ``locked`` (StoreLocked) or ``opened``.
   ``hold ROOT``: open the root, print ``ready``, keep it open until stdin closes.
 """
@@ -17,7 +19,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from wakeful.clock import ManualClock
-from wakeful.errors import StoreLocked
+from wakeful.errors import StoreLocked, StoreUnavailable
 from wakeful.records import (
     Awaiting,
     Checkpoint,
@@ -113,8 +115,20 @@ async def mixed_workload(
 # ------------------------------------------------------------------ child process
 
 
-async def _commit_forever(root: Path, tag: str) -> None:
+async def _commit_forever(root: Path, tag: str, hold: bool = False) -> None:
     store = await open_file_store(root.as_uri(), compact_bytes=50_000)
+    if hold:
+        try:
+            await _commit(store, tag)
+        except StoreUnavailable as exc:
+            print(f"refused {exc}", flush=True)
+        await asyncio.to_thread(sys.stdin.read)
+        await store.close()
+    else:
+        await _commit(store, tag)
+
+
+async def _commit(store: FileStore, tag: str) -> None:
 
     async def writer(k: int) -> None:
         thread = f"{tag}-{k}"
@@ -166,6 +180,8 @@ def main(argv: list[str]) -> None:
     mode, root = argv[0], Path(argv[1])
     if mode == "commit":
         asyncio.run(_commit_forever(root, argv[2]))
+    elif mode == "commit-hold":
+        asyncio.run(_commit_forever(root, argv[2], hold=True))
     elif mode == "try-open":
         asyncio.run(_try_open(root))
     elif mode == "hold":

@@ -7,6 +7,9 @@ Commands:
   drain URL HOLDER GO      wait for file GO, then claim_next until nothing is available
   commit URL N             claim threads crash-0..crash-N-1, then commit forever
   wait URL THREAD AFTER    wait_events(THREAD, AFTER, timeout=60)
+  hold URL THREAD TTL GO   claim THREAD for TTL s and commit once (reports ``holding``), sit
+                           idle (no transaction open) until file GO exists, then commit
+                           again with the same token (reports ``committed`` or ``stale``)
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from wakeful.errors import ThreadBusy
+from wakeful.errors import StaleClaim, ThreadBusy
 from wakeful.records import Checkpoint, Commit, EventDraft, Message
 from wakeful.store import open_store
 
@@ -103,6 +106,20 @@ async def wait(url: str, thread: str, after: int) -> None:
         report("woke", seqs=[e.seq for e in events], at=time.time())
 
 
+async def hold(url: str, thread: str, ttl: float, go: str) -> None:
+    async with open_store(url) as store:
+        claim = await store.claim(thread, "paused", ttl)
+        await store.commit(thread, Commit(token=claim.token, events=(EventDraft(type="a"),)))
+        report("holding", token=claim.token)
+        await asyncio.to_thread(wait_for_file, go)  # idle between commits: paused here
+        try:
+            await store.commit(thread, Commit(token=claim.token, events=(EventDraft(type="b"),)))
+        except StaleClaim as refused:
+            report("stale", current=refused.current)
+        else:
+            report("committed")
+
+
 def main(argv: list[str]) -> None:
     command, url, *rest = argv
     if command == "race":
@@ -111,6 +128,8 @@ def main(argv: list[str]) -> None:
         asyncio.run(drain(url, rest[0], rest[1]))
     elif command == "commit":
         asyncio.run(commit_forever(url, int(rest[0])))
+    elif command == "hold":
+        asyncio.run(hold(url, rest[0], float(rest[1]), rest[2]))
     elif command == "wait":
         asyncio.run(wait(url, rest[0], int(rest[1])))
     else:

@@ -210,8 +210,9 @@ async def test_a_compaction_that_fails_before_its_commit_point_changes_nothing(
     store = await opened(tmp_path, clock)
     await mixed_workload(store, clock, rounds=1, tag="a")
     log_before = (tmp_path / LOG).read_bytes()
-    with pytest.raises(StoreUnavailable, match="compaction"):
+    with pytest.raises(StoreUnavailable, match="compaction") as failed:
         await store.compact()
+    assert "no space is left on the device: free space" in str(failed.value)
     assert (tmp_path / LOG).read_bytes() == log_before
     assert not (tmp_path / SNAPSHOT).exists() and not temp_files(tmp_path)
     await mixed_workload(store, clock, rounds=1, tag="b")  # the old log keeps working

@@ -144,3 +144,55 @@ async def test_a_second_open_in_the_same_process_gets_store_locked(tmp_path: Pat
     snap = await second.read("t1")
     assert snap is not None and snap.claim is None
     await second.close()
+
+
+def try_open(root: Path) -> str:
+    run = subprocess.run(
+        [sys.executable, str(CHILD), "try-open", str(root)],
+        stdout=subprocess.PIPE,
+        timeout=30,
+        check=True,
+    )
+    return run.stdout.decode().strip()
+
+
+def test_a_deleted_lock_file_lets_no_second_process_in_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "root"
+    lines: list[str] = []
+    first = threading.Event()
+    with (tmp_path / "a.err").open("ab") as sink:
+        writer = subprocess.Popen(
+            [sys.executable, str(CHILD), "commit-hold", str(root), "a"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=sink,
+        )
+    with writer:
+        reader = threading.Thread(target=read_lines, args=(writer, lines, first))
+        reader.start()
+        try:
+            assert first.wait(30), (tmp_path / "a.err").read_text()
+            (root / "wakeful.lock").unlink()  # the operator error of issue 35
+            assert try_open(root) == "locked"
+            # The holder notices before its next append, refuses it and stops acknowledging.
+            deadline = time.monotonic() + 30
+            while not any(line.startswith("refused") for line in lines):
+                assert time.monotonic() < deadline and writer.poll() is None, lines[-3:]
+                time.sleep(0.01)
+            assert try_open(root) == "locked"  # still held while the holder lives
+            assert writer.stdin is not None
+            writer.stdin.close()
+            assert writer.wait(30) == 0
+        finally:
+            writer.kill()
+            reader.join(30)
+    refused = [line for line in lines if line.startswith("refused")]
+    assert len(refused) == 1 and "was removed while this store held it" in refused[0]
+    acked: dict[str, int] = {}
+    for line in lines[: lines.index(refused[0])]:
+        _, thread, version, _ = line.split()
+        acked[thread] = max(acked.get(thread, 0), int(version))
+    assert acked
+    asyncio.run(verify(root, acked, 0))

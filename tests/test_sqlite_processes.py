@@ -4,6 +4,7 @@ with SIGKILL, and ``wait_events`` woken by another process's commit."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import sqlite3
 import time
 from collections import Counter
@@ -15,7 +16,7 @@ import pytest
 
 from tests.sqlite_support import Child, sqlite_url
 from wakeful.clock import ManualClock
-from wakeful.errors import StaleClaim
+from wakeful.errors import StaleClaim, ThreadBusy
 from wakeful.records import Checkpoint, Commit, Dispatch, EventDraft
 from wakeful.store import open_store
 
@@ -182,3 +183,54 @@ async def test_wait_events_wakes_for_a_commit_in_another_process(tmp_path: Path)
     latency = woke["at"] - committed_at
     print(f"cross-process wake latency: {latency * 1000:.1f} ms")
     assert latency < 5.0, f"woke {latency:.3f} s after the commit (its timeout was 60 s)"
+
+
+@pytest.mark.asyncio
+async def test_a_process_paused_between_commits_blocks_no_writer_and_is_taken_over(
+    tmp_path: Path,
+) -> None:
+    """SIGSTOP a claim holder that is not inside a write transaction (issue 35 item 4): the
+    other writers go on at once, on every thread, and its thread is taken over once its lease
+    has run out; resumed, the paused process is fenced off."""
+    url = sqlite_url(tmp_path / "pause.db")
+    go = tmp_path / "go"
+    ttl = 1.0
+    async with open_store(url, busy_timeout=5.0) as store:
+        other = await store.claim("t-other", "parent", 60)
+        child = Child("hold", url, "t-held", str(ttl), str(go))
+        try:
+            holding = await asyncio.to_thread(child.expect, "holding")
+            child.proc.send_signal(signal.SIGSTOP)
+            paused_at = time.monotonic()
+            for n in range(20):  # writes on other threads: none waits for the paused process
+                started = time.monotonic()
+                await store.commit(
+                    "t-other", Commit(token=other.token, events=(EventDraft(type=f"e{n}"),))
+                )
+                assert time.monotonic() - started < 1.0, "a write waited on the paused process"
+            await store.enqueue(Dispatch(dispatch_id="d-1", thread_id="t-q", kind="start"))
+            assert [lease.dispatch.dispatch_id for lease in await store.claim_next("w", 30)] == [
+                "d-1"
+            ]
+            with pytest.raises(ThreadBusy) as busy:  # its claim is live: refused, not blocked
+                await store.claim("t-held", "successor", 30)
+            assert busy.value.holder == "paused"
+            deadline = time.monotonic() + 10
+            while True:  # the takeover, as soon as the lease has run out
+                try:
+                    taken = await store.claim("t-held", "successor", 30)
+                    break
+                except ThreadBusy:
+                    assert time.monotonic() < deadline, "never taken over"
+                    await asyncio.sleep(0.02)
+            assert time.monotonic() - paused_at >= ttl * 0.9
+            assert taken.token > holding["token"]
+            child.proc.send_signal(signal.SIGCONT)
+            go.touch()
+            assert (await asyncio.to_thread(child.expect, "stale"))["current"] == taken.token
+            await asyncio.to_thread(child.finish)
+        finally:
+            child.proc.send_signal(signal.SIGCONT)
+            child.kill()
+        snap = await store.read("t-held")
+        assert snap is not None and [e.type for e in await store.events_after("t-held")] == ["a"]

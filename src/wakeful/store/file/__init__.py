@@ -24,6 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 from wakeful.clock import Clock
 from wakeful.errors import StoreUnavailable, UnsupportedStore
+from wakeful.store.diskfull import full_disk
 from wakeful.store.file.codec import STREAM_DIR
 from wakeful.store.file.fsutil import fsync_dir, make_root
 from wakeful.store.file.lock import RootLock
@@ -111,10 +112,8 @@ def _open_root(root: Path) -> tuple[RootLock, Loaded]:
 
 
 def _unavailable(root: Path, exc: OSError) -> StoreUnavailable:
-    return StoreUnavailable(
-        f"cannot open the file store at {root} ({exc}); correct the absolute path, its "
-        f"ownership or the mount permissions, then reopen"
-    )
+    advice = full_disk(exc) or "correct the absolute path, its ownership or the mount permissions"
+    return StoreUnavailable(f"cannot open the file store at {root} ({exc}); {advice}, then reopen")
 
 
 __all__ = [

@@ -29,6 +29,7 @@ import msgspec
 from wakeful.errors import StreamCheckpointError, WakefulError
 from wakeful.ids import check_id
 from wakeful.records import StreamCheckpoint
+from wakeful.store.diskfull import full_disk
 from wakeful.store.file.codec import TMP_SUFFIX
 from wakeful.store.file.fsutil import fsync_dir, write_synced
 from wakeful.store.projected import ProjectedStore
@@ -115,8 +116,11 @@ class FileStreamCheckpoints:
             try:
                 await asyncio.to_thread(_replace, path, data + b"\n")
             except OSError as exc:
+                advice = full_disk(exc)
                 raise StreamCheckpointError(
-                    copy.run_id, "storage", f"cannot write {path}: {exc}"
+                    copy.run_id,
+                    "storage",
+                    f"cannot write {path}: {exc}" + (f"; {advice}" if advice else ""),
                 ) from exc
             finally:
                 del self._inflight[copy.run_id]

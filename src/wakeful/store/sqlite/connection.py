@@ -38,6 +38,7 @@ from wakeful.errors import (
     StoreUnavailable,
     UnsupportedStore,
 )
+from wakeful.store.diskfull import NO_SPACE, full_disk
 from wakeful.store.sqlite.migrations import Migration, migrate
 
 T = TypeVar("T")
@@ -78,10 +79,22 @@ def translate(exc: BaseException, path: str, busy_timeout: float) -> BaseExcepti
             )
         if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
             return CorruptStore(path, None, None, f"SQLite reports {name}: {exc}")
-        return StoreUnavailable(f"SQLite error on {path}: {exc} ({name or type(exc).__name__})")
+        return StoreUnavailable(
+            f"SQLite error on {path}: {exc} ({name or type(exc).__name__}){full_advice(exc)}"
+        )
     if isinstance(exc, OverflowError):
         return InvalidInput("value", f"an integer is outside SQLite's 64-bit range: {exc}")
     return exc
+
+
+def full_advice(exc: BaseException) -> str:
+    """``"; <cause>: <action>"`` when ``exc`` says the disk is full (SQLite's
+    ``SQLITE_FULL``, which its unix VFS reports for ``ENOSPC``, or an ``OSError`` with
+    ``ENOSPC``/``EDQUOT``), else ``""``. (SQLite reports ``EDQUOT`` as a plain
+    ``SQLITE_IOERR_WRITE``: its errno is not passed on.)"""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    advice = NO_SPACE if name.startswith("SQLITE_FULL") else full_disk(exc)
+    return f"; {advice}" if advice else ""
 
 
 @dataclass
@@ -269,7 +282,9 @@ class _Writer:
                 if not conn.in_transaction:
                     # SQLite rolled the whole transaction back (I/O error, disk full):
                     # nothing of this batch was applied.
-                    lost = StoreUnavailable(f"a write to {self._path} was rolled back: {exc}")
+                    lost = StoreUnavailable(
+                        f"a write to {self._path} was rolled back: {exc}{full_advice(exc)}"
+                    )
                     outcomes = [(j, False, lost if ok else r) for j, ok, r in outcomes]
                     outcomes += [(j, False, lost) for j in jobs[index + 1 :]]
                     break
@@ -280,7 +295,9 @@ class _Writer:
                     try:
                         conn.execute("ROLLBACK")
                     except BaseException as failed:  # nothing of the group is committed
-                        lost = StoreUnavailable(f"a write to {self._path} failed: {failed}")
+                        lost = StoreUnavailable(
+                            f"a write to {self._path} failed: {failed}{full_advice(failed)}"
+                        )
                         return [(j, False, lost) for j in jobs]
                     return None
             else:
