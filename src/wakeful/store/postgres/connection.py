@@ -312,9 +312,7 @@ class Database:
             try:
                 if not self.owns_pool:  # a caller's pool may hand out connections not in
                     # autocommit: the connection's context commits what op did
-                    async with self.pool.connection(timeout=self.timeout) as conn:
-                        if not conn.autocommit:  # op and the COMMIT: two round trips
-                            await bound_idle(conn, self.idle_timeout)
+                    async with self.connection() as conn:
                         return await op(conn)
                 # The store's own autocommit connections: getconn/putconn, without the
                 # connection's context, whose exit is a commit() (a lock and a wait) with
@@ -346,6 +344,17 @@ class Database:
                     reconnects += 1
                     continue
                 raise unavailable(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection in the pool's context, which commits at the exit what was
+        done on it. On a connection not in autocommit (a caller's pool) what is done and
+        that COMMIT are two round trips of one transaction: it is bounded first
+        (``bound_idle``)."""
+        async with self.pool.connection(timeout=self.timeout) as conn:
+            if not conn.autocommit:
+                await bound_idle(conn, self.idle_timeout)
+            yield conn
 
     @contextlib.asynccontextmanager
     async def transaction(self, conn: Conn) -> AsyncIterator[None]:
