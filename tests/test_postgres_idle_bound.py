@@ -18,6 +18,7 @@ import pytest
 from tests.nats_server import stopped
 from tests.postgres_support import ROOT, SCHEMA, Databases, open_test_store
 from tests.sqlite_support import wait_until
+from wakeful.errors import InvalidInput
 from wakeful.store.postgres import migrations
 from wakeful.store.postgres.connection import Conn
 
@@ -120,19 +121,27 @@ async def test_every_transaction_of_several_round_trips_carries_the_bound(
             await store.close()
     finally:
         await pool.close()
+
+    async def inside(conn: Conn) -> tuple[str, str]:
+        async with store._db.transaction(conn):
+            bounded = await _setting(conn)
+        return bounded, await _setting(conn)
+
     store = await open_test_store(dsn, idle_in_transaction_timeout=1.5)
     try:
-
-        async def inside(conn: Conn) -> tuple[str, str]:
-            async with store._db.transaction(conn):
-                bounded = await _setting(conn)
-            return bounded, await _setting(conn)
-
         # SET LOCAL: the bound ends with the transaction and never stays on the session
         bounded, after = await store._db.run(inside)
         assert bounded == "1500ms" and after != "1500ms"
     finally:
         await store.close()
+    store = await open_test_store(dsn, idle_in_transaction_timeout=0)
+    try:  # 0: the server's own setting, untouched
+        inner, outer = await store._db.run(inside)
+        assert inner == outer
+    finally:
+        await store.close()
+    with pytest.raises(InvalidInput, match="idle_in_transaction_timeout"):
+        await open_test_store(dsn, idle_in_transaction_timeout=-1)
     # the migrations' transaction (here a savepoint of an outer one, to look inside it)
     conn = await psycopg.AsyncConnection.connect(dsn, autocommit=True)
     async with conn, conn.transaction():
