@@ -2,10 +2,17 @@
 
     python -m tests.postgres_child claim <dsn> <go-file> <holder> <thread>...
     python -m tests.postgres_child drain <dsn> <go-file> <holder>
+    python -m tests.postgres_child pause-drop <dsn> <go-file> <holder> <thread> <idle-timeout>
 
 Each child opens its own store (its own pool), prints ``ready`` once open, waits until the
 parent creates ``go-file`` (so that all children start together), does its part and prints
 one JSON line with what it got.
+
+``pause-drop`` (go-file unused) claims ``thread`` with a one-second lease, commits three
+checkpoints, then a fourth dropping the first: inside that commit's transaction, after the
+commit function ran (the thread's row is locked) and before the drop, it prints
+``{"paused": <backend pid>}`` and stops itself with SIGSTOP. Once continued it prints what
+the commit returned or raised.
 """
 
 from __future__ import annotations
@@ -13,12 +20,18 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import sys
 import time
+from datetime import UTC, datetime
+from typing import Any
 
-from wakeful.errors import ThreadBusy
-from wakeful.records import Done
+import psycopg
+
+from wakeful.errors import ThreadBusy, WakefulError
+from wakeful.records import Checkpoint, Commit, Done
 from wakeful.store.postgres import PostgresStore, open_postgres_store
+from wakeful.store.postgres import threads as pg_threads
 
 
 async def _open(dsn: str) -> PostgresStore:
@@ -74,6 +87,50 @@ async def drain(dsn: str, go: str, holder: str) -> list[str]:
         await store.close()
 
 
+async def pause_drop(dsn: str, holder: str, thread_id: str, idle: float) -> dict[str, object]:
+    store = await open_postgres_store(
+        dsn, pool_size=1, migrate=False, idle_in_transaction_timeout=idle
+    )
+    try:
+        claim = await store.claim(thread_id, holder, 1.0)
+        chain: list[Checkpoint] = []
+        for i in range(4):
+            chain.append(
+                Checkpoint(
+                    id=f"cp-{i}",
+                    parent=chain[-1].id if chain else None,
+                    run_id="run-1",
+                    status="running",
+                    state={"i": i},
+                    created_at=datetime.now(UTC),
+                )
+            )
+        for cp in chain[:3]:
+            await store.commit(thread_id, Commit(token=claim.token, checkpoint=cp))
+        present = store._db.sql(pg_threads._PRESENT)
+        execute = psycopg.AsyncConnection.execute
+
+        async def pausing(self: Any, query: Any, params: Any = None, **kw: Any) -> Any:
+            if query == present:
+                print(json.dumps({"paused": self.info.backend_pid}), flush=True)
+                os.kill(os.getpid(), signal.SIGSTOP)
+            return await execute(self, query, params, **kw)
+
+        psycopg.AsyncConnection.execute = pausing  # type: ignore[method-assign]
+        try:
+            receipt = await store.commit(
+                thread_id,
+                Commit(token=claim.token, checkpoint=chain[3], drop_checkpoints=(chain[0].id,)),
+            )
+        except WakefulError as exc:
+            return {"error": type(exc).__name__}
+        finally:
+            psycopg.AsyncConnection.execute = execute  # type: ignore[method-assign]
+        return {"version": receipt.version}
+    finally:
+        await store.close()
+
+
 def main(argv: list[str]) -> None:
     mode, dsn, go, holder, *rest = argv
     result: object
@@ -81,6 +138,8 @@ def main(argv: list[str]) -> None:
         result = asyncio.run(claim(dsn, go, holder, rest))
     elif mode == "drain":
         result = asyncio.run(drain(dsn, go, holder))
+    elif mode == "pause-drop":
+        result = asyncio.run(pause_drop(dsn, holder, rest[0], float(rest[1])))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     print(json.dumps(result), flush=True)

@@ -3,8 +3,9 @@
 
 Open it by URL with ``open_store("postgresql://user@host/db")`` (options: ``pool``,
 ``pool_size``, ``pool_min_size``, ``pool_timeout``, ``schema``, ``migrate``,
-``poll_interval``), or call ``open_postgres_store`` directly. ``migrate(dsn, schema=...)``
-applies the shipped schema migrations without opening a store. See docs/postgres-store.md.
+``poll_interval``, ``idle_in_transaction_timeout``), or call ``open_postgres_store``
+directly. ``migrate(dsn, schema=...)`` applies the shipped schema migrations without opening
+a store. See docs/postgres-store.md.
 """
 
 from __future__ import annotations

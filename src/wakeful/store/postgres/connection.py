@@ -5,6 +5,15 @@ Every store operation is one call of ``Database.run`` with one short function of
 connection: one statement (most writes are one call of a schema function, so one round trip
 and one transaction) or a few reads. Connections are in autocommit mode; a statement is its
 own transaction.
+
+A transaction over several round trips (``Database.transaction``: a commit with
+``drop_checkpoints``, the migrations, every call on a caller's pool that is not in
+autocommit) first bounds itself with ``SET LOCAL idle_in_transaction_session_timeout``: a
+client paused, hung or cut off between two of its statements would otherwise sit ``idle in
+transaction`` holding its row locks for as long as the pause lasts, and every claim of the
+thread would wait behind it. ``SET LOCAL`` (not a session ``SET`` or a startup option) so that
+the bound holds behind PgBouncer in transaction mode, which neither passes startup options
+nor keeps a session's settings on one server connection.
 """
 
 from __future__ import annotations
@@ -12,12 +21,13 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import math
 import os
 import random
 import re
 import time
 import weakref
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -42,6 +52,10 @@ Params = Sequence[Any] | Mapping[str, Any] | None
 
 DEFAULT_SCHEMA = "wakeful"
 MAX_TRANSIENT_RETRIES = 8
+DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT = 5.0
+"""Seconds a transaction of the store may sit idle between two of its statements before the
+server ends the session (and with it the transaction and its locks): see ``bound_idle``."""
+_BOUND_IDLE = "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
 _SCHEMA = re.compile(r"[a-z_][a-z0-9_]{0,47}")
 
 
@@ -113,6 +127,17 @@ def no_nul(field: str, value: str) -> str:
     if "\x00" in value:
         raise InvalidInput(field, "must not contain NUL characters")
     return value
+
+
+async def bound_idle(conn: Conn, seconds: float) -> None:
+    """Bound the transaction ``conn`` is in: if the client leaves it idle (between two
+    statements) for more than ``seconds``, the server terminates the session, which rolls the
+    transaction back and releases its locks; the client's next statement then fails with
+    SQLSTATE 25P03 (``StoreUnavailable``). ``SET LOCAL``: it ends with the transaction and
+    never leaks into a session a pooler hands to someone else. ``0`` leaves the server's
+    setting alone."""
+    if seconds > 0:
+        await conn.execute(_BOUND_IDLE, (f"{max(1, math.ceil(seconds * 1000))}ms",))
 
 
 def utc(value: datetime) -> datetime:
@@ -202,12 +227,15 @@ class Database:
         schema: str,
         conninfo: str,
         timeout: float,
+        idle_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     ) -> None:
         self.pool = pool
         self.owns_pool = owns_pool
         self.schema = schema
         self.conninfo = conninfo
         self.timeout = timeout
+        self.idle_timeout = idle_timeout
+        """Seconds a transaction of several round trips may sit idle (``bound_idle``)."""
         self.closed = False
         self._sql: dict[str, str] = {}
         self._pool_check: asyncio.Task[None] | None = None
@@ -222,11 +250,19 @@ class Database:
         pool_size: int,
         pool_min_size: int | None,
         timeout: float,
+        idle_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     ) -> Database:
         """Open a pool of ``pool_size`` connections (``pool_min_size`` kept open), or use the
         caller's ``pool``, which is then never closed by the store."""
         if pool is not None:
-            return cls(pool, owns_pool=False, schema=schema, conninfo=conninfo, timeout=timeout)
+            return cls(
+                pool,
+                owns_pool=False,
+                schema=schema,
+                conninfo=conninfo,
+                timeout=timeout,
+                idle_timeout=idle_timeout,
+            )
         await probe(conninfo, timeout)
         min_size = pool_size if pool_min_size is None else pool_min_size
         owned: psycopg_pool.AsyncConnectionPool[Conn] = WarmPool(
@@ -245,7 +281,14 @@ class Database:
             raise StoreUnavailable(
                 f"PostgreSQL did not accept connections within {timeout} s ({exc})"
             ) from exc
-        return cls(owned, owns_pool=True, schema=schema, conninfo=conninfo, timeout=timeout)
+        return cls(
+            owned,
+            owns_pool=True,
+            schema=schema,
+            conninfo=conninfo,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+        )
 
     def sql(self, template: str) -> str:
         """The statement for ``template`` in this schema (rendered once, then cached)."""
@@ -269,7 +312,7 @@ class Database:
             try:
                 if not self.owns_pool:  # a caller's pool may hand out connections not in
                     # autocommit: the connection's context commits what op did
-                    async with self.pool.connection(timeout=self.timeout) as conn:
+                    async with self.connection() as conn:
                         return await op(conn)
                 # The store's own autocommit connections: getconn/putconn, without the
                 # connection's context, whose exit is a commit() (a lock and a wait) with
@@ -301,6 +344,24 @@ class Database:
                     reconnects += 1
                     continue
                 raise unavailable(exc) from exc
+
+    @contextlib.asynccontextmanager
+    async def connection(self) -> AsyncIterator[Conn]:
+        """A pooled connection in the pool's context, which commits at the exit what was
+        done on it. On a connection not in autocommit (a caller's pool) what is done and
+        that COMMIT are two round trips of one transaction: it is bounded first
+        (``bound_idle``)."""
+        async with self.pool.connection(timeout=self.timeout) as conn:
+            if not conn.autocommit:
+                await bound_idle(conn, self.idle_timeout)
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def transaction(self, conn: Conn) -> AsyncIterator[None]:
+        """A transaction of several round trips on ``conn``, bounded by ``bound_idle``."""
+        async with conn.transaction():
+            await bound_idle(conn, self.idle_timeout)
+            yield
 
     async def fetchone(self, template: str, params: Params, *, idempotent: bool = False) -> Any:
         """The first row of one statement, or ``None``."""

@@ -21,7 +21,9 @@ from psycopg.rows import TupleRow
 
 from wakeful.errors import UnsupportedStore
 from wakeful.store.postgres.connection import (
+    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     DEFAULT_SCHEMA,
+    bound_idle,
     check_schema,
     describe_server,
     render,
@@ -94,9 +96,20 @@ async def migrate(dsn: str, schema: str = DEFAULT_SCHEMA) -> int:
         raise
 
 
-async def apply(conn: psycopg.AsyncConnection[TupleRow], schema: str, dsn: str) -> int:
+async def apply(
+    conn: psycopg.AsyncConnection[TupleRow],
+    schema: str,
+    dsn: str,
+    idle_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
+) -> int:
+    """Apply the pending migrations in one transaction of many round trips, which holds the
+    migration lock and the altered tables' locks (every store call on them waits): bounded
+    by ``bound_idle``, so a migrating process paused or cut off between two statements
+    releases them after ``idle_timeout`` seconds instead of blocking the store for as long as
+    the pause lasts."""
     ident = sql.Identifier(schema)
     async with conn.transaction():
+        await bound_idle(conn, idle_timeout)
         await conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_key(schema),))
         await conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(ident))
         await conn.execute(

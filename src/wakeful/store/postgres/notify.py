@@ -146,7 +146,9 @@ class Notifier:
         # at most PRESENCE_RECHECK after the server looked (listen.py relies on that bound).
         started = time.monotonic()
         try:
-            async with self._db.pool.connection(timeout=self._db.timeout) as conn:
+            # (on a caller's pool not in autocommit, a bounded transaction: the advisory
+            # lock it may take stops new listeners from announcing themselves until COMMIT)
+            async with self._db.connection() as conn:
                 cur = await conn.execute(
                     self._db.sql(NOTIFY_SQL), {"channel": self._channel, "ids": batch}
                 )

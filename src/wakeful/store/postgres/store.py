@@ -19,6 +19,7 @@ from wakeful.ids import check_count, check_seconds
 from wakeful.records import Event
 from wakeful.store.postgres import migrations
 from wakeful.store.postgres.connection import (
+    DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     DEFAULT_SCHEMA,
     Conn,
     Database,
@@ -45,6 +46,7 @@ OPTIONS = (
     "schema",
     "migrate",
     "poll_interval",
+    "idle_in_transaction_timeout",
 )
 
 
@@ -153,6 +155,7 @@ async def open_postgres_store(
     schema: str = DEFAULT_SCHEMA,
     migrate: bool = True,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
+    idle_in_transaction_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     **unknown: object,
 ) -> PostgresStore:
     """Open the store in ``schema`` of the database at ``url`` (a libpq URL or DSN).
@@ -166,6 +169,10 @@ async def open_postgres_store(
       ``False`` a schema that is not at the latest version is refused.
     - ``poll_interval``: ``wait_events`` re-checks at least this often, whatever
       LISTEN/NOTIFY does.
+    - ``idle_in_transaction_timeout``: seconds a transaction of several round trips (a
+      commit with ``drop_checkpoints``, the migrations, any call on a ``pool`` that is not in
+      autocommit) may sit idle before the server ends its session and releases its locks
+      (``SET LOCAL idle_in_transaction_session_timeout``); ``0`` leaves the server's setting.
 
     ``clock`` is ignored: time is the server's ``now()``.
     """
@@ -177,6 +184,9 @@ async def open_postgres_store(
         )
     schema = check_schema(schema)
     poll_interval = check_seconds("poll_interval", poll_interval)
+    idle_in_transaction_timeout = check_seconds(
+        "idle_in_transaction_timeout", idle_in_transaction_timeout, allow_zero=True
+    )
     pool_timeout = check_seconds("pool_timeout", pool_timeout)
     pool_size = check_count("pool_size", pool_size, minimum=1, maximum=1000)
     if pool_min_size is not None:
@@ -188,12 +198,13 @@ async def open_postgres_store(
         pool_size=pool_size,
         pool_min_size=pool_min_size,
         timeout=pool_timeout,
+        idle_timeout=idle_in_transaction_timeout,
     )
     try:
 
         async def prepare(conn: Conn) -> int:
             if migrate:
-                return await migrations.apply(conn, schema, url)
+                return await migrations.apply(conn, schema, url, idle_in_transaction_timeout)
             return await migrations.check(conn, schema, url)
 
         await db.run(prepare)

@@ -333,7 +333,10 @@ class ThreadOps:
         self, template: str, params: tuple[object, ...], thread_id: str, drops: Sequence[str]
     ) -> Any:
         """One commit function call; with ``drop_checkpoints``, in one transaction with the
-        deletion of those checkpoints (a refusal rolls both back)."""
+        deletion of those checkpoints (a refusal rolls both back). That transaction takes
+        three round trips while it holds the thread's row lock, so it is bounded
+        (``Database.transaction``): a client paused in it loses it after the store's
+        ``idle_in_transaction_timeout``, and a claim waiting behind it goes through."""
         if not drops:
             if template is COMMIT:
                 return await self._group.commit(params)
@@ -342,7 +345,7 @@ class ThreadOps:
         names = {"thread": thread_id, "drop": list(drops)}
 
         async def op(conn: Conn) -> Any:
-            async with conn.transaction():
+            async with self._db.transaction(conn):
                 row = await (await conn.execute(query, params)).fetchone()
                 assert row is not None
                 replayed, latest = row[-5], row[-3]

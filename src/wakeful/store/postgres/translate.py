@@ -9,16 +9,20 @@ Three kinds of failure come out of the driver:
   concurrent insert): the transaction rolled back and the same call may simply run again;
   ``Database.run`` retries those a bounded number of times;
 - a new connection refused by a server that was reached (no such database, login or
-  password refused, no ``pg_hba`` entry): ``StoreRefused``, permanent (see ``connect_error``);
+  password refused, no ``pg_hba`` entry): ``StoreRefused``, permanent (see ``connect_error``),
+  unless the server said it cannot take the session *now* (starting up, replaying its WAL,
+  shutting down, at its connection limit): ``StoreUnavailable``;
 - the server could not be reached or dropped the connection (``OperationalError``,
-  ``InterfaceError``, a pool timeout): ``StoreUnavailable``, retryable by the caller. A write
-  that failed this way may or may not have been applied; a commit is safe to retry with the
-  same operation id.
+  ``InterfaceError``, a pool timeout, the session ended by the server's
+  ``idle_in_transaction_session_timeout``): ``StoreUnavailable``, retryable by the caller. A
+  write that failed this way may or may not have been applied; a commit is safe to retry with
+  the same operation id.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from datetime import datetime
 from typing import Any
 
@@ -50,6 +54,41 @@ TRANSIENT = (
 """Errors after which the transaction rolled back and running it again is safe."""
 
 
+SESSION_ENDED = ("08", "57P", "25P03")
+"""SQLSTATE prefixes after which the session is gone: connection exceptions (08), the server
+shutting down, crashing, refusing new sessions or ending an idle one (57P01-57P05), and the
+end of a session left idle in a transaction longer than allowed (25P03)."""
+
+NOT_NOW = re.compile(
+    "|".join(
+        (
+            # 57P03 cannot_connect_now: starting up, replaying WAL, a standby not yet
+            # consistent or not accepting connections, shutting down, crash recovery
+            r"the database system is (starting up|shutting down|in recovery mode"
+            r"|not yet accepting connections|not accepting connections)",
+            r"terminating connection due to administrator command",  # 57P01 admin_shutdown
+            r"terminating connection because of crash of another server process",  # 57P02
+            # 53300 too_many_connections: server-wide, per role, per database, reserved slots
+            r"sorry, too many clients already",
+            r"too many connections for (role|database)",
+            r"remaining connection slots are reserved",
+            r"out of memory",  # 53200
+            # PgBouncer: its own limits, or the server behind it not (yet) reachable
+            r"no more connections allowed",
+            r"pgbouncer cannot connect to server",
+            r"server login has been failing",
+        )
+    ),
+    re.IGNORECASE,
+)
+"""What a server that was reached says when it cannot take a session now but will later.
+libpq reports a refused connection without its SQLSTATE, so the (English) message is
+matched; a server whose ``lc_messages`` is another language has its refusals judged
+permanent after the connect retries (``connection.REFUSAL_RETRIES``)."""
+
+NOT_NOW_CODES = frozenset(("57P01", "57P02", "57P03", "53200", "53300"))
+
+
 def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, TRANSIENT)
 
@@ -60,7 +99,7 @@ def is_disconnect(exc: BaseException) -> bool:
         return True
     if isinstance(exc, psycopg.OperationalError):
         return True
-    return isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith(("08", "57P"))
+    return isinstance(exc, psycopg.Error) and (exc.sqlstate or "").startswith(SESSION_ENDED)
 
 
 def refusal(exc: psycopg.Error) -> WakefulError | None:
@@ -125,11 +164,24 @@ def connect_error(exc: BaseException, where: str, reached: bool) -> WakefulError
     was reached and still refused the session (a database that does not exist, a refused
     login, a missing ``pg_hba`` entry) retrying the same URL will not help (``StoreRefused``).
     The caller tries a few times over about two seconds before calling a refusal
-    permanent, so that a server at its connection limit or still starting up is not."""
+    permanent. A refusal that says the server cannot take the session *now* (``NOT_NOW``:
+    starting up or replaying its WAL, shutting down, at its connection limit; SQLSTATE 57P01,
+    57P02, 57P03, 53200, 53300) is ``StoreUnavailable`` however long it lasts: the same open
+    succeeds once the server is ready."""
     text = _first_line(exc)
-    if reached:
-        return StoreRefused(where, text)
-    return StoreUnavailable(f"cannot reach {where} ({text})")
+    if not reached:
+        return StoreUnavailable(f"cannot reach {where} ({text})")
+    if not_now(exc):
+        return StoreUnavailable(f"{where} cannot take a session now ({text})")
+    return StoreRefused(where, text)
+
+
+def not_now(exc: BaseException) -> bool:
+    """Whether a failed connection was refused for a reason that passes (``NOT_NOW``)."""
+    code = getattr(exc, "sqlstate", None)
+    if isinstance(code, str) and code in NOT_NOW_CODES:
+        return True
+    return NOT_NOW.search(str(exc)) is not None
 
 
 def _first_line(exc: BaseException) -> str:
