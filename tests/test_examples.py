@@ -87,6 +87,12 @@ def test_support_desk_fleet_driven_over_http(tmp_path: Path) -> None:
     assert driven.returncode == 0, driven.stdout + driven.stderr
     assert "approval asked: refund({'order_id': 42})" in driven.stdout
     assert "completed" in driven.stdout.splitlines()[-1]
+    turns = [line for line in driven.stdout.splitlines() if line.startswith("assistant:")]
+    assert turns[:2] == [
+        'assistant: calls lookup_order({"order_id": 42})',
+        'assistant: calls refund({"order_id": 42})',
+    ], driven.stdout
+    assert all(line.removeprefix("assistant:").strip() for line in turns), driven.stdout
     refunds = [json.loads(line) for line in ledger.read_text(encoding="utf-8").splitlines()]
     assert [(r["order_id"], r["cents"]) for r in refunds] == [(42, 24900)]
 
