@@ -74,6 +74,9 @@ def test_every_python_block_runs_as_written(
     assert done.returncode == 0, f"{path.name}:{line}\n{done.stderr}"
     if "# 1 (1,)" in code:
         assert done.stdout.strip() == "1 (1,)"
+    if "spans.jsonl" in code:  # spans go to the file, never into the command's output
+        assert "trace_id" not in done.stdout and "spans in spans.jsonl" in done.stderr
+        assert (tmp_path / "spans.jsonl").read_text(encoding="utf-8").count("trace_id") >= 5
 
 
 def test_readme_examples_run_and_fragments_are_rare() -> None:

@@ -135,6 +135,7 @@ class Worker:
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
         self._ready = asyncio.Event()
+        self.metrics.register_worker()
         self._observe = WorkerObserver(self.store, self.metrics, self.registry, self.clock)
         for target in self.registry.targets():
             if target.agent is not None and target.agent.metrics is None:
