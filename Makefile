@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 venv: $(STAMP)
+	@echo "wakeful is in $(BIN); put it on this shell's PATH with: . $(BIN)/activate"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

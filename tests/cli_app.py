@@ -70,7 +70,8 @@ async def _block(state: Tally) -> dict[str, Any]:
 
 
 def registry() -> Registry:
-    greeter = Scripted.of(reply("Hello from the command line.", chunk=5))
+    # as many greetings as a test or docs/client.md's example asks of one worker process
+    greeter = Scripted.of(*[reply("Hello from the command line.", chunk=5)] * 50)
     dropper = Scripted.of([*text("Half an ans"), Drop()], reply("wer, continued."))
     asker = Graph(Question, name="asker").node("ask", _ask).edge(START, "ask").edge("ask", END)
     flaky = Graph(Tally, name="flaky").node("work", _flaky).edge(START, "work")

@@ -57,11 +57,21 @@ def test_the_client_streaming_example_prints_the_reply(tmp_path: Path) -> None:
                 pass
             assert time.monotonic() < deadline, "the server never got ready"
             time.sleep(0.05)
-        done = subprocess.run(
-            [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+        for _ in range(2):  # the second run streams a reply too, not nothing
+            done = subprocess.run(
+                [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=60
+            )
+            assert done.returncode == 0, done.stderr
+            assert done.stdout.strip() == "Hello from the command line.", done.stdout
+        broken = tmp_path / "broken.py"  # the same example on a run that fails
+        failing = example.replace('"greeter", "Say hello"', '"broken", {}')
+        assert failing != example
+        broken.write_text(failing, encoding="utf-8")
+        failed = subprocess.run(
+            [sys.executable, str(broken)], env=env, capture_output=True, text=True, timeout=30
         )
-        assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == "Hello from the command line."
+        assert failed.returncode == 1, failed.stdout + failed.stderr
+        assert "ended run.failed: see wakeful threads events greeting-" in failed.stderr
     finally:
         for proc in procs:
             proc.kill()

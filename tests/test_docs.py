@@ -74,6 +74,9 @@ def test_every_python_block_runs_as_written(
     assert done.returncode == 0, f"{path.name}:{line}\n{done.stderr}"
     if "# 1 (1,)" in code:
         assert done.stdout.strip() == "1 (1,)"
+    if "spans.jsonl" in code:  # spans go to the file, never into the command's output
+        assert "trace_id" not in done.stdout and "spans in spans.jsonl" in done.stderr
+        assert (tmp_path / "spans.jsonl").read_text(encoding="utf-8").count("trace_id") >= 5
 
 
 def test_readme_examples_run_and_fragments_are_rare() -> None:
@@ -90,6 +93,36 @@ def test_every_quick_start_command_is_a_make_target() -> None:
     makes = [c[1] for c in commands if len(c) == 2 and c[0] == "make"]
     assert {"demo", "test"} <= set(makes)
     assert set(makes) <= targets, set(makes) - targets
+
+
+def test_the_readme_set_up_puts_wakeful_on_the_path() -> None:
+    """The README's set-up block, run verbatim by ``sh`` in a shell whose PATH lacks the
+    virtualenv, makes ``wakeful`` resolve to ``.venv/bin/wakeful`` (issue 34, item 4)."""
+    text = README.read_text(encoding="utf-8")
+    section = text.split("## Set up", 1)[1]
+    setup = re.search(r"```sh\n(.*?)```", section, flags=re.S)
+    assert setup is not None, "README.md has no sh block under 'Set up'"
+    venv_bin = ROOT / ".venv" / "bin"
+    assert (venv_bin / "wakeful").exists(), "run `make venv` first"
+    bare = os.pathsep.join(
+        p
+        for p in os.environ.get("PATH", "").split(os.pathsep)
+        if p and Path(p).resolve() not in (venv_bin.resolve(), Path(sys.executable).parent)
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+    env["PATH"] = bare
+    before = subprocess.run(
+        ["sh", "-c", "command -v wakeful"], env=env, capture_output=True, text=True
+    )
+    assert before.stdout.strip() != str(venv_bin / "wakeful"), "wakeful was on the PATH already"
+    script = "set -e\n" + setup.group(1) + "command -v wakeful\n"
+    done = subprocess.run(
+        ["sh", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Usage: wakeful" in done.stdout
+    resolved = Path(done.stdout.strip().splitlines()[-1])
+    assert resolved.resolve() == (venv_bin / "wakeful").resolve(), done.stdout
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, TypedDict
 
@@ -250,7 +251,10 @@ async def test_quarantine_before_the_next_claim_keeps_the_work_parked(env: Env) 
 
 
 @pytest.mark.asyncio
-async def test_cancel_while_running_fences_the_owner_and_ends_cancelled(env: Env) -> None:
+async def test_cancel_while_running_fences_the_owner_and_ends_cancelled(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="wakeful.fleet")
     env.gates["b"] = asyncio.Event()
     env.worker("w1", concurrency=2)
     await submit(env.store, "t1", "echo", {}, dispatch_id="d1", wake=env.wake)
@@ -264,6 +268,10 @@ async def test_cancel_while_running_fences_the_owner_and_ends_cancelled(env: Env
     types = [e.type for e in await env.store.events_after("t1", 0, 1000)]
     assert types[-1] == "run.cancelled" and "run.completed" not in types
     assert (await env.dispatch("d1")).status == "done"
+    [ended] = [r for r in caplog.records if r.getMessage().startswith("dispatch d1 ended")]
+    assert "ended cancelled" in ended.getMessage(), ended.getMessage()
+    assert "the run was cancelled (user changed their mind)" in ended.getMessage()
+    assert "newer owner" not in ended.getMessage()
 
 
 @pytest.mark.asyncio
@@ -337,6 +345,32 @@ async def test_a_transient_failure_is_retried_with_the_run_recovered(env: Env) -
     assert (await env.status("t1")) == "completed"
     assert env.calls["x"] == 1, "the finished task was reused on every retry"
     assert (await env.dispatch("d1")).attempts == 3
+
+
+@pytest.mark.asyncio
+async def test_the_last_failed_attempt_says_no_attempt_is_left(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="wakeful.fleet")
+
+    def broken(state: dict[str, Any]) -> dict[str, Any]:
+        raise ProviderError("overloaded", "busy", status=529)
+
+    env.registry.add(
+        "broken", Graph(State, name="broken").node("x", broken).edge(START, "x").compile()
+    )
+    env.worker("w1")
+    await submit(env.store, "t1", "broken", {}, dispatch_id="d1", max_attempts=2, wake=env.wake)
+    await dispatch_status(env, "d1", "done")
+    assert (await env.status("t1")) == "indeterminate"
+    failed = [r.getMessage() for r in caplog.records if "failed;" in r.getMessage()]
+    assert len(failed) == 2, failed
+    assert failed[0].startswith("dispatch d1 attempt 1 of 2 failed; retrying in 0.0 s: ")
+    assert failed[1].startswith(
+        "dispatch d1 attempt 2 of 2 failed; no attempt left; its run is recorded "
+        "indeterminate in 0.0 s unless it is quarantined first (wakeful quarantine add d1): "
+    )
+    assert "retrying" not in failed[1]
 
 
 @pytest.mark.asyncio

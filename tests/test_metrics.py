@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import subprocess
 import sys
@@ -12,15 +13,38 @@ import pytest
 
 from tests.metrics_support import families, sample
 from tests.runtime_support import eventually
+from tests.server_support import ALPHA, running_api
 from wakeful import ManualClock
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.metrics import Metrics, serve_metrics
 from wakeful.runtime import START, Graph
 from wakeful.store.memory import MemoryStore
 
+WORKER_FAMILIES = {
+    "wakeful_leases",
+    "wakeful_retries",
+    "wakeful_settles",
+    "wakeful_exhausted",
+    "wakeful_stalled_runs",
+    "wakeful_stream_checkpoint_failures",
+    "wakeful_worker_running_dispatches",
+    "wakeful_queue_wait_seconds",
+    "wakeful_run_duration_seconds",
+    "wakeful_store_write_duration_seconds",
+    "wakeful_model_time_to_first_token_seconds",
+    "wakeful_model_output_tokens_per_second",
+    "wakeful_model_retries",
+    "wakeful_stream_recoveries",
+    "wakeful_tool_duration_seconds",
+}
+"""What worker processes count (leases, settles, runs, store writes, models, tools)."""
+
 
 @pytest.mark.asyncio
-async def test_a_worker_counts_leases_and_settles_and_serves_them() -> None:
+async def test_a_worker_counts_leases_and_settles_and_serves_them(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="wakeful.metrics")
     store = MemoryStore(ManualClock())
     graph = Graph({"x": None}, name="g").node("n", lambda s: {"x": 1}).edge(START, "n").compile()
     wake = LocalWake()
@@ -47,6 +71,27 @@ async def test_a_worker_counts_leases_and_settles_and_serves_them() -> None:
     text = response.split("\r\n\r\n", 1)[1]
     assert sample(text, 'wakeful_settles_total{outcome="done"}') == 1
     assert sample(text, "wakeful_leases_total") == 1
+    served = [r.getMessage() for r in caplog.records if r.name == "wakeful.metrics"]
+    assert served == [f"serving metrics at http://127.0.0.1:{port}/metrics"]
+
+
+@pytest.mark.asyncio
+async def test_a_servers_scrape_has_no_worker_metrics_and_a_workers_has_them_all() -> None:
+    store = MemoryStore()
+    async with running_api(store) as api:
+        assert await api.client(ALPHA).post("/v1/threads/t1/runs", json={"target": "echo"})
+        scrape = (await api.client(None).get("/metrics")).text
+    server = set(families(scrape))
+    assert not server & WORKER_FAMILIES, server & WORKER_FAMILIES
+    assert not [name for name in server if name.startswith("wakeful_worker_")]
+    assert {"wakeful_http_requests", "wakeful_submits", "wakeful_stale_claims"} <= server
+    assert sample(scrape, 'wakeful_submits_total{kind="start"}') == 1
+    graph = Graph({"x": None}, name="g").node("n", lambda s: {"x": 1}).edge(START, "n").compile()
+    worker = Worker(store, Registry().add("g", graph), metrics=Metrics())
+    text = worker.metrics.render()
+    assert set(families(text)) >= WORKER_FAMILIES, WORKER_FAMILIES - set(families(text))
+    assert sample(text, "wakeful_leases_total") == 0
+    assert sample(text, "wakeful_worker_running_dispatches") == 0
 
 
 def test_render_is_prometheus_text() -> None:

@@ -1,10 +1,13 @@
 """``python -m examples.messaging [--store URL] [--orders N]``: place N orders and run two
-workers (one per service, each with the relay) until every order is paid."""
+workers (one per service, each with the relay) until every order is paid. The store is
+``--store``, else ``$WAKEFUL_STORE`` (as for the ``wakeful`` command), else
+``sqlite:///messaging.db``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 
 from examples.messaging.app import registry
@@ -43,7 +46,9 @@ async def main(store_url: str, orders: int, timeout: float) -> int:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--store", default="sqlite:///messaging.db")
+    parser.add_argument(
+        "--store", default=os.environ.get("WAKEFUL_STORE") or "sqlite:///messaging.db"
+    )
     parser.add_argument("--orders", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=120.0)
     args = parser.parse_args()

@@ -5,7 +5,8 @@ An order thread (``order-<n>``) places the order and sends a message to the invo
 the model and sends a message back; that message starts a new run of the order's graph,
 which records the payment. Messages are staged in the sender's commit (the outbox), moved
 to the receiver's inbox by the relay exactly once, and consumed in the receiver's commit,
-so a crash anywhere never loses or doubles one.
+so a crash anywhere never loses or doubles one. Each side records a ``message.sent`` or
+``message.received`` event in the same commit (``wakeful threads events order-1``).
 
 Workers share one queue, so every worker registers both graphs; ``billing`` is the default
 target of a message to a thread that has no run yet."""
@@ -36,8 +37,9 @@ class Invoice(TypedDict, total=False):
 def orders_graph() -> CompiledGraph:
     def place(state: Order, ctx: NodeContext) -> dict[str, Any]:
         order_id = state["order_id"]
-        ctx.send(
-            f"invoice-{order_id}",
+        to = f"invoice-{order_id}"
+        sent = ctx.send(
+            to,
             {
                 "order_id": order_id,
                 "amount_cents": state["amount_cents"],
@@ -45,9 +47,11 @@ def orders_graph() -> CompiledGraph:
             },
             correlation_id=f"order-{order_id}",
         )
+        ctx.emit("message.sent", {"to": to, "message_id": sent})
         return {"status": "placed"}
 
-    def settle(state: Order) -> dict[str, Any]:
+    def settle(state: Order, ctx: NodeContext) -> dict[str, Any]:
+        ctx.emit("message.received", {"from": f"invoice-{state['order_id']}"})
         return {"status": "paid"}
 
     def route(state: dict[str, Any]) -> str:
@@ -75,8 +79,10 @@ def billing_graph() -> CompiledGraph:
             f"Order {state['order_id']}, {amount:.2f} EUR",
             f"note-{ctx.idempotency_key}",
         )
+        ctx.emit("message.received", {"from": state["reply_to"]})
         invoice = {"number": f"INV-{state['order_id']:05d}", "amount": amount, "note": note}
-        ctx.send(state["reply_to"], {"invoice": invoice}, correlation_id=ctx.thread_id)
+        sent = ctx.send(state["reply_to"], {"invoice": invoice}, correlation_id=ctx.thread_id)
+        ctx.emit("message.sent", {"to": state["reply_to"], "message_id": sent})
         return {"note": note}
 
     return Graph(Invoice, name="billing").node("invoice", invoice).edge(START, "invoice").compile()

@@ -1,10 +1,12 @@
 """``python -m examples.research [--store URL] [--answer yes] TOPIC``: run the research graph
-in this process; the editor's approval is asked on the terminal (or given by --answer)."""
+in this process; the editor's approval is asked on the terminal (or given by --answer). The
+store is ``--store``, else ``$WAKEFUL_STORE``, else ``sqlite:///research.db``."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import uuid
 
 from examples.research.app import build
@@ -33,7 +35,9 @@ async def main(topic: str, store_url: str, answer: str | None) -> int:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("topic", nargs="?", default="How do heat pumps work in cold climates?")
-    parser.add_argument("--store", default="sqlite:///research.db")
+    parser.add_argument(
+        "--store", default=os.environ.get("WAKEFUL_STORE") or "sqlite:///research.db"
+    )
     parser.add_argument("--answer", default=None, help="Answer the approval without asking.")
     args = parser.parse_args()
     raise SystemExit(asyncio.run(main(args.topic, args.store, args.answer)))

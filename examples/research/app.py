@@ -8,9 +8,9 @@ Every superstep is committed, so a crash in the middle of the fan-out re-runs on
 questions whose findings were not committed yet.
 
 Run it: ``python -m examples.research "How do heat pumps work in cold climates?"``
-(answers the editor's question on the terminal), or run the graph with a worker:
-``wakeful run r-1 research --input '{"topic": "..."}' --app examples.research.app:registry``
-and approve with ``wakeful resume r-1 --answers '{"<ticket>": "yes"}'``."""
+(answers the editor's question on the terminal), or with the ``wakeful`` command as
+``examples/README.md`` shows: ``wakeful run`` until the interrupt, ``wakeful resume`` with
+the answer, and a ``wakeful worker`` that continues the run."""
 
 from __future__ import annotations
 

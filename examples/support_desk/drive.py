@@ -33,6 +33,32 @@ def wait_for(
         time.sleep(0.1)
 
 
+def wait_ready(api: httpx.Client, timeout: float) -> None:
+    """Wait until the API answers ``/readyz`` (it may still be starting, as right after
+    ``wakeful serve ... &``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if api.get("/readyz").status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the API at {api.base_url} was not ready within {timeout} s")
+        time.sleep(0.1)
+
+
+def turn(message: dict[str, Any]) -> str:
+    """One line of the conversation. A turn in which the model only called tools shows its
+    calls (``assistant: calls refund({"order_id": 42})``), not a blank line."""
+    content = message.get("content")
+    calls = message.get("tool_calls") or []
+    if calls and not content:
+        shown = ", ".join(f"{c.get('name')}({c.get('arguments') or ''})" for c in calls)
+        return f"{message['role']}: calls {shown}"
+    return f"{message['role']}: {content}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("message", nargs="?", default="Please refund order 42, it arrived broken.")
@@ -43,6 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     with httpx.Client(base_url=args.api, headers=headers, timeout=30) as api:
+        wait_ready(api, args.timeout)
         body = {"target": "support", "input": args.message}
         accepted = api.post(f"/v1/threads/{args.thread}/runs", json=body)
         accepted.raise_for_status()
@@ -59,7 +86,7 @@ def main() -> None:
             view = wait_for(api, args.thread, run_id, args.timeout, set(answers))
         messages = api.get(f"/v1/threads/{args.thread}/messages").json()
         for m in messages["messages"]:
-            print(f"{m['role']}: {m['content']}")
+            print(turn(m))
         print(f"run {view['run_id']} {view['status']}")
         if view["status"] != "completed":
             raise SystemExit(1)

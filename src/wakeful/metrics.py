@@ -4,8 +4,10 @@ labels, process metrics, the text exposition format, and its multiprocess mode.
 ``Metrics`` is the set of a process's metrics, in a registry of its own (so two ``Metrics``
 never clash). The HTTP layer counts requests, submits and conflicts; a worker holding the
 same object counts leases, settles, retries, queue wait and run durations, and its runtime
-and agents record store-write latency, model and tool timings. Scrape-time gauges (queue
-depth, live workers) are computed by the caller and passed to ``render``.
+and agents record store-write latency, model and tool timings. Worker metrics are registered
+on first use or by a ``Worker`` (``Metrics.register_worker``), so a server alone does not
+show them. Scrape-time gauges (queue depth, live workers) are computed by the caller and
+passed to ``render``.
 
 Multiprocess mode: with ``PROMETHEUS_MULTIPROC_DIR`` set (before the first ``Metrics`` is
 made) every process writes its values to files there and ``render`` aggregates the files of
@@ -16,11 +18,13 @@ made, so importing this module stays cheap."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar, overload
 
+log = logging.getLogger("wakeful.metrics")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 F = TypeVar("F", bound="_Family")
@@ -183,8 +187,128 @@ class LiveGauge(_Family):
         return self._sample("", labels)
 
 
+class _WorkerMetric(Generic[F]):
+    """A metric of worker processes, defined on ``Metrics`` but registered on its first
+    use (or by ``Metrics.register_worker``): a server's ``/metrics`` then shows no lease,
+    settle or run counters it never counts. The registered family replaces this descriptor
+    in the instance's ``__dict__``, so later reads cost an attribute lookup."""
+
+    def __init__(
+        self, family: type[F], name: str, help: str, labels: Iterable[str] = (), **options: Any
+    ) -> None:
+        self.family, self.name, self.help = family, name, help
+        self.labels, self.options = tuple(labels), options
+        self.attr = name
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> _WorkerMetric[F]: ...
+    @overload
+    def __get__(self, obj: Metrics, owner: type | None = None) -> F: ...
+    def __get__(self, obj: Metrics | None, owner: type | None = None) -> F | _WorkerMetric[F]:
+        if obj is None:
+            return self
+        made = obj._register(self.family, self.name, self.help, self.labels, **self.options)
+        obj.__dict__[self.attr] = made
+        return made
+
+
 class Metrics:
-    """The process's metrics. Share one instance between the server and a worker."""
+    """The process's metrics. Share one instance between the server and a worker.
+
+    The HTTP layer's metrics (and fenced writes, which both count) are registered at once;
+    a worker's (leases, settles, retries, queue wait, runs, store writes, model and tool
+    timings) on first use, and all of them when a ``Worker`` is made
+    (``register_worker``): a process's scrape lists what it counts, not what other kinds
+    of process do."""
+
+    leases = _WorkerMetric(Counter, "wakeful_leases_total", "Dispatches leased by workers.")
+    retries = _WorkerMetric(
+        Counter, "wakeful_retries_total", "Dispatches settled for a retry by workers."
+    )
+    stream_checkpoint_failures = _WorkerMetric(
+        Counter,
+        "wakeful_stream_checkpoint_failures_total",
+        "Stream checkpoints that could not be read, written or deleted.",
+    )
+    settles = _WorkerMetric(
+        Counter,
+        "wakeful_settles_total",
+        "Dispatches settled by workers, by outcome.",
+        ("outcome",),
+    )
+    stalled_runs = _WorkerMetric(
+        Counter,
+        "wakeful_stalled_runs_total",
+        "Runs whose claim stopped being renewed because they made no progress and were "
+        "not waiting for ClaimPolicy.stall_after seconds (another worker takes them over).",
+    )
+    exhausted = _WorkerMetric(
+        Counter,
+        "wakeful_exhausted_total",
+        "Exhausted dispatches terminalised as indeterminate.",
+    )
+    commit_seconds = _WorkerMetric(
+        Histogram,
+        "wakeful_store_write_duration_seconds",
+        "Store writes (commit, claim_and_commit, claim_next, settle) by store and operation.",
+        ("store", "operation"),
+        buckets=FAST,
+    )
+    queue_wait = _WorkerMetric(
+        Histogram,
+        "wakeful_queue_wait_seconds",
+        "From a dispatch becoming available (enqueue, or a retry's due time) to its lease.",
+        ("kind",),
+        buckets=SLOW,
+    )
+    run_seconds = _WorkerMetric(
+        Histogram,
+        "wakeful_run_duration_seconds",
+        "One worker attempt at a dispatch, lease to settle, by target and outcome.",
+        ("target", "outcome"),
+        buckets=SLOW,
+    )
+    first_token = _WorkerMetric(
+        Histogram,
+        "wakeful_model_time_to_first_token_seconds",
+        "From sending a model request to its first streamed delta.",
+        ("model",),
+        buckets=FIRST_TOKEN,
+    )
+    token_rate = _WorkerMetric(
+        Histogram,
+        "wakeful_model_output_tokens_per_second",
+        "Output tokens per second of a model turn (first delta to end).",
+        ("model",),
+        buckets=TOKEN_RATE,
+    )
+    model_retries = _WorkerMetric(
+        Counter,
+        "wakeful_model_retries_total",
+        "Model stream failures retried or recovered, by error kind.",
+        ("model", "kind"),
+    )
+    recoveries = _WorkerMetric(
+        Counter,
+        "wakeful_stream_recoveries_total",
+        "Stream recovery plans used (retry, R1-R4, resumed).",
+        ("kind",),
+    )
+    tool_seconds = _WorkerMetric(
+        Histogram,
+        "wakeful_tool_duration_seconds",
+        "Tool calls that ran, by tool and outcome.",
+        ("tool", "outcome"),
+        buckets=SLOW,
+    )
+    running = _WorkerMetric(
+        LiveGauge,
+        "wakeful_worker_running_dispatches",
+        "Dispatches this worker process is running now (its live leases).",
+    )
 
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry
@@ -223,74 +347,14 @@ class Metrics:
             "wakeful_stale_claims_total",
             "Fenced writes refused because the claim token was stale (StaleClaim seen).",
         )
-        self.leases = c("wakeful_leases_total", "Dispatches leased by workers.")
-        self.retries = c("wakeful_retries_total", "Dispatches settled for a retry by workers.")
-        self.stream_checkpoint_failures = c(
-            "wakeful_stream_checkpoint_failures_total",
-            "Stream checkpoints that could not be read, written or deleted.",
-        )
-        self.settles = c(
-            "wakeful_settles_total", "Dispatches settled by workers, by outcome.", ("outcome",)
-        )
-        self.stalled_runs = c(
-            "wakeful_stalled_runs_total",
-            "Runs whose claim stopped being renewed because they made no progress and were "
-            "not waiting for ClaimPolicy.stall_after seconds (another worker takes them over).",
-        )
-        self.exhausted = c(
-            "wakeful_exhausted_total", "Exhausted dispatches terminalised as indeterminate."
-        )
         self.quarantines = c("wakeful_quarantines_total", "Dispatches quarantined by an operator.")
-        self.commit_seconds = h(
-            "wakeful_store_write_duration_seconds",
-            "Store writes (commit, claim_and_commit, claim_next, settle) by store and operation.",
-            ("store", "operation"),
-            FAST,
-        )
-        self.queue_wait = h(
-            "wakeful_queue_wait_seconds",
-            "From a dispatch becoming available (enqueue, or a retry's due time) to its lease.",
-            ("kind",),
-            SLOW,
-        )
-        self.run_seconds = h(
-            "wakeful_run_duration_seconds",
-            "One worker attempt at a dispatch, lease to settle, by target and outcome.",
-            ("target", "outcome"),
-            SLOW,
-        )
-        self.first_token = h(
-            "wakeful_model_time_to_first_token_seconds",
-            "From sending a model request to its first streamed delta.",
-            ("model",),
-            FIRST_TOKEN,
-        )
-        self.token_rate = h(
-            "wakeful_model_output_tokens_per_second",
-            "Output tokens per second of a model turn (first delta to end).",
-            ("model",),
-            TOKEN_RATE,
-        )
-        self.model_retries = c(
-            "wakeful_model_retries_total",
-            "Model stream failures retried or recovered, by error kind.",
-            ("model", "kind"),
-        )
-        self.recoveries = c(
-            "wakeful_stream_recoveries_total",
-            "Stream recovery plans used (retry, R1-R4, resumed).",
-            ("kind",),
-        )
-        self.tool_seconds = h(
-            "wakeful_tool_duration_seconds",
-            "Tool calls that ran, by tool and outcome.",
-            ("tool", "outcome"),
-            SLOW,
-        )
-        self.running = self.live_gauge(
-            "wakeful_worker_running_dispatches",
-            "Dispatches this worker process is running now (its live leases).",
-        )
+
+    def register_worker(self) -> None:
+        """Register every worker metric now, at zero, so that a worker's ``/metrics`` lists
+        them before their first use (``Worker`` calls it; idempotent)."""
+        for name, value in vars(Metrics).items():
+            if isinstance(value, _WorkerMetric):
+                getattr(self, name)
 
     def _register(
         self, family: type[F], name: str, help: str, labels: Iterable[str], **options: Any
@@ -355,8 +419,9 @@ class Metrics:
 
 async def serve_metrics(metrics: Metrics, host: str, port: int) -> asyncio.Server:
     """A minimal HTTP endpoint answering ``GET /metrics`` (for worker processes, which run
-    no web framework), served from the event loop (no thread). Close the returned server
-    to stop it."""
+    no web framework), served from the event loop (no thread). Logs one INFO line with its
+    URL (``wakeful.metrics``; port 0 shows the port bound). Close the returned server to
+    stop it."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -383,7 +448,16 @@ async def serve_metrics(metrics: Metrics, host: str, port: int) -> asyncio.Serve
         finally:
             writer.close()
 
-    return await asyncio.start_server(handle, host, port)
+    server = await asyncio.start_server(handle, host, port)
+    bound = server.sockets[0].getsockname()[1] if server.sockets else port
+    shown = f"[{host}]" if ":" in host else host
+    log.info(
+        "serving metrics at http://%s:%d/metrics",
+        shown,
+        bound,
+        extra={"url": f"http://{shown}:{bound}/metrics"},
+    )
+    return server
 
 
 __all__ = [

@@ -9,7 +9,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from wakeful.errors import WakefulError
 from wakeful.records import Checkpoint, Dispatch, Done, Outcome, Settle, ThreadSnapshot
+from wakeful.store.contract import Store
+
+CANCELLED = "cancelled: "
+"""How every store's ``cancel`` marks the open dispatches it retires (``last_error``)."""
 
 
 def foreign_tenant(snap: ThreadSnapshot, tenant: str) -> bool:
@@ -61,6 +66,33 @@ def log_end(
     )
 
 
+def next_step(d: Dispatch, delay: float) -> str:
+    """What follows a failed attempt, for its log line: another attempt, or (none left) the
+    run recorded indeterminate once ``delay`` has passed, unless an operator quarantines the
+    dispatch first (docs/operations.md)."""
+    if d.attempts < d.max_attempts:
+        return f"retrying in {delay:.1f} s"
+    return (
+        f"no attempt left; its run is recorded indeterminate in {delay:.1f} s unless it is "
+        f"quarantined first (wakeful quarantine add {d.dispatch_id})"
+    )
+
+
+async def fenced_ending(store: Store, dispatch_id: str, otherwise: str) -> tuple[str, str]:
+    """How an attempt whose claim was taken ended, for its log line: ``cancelled`` when a
+    cancel retired the dispatch (it took the thread's claim), else ``fenced`` (a newer
+    owner took it over: ``otherwise`` says how). Read only on this rare path; a failed read
+    says ``fenced``."""
+    try:
+        found = await store.get_dispatch(dispatch_id)
+    except WakefulError:
+        found = None
+    error = found.last_error if found is not None else None
+    if error is not None and error.startswith(CANCELLED):
+        return "cancelled", f"the run was cancelled ({error[len(CANCELLED) :]})"
+    return "fenced", otherwise
+
+
 def settle_done(dispatch_id: str | None) -> Settle | None:
     return None if dispatch_id is None else Settle(dispatch_id=dispatch_id, outcome=Done())
 
@@ -81,4 +113,13 @@ def run_of(
     return None
 
 
-__all__ = ["Settled", "foreign_tenant", "log_end", "log_fields", "run_of", "settle_done"]
+__all__ = [
+    "Settled",
+    "fenced_ending",
+    "foreign_tenant",
+    "log_end",
+    "log_fields",
+    "next_step",
+    "run_of",
+    "settle_done",
+]

@@ -32,9 +32,11 @@ from wakeful.errors import (
 )
 from wakeful.fleet.attempts import (
     Settled,
+    fenced_ending,
     foreign_tenant,
     log_end,
     log_fields,
+    next_step,
     run_of,
     settle_done,
 )
@@ -133,6 +135,7 @@ class Worker:
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
         self._ready = asyncio.Event()
+        self.metrics.register_worker()
         self._observe = WorkerObserver(self.store, self.metrics, self.registry, self.clock)
         for target in self.registry.targets():
             if target.agent is not None and target.agent.metrics is None:
@@ -290,7 +293,10 @@ class Worker:
         except (CheckpointWriteFailed, StaleClaim) as exc:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
-            log_end(log, d, fields, started, "fenced", f"a newer owner has it ({exc})")
+            fence, why = await fenced_ending(
+                self.store, d.dispatch_id, f"a newer owner has it ({exc})"
+            )
+            log_end(log, d, fields, started, fence, why)
             return "fenced"
         except RunYielded:
             outcome = Retry(0.0, "the worker shut down; recovering elsewhere")
@@ -309,16 +315,17 @@ class Worker:
         except StaleClaim:
             self.stats.fenced += 1
             self.metrics.stale_claims.inc()
-            log_end(log, d, fields, started, "fenced", "settled by a newer owner")
+            fence, why = await fenced_ending(self.store, d.dispatch_id, "settled by a newer owner")
+            log_end(log, d, fields, started, fence, why)
             return "fenced"
         ending = self._endings.pop(d.dispatch_id, None)
         if isinstance(outcome, Retry):
             log.warning(
-                "dispatch %s attempt %d of %d failed; retrying in %.1f s: %s",
+                "dispatch %s attempt %d of %d failed; %s: %s",
                 d.dispatch_id,
                 d.attempts,
                 d.max_attempts,
-                outcome.delay,
+                next_step(d, outcome.delay),
                 outcome.error,
                 extra={**(fields or log_fields(d)), "outcome": "retry", "reason": outcome.error},
             )
