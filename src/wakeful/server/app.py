@@ -6,7 +6,7 @@ The app does not own the store (the caller opens and closes it). See ``docs/http
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Security
@@ -21,6 +21,7 @@ from wakeful.redact import install_redaction
 from wakeful.server import apidocs, console
 from wakeful.server.access import ServerState
 from wakeful.server.auth import Authenticator
+from wakeful.server.exposure import Exposure
 from wakeful.server.feeds import Feeds
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
 from wakeful.server.problems import HANDLERS, MEDIA_TYPE
@@ -125,6 +126,7 @@ def create_app(
     queue_depth_bound: int = 10_000,
     live: LiveChannel | None = None,
     stream_poll_interval: float = 0.025,
+    allowed_hosts: Iterable[str] = (),
 ) -> FastAPI:
     """The HTTP API over ``store``.
 
@@ -139,7 +141,13 @@ def create_app(
     ``/metrics`` is scraped. ``live`` is the channel workers publish model deltas on
     (``wakeful.fleet.live``; the caller opens and closes it); without one, ``messages``
     streams follow the runs' stream checkpoints, read every ``stream_poll_interval``
-    seconds while a client streams a running thread."""
+    seconds while a client streams a running thread.
+
+    Browsers are kept out (``wakeful.server.exposure``): without tokens the server answers
+    only loopback Host names and ``allowed_hosts`` (421 otherwise: DNS rebinding), and in
+    every mode a ``POST``/``PUT``/``PATCH``/``DELETE`` whose ``Origin`` is another site's is
+    refused 403. ``allowed_hosts`` (names, ``"*"`` for any) also counts as the server's own
+    origin; with tokens, naming any turns the Host check on."""
     if max_body_bytes < 1:
         raise ValueError("max_body_bytes must be positive")
     if sse_keepalive <= 0:
@@ -148,6 +156,7 @@ def create_app(
         raise ValueError("body_timeout must be positive")
     install_redaction()
     authenticator = Authenticator(tokens)
+    exposure = Exposure(development=authenticator.development, allowed_hosts=allowed_hosts)
     if authenticator.development:
         log.warning(
             "wakeful server: NO TOKENS CONFIGURED - development mode: every request is an "
@@ -194,6 +203,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         body_timeout=body_timeout,
         templates=lambda: list(app.openapi().get("paths", {})),
+        exposure=exposure,
     )
     return app
 
