@@ -38,7 +38,8 @@ async def api(**limits: Any) -> AsyncIterator[int]:
             **limits,
         )
     )
-    await asyncio.wait({task, port}, timeout=DEADLINE, return_when=asyncio.FIRST_COMPLETED)
+    either: set[asyncio.Future[Any]] = {task, port}
+    await asyncio.wait(either, timeout=DEADLINE, return_when=asyncio.FIRST_COMPLETED)
     assert port.done(), "the server did not start"
     try:
         yield port.result()
