@@ -13,6 +13,7 @@ from fastapi import FastAPI, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPBearer
 
+from wakeful.fleet.exposure import Exposure
 from wakeful.fleet.live import LiveChannel
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
@@ -21,7 +22,6 @@ from wakeful.redact import install_redaction
 from wakeful.server import apidocs, console
 from wakeful.server.access import ServerState
 from wakeful.server.auth import Authenticator
-from wakeful.server.exposure import Exposure
 from wakeful.server.feeds import Feeds
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
 from wakeful.server.problems import HANDLERS, MEDIA_TYPE
@@ -143,7 +143,7 @@ def create_app(
     streams follow the runs' stream checkpoints, read every ``stream_poll_interval``
     seconds while a client streams a running thread.
 
-    Browsers are kept out (``wakeful.server.exposure``): without tokens the server answers
+    Browsers are kept out (``wakeful.fleet.exposure``): without tokens the server answers
     only loopback Host names and ``allowed_hosts`` (421 otherwise: DNS rebinding), and in
     every mode a ``POST``/``PUT``/``PATCH``/``DELETE`` whose ``Origin`` is another site's is
     refused 403. ``allowed_hosts`` (names, ``"*"`` for any) also counts as the server's own

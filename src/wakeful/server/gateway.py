@@ -1,5 +1,5 @@
 """The ASGI middleware every request passes, in this order: metrics (outermost, so every
-answer is counted), the Host and Origin rules (``wakeful.server.exposure``: 421, 400 or
+answer is counted), the Host and Origin rules (``wakeful.fleet.exposure``: 421, 400 or
 403), authentication (before any body is read), the body bounds (413 for a
 body too large, 408 for one that does not arrive in time), the JSON bounds of a JSON body
 (422: no NaN or infinity, at most ``MAX_JSON_DEPTH`` levels, UTF-8), and a last-resort guard
@@ -20,9 +20,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from wakeful import telemetry
 from wakeful.errors import InvalidInput
+from wakeful.fleet.exposure import Exposure
 from wakeful.metrics import Metrics
 from wakeful.server.auth import Authenticator, Caller
-from wakeful.server.exposure import Exposure
 from wakeful.server.problems import problem, problem_for, validation_problem
 from wakeful.store.validate import MAX_JSON_DEPTH, check_json
 
