@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from wakeful.fleet.serving import ACCEPT_ERROR, throttle_accept_errors
+from wakeful.fleet.serving import ACCEPT_ERROR, accept_throttle
 from wakeful.server.runner import run_server
 
 DEADLINE = 20.0
@@ -115,7 +115,7 @@ async def test_connections_over_the_cap_are_closed_and_the_server_recovers() -> 
 async def test_the_accept_error_is_logged_once_per_interval(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    throttle = throttle_accept_errors()
+    throttle = accept_throttle()
     now = [1000.0]
     throttle.clock = lambda: now[0]
     throttle._last, throttle.dropped = None, 0

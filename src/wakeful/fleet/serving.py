@@ -18,7 +18,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-_cap_log = logging.getLogger("wakeful.server")
+_cap_log = logging.getLogger("wakeful.fleet.serving")
 
 
 class ReadyServer(uvicorn.Server):
@@ -50,23 +50,38 @@ FD_RESERVE = 128
 """File descriptors kept out of the connection cap: the store, logs, the listening sockets,
 the wake and live channels."""
 ACCEPT_ERROR = "socket.accept() out of system resource"
+CAP_WARNING = "closed a new connection: the open ones are at the cap"
 THROTTLE_SECONDS = 10.0
 
 
-def connection_cap(requested: int = DEFAULT_MAX_CONNECTIONS) -> int:
-    """``requested``, lowered so the open connections cannot use up the process's file
-    descriptors (the soft ``RLIMIT_NOFILE`` less ``FD_RESERVE``, but not under 16)."""
-    if requested < 1:
-        raise ValueError("max_connections must be positive")
+def _soft_fd_limit() -> int | None:
     try:
         import resource
 
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, OSError, ValueError):  # pragma: no cover - not a POSIX system
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def accept_backlog() -> int:
+    """The listen backlog, which is also how many connections asyncio accepts in one burst
+    before any of them is seen by the protocol (and can be closed by the cap): uvicorn's
+    2048, lowered to an eighth of the soft ``RLIMIT_NOFILE`` (at least 64)."""
+    soft = _soft_fd_limit()
+    return 2048 if soft is None else max(64, min(2048, soft // 8))
+
+
+def connection_cap(requested: int = DEFAULT_MAX_CONNECTIONS) -> int:
+    """``requested``, lowered so the open connections cannot use up the process's file
+    descriptors: the soft ``RLIMIT_NOFILE`` less ``FD_RESERVE`` and less one accept burst
+    (``accept_backlog``), but not under 16."""
+    if requested < 1:
+        raise ValueError("max_connections must be positive")
+    soft = _soft_fd_limit()
+    if soft is None:
         return requested
-    if soft == resource.RLIM_INFINITY:
-        return requested
-    return min(requested, max(16, soft - FD_RESERVE))
+    return min(requested, max(16, soft - FD_RESERVE - accept_backlog()))
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -82,10 +97,7 @@ class GuardedH11Protocol(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         if len(self.connections) > self.max_connections:
-            _cap_log.warning(
-                "closed a new connection: %d are open, the cap (max_connections)",
-                self.max_connections,
-            )
+            _cap_log.warning(CAP_WARNING + " (%d, max_connections)", self.max_connections)
             transport.abort()
             return
         self._arm()
@@ -155,6 +167,7 @@ def server_config(
         host=host,
         port=port,
         http=guarded_protocol(header_timeout, max_connections),
+        backlog=accept_backlog(),
         lifespan="off",
         **options,
     )
@@ -195,14 +208,26 @@ class Throttle(logging.Filter):
         return True
 
 
-def throttle_accept_errors() -> Throttle:
-    """Install (once) the ``Throttle`` of asyncio's ``socket.accept() out of system
-    resource`` error: when the process runs out of file descriptors, asyncio logs it with a
-    traceback at every accept attempt (millions of lines)."""
-    logger = logging.getLogger("asyncio")
-    for existing in logger.filters:
-        if isinstance(existing, Throttle) and existing.prefix == ACCEPT_ERROR:
-            return existing
-    throttle = Throttle(ACCEPT_ERROR)
-    logger.addFilter(throttle)
-    return throttle
+def throttle_accept_errors() -> None:
+    """Install (once) a ``Throttle`` on the lines a flood of connections makes: asyncio's
+    ``socket.accept() out of system resource`` (logged with a traceback at every accept
+    attempt once the process is out of file descriptors, millions of lines), the accept
+    retries it schedules that fail once the server has closed, and the cap's warning."""
+    for name, prefix in (
+        ("asyncio", ACCEPT_ERROR),
+        ("asyncio", "Exception in callback BaseSelectorEventLoop._start_serving"),
+        (_cap_log.name, CAP_WARNING),
+    ):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, Throttle) and f.prefix == prefix for f in logger.filters):
+            logger.addFilter(Throttle(prefix))
+
+
+def accept_throttle() -> Throttle:
+    """The installed ``Throttle`` of the accept error (installing it if needed)."""
+    throttle_accept_errors()
+    return next(
+        f
+        for f in logging.getLogger("asyncio").filters
+        if isinstance(f, Throttle) and f.prefix == ACCEPT_ERROR
+    )
