@@ -136,6 +136,7 @@ async def test_development_mode_answers_loopback_and_configured_host_names_only(
         assert r.headers["content-type"] == "application/problem+json"
         assert r.json()["type"] == "urn:wakeful:problem:host-not-allowed"
         assert await _observed(store) == before
+        assert (await api.client(None).get("/healthz", headers={"Host": "10.0.0.7"})).is_success
         # A rebinding page has the same origin as its Host: the Host rule is what stops it.
         r = await api.client(None).get(
             "/console/", headers={"Host": "evil.example", "Origin": "http://evil.example"}

@@ -109,8 +109,12 @@ class Exposure:
         self.allowed = check_allowed_hosts(allowed_hosts)
         self.check_host = (development or bool(self.allowed)) and ANY_HOST not in self.allowed
 
-    def refusal(self, method: str, headers: Iterable[tuple[bytes, bytes]]) -> Refusal | None:
-        """Why a request with ``method`` and raw ASGI ``headers`` is refused, or ``None``."""
+    def refusal(
+        self, method: str, headers: Iterable[tuple[bytes, bytes]], *, probe: bool = False
+    ) -> Refusal | None:
+        """Why a request with ``method`` and raw ASGI ``headers`` is refused, or ``None``.
+        A ``probe`` (a health check: nothing to read, nothing to change) skips the Host
+        rule, so load balancers and orchestrators may probe by address."""
         host_header: str | None = None
         origin: str | None = None
         for name, value in headers:
@@ -119,7 +123,7 @@ class Exposure:
             elif name == b"origin" and origin is None:
                 origin = value.decode("latin-1")
         host = split_host(host_header) if host_header is not None else None
-        if self.check_host:
+        if self.check_host and not probe:
             if host is None:
                 return Refusal(
                     400,
@@ -167,8 +171,12 @@ class Exposure:
         return (name, port or default) == (host[0], host[1] or default)
 
 
+PROBES = frozenset(("/healthz", "/readyz"))
+"""The health-check paths of wakeful's services (``probe=True``)."""
+
 __all__ = [
     "ANY_HOST",
+    "PROBES",
     "STATE_CHANGING",
     "Exposure",
     "Refusal",

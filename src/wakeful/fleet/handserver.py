@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from starlette.exceptions import HTTPException
 
 from wakeful.errors import InvalidInput, InvalidState, NotFound, WakefulError
-from wakeful.fleet.exposure import Exposure
+from wakeful.fleet.exposure import PROBES, Exposure
 from wakeful.fleet.hand import HandConflict, HandService, UnknownTool
 from wakeful.fleet.serving import (
     DEFAULT_HEADER_TIMEOUT,
@@ -108,10 +108,11 @@ class HandGate:
 
     def _refusal(self, scope: Any) -> JSONResponse | None:
         headers = scope.get("headers", ())
-        refused = self.exposure.refusal(str(scope.get("method", "")), headers)
+        path = str(scope.get("path", ""))
+        refused = self.exposure.refusal(str(scope.get("method", "")), headers, probe=path in PROBES)
         if refused is not None:
             return problem(refused.status, refused.slug, refused.title, refused.detail)
-        if not str(scope.get("path", "")).startswith("/v1/"):
+        if not path.startswith("/v1/"):
             return None
         authorization = next(
             (v.decode("latin-1") for n, v in headers if n == b"authorization"), None

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from wakeful import telemetry
 from wakeful.errors import InvalidInput
-from wakeful.fleet.exposure import Exposure
+from wakeful.fleet.exposure import PROBES, Exposure
 from wakeful.metrics import Metrics
 from wakeful.server.auth import Authenticator, Caller
 from wakeful.server.problems import problem, problem_for, validation_problem
@@ -90,7 +90,8 @@ class Gateway:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, status: list[int]) -> None:
         path = str(scope.get("path", ""))
-        refused = self.exposure.refusal(str(scope.get("method", "")), scope.get("headers", ()))
+        method = str(scope.get("method", ""))
+        refused = self.exposure.refusal(method, scope.get("headers", ()), probe=path in PROBES)
         if refused is not None:
             answer = problem(
                 refused.status, refused.slug, refused.detail, title=refused.title, instance=path
