@@ -160,3 +160,27 @@ def test_allowed_hosts_are_names() -> None:
     for bad in ("http://api.example.com", "api.example.com:8000", "a b", ""):
         with pytest.raises(ValueError, match="is not a host name"):
             create_app(MemoryStore(), tokens=TOKENS, allowed_hosts=[bad])
+
+
+@pytest.mark.parametrize(
+    ("host", "origin", "own"),
+    [
+        ("example.com", "https://example.com", True),  # the scheme's default port
+        ("example.com:8443", "https://example.com:8443", True),
+        ("Example.COM", "https://example.com", True),
+        ("[::1]:8000", "http://[::1]:8000", True),
+        ("example.com", "http://example.com:443", False),
+        ("example.com:8000", "http://example.com:8001", False),
+        ("example.com", "http://example.com.evil.example", False),
+        ("example.com", "null", False),
+        ("example.com", "file://", False),
+        ("example.com", "http://exa mple.com", False),
+    ],
+)
+def test_the_servers_own_origin(host: str, origin: str, own: bool) -> None:
+    from wakeful.fleet.exposure import Exposure
+
+    headers = [(b"host", host.encode()), (b"origin", origin.encode())]
+    refused = Exposure(development=False).refusal("DELETE", headers)
+    assert (refused is None) == own
+    assert Exposure(development=False).refusal("GET", headers) is None  # reads: CORS's job
