@@ -46,7 +46,9 @@ dispatches; and the operator routes for quarantined work. A web console is serve
 Routes under `/v1` need `Authorization: Bearer <token>`; a token maps to a tenant, and a
 thread of another tenant is reported as missing (404). Tokens of tenant `*` are operators.
 With no token configured the server runs in **development mode**: every request is an
-operator without a tenant. Errors are RFC 7807 problem documents (`application/problem+json`).
+operator without a tenant, and only loopback Host names are answered (421 otherwise). In
+every mode a `POST`, `PUT`, `PATCH` or `DELETE` sent from another web origin is refused (403).
+Errors are RFC 7807 problem documents (`application/problem+json`).
 """
 
 bearer = HTTPBearer(
