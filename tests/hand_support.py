@@ -55,11 +55,14 @@ class Effects:
 
 
 @asynccontextmanager
-async def running_hand(ledger: Path, effects: Effects) -> AsyncIterator[tuple[str, HandService]]:
-    """The hand service on an ephemeral port of 127.0.0.1, in this event loop."""
+async def running_hand(
+    ledger: Path, effects: Effects, **app_options: Any
+) -> AsyncIterator[tuple[str, HandService]]:
+    """The hand service on an ephemeral port of 127.0.0.1, in this event loop
+    (``app_options`` go to ``create_app``: tokens, allowed hosts)."""
     service = HandService(ledger, effects.tools())
     config = uvicorn.Config(
-        create_app(service),
+        create_app(service, **app_options),
         host="127.0.0.1",
         port=0,
         log_config=None,

@@ -170,6 +170,26 @@ def test_a_port_in_use_is_one_error_line(url: str) -> None:
         assert hand.returncode == 4 and "cannot listen" in error_line(hand)
 
 
+def test_serving_the_network_without_tokens_is_refused(tmp_path: Path) -> None:
+    port, nowhere = str(free_port()), "foo://x"  # a store that ends the command if it is reached
+    done = cli("serve", "--host", "0.0.0.0", "--port", port, "--store", nowhere)
+    assert done.returncode == 2, done.stderr
+    line = error_line(done)
+    assert "without tokens" in line and "--allow-unauthenticated-network" in line
+    hand = cli("hand", "serve", "--ledger", str(tmp_path / "h.db"), "--tools",
+               "tests.cli_app:hand_tools", "--host", "0.0.0.0", "--port", port)  # fmt: skip
+    assert hand.returncode == 2 and "refusing to serve the hand" in error_line(hand)
+    assert not (tmp_path / "h.db").exists()
+    allowed = cli("serve", "--host", "0.0.0.0", "--port", port, "--allow-unauthenticated-network",
+                  "--store", nowhere)  # fmt: skip
+    assert allowed.returncode == 6 and "unknown scheme" in error_line(allowed)
+    tokens = tmp_path / "tokens.json"
+    tokens.write_text('{"operator-token-1": "*"}', encoding="utf-8")
+    with_tokens = cli("serve", "--host", "::", "--port", port, "--tokens", str(tokens),
+                      "--allowed-host", "http://api.example.com")  # fmt: skip
+    assert with_tokens.returncode == 2 and "--allowed-host" in error_line(with_tokens)
+
+
 def test_postgres_that_is_unreachable_or_refuses_is_told_apart() -> None:
     postgres_dsn()  # skips (or fails under WAKEFUL_REQUIRE_SERVICES) without a server
     host, user = POSTGRES_HOST, POSTGRES_USER

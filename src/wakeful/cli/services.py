@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any
 
 import click
@@ -19,6 +19,7 @@ from wakeful.cli.apps import load_registry, load_tools
 from wakeful.cli.common import (
     EXIT_CONFLICT,
     EXIT_FAILED,
+    EXIT_USAGE,
     console,
     describe_url,
     emit,
@@ -137,6 +138,60 @@ def startup_failure(what: str, host: str, port: int) -> Iterator[None]:
         if exc.code in (0, None):
             raise
         fail(f"{what} could not start on {host}:{port} (see the log above)", EXIT_CONFLICT)
+
+
+EXPOSURE_OPTIONS = (
+    click.option(
+        "--allowed-host",
+        "allowed_hosts",
+        multiple=True,
+        metavar="NAME",
+        help="A Host name this server answers besides the loopback ones when it has no tokens "
+        "(repeatable; '*' for any), also accepted as the server's own Origin.",
+    ),
+    click.option(
+        "--allow-unauthenticated-network",
+        is_flag=True,
+        help="Listen on a non-loopback --host without tokens: anyone who reaches it has every "
+        "right. Without this flag that is refused.",
+    ),
+    click.option(
+        "--header-timeout",
+        default=10.0,
+        show_default=True,
+        type=click.FloatRange(min=0, min_open=True),
+        help="Seconds a connection may take to send its request headers; then it is closed.",
+    ),
+    click.option(
+        "--max-connections",
+        default=2048,
+        show_default=True,
+        type=click.IntRange(min=1),
+        help="Connections open at once (lowered to fit the process's file descriptor limit); "
+        "more are closed when accepted.",
+    ),
+)
+
+
+def exposure_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(EXPOSURE_OPTIONS):
+        fn = option(fn)
+    return fn
+
+
+def check_exposure(what: str, host: str, tokens: Mapping[str, str], allow: bool) -> None:
+    """Refuse (one line, exit 2) to serve without tokens on an address other than loopback,
+    unless ``--allow-unauthenticated-network``: every caller would have every right."""
+    from wakeful.fleet.exposure import is_loopback
+
+    if tokens or allow or is_loopback(host.strip().strip("[]").lower()):
+        return
+    fail(
+        f"refusing to serve {what} on {host or 'every interface'} without tokens: anyone who "
+        f"can reach it could use it; configure tokens, listen on 127.0.0.1, or pass "
+        f"--allow-unauthenticated-network (and --allowed-host NAME for the names clients use)",
+        EXIT_USAGE,
+    )
 
 
 async def until_signalled(*tasks: Awaitable[Any]) -> None:
@@ -381,6 +436,7 @@ async def relay(store: str | None, drain: bool, ttl: float, as_json: bool) -> No
     help="Seconds a request body may take to arrive; later it is answered 408.",
 )
 @live_options
+@exposure_options
 def serve(
     store: str | None,
     app: str | None,
@@ -390,14 +446,21 @@ def serve(
     body_timeout: float,
     live: str,
     live_url: str | None,
+    allowed_hosts: tuple[str, ...],
+    allow_unauthenticated_network: bool,
+    header_timeout: float,
+    max_connections: int,
 ) -> None:
     """Serve the HTTP API until SIGTERM or SIGINT (OpenAPI at /openapi.json, docs at /docs,
     the web console at /console/)."""
+    from wakeful.fleet.exposure import check_allowed_hosts
     from wakeful.server import load_tokens
     from wakeful.server import serve as serve_api
 
     registry = load_registry(app) if app else None
     table_of_tokens = load_tokens(tokens)
+    check_exposure("the HTTP API", host, table_of_tokens, allow_unauthenticated_network)
+    names = _allowed_hosts(allowed_hosts, check_allowed_hosts)
     url = store_url(store)
     live_url = _live_url(live, live_url, url)
     check_port(host, port)
@@ -413,7 +476,17 @@ def serve(
             live=live,
             live_url=live_url,
             log_level=level if level in ("debug", "info", "warning", "error") else "info",
+            allowed_hosts=names,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
         )
+
+
+def _allowed_hosts(names: tuple[str, ...], check: Callable[[tuple[str, ...]], Any]) -> Any:
+    try:
+        return check(names)
+    except ValueError as exc:
+        fail(f"--allowed-host: {exc}", EXIT_USAGE)
 
 
 @click.group()
@@ -432,14 +505,46 @@ def hand() -> None:
 )
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=8100, show_default=True, help="Port to listen on.")
-def hand_serve(ledger: str, tools: str, host: str, port: int) -> None:
+@click.option(
+    "--tokens",
+    default=None,
+    metavar="PATH",
+    help="JSON file of bearer token -> name, as for serve (default: $WAKEFUL_HAND_TOKENS; "
+    "none: no authentication, loopback only).",
+)
+@exposure_options
+def hand_serve(
+    ledger: str,
+    tools: str,
+    host: str,
+    port: int,
+    tokens: str | None,
+    allowed_hosts: tuple[str, ...],
+    allow_unauthenticated_network: bool,
+    header_timeout: float,
+    max_connections: int,
+) -> None:
     """Execute registered tools for remote callers, once per operation id."""
-    from wakeful.fleet.handserver import serve_hand
+    from wakeful.fleet.exposure import check_allowed_hosts
+    from wakeful.fleet.handserver import HAND_TOKENS, serve_hand
+    from wakeful.fleet.tokens import load_tokens
 
+    table_of_tokens = load_tokens(tokens, variable=HAND_TOKENS)
+    check_exposure("the hand", host, table_of_tokens, allow_unauthenticated_network)
+    names = _allowed_hosts(allowed_hosts, check_allowed_hosts)
     mapping = load_tools(tools)
     check_port(host, port)
     with startup_failure("the hand", host, port):
-        serve_hand(ledger, mapping, host, port)
+        serve_hand(
+            ledger,
+            mapping,
+            host,
+            port,
+            tokens=table_of_tokens,
+            allowed_hosts=names,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
+        )
 
 
 @click.command()

@@ -295,13 +295,16 @@ class RemoteHand:
 
     ``timeout`` bounds each attempt (a tool that runs longer is not run twice: the retry
     waits for the running call). Pass ``client`` to share an ``httpx.AsyncClient`` (it is
-    not closed here); otherwise one is made and ``aclose`` closes it."""
+    not closed here); otherwise one is made and ``aclose`` closes it. ``token`` is sent
+    as ``Authorization: Bearer <token>`` (a hand with tokens refuses calls without one:
+    ``HandRejected`` 401, the tool did not run)."""
 
     def __init__(
         self,
         base_url: str,
         *,
         client: httpx.AsyncClient | None = None,
+        token: str | None = None,
         timeout: float = 60.0,
         attempts: int = 4,
         backoff: float = 0.2,
@@ -319,6 +322,7 @@ class RemoteHand:
         self.max_backoff = max_backoff
         self.recovery_window = recovery_window
         self._owns_client = client is None
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._client = client if client is not None else httpx.AsyncClient(timeout=timeout)
         self.sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
         self.monotonic: Callable[[], float] = time.monotonic
@@ -378,7 +382,7 @@ class RemoteHand:
     ) -> httpx.Response | _Lost:
         try:
             response = await self._client.request(
-                method, self.base_url + path, json=body, timeout=timeout
+                method, self.base_url + path, json=body, timeout=timeout, headers=self._headers
             )
         except NOT_SENT as exc:
             return _Lost(False, _describe(exc))

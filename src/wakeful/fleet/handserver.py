@@ -11,6 +11,14 @@ Routes:
   ``done``, ``error`` or ``indeterminate``), or 404.
 - ``GET /healthz``: 200 when the ledger answers.
 
+Who may call it (decision 0034): with ``tokens`` (the API's scheme, ``wakeful.fleet.tokens``;
+``wakeful hand serve`` reads ``--tokens`` or ``WAKEFUL_HAND_TOKENS``) every ``/v1/`` route
+needs ``Authorization: Bearer <token>`` (401); without, anyone who reaches it may run every
+tool and read every recorded call, so it answers loopback Host names (and
+``allowed_hosts``) only. In every mode a ``POST`` from another web origin is refused 403 and
+``POST /v1/calls`` takes ``application/json`` only (415), so no web page can make it run a
+tool.
+
 Errors are RFC 9457 problem documents (``application/problem+json``) with ``type``,
 ``title``, ``status``, ``detail`` and, where it applies, ``operation_id`` and ``errors``.
 """
@@ -19,12 +27,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pydantic
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -32,13 +39,23 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from starlette.exceptions import HTTPException
 
 from wakeful.errors import InvalidInput, InvalidState, NotFound, WakefulError
+from wakeful.fleet.exposure import PROBES, Exposure
 from wakeful.fleet.hand import HandConflict, HandService, UnknownTool
-from wakeful.fleet.serving import ReadyServer
+from wakeful.fleet.serving import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    ReadyServer,
+    server_config,
+)
+from wakeful.fleet.tokens import Authenticator, Caller
 from wakeful.ids import check_id
 
 log = logging.getLogger("wakeful.fleet.handserver")
 
 MAX_BODY_BYTES = 2 * 1024 * 1024
+HAND_TOKENS = "WAKEFUL_HAND_TOKENS"
+"""The environment variable of the hand's tokens (``token=name,...``): not the API's
+``WAKEFUL_TOKENS``, so a tenant's API token does not also run tools."""
 PROBLEM = "application/problem+json"
 
 
@@ -68,6 +85,49 @@ class _BodyTooLarge(Exception):
     pass
 
 
+class _NotJson(Exception):
+    pass
+
+
+class HandGate:
+    """Pure ASGI middleware: the Host and Origin rules (``wakeful.fleet.exposure``), then
+    the bearer token of every ``/v1/`` route."""
+
+    def __init__(self, app: Any, *, authenticator: Authenticator, exposure: Exposure) -> None:
+        self.app = app
+        self.authenticator = authenticator
+        self.exposure = exposure
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refused = self._refusal(scope)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Any) -> JSONResponse | None:
+        headers = scope.get("headers", ())
+        path = str(scope.get("path", ""))
+        refused = self.exposure.refusal(str(scope.get("method", "")), headers, probe=path in PROBES)
+        if refused is not None:
+            return problem(refused.status, refused.slug, refused.title, refused.detail)
+        if not path.startswith("/v1/"):
+            return None
+        authorization = next(
+            (v.decode("latin-1") for n, v in headers if n == b"authorization"), None
+        )
+        caller = self.authenticator.resolve(authorization)
+        if isinstance(caller, Caller):
+            return None
+        detail = "send Authorization: Bearer <token>"
+        if caller == "invalid":
+            detail = "the bearer token is not valid"
+        answer = problem(401, "unauthenticated", "Unauthenticated", detail)
+        answer.headers["WWW-Authenticate"] = "Bearer"
+        return answer
+
+
 def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> JSONResponse:
     body = {"type": f"urn:wakeful:problem:{slug}", "title": title, "status": status}
     body["detail"] = detail
@@ -89,9 +149,26 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(service: HandService, *, max_body: int = MAX_BODY_BYTES) -> FastAPI:
-    """The hand's HTTP application. It does not close ``service``."""
+def create_app(
+    service: HandService,
+    *,
+    max_body: int = MAX_BODY_BYTES,
+    tokens: Mapping[str, str] | None = None,
+    allowed_hosts: Iterable[str] = (),
+) -> FastAPI:
+    """The hand's HTTP application. It does not close ``service``. ``tokens`` maps bearer
+    tokens to names (the API's format; the names are not used); ``None`` or empty: no
+    authentication, loopback Host names and ``allowed_hosts`` only (see the module
+    docstring)."""
+    authenticator = Authenticator(tokens)
+    if authenticator.development:
+        log.warning(
+            "wakeful hand: NO TOKENS CONFIGURED - anyone who reaches it may run every tool "
+            "and read every call. Configure WAKEFUL_HAND_TOKENS before exposing it."
+        )
     app = FastAPI(title="wakeful hand", version="1", docs_url=None, redoc_url=None)
+    exposure = Exposure(development=authenticator.development, allowed_hosts=allowed_hosts)
+    app.add_middleware(HandGate, authenticator=authenticator, exposure=exposure)
 
     @app.post(
         "/v1/calls",
@@ -104,6 +181,9 @@ def create_app(service: HandService, *, max_body: int = MAX_BODY_BYTES) -> FastA
         },
     )
     async def post_call(request: Request) -> JSONResponse:
+        media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            raise _NotJson
         call = CallRequest.model_validate_json(await _read_body(request, max_body))
         outcome = await service.execute(call.operation_id, call.tool, call.arguments)
         return JSONResponse(outcome.to_json())
@@ -123,6 +203,12 @@ def create_app(service: HandService, *, max_body: int = MAX_BODY_BYTES) -> FastA
     @app.exception_handler(_BodyTooLarge)
     async def too_large(request: Request, exc: _BodyTooLarge) -> JSONResponse:
         return problem(413, "too-large", "Body too large", f"the limit is {max_body} bytes")
+
+    @app.exception_handler(_NotJson)
+    async def not_json(request: Request, exc: _NotJson) -> JSONResponse:
+        return problem(
+            415, "unsupported-media-type", "Unsupported media type", "send application/json"
+        )
 
     @app.exception_handler(pydantic.ValidationError)
     async def invalid_body(request: Request, exc: pydantic.ValidationError) -> JSONResponse:
@@ -177,14 +263,25 @@ async def run_hand(
     *,
     on_ready: Callable[[str, int], None] | None = None,
     log_level: str = "info",
+    tokens: Mapping[str, str] | None = None,
+    allowed_hosts: Iterable[str] = (),
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> None:
     """Run the hand service until uvicorn stops (SIGINT / SIGTERM); ``on_ready(host, port)``
     is called once it listens (``port=0`` picks a free port). The ledger is closed after
-    the running calls finish."""
+    the running calls finish. ``tokens`` and ``allowed_hosts``: see ``create_app``;
+    ``header_timeout`` and ``max_connections``: ``wakeful.fleet.serving.server_config``."""
     service = HandService(ledger_path, tools)
     try:
-        config = uvicorn.Config(
-            create_app(service), host=host, port=port, log_level=log_level, lifespan="off"
+        app = create_app(service, tokens=tokens, allowed_hosts=allowed_hosts)
+        config = server_config(
+            app,
+            host=host,
+            port=port,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
+            log_level=log_level,
         )
         server = ReadyServer(config)
         serving = asyncio.create_task(server.serve())
@@ -206,6 +303,23 @@ def serve_hand(
     *,
     on_ready: Callable[[str, int], None] | None = None,
     log_level: str = "info",
+    tokens: Mapping[str, str] | None = None,
+    allowed_hosts: Iterable[str] = (),
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> None:
     """Blocking: run the hand service in a fresh event loop (``wakeful hand serve``)."""
-    asyncio.run(run_hand(ledger_path, tools, host, port, on_ready=on_ready, log_level=log_level))
+    asyncio.run(
+        run_hand(
+            ledger_path,
+            tools,
+            host,
+            port,
+            on_ready=on_ready,
+            log_level=log_level,
+            tokens=tokens,
+            allowed_hosts=allowed_hosts,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
+        )
+    )

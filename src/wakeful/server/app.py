@@ -6,13 +6,14 @@ The app does not own the store (the caller opens and closes it). See ``docs/http
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI, Security
 from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPBearer
 
+from wakeful.fleet.exposure import Exposure
 from wakeful.fleet.live import LiveChannel
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
@@ -45,7 +46,9 @@ dispatches; and the operator routes for quarantined work. A web console is serve
 Routes under `/v1` need `Authorization: Bearer <token>`; a token maps to a tenant, and a
 thread of another tenant is reported as missing (404). Tokens of tenant `*` are operators.
 With no token configured the server runs in **development mode**: every request is an
-operator without a tenant. Errors are RFC 7807 problem documents (`application/problem+json`).
+operator without a tenant, and only loopback Host names are answered (421 otherwise). In
+every mode a `POST`, `PUT`, `PATCH` or `DELETE` sent from another web origin is refused (403).
+Errors are RFC 7807 problem documents (`application/problem+json`).
 """
 
 bearer = HTTPBearer(
@@ -125,6 +128,7 @@ def create_app(
     queue_depth_bound: int = 10_000,
     live: LiveChannel | None = None,
     stream_poll_interval: float = 0.025,
+    allowed_hosts: Iterable[str] = (),
 ) -> FastAPI:
     """The HTTP API over ``store``.
 
@@ -139,7 +143,13 @@ def create_app(
     ``/metrics`` is scraped. ``live`` is the channel workers publish model deltas on
     (``wakeful.fleet.live``; the caller opens and closes it); without one, ``messages``
     streams follow the runs' stream checkpoints, read every ``stream_poll_interval``
-    seconds while a client streams a running thread."""
+    seconds while a client streams a running thread.
+
+    Browsers are kept out (``wakeful.fleet.exposure``): without tokens the server answers
+    only loopback Host names and ``allowed_hosts`` (421 otherwise: DNS rebinding), and in
+    every mode a ``POST``/``PUT``/``PATCH``/``DELETE`` whose ``Origin`` is another site's is
+    refused 403. ``allowed_hosts`` (names, ``"*"`` for any) also counts as the server's own
+    origin; with tokens, naming any turns the Host check on."""
     if max_body_bytes < 1:
         raise ValueError("max_body_bytes must be positive")
     if sse_keepalive <= 0:
@@ -148,6 +158,7 @@ def create_app(
         raise ValueError("body_timeout must be positive")
     install_redaction()
     authenticator = Authenticator(tokens)
+    exposure = Exposure(development=authenticator.development, allowed_hosts=allowed_hosts)
     if authenticator.development:
         log.warning(
             "wakeful server: NO TOKENS CONFIGURED - development mode: every request is an "
@@ -194,6 +205,7 @@ def create_app(
         max_body_bytes=max_body_bytes,
         body_timeout=body_timeout,
         templates=lambda: list(app.openapi().get("paths", {})),
+        exposure=exposure,
     )
     return app
 

@@ -1,5 +1,6 @@
 """The ASGI middleware every request passes, in this order: metrics (outermost, so every
-answer is counted), authentication (before any body is read), the body bounds (413 for a
+answer is counted), the Host and Origin rules (``wakeful.fleet.exposure``: 421, 400 or
+403), authentication (before any body is read), the body bounds (413 for a
 body too large, 408 for one that does not arrive in time), the JSON bounds of a JSON body
 (422: no NaN or infinity, at most ``MAX_JSON_DEPTH`` levels, UTF-8), and a last-resort guard
 that turns an unhandled error into a generic 500 problem."""
@@ -19,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from wakeful import telemetry
 from wakeful.errors import InvalidInput
+from wakeful.fleet.exposure import PROBES, Exposure
 from wakeful.metrics import Metrics
 from wakeful.server.auth import Authenticator, Caller
 from wakeful.server.problems import problem, problem_for, validation_problem
@@ -46,9 +48,11 @@ class Gateway:
         max_body_bytes: int,
         body_timeout: float,
         templates: Callable[[], list[str]],
+        exposure: Exposure | None = None,
     ) -> None:
         self.app = app
         self.authenticator = authenticator
+        self.exposure = exposure or Exposure(development=authenticator.development)
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
@@ -86,6 +90,14 @@ class Gateway:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send, status: list[int]) -> None:
         path = str(scope.get("path", ""))
+        method = str(scope.get("method", ""))
+        refused = self.exposure.refusal(method, scope.get("headers", ()), probe=path in PROBES)
+        if refused is not None:
+            answer = problem(
+                refused.status, refused.slug, refused.detail, title=refused.title, instance=path
+            )
+            await answer(scope, receive, send)
+            return
         if path.startswith(PROTECTED_PREFIX):
             caller = self._authenticate(scope)
             if isinstance(caller, Response):

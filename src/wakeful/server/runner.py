@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
-from collections.abc import Callable, Mapping
-
-import uvicorn
+from collections.abc import Callable, Iterable, Mapping
 
 from wakeful.fleet.livechannels import open_live
 from wakeful.fleet.registry import Registry
-from wakeful.fleet.serving import ReadyServer
+from wakeful.fleet.serving import (
+    DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS,
+    ReadyServer,
+    server_config,
+)
 from wakeful.fleet.wake import Wake
 from wakeful.redact import install_redaction
 from wakeful.server.app import (
@@ -64,6 +67,9 @@ async def run_server(
     stop: asyncio.Event | None = None,
     live: str = "none",
     live_url: str | None = None,
+    allowed_hosts: Iterable[str] = (),
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> None:
     """Open the store, serve the API until uvicorn stops (SIGINT / SIGTERM, or ``stop`` is
     set), close the store. ``port=0`` picks a free port; ``on_ready(host, port)`` is called
@@ -71,17 +77,29 @@ async def run_server(
     ``Last-Event-ID``). A request body that has not arrived after ``body_timeout`` seconds
     is answered 408. Log lines (uvicorn's access log included) have credentials redacted.
     ``live`` names the channel model deltas arrive on (``none``, ``postgres``, ``nats``;
-    ``wakeful.fleet.livechannels.open_live``) at ``live_url``."""
+    ``wakeful.fleet.livechannels.open_live``) at ``live_url``. ``allowed_hosts``: see
+    ``create_app``. A connection that has not sent its request headers within
+    ``header_timeout`` seconds is closed, and at most ``max_connections`` are open at once
+    (fewer when the process's file descriptor limit is lower; ``wakeful.fleet.serving``)."""
     table = resolve_tokens(tokens)
     channel = open_live(live, live_url)
     async with open_store(store_url) as store:
-        app = create_app(store, registry, table, wake=wake, body_timeout=body_timeout, live=channel)
-        config = uvicorn.Config(
+        app = create_app(
+            store,
+            registry,
+            table,
+            wake=wake,
+            body_timeout=body_timeout,
+            live=channel,
+            allowed_hosts=allowed_hosts,
+        )
+        config = server_config(
             app,
             host=host,
             port=port,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
             log_level=log_level,
-            lifespan="off",
             timeout_graceful_shutdown=graceful_seconds,
         )
         install_redaction()  # again: uvicorn's logging setup may have replaced its loggers'
@@ -114,6 +132,9 @@ def serve(
     on_ready: Callable[[str, int], None] | None = None,
     live: str = "none",
     live_url: str | None = None,
+    allowed_hosts: Iterable[str] = (),
+    header_timeout: float = DEFAULT_HEADER_TIMEOUT,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> None:
     """Blocking: serve the API over the store at ``store_url`` (``wakeful serve``)."""
     asyncio.run(
@@ -128,6 +149,9 @@ def serve(
             on_ready=on_ready,
             live=live,
             live_url=live_url,
+            allowed_hosts=allowed_hosts,
+            header_timeout=header_timeout,
+            max_connections=max_connections,
         )
     )
 
