@@ -73,6 +73,19 @@ def test_run_ends_promptly_with_one_line_when_the_target_is_refused(url: str) ->
     assert events[-1]["data"]["dispatch_id"].startswith("d-")
 
 
+def test_run_leaves_the_queued_work_of_other_threads_alone(url: str) -> None:
+    queued = as_json(cli("submit", "t-other", "greeter", "hi", "--json", store=url))
+    done = as_json(cli("run", "t-mine", "greeter", "hello", "--app", APP, "--json", store=url))
+    assert done["status"] == "completed"
+
+    async def other() -> Any:
+        async with open_store(url) as store:
+            return await store.get_dispatch(queued["dispatch_id"])
+
+    d = asyncio.run(other())
+    assert d is not None and d.status == "pending" and d.attempts == 0 and d.holder is None
+
+
 def test_run_takes_json_input_for_graphs(url: str, tmp_path: Path) -> None:
     inline = as_json(
         cli(

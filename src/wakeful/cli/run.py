@@ -225,7 +225,17 @@ async def run_command(
         snap = await opened.read(thread_id)
         after = snap.last_seq if snap is not None else 0
         wake = LocalWake()
-        w = Worker(opened, registry, concurrency=1, wake=wake, poll_interval=0.2)
+        # this thread's work only, and no relay: other threads' dispatches and messages are
+        # left to the workers that serve them (issue 34)
+        w = Worker(
+            opened,
+            registry,
+            concurrency=1,
+            wake=wake,
+            poll_interval=0.2,
+            only_thread=thread_id,
+            relay=False,
+        )
         running = asyncio.create_task(w.run(), name="worker")
         tasks: list[asyncio.Task[Any]] = [running]
         try:
