@@ -86,6 +86,33 @@ def test_run_leaves_the_queued_work_of_other_threads_alone(url: str) -> None:
     assert d is not None and d.status == "pending" and d.attempts == 0 and d.holder is None
 
 
+def test_reads_never_create_a_store_and_not_found_names_the_store(url: str, tmp_path: Path) -> None:
+    db, folder = tmp_path / "cli.db", tmp_path / "files"
+    for args in (
+        ("threads", "events", "order-1"),
+        ("threads", "list"),
+        ("dispatches", "show", "d-1"),
+        ("quarantine", "add", "d-1"),
+        ("status",),
+    ):
+        missing = cli(*args, store=url)
+        assert missing.returncode == 3, missing.stderr
+        assert f"no store at {url}: the file {db} does not exist" in error_line(missing)
+    follow = cli("threads", "events", "order-1", "--follow", store=url, timeout=30)
+    assert follow.returncode == 3 and f"no store at {url}" in error_line(follow)
+    empty = cli("threads", "show", "t-1", store=f"file://{folder}")
+    assert empty.returncode == 3 and "does not exist" in error_line(empty)
+    assert not db.exists() and not folder.exists()
+    folder.mkdir()
+    bare = cli("workers", "list", store=f"file://{folder}")
+    assert bare.returncode == 3 and "holds no file store" in error_line(bare)
+    assert list(folder.iterdir()) == []
+    assert cli("submit", "t-1", "greeter", "hi", store=url).returncode == 0, "a write creates it"
+    unknown = cli("threads", "events", "order-1", store=url)
+    assert error_line(unknown) == f"error: thread 'order-1' does not exist in {url}"
+    assert unknown.returncode == 3
+
+
 def test_run_takes_json_input_for_graphs(url: str, tmp_path: Path) -> None:
     inline = as_json(
         cli(
@@ -163,6 +190,7 @@ def test_bad_input_is_one_error_line_with_its_exit_code(url: str, tmp_path: Path
     malformed.write_text("{nope", encoding="utf-8")
     bad = cli("serve", "--tokens", str(malformed), store=url)
     assert bad.returncode == 6 and "cannot read token file" in error_line(bad)
+    assert cli("migrate", store=url).returncode == 0  # reads never create the store
     events = cli("threads", "events", "nope", store=url)
     assert events.returncode == 3 and "thread 'nope' does not exist" in error_line(events)
     for args in (("threads", "messages", "nope"), ("threads", "runs", "nope"), ("cancel", "nope")):
@@ -338,6 +366,7 @@ def test_migrate_prune_and_requeue_all_speak_json(url: str) -> None:
 
 
 def test_events_follow_tails_new_events_until_sigterm(url: str) -> None:
+    assert cli("migrate", store=url).returncode == 0  # a read never creates the store
     proc = subprocess.Popen(
         [WAKEFUL, "threads", "events", "t-f", "--follow", "--json"],
         cwd=ROOT,
@@ -347,6 +376,9 @@ def test_events_follow_tails_new_events_until_sigterm(url: str) -> None:
         text=True,
     )
     try:
+        # the thread does not exist yet: the tail says that it waits, instead of nothing
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == f"waiting for thread t-f to exist in {url}\n"
         assert cli("run", "t-f", "greeter", "hi", "--app", APP, store=url).returncode == 0
         seen: list[dict[str, Any]] = []
         assert proc.stdout is not None
@@ -450,6 +482,7 @@ def test_every_option_has_help() -> None:
 
 
 def test_logging_options_on_every_command(url: str) -> None:
+    assert cli("migrate", store=url).returncode == 0
     done = cli("threads", "list", "--log-level", "debug", "--log-format", "json", store=url)
     assert done.returncode == 0, done.stderr
     assert cli("status", "--log-level", "loud", store=url).returncode == 2

@@ -9,11 +9,12 @@ that does not exist or refused the login)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -217,10 +218,59 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-async def with_store(url: str, body: Callable[[Any], Awaitable[T]]) -> T:
+def missing_store(url: str) -> str | None:
+    """Why there is no store at ``url`` (its SQLite file, or its file store's directory or
+    log, does not exist), or ``None``. PostgreSQL and memory stores are never missing here:
+    a database is created by its operator, and its schema by ``wakeful migrate`` or the
+    first worker or server."""
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "sqlite":
+        from wakeful.store.sqlite import parse_url
+
+        path = Path(parse_url(url))
+        return None if path.is_file() else f"the file {path} does not exist"
+    if scheme == "file":
+        from wakeful.store.file import parse_file_url
+        from wakeful.store.file.codec import LOG_NAME, SNAPSHOT_NAME
+
+        root = parse_file_url(url)
+        if not root.is_dir():
+            return f"the directory {root} does not exist"
+        if not any((root / name).is_file() for name in (LOG_NAME, SNAPSHOT_NAME)):
+            return f"the directory {root} holds no file store"
+    return None
+
+
+@contextlib.asynccontextmanager
+async def store_at(url: str, *, existing: bool = False) -> AsyncIterator[Any]:
+    """The store at ``url``, open for the body of an ``async with``. ``existing``: a store
+    that does not exist is "not found" (exit 3) instead of being created (reads, and actions
+    on what a store already holds). A "does not exist" from the body names the store it
+    looked in."""
     from wakeful import open_store
 
-    async with open_store(url) as store:
+    shown = describe_url(url)
+    if existing:
+        why = missing_store(url)
+        if why is not None:
+            fail(
+                f"no store at {shown}: {why} (a read never creates one); name the store "
+                f"with --store URL or WAKEFUL_STORE",
+                EXIT_NOT_FOUND,
+            )
+    try:
+        async with open_store(url) as store:
+            yield store
+    except NotFound as exc:
+        raise CommandFailed(f"{exc} in {shown}", EXIT_NOT_FOUND) from None
+
+
+async def with_store(url: str, body: Callable[[Any], Awaitable[T]], *, existing: bool = False) -> T:
+    """``body(store)`` on the store at ``url`` (see ``store_at``)."""
+    async with store_at(url, existing=existing) as store:
         return await body(store)
 
 

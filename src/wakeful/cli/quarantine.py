@@ -54,7 +54,9 @@ def quarantine() -> None:
 async def quarantine_list(store: str | None, as_json: bool, limit: int) -> None:
     """Quarantined dispatches."""
     rows = await with_store(
-        store_url(store), lambda s: s.list_dispatches(status="quarantined", limit=limit)
+        store_url(store),
+        lambda s: s.list_dispatches(status="quarantined", limit=limit),
+        existing=True,
     )
     emit(
         builtins(rows),
@@ -71,7 +73,8 @@ async def quarantine_list(store: str | None, as_json: bool, limit: int) -> None:
 async def quarantine_show(dispatch_id: str, store: str | None, as_json: bool) -> None:
     """One quarantined dispatch with its payload and last error."""
     show_dispatch(
-        await with_store(store_url(store), lambda s: get_dispatch(s, dispatch_id)), as_json
+        await with_store(store_url(store), lambda s: get_dispatch(s, dispatch_id), existing=True),
+        as_json,
     )
 
 
@@ -82,7 +85,7 @@ async def quarantine_show(dispatch_id: str, store: str | None, as_json: bool) ->
 @run_async
 async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool) -> None:
     """Quarantine exhausted work so it is not terminalised automatically."""
-    parked = await with_store(store_url(store), lambda s: s.quarantine(dispatch_id))
+    parked = await with_store(store_url(store), lambda s: s.quarantine(dispatch_id), existing=True)
     show_dispatch(_logged("quarantined", parked), as_json)
 
 
@@ -100,7 +103,9 @@ async def quarantine_requeue(
     if every == (dispatch_id is not None):
         raise click.UsageError("give either DISPATCH_ID or --all")
     if dispatch_id is not None:
-        requeued = await with_store(store_url(store), lambda s: s.requeue(dispatch_id))
+        requeued = await with_store(
+            store_url(store), lambda s: s.requeue(dispatch_id), existing=True
+        )
         show_dispatch(_logged("requeued", requeued), as_json)
         return
 
@@ -117,7 +122,7 @@ async def quarantine_requeue(
                 advance(1)
         return done
 
-    rows = await with_store(store_url(store), requeue_all)
+    rows = await with_store(store_url(store), requeue_all, existing=True)
     emit(
         builtins(rows),
         as_json,
@@ -133,5 +138,5 @@ async def quarantine_requeue(
 @run_async
 async def quarantine_purge(dispatch_id: str, store: str | None, as_json: bool) -> None:
     """Delete quarantined (or done) work for good."""
-    await with_store(store_url(store), lambda s: s.purge(dispatch_id))
+    await with_store(store_url(store), lambda s: s.purge(dispatch_id), existing=True)
     emit({"purged": dispatch_id}, as_json, lambda _: console.print(f"purged {dispatch_id}"))

@@ -34,6 +34,7 @@ from wakeful.cli.common import (
     read_input,
     run_async,
     show_dispatch,
+    store_at,
     store_option,
     store_url,
 )
@@ -91,11 +92,10 @@ async def submit_command(
 ) -> None:
     """Enqueue a run of TARGET on THREAD_ID (MESSAGE, --input or --input-file) for the
     workers, and print the dispatch. Nothing runs here."""
-    from wakeful import open_store
     from wakeful.fleet import submit
 
     value = read_input(message, input_json, input_file)
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store)) as opened:
         d = await submit(
             opened,
             thread_id,
@@ -207,7 +207,6 @@ async def run_command(
 
     Exit codes: 0 completed or suspended; 1 failed, cancelled or indeterminate; 3 unknown
     target; 4 refused by the worker; 6 invalid input."""
-    from wakeful import open_store
     from wakeful.fleet import LocalWake, Worker, submit
 
     value = read_input(message, input_json, input_file)
@@ -221,7 +220,7 @@ async def run_command(
         )
     except (TypeError, ValueError) as exc:
         fail(f"target {target!r} cannot take this input: {exc}", EXIT_INVALID)
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store)) as opened:
         snap = await opened.read(thread_id)
         after = snap.last_seq if snap is not None else 0
         wake = LocalWake()

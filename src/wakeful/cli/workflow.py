@@ -16,6 +16,7 @@ from wakeful.cli.common import (
     parse_json,
     run_async,
     show_dispatch,
+    store_at,
     store_option,
     store_url,
 )
@@ -40,10 +41,9 @@ async def _existing(store: Any, thread_id: str) -> Any:
 async def cancel_command(thread_id: str, reason: str, store: str | None, as_json: bool) -> None:
     """Cancel THREAD_ID's work: its running owner is fenced at its next commit and the next
     claimant records the run as cancelled. Prints the cancel dispatch."""
-    from wakeful import open_store
     from wakeful.fleet import cancel
 
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store), existing=True) as opened:
         await _existing(opened, thread_id)
         d = await cancel(opened, thread_id, reason)
     show_dispatch(d, as_json, f"cancelling {thread_id}: dispatch {d.dispatch_id}")
@@ -72,13 +72,12 @@ async def resume_command(
 ) -> None:
     """Answer the open tickets of THREAD_ID's suspended run; a worker continues it. Refused
     (exit 4) when the thread is not suspended or a ticket is not open."""
-    from wakeful import open_store
     from wakeful.fleet import resume
 
     parsed = parse_json("--answers", answers)
     if not isinstance(parsed, dict):
         fail("--answers must be a JSON object of ticket id -> answer", EXIT_INVALID)
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store), existing=True) as opened:
         snap = await _existing(opened, thread_id)
         cp = snap.checkpoint
         if cp is None or cp.status != "suspended":
@@ -122,11 +121,10 @@ async def send_command(
     """Deliver PAYLOAD (JSON, or text with --text) to THREAD_ID as a message from outside: it
     starts a run of the thread's graph (or --target) with the message as input, once per
     --message-id."""
-    from wakeful import open_store
     from wakeful.fleet import send_message
 
     value = payload if as_text else parse_json("PAYLOAD", payload)
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store)) as opened:
         d = await send_message(
             opened,
             thread_id,
