@@ -97,15 +97,17 @@ def test_quarantine_lifecycle(tmp_path: Path) -> None:
     asyncio.run(exhaust())
     deadline = time.monotonic() + 10
     while True:  # the lease above lasts 1 ms of wall-clock time
-        done = cli("quarantine", "add", "d-q", "--json", store=url)
+        done = cli("quarantine", "add", "d-q", store=url)
         if done.returncode == 0 or time.monotonic() > deadline:
             break
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["status"] == "quarantined"
+    assert (done.returncode, done.stdout) == (0, "quarantined d-q (thread t-q)\n"), done.stderr
+    shown = json.loads(cli("quarantine", "show", "d-q", "--json", store=url).stdout)
+    assert shown["status"] == "quarantined"
     listed = json.loads(cli("quarantine", "list", "--json", store=url).stdout)
     assert [d["dispatch_id"] for d in listed] == ["d-q"]
     assert "d-q" in cli("quarantine", "show", "d-q", store=url).stdout
-    requeued = json.loads(cli("quarantine", "requeue", "d-q", "--json", store=url).stdout)
+    assert cli("quarantine", "requeue", "d-q", store=url).stdout == "requeued d-q (thread t-q)\n"
+    requeued = json.loads(cli("dispatches", "show", "d-q", "--json", store=url).stdout)
     assert requeued["status"] == "pending" and requeued["attempts"] == 0
     assert cli("quarantine", "purge", "d-q", "--yes", store=url).returncode == 4, (
         "pending work is not purged"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import time
@@ -234,7 +235,7 @@ def test_submit_resume_cancel_and_send(url: str) -> None:
                             "--dispatch-id", "d-sub", store=url))  # fmt: skip
     assert submitted["status"] == "pending" and submitted["payload"]["input"] == {"numbers": [2]}
     human = cli("submit", "t-1", "tally", "--input", '{"numbers": [2]}', "--dispatch-id", "d-sub",
-                store=url)  # fmt: skip
+                "--verbose", store=url)  # fmt: skip
     assert human.returncode == 0 and '{"target":"tally"' in human.stdout  # JSON, not a repr
     drain(url, "d-sub")
     assert as_json(cli("threads", "show", "t-1", "--json", store=url))["checkpoint"]["state"] == {
@@ -281,6 +282,38 @@ def test_submit_resume_cancel_and_send(url: str) -> None:
         as_json(cli("threads", "show", "t-1", "--json", store=url))["checkpoint"]["state"]["total"]
         == 30
     )
+
+
+def narrow(*args: str, store: str) -> str:
+    """stdout of a command run without a terminal, 80 columns wide."""
+    done = subprocess.run([WAKEFUL, *args], capture_output=True, text=True, timeout=60,
+                          env=cli_env(store, COLUMNS="80"), cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    return done.stdout
+
+
+def test_steering_commands_print_one_line_and_no_id_is_ever_cut(url: str) -> None:
+    thread = "t-" + "long-thread-name-" * 3
+    line = narrow("submit", thread, "greeter", "hi", store=url)
+    found = re.fullmatch(r"submitted (d-[0-9a-f]{32}) \(run run-(d-[0-9a-f]{32})\)\n", line)
+    assert found is not None and found[1] == found[2], line
+    dispatch_id = found[1]
+    shown = as_json(cli("dispatches", "show", dispatch_id, "--json", store=url))
+    listing = narrow("dispatches", "list", store=url)
+    assert dispatch_id in listing and thread in listing and "…" not in listing
+    table = narrow("dispatches", "show", dispatch_id, store=url)
+    assert shown["created_at"] in table and "…" not in table
+    verbose = narrow("submit", thread, "greeter", "hi", "--dispatch-id", dispatch_id, "--verbose",
+                     store=url)  # fmt: skip
+    assert dispatch_id in verbose and '{"target":"greeter"' in verbose and "…" not in verbose
+    assert as_json(cli("run", "t-c", "asker", "--app", APP, "--json", store=url))["status"] == (
+        "suspended"
+    )
+    cancelled = re.fullmatch(
+        r"cancelling t-c: dispatch (\S+)\n", narrow("cancel", "t-c", store=url)
+    )
+    assert cancelled is not None
+    assert as_json(cli("dispatches", "show", cancelled[1], "--json", store=url))["kind"] == "cancel"
 
 
 def test_messages_listings_and_status(url: str) -> None:

@@ -48,8 +48,29 @@ EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_I
 
 T = TypeVar("T")
 
-console = Console(soft_wrap=True)
+# Without a terminal (a pipe, a file, a script) nothing is wrapped: a table is as wide as its
+# content, so every id and timestamp can be pasted into the next command.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 errors = Console(stderr=True, soft_wrap=True)
+
+UNCUT_COLUMNS = frozenset(
+    {
+        "thread",
+        "dispatch",
+        "run",
+        "worker",
+        "holder",
+        "incarnation",
+        "at",
+        "updated",
+        "started",
+        "registered",
+        "last heartbeat",
+        "stopped",
+    }
+)
+"""Columns of ids and timestamps: never wrapped or cut on a terminal either (the others
+fold, without an ellipsis)."""
 
 
 class CommandFailed(click.ClickException):
@@ -154,24 +175,39 @@ def cell(value: Any, width: int | None = None) -> str:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A table on stdout. Ids and timestamps (``UNCUT_COLUMNS``) are never wrapped or cut;
+    other columns fold where a terminal is too narrow, and nothing wraps without one."""
+    cells = [[cell(v) for v in row] for row in rows]
     t = Table(title=title, title_justify="left")
-    for column in columns:
-        t.add_column(column)
-    for row in rows:
-        t.add_row(*(cell(v) for v in row))
+    for i, column in enumerate(columns):
+        if column in UNCUT_COLUMNS:
+            widest = max((len(r[i]) for r in cells), default=0)
+            t.add_column(column, no_wrap=True, min_width=max(widest, len(column)))
+        else:
+            t.add_column(column, overflow="fold")
+    for row in cells:
+        t.add_row(*row)
     console.print(t)
 
 
-def show_dispatch(d: Any, as_json: bool, title: str | None = None) -> None:
-    """One dispatch: every field (payload as JSON) in a table, or the JSON object."""
+def show_dispatch(d: Any, as_json: bool, line: str | None = None, *, verbose: bool = True) -> None:
+    """One dispatch: ``line`` (one line naming its ids), or with ``verbose`` every field
+    (payload as JSON) in a table, or with ``as_json`` the JSON object."""
     data = builtins(d)
-    emit(
-        data,
-        as_json,
-        lambda _: table(
-            title or f"dispatch {d.dispatch_id}", ["field", "value"], list(data.items())
-        ),
-    )
+    if as_json:
+        click.echo(to_json(data))
+    elif verbose or line is None:
+        table(line or f"dispatch {d.dispatch_id}", ["field", "value"], list(data.items()))
+    else:
+        click.echo(line)
+
+
+verbose_option = click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Every field of the dispatch in a table (default: one line with its ids).",
+)
 
 
 def parse_json(option: str, text: str) -> Any:

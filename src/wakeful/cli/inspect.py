@@ -373,7 +373,7 @@ async def workers_list(
                     w["worker_id"],
                     w["state"],
                     w["generation"],
-                    w["incarnation_id"][:12],
+                    w["incarnation_id"],
                     w["registered_at"],
                     w["last_heartbeat"],
                     w["stopped_at"] or "",

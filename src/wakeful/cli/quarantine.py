@@ -19,6 +19,7 @@ from wakeful.cli.common import (
     store_option,
     store_url,
     table,
+    verbose_option,
     with_store,
 )
 from wakeful.cli.inspect import DISPATCH_COLUMNS, dispatch_rows, get_dispatch
@@ -82,11 +83,14 @@ async def quarantine_show(dispatch_id: str, store: str | None, as_json: bool) ->
 @click.argument("dispatch_id")
 @store_option
 @json_option
+@verbose_option
 @run_async
-async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool) -> None:
-    """Quarantine exhausted work so it is not terminalised automatically."""
+async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool, verbose: bool) -> None:
+    """Quarantine exhausted work so it is not terminalised automatically. Prints one line
+    (--verbose: the dispatch)."""
     parked = await with_store(store_url(store), lambda s: s.quarantine(dispatch_id), existing=True)
-    show_dispatch(_logged("quarantined", parked), as_json)
+    line = f"quarantined {parked.dispatch_id} (thread {parked.thread_id})"
+    show_dispatch(_logged("quarantined", parked), as_json, line, verbose=verbose)
 
 
 @quarantine.command("requeue")
@@ -94,9 +98,10 @@ async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool) -> 
 @click.option("--all", "every", is_flag=True, help="Requeue every quarantined dispatch.")
 @store_option
 @json_option
+@verbose_option
 @run_async
 async def quarantine_requeue(
-    dispatch_id: str | None, every: bool, store: str | None, as_json: bool
+    dispatch_id: str | None, every: bool, store: str | None, as_json: bool, verbose: bool
 ) -> None:
     """Make quarantined work (DISPATCH_ID, or --all) pending again with a fresh retry
     budget."""
@@ -106,7 +111,8 @@ async def quarantine_requeue(
         requeued = await with_store(
             store_url(store), lambda s: s.requeue(dispatch_id), existing=True
         )
-        show_dispatch(_logged("requeued", requeued), as_json)
+        line = f"requeued {requeued.dispatch_id} (thread {requeued.thread_id})"
+        show_dispatch(_logged("requeued", requeued), as_json, line, verbose=verbose)
         return
 
     async def requeue_all(s: Any) -> list[Any]:

@@ -37,6 +37,7 @@ from wakeful.cli.common import (
     store_at,
     store_option,
     store_url,
+    verbose_option,
 )
 from wakeful.errors import NotFound
 from wakeful.records import Event
@@ -76,6 +77,7 @@ def dispatch_options(fn: Any) -> Any:
 @dispatch_options
 @store_option
 @json_option
+@verbose_option
 @run_async
 async def submit_command(
     thread_id: str,
@@ -89,9 +91,11 @@ async def submit_command(
     max_attempts: int,
     store: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Enqueue a run of TARGET on THREAD_ID (MESSAGE, --input or --input-file) for the
-    workers, and print the dispatch. Nothing runs here."""
+    workers, and print one line with the dispatch and run ids (--verbose: the dispatch,
+    --json: as JSON). Nothing runs here."""
     from wakeful.fleet import submit
 
     value = read_input(message, input_json, input_file)
@@ -106,7 +110,9 @@ async def submit_command(
             max_attempts=max_attempts,
             tenant=tenant,
         )
-    show_dispatch(d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})")
+    show_dispatch(
+        d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})", verbose=verbose
+    )
 
 
 def _ending(event: Event, dispatch_id: str, run_id: str) -> str | None:

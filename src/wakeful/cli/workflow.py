@@ -19,6 +19,7 @@ from wakeful.cli.common import (
     store_at,
     store_option,
     store_url,
+    verbose_option,
 )
 from wakeful.errors import NotFound
 
@@ -37,16 +38,20 @@ async def _existing(store: Any, thread_id: str) -> Any:
 )
 @store_option
 @json_option
+@verbose_option
 @run_async
-async def cancel_command(thread_id: str, reason: str, store: str | None, as_json: bool) -> None:
+async def cancel_command(
+    thread_id: str, reason: str, store: str | None, as_json: bool, verbose: bool
+) -> None:
     """Cancel THREAD_ID's work: its running owner is fenced at its next commit and the next
-    claimant records the run as cancelled. Prints the cancel dispatch."""
+    claimant records the run as cancelled. Prints the cancel dispatch's id (--verbose: the
+    dispatch)."""
     from wakeful.fleet import cancel
 
     async with store_at(store_url(store), existing=True) as opened:
         await _existing(opened, thread_id)
         d = await cancel(opened, thread_id, reason)
-    show_dispatch(d, as_json, f"cancelling {thread_id}: dispatch {d.dispatch_id}")
+    show_dispatch(d, as_json, f"cancelling {thread_id}: dispatch {d.dispatch_id}", verbose=verbose)
 
 
 @click.command("resume")
@@ -61,6 +66,7 @@ async def cancel_command(thread_id: str, reason: str, store: str | None, as_json
 @click.option("--tenant", default=None, help="The thread's tenant.")
 @store_option
 @json_option
+@verbose_option
 @run_async
 async def resume_command(
     thread_id: str,
@@ -69,6 +75,7 @@ async def resume_command(
     tenant: str | None,
     store: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Answer the open tickets of THREAD_ID's suspended run; a worker continues it. Refused
     (exit 4) when the thread is not suspended or a ticket is not open."""
@@ -93,7 +100,7 @@ async def resume_command(
                 EXIT_CONFLICT,
             )
         d = await resume(opened, thread_id, parsed, dispatch_id=dispatch_id, tenant=tenant)
-    show_dispatch(d, as_json, f"resuming {thread_id}: dispatch {d.dispatch_id}")
+    show_dispatch(d, as_json, f"resuming {thread_id}: dispatch {d.dispatch_id}", verbose=verbose)
 
 
 @click.command("send")
@@ -106,6 +113,7 @@ async def resume_command(
 @click.option("--text", "as_text", is_flag=True, help="PAYLOAD is text, not JSON.")
 @store_option
 @json_option
+@verbose_option
 @run_async
 async def send_command(
     thread_id: str,
@@ -117,6 +125,7 @@ async def send_command(
     as_text: bool,
     store: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Deliver PAYLOAD (JSON, or text with --text) to THREAD_ID as a message from outside: it
     starts a run of the thread's graph (or --target) with the message as input, once per
@@ -134,4 +143,5 @@ async def send_command(
             correlation_id=correlation_id,
             tenant=tenant,
         )
-    show_dispatch(d, as_json, f"sent {d.payload['message_id']} to {thread_id}")
+    line = f"sent {d.payload['message_id']} to {thread_id}: dispatch {d.dispatch_id}"
+    show_dispatch(d, as_json, line, verbose=verbose)
