@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -38,6 +39,14 @@ def test_help_and_version() -> None:
     done = cli("--help")
     assert done.returncode == 0 and "threads" in done.stdout and "quarantine" in done.stdout
     assert cli("--version").returncode == 0
+    # --help and docs/cli.md list the same exit codes, the docs in one table
+    listed = re.search(r"Exit codes: (.*?)\.\n\n", done.stdout, re.S)
+    assert listed is not None
+    assert re.findall(r"(\d)\s+[a-z]", listed[1]) == [str(code) for code in range(8)]
+    docs = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = docs.split("## Exit codes\n\n", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^\| (\d) \|", section, re.M) == [str(code) for code in range(8)]
+    assert "`wakeful quarantine purge ID [--yes]`" in docs
 
 
 def test_run_streams_the_answer_and_reports_completion(tmp_path: Path) -> None:

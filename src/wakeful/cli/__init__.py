@@ -40,7 +40,8 @@ def cli() -> None:
     """wakeful: durable LLM agents.
 
     Exit codes: 0 ok, 1 failed, 2 usage, 3 not found, 4 conflict or refused, 5 store
-    unavailable (retry later), 6 invalid input or configuration."""
+    unavailable (retry later), 6 invalid input or configuration, 7 usable for text only
+    (providers check)."""
 
 
 def attach_common_options(command: click.Command) -> None:

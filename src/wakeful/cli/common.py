@@ -4,7 +4,7 @@ as one ``error:`` line, and exit codes.
 Exit codes: 0 success; 1 a run or a check failed; 2 usage error; 3 not found; 4 conflict
 (busy, stale, invalid state, refused, a port in use); 5 store unavailable (transient: retry
 later); 6 invalid input or configuration (an unknown store URL, a bad token file, a database
-that does not exist or refused the login)."""
+that does not exist or refused the login); 7 ``providers check``: usable for text only."""
 
 from __future__ import annotations
 
