@@ -135,6 +135,17 @@ def as_failure(exc: WakefulError) -> CommandFailed:
     return CommandFailed(str(exc), exit_code(exc))
 
 
+def usage_failure(exc: click.UsageError) -> CommandFailed:
+    """A usage error as one line (exit 2) naming the command's help, instead of click's
+    usage block."""
+    message = " ".join(exc.format_message().split())
+    if message.endswith(".") and not message.endswith(".."):
+        message = message[:-1]
+    message = message[:1].lower() + message[1:]
+    where = f"; see '{exc.ctx.command_path} --help'" if exc.ctx is not None else ""
+    return CommandFailed(message + where, EXIT_USAGE)
+
+
 def run_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     """Run an async command (errors are reported by the root group, see ``__init__``)."""
 
@@ -328,7 +339,8 @@ def print_line(text: str) -> None:
 
 
 def stderr_line(text: str) -> None:
-    errors.print(text, highlight=False)
+    """A line on stderr, as is (no markup: ids may hold brackets)."""
+    click.echo(text, err=True)
 
 
 def is_terminal() -> bool:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -27,6 +28,7 @@ from wakeful.cli.common import (
     EXIT_NOT_FOUND,
     CommandFailed,
     console,
+    describe_url,
     emit,
     fail,
     input_options,
@@ -34,6 +36,7 @@ from wakeful.cli.common import (
     read_input,
     run_async,
     show_dispatch,
+    stderr_line,
     store_at,
     store_option,
     store_url,
@@ -76,6 +79,14 @@ def dispatch_options(fn: Any) -> Any:
 @input_options
 @dispatch_options
 @store_option
+@click.option(
+    "--app",
+    "app",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="Check that TARGET is in this app (a warning on stderr when it is not); the dispatch "
+    "is enqueued either way.",
+)
 @json_option
 @verbose_option
 @run_async
@@ -90,16 +101,24 @@ async def submit_command(
     priority: int,
     max_attempts: int,
     store: str | None,
+    app: str | None,
     as_json: bool,
     verbose: bool,
 ) -> None:
     """Enqueue a run of TARGET on THREAD_ID (MESSAGE, --input or --input-file) for the
     workers, and print one line with the dispatch and run ids (--verbose: the dispatch,
-    --json: as JSON). Nothing runs here."""
+    --json: as JSON). Nothing runs here.
+
+    Warns on stderr (exit code 0) when TARGET is not in --app, or when no live worker is
+    registered: the store does not know which targets workers serve, and the dispatch may be
+    meant for a worker that starts later; a worker without TARGET refuses it."""
     from wakeful.fleet import submit
+    from wakeful.fleet.census import liveness
 
     value = read_input(message, input_json, input_file)
-    async with store_at(store_url(store)) as opened:
+    missing = None if app is None else _missing_target(app, target)
+    url = store_url(store)
+    async with store_at(url) as opened:
         d = await submit(
             opened,
             thread_id,
@@ -110,9 +129,28 @@ async def submit_command(
             max_attempts=max_attempts,
             tenant=tenant,
         )
+        now = datetime.now(UTC)
+        live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
     show_dispatch(
         d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})", verbose=verbose
     )
+    if missing is not None:
+        stderr_line(f"warning: {missing}; a worker without it refuses dispatch {d.dispatch_id}")
+    if not live:
+        stderr_line(
+            f"warning: no live worker in {describe_url(url)}: dispatch {d.dispatch_id} waits "
+            f"until one starts (wakeful worker --app MODULE:ATTR, with target {target!r})"
+        )
+
+
+def _missing_target(app: str, target: str) -> str | None:
+    """Why ``target`` is not in ``--app``, or ``None`` when it is."""
+    registry = load_registry(app)
+    try:
+        registry.get(target)
+    except NotFound:
+        return f"target {target!r} is not in {app} (it has: {', '.join(registry.names())})"
+    return None
 
 
 def _ending(event: Event, dispatch_id: str, run_id: str) -> str | None:
