@@ -459,6 +459,23 @@ def test_events_follow_tails_new_events_until_sigterm(url: str) -> None:
     assert proc.returncode == 0
 
 
+def test_follow_started_while_the_store_is_unreachable_waits_for_it() -> None:
+    """The existence checks of --follow do not end a tail whose store is down: it says so
+    and reconnects, as it does when the store goes away later."""
+    store = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
+    proc = subprocess.Popen([WAKEFUL, "threads", "events", "t-1", "--follow"], cwd=ROOT,
+                            env=cli_env(store), stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # the pytest timeout bounds this
+        assert "store unavailable" in line and "reconnecting" in line, line
+        assert proc.poll() is None, "the tail is still running"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
 def test_follow_resumes_after_the_store_was_unavailable(url: str) -> None:
     """The tail reopens the store after ``StoreUnavailable`` and continues after the last
     event it printed: no gap, no duplicate."""

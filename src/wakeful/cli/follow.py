@@ -84,9 +84,12 @@ async def _check_thread(url: str, thread_id: str) -> None:
     """The store must exist (a read never creates one: exit 3). A thread that does not exist
     yet is waited for, and the wait is said on stderr: work for it may be queued, or about
     to be submitted."""
-    async with store_at(url, existing=True) as store:
-        if await store.read(thread_id) is not None:
-            return
+    try:
+        async with store_at(url, existing=True) as store:
+            if await store.read(thread_id) is not None:
+                return
+    except StoreUnavailable:
+        return  # the tail says so, and reconnects
     stderr_line(f"waiting for thread {thread_id} to exist in {describe_url(url)}")
 
 
