@@ -156,8 +156,10 @@ class Alternating:
     async def enqueue(self, dispatch: Dispatch) -> Dispatch:
         return await self.next().enqueue(dispatch)
 
-    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
-        return await self.next().claim_next(holder, ttl, limit)
+    async def claim_next(
+        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+    ) -> list[Lease]:
+        return await self.next().claim_next(holder, ttl, limit, thread_id)
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         return await self.next().settle(dispatch_id, token, outcome)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -38,6 +39,14 @@ def test_help_and_version() -> None:
     done = cli("--help")
     assert done.returncode == 0 and "threads" in done.stdout and "quarantine" in done.stdout
     assert cli("--version").returncode == 0
+    # --help and docs/cli.md list the same exit codes, the docs in one table
+    listed = re.search(r"Exit codes: (.*?)\.\n\n", done.stdout, re.S)
+    assert listed is not None
+    assert re.findall(r"(\d)\s+[a-z]", listed[1]) == [str(code) for code in range(8)]
+    docs = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+    section = docs.split("## Exit codes\n\n", 1)[1].split("\n\n", 1)[0]
+    assert re.findall(r"^\| (\d) \|", section, re.M) == [str(code) for code in range(8)]
+    assert "`wakeful quarantine purge ID [--yes]`" in docs
 
 
 def test_run_streams_the_answer_and_reports_completion(tmp_path: Path) -> None:
@@ -97,15 +106,17 @@ def test_quarantine_lifecycle(tmp_path: Path) -> None:
     asyncio.run(exhaust())
     deadline = time.monotonic() + 10
     while True:  # the lease above lasts 1 ms of wall-clock time
-        done = cli("quarantine", "add", "d-q", "--json", store=url)
+        done = cli("quarantine", "add", "d-q", store=url)
         if done.returncode == 0 or time.monotonic() > deadline:
             break
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["status"] == "quarantined"
+    assert (done.returncode, done.stdout) == (0, "quarantined d-q (thread t-q)\n"), done.stderr
+    shown = json.loads(cli("quarantine", "show", "d-q", "--json", store=url).stdout)
+    assert shown["status"] == "quarantined"
     listed = json.loads(cli("quarantine", "list", "--json", store=url).stdout)
     assert [d["dispatch_id"] for d in listed] == ["d-q"]
     assert "d-q" in cli("quarantine", "show", "d-q", store=url).stdout
-    requeued = json.loads(cli("quarantine", "requeue", "d-q", "--json", store=url).stdout)
+    assert cli("quarantine", "requeue", "d-q", store=url).stdout == "requeued d-q (thread t-q)\n"
+    requeued = json.loads(cli("dispatches", "show", "d-q", "--json", store=url).stdout)
     assert requeued["status"] == "pending" and requeued["attempts"] == 0
     assert cli("quarantine", "purge", "d-q", "--yes", store=url).returncode == 4, (
         "pending work is not purged"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import time
@@ -73,6 +74,46 @@ def test_run_ends_promptly_with_one_line_when_the_target_is_refused(url: str) ->
     assert events[-1]["data"]["dispatch_id"].startswith("d-")
 
 
+def test_run_leaves_the_queued_work_of_other_threads_alone(url: str) -> None:
+    queued = as_json(cli("submit", "t-other", "greeter", "hi", "--json", store=url))
+    done = as_json(cli("run", "t-mine", "greeter", "hello", "--app", APP, "--json", store=url))
+    assert done["status"] == "completed"
+
+    async def other() -> Any:
+        async with open_store(url) as store:
+            return await store.get_dispatch(queued["dispatch_id"])
+
+    d = asyncio.run(other())
+    assert d is not None and d.status == "pending" and d.attempts == 0 and d.holder is None
+
+
+def test_reads_never_create_a_store_and_not_found_names_the_store(url: str, tmp_path: Path) -> None:
+    db, folder = tmp_path / "cli.db", tmp_path / "files"
+    for args in (
+        ("threads", "events", "order-1"),
+        ("threads", "list"),
+        ("dispatches", "show", "d-1"),
+        ("quarantine", "add", "d-1"),
+        ("status",),
+    ):
+        missing = cli(*args, store=url)
+        assert missing.returncode == 3, missing.stderr
+        assert f"no store at {url}: the file {db} does not exist" in error_line(missing)
+    follow = cli("threads", "events", "order-1", "--follow", store=url, timeout=30)
+    assert follow.returncode == 3 and f"no store at {url}" in error_line(follow)
+    empty = cli("threads", "show", "t-1", store=f"file://{folder}")
+    assert empty.returncode == 3 and "does not exist" in error_line(empty)
+    assert not db.exists() and not folder.exists()
+    folder.mkdir()
+    bare = cli("workers", "list", store=f"file://{folder}")
+    assert bare.returncode == 3 and "holds no file store" in error_line(bare)
+    assert list(folder.iterdir()) == []
+    assert cli("submit", "t-1", "greeter", "hi", store=url).returncode == 0, "a write creates it"
+    unknown = cli("threads", "events", "order-1", store=url)
+    assert error_line(unknown) == f"error: thread 'order-1' does not exist in {url}"
+    assert unknown.returncode == 3
+
+
 def test_run_takes_json_input_for_graphs(url: str, tmp_path: Path) -> None:
     inline = as_json(
         cli(
@@ -133,8 +174,7 @@ def test_app_must_be_a_registry_agent_graph_or_factory(url: str) -> None:
         ("tests.cli_app", "not of the form module:attribute"),
     ):
         done = cli("worker", "--app", spec, store=url)
-        assert done.returncode == 2 and found in done.stderr, done.stderr
-        assert "Traceback" not in done.stderr
+        assert done.returncode == 2 and found in error_line(done), done.stderr
 
 
 # ------------------------------------------------------------------------------ errors
@@ -150,6 +190,7 @@ def test_bad_input_is_one_error_line_with_its_exit_code(url: str, tmp_path: Path
     malformed.write_text("{nope", encoding="utf-8")
     bad = cli("serve", "--tokens", str(malformed), store=url)
     assert bad.returncode == 6 and "cannot read token file" in error_line(bad)
+    assert cli("migrate", store=url).returncode == 0  # reads never create the store
     events = cli("threads", "events", "nope", store=url)
     assert events.returncode == 3 and "thread 'nope' does not exist" in error_line(events)
     for args in (("threads", "messages", "nope"), ("threads", "runs", "nope"), ("cancel", "nope")):
@@ -168,6 +209,40 @@ def test_a_port_in_use_is_one_error_line(url: str) -> None:
         hand = cli("hand", "serve", "--ledger", "/tmp/x.db", "--tools",
                    "tests.cli_app:hand_tools", "--port", port)  # fmt: skip
         assert hand.returncode == 4 and "cannot listen" in error_line(hand)
+        metrics = cli("worker", "--app", APP, "--metrics-port", port, store=url)
+        assert metrics.returncode == 4
+        assert error_line(metrics).endswith("pick another --metrics-port"), metrics.stderr
+
+
+def test_wake_postgres_defaults_to_the_store_url() -> None:
+    from wakeful.cli.services import _wake
+    from wakeful.fleet.pgwake import PostgresWake
+
+    store = "postgresql://app@db.example/app"
+    wake = _wake("postgres", None, store)
+    assert isinstance(wake, PostgresWake) and wake.dsn == store
+    assert _wake("postgres", "postgresql://other/db", store).dsn == "postgresql://other/db"
+    done = cli("worker", "--app", APP, "--wake", "postgres", store="sqlite:///x.db")
+    assert done.returncode == 2 and "is not PostgreSQL" in error_line(done)
+
+
+def test_submit_warns_about_an_unknown_target_and_no_live_worker(url: str) -> None:
+    unknown = cli("submit", "t-1", "nosuch", "hi", "--app", APP, store=url)
+    assert unknown.returncode == 0, unknown.stderr
+    [dispatch_id] = re.findall(r"^submitted (d-\w+)", unknown.stdout)
+    warnings = unknown.stderr.splitlines()
+    assert warnings[0].startswith("warning: target 'nosuch' is not in tests.cli_app:registry")
+    assert warnings[0].endswith(f"refuses dispatch {dispatch_id}")
+    assert warnings[1].startswith(f"warning: no live worker in {url}: dispatch {dispatch_id}")
+    assert len(warnings) == 2
+
+    async def register() -> None:
+        async with open_store(url) as store:
+            await store.register_worker("w-live")
+
+    asyncio.run(register())  # a heartbeat just now: live
+    known = cli("submit", "t-2", "greeter", "hi", "--app", APP, store=url)
+    assert (known.returncode, known.stderr) == (0, "")
 
 
 def test_serving_the_network_without_tokens_is_refused(tmp_path: Path) -> None:
@@ -213,7 +288,7 @@ def test_submit_resume_cancel_and_send(url: str) -> None:
                             "--dispatch-id", "d-sub", store=url))  # fmt: skip
     assert submitted["status"] == "pending" and submitted["payload"]["input"] == {"numbers": [2]}
     human = cli("submit", "t-1", "tally", "--input", '{"numbers": [2]}', "--dispatch-id", "d-sub",
-                store=url)  # fmt: skip
+                "--verbose", store=url)  # fmt: skip
     assert human.returncode == 0 and '{"target":"tally"' in human.stdout  # JSON, not a repr
     drain(url, "d-sub")
     assert as_json(cli("threads", "show", "t-1", "--json", store=url))["checkpoint"]["state"] == {
@@ -260,6 +335,38 @@ def test_submit_resume_cancel_and_send(url: str) -> None:
         as_json(cli("threads", "show", "t-1", "--json", store=url))["checkpoint"]["state"]["total"]
         == 30
     )
+
+
+def narrow(*args: str, store: str) -> str:
+    """stdout of a command run without a terminal, 80 columns wide."""
+    done = subprocess.run([WAKEFUL, *args], capture_output=True, text=True, timeout=60,
+                          env=cli_env(store, COLUMNS="80"), cwd=ROOT)  # fmt: skip
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    return done.stdout
+
+
+def test_steering_commands_print_one_line_and_no_id_is_ever_cut(url: str) -> None:
+    thread = "t-" + "long-thread-name-" * 3
+    line = narrow("submit", thread, "greeter", "hi", store=url)
+    found = re.fullmatch(r"submitted (d-[0-9a-f]{32}) \(run run-(d-[0-9a-f]{32})\)\n", line)
+    assert found is not None and found[1] == found[2], line
+    dispatch_id = found[1]
+    shown = as_json(cli("dispatches", "show", dispatch_id, "--json", store=url))
+    listing = narrow("dispatches", "list", store=url)
+    assert dispatch_id in listing and thread in listing and "…" not in listing
+    table = narrow("dispatches", "show", dispatch_id, store=url)
+    assert shown["created_at"] in table and "…" not in table
+    verbose = narrow("submit", thread, "greeter", "hi", "--dispatch-id", dispatch_id, "--verbose",
+                     store=url)  # fmt: skip
+    assert dispatch_id in verbose and '{"target":"greeter"' in verbose and "…" not in verbose
+    assert as_json(cli("run", "t-c", "asker", "--app", APP, "--json", store=url))["status"] == (
+        "suspended"
+    )
+    cancelled = re.fullmatch(
+        r"cancelling t-c: dispatch (\S+)\n", narrow("cancel", "t-c", store=url)
+    )
+    assert cancelled is not None
+    assert as_json(cli("dispatches", "show", cancelled[1], "--json", store=url))["kind"] == "cancel"
 
 
 def test_messages_listings_and_status(url: str) -> None:
@@ -345,6 +452,7 @@ def test_migrate_prune_and_requeue_all_speak_json(url: str) -> None:
 
 
 def test_events_follow_tails_new_events_until_sigterm(url: str) -> None:
+    assert cli("migrate", store=url).returncode == 0  # a read never creates the store
     proc = subprocess.Popen(
         [WAKEFUL, "threads", "events", "t-f", "--follow", "--json"],
         cwd=ROOT,
@@ -354,6 +462,9 @@ def test_events_follow_tails_new_events_until_sigterm(url: str) -> None:
         text=True,
     )
     try:
+        # the thread does not exist yet: the tail says that it waits, instead of nothing
+        assert proc.stderr is not None
+        assert proc.stderr.readline() == f"waiting for thread t-f to exist in {url}\n"
         assert cli("run", "t-f", "greeter", "hi", "--app", APP, store=url).returncode == 0
         seen: list[dict[str, Any]] = []
         assert proc.stdout is not None
@@ -362,6 +473,23 @@ def test_events_follow_tails_new_events_until_sigterm(url: str) -> None:
             assert line, proc.stderr.read() if proc.stderr else ""
             seen.append(json.loads(line))
         assert [e["seq"] for e in seen] == list(range(1, len(seen) + 1))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    assert proc.returncode == 0
+
+
+def test_follow_started_while_the_store_is_unreachable_waits_for_it() -> None:
+    """The existence checks of --follow do not end a tail whose store is down: it says so
+    and reconnects, as it does when the store goes away later."""
+    store = f"postgresql://postgres@127.0.0.1:{free_port()}/nowhere"
+    proc = subprocess.Popen([WAKEFUL, "threads", "events", "t-1", "--follow"], cwd=ROOT,
+                            env=cli_env(store), stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()  # the pytest timeout bounds this
+        assert "store unavailable" in line and "reconnecting" in line, line
+        assert proc.poll() is None, "the tail is still running"
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=30)
@@ -457,6 +585,7 @@ def test_every_option_has_help() -> None:
 
 
 def test_logging_options_on_every_command(url: str) -> None:
+    assert cli("migrate", store=url).returncode == 0
     done = cli("threads", "list", "--log-level", "debug", "--log-format", "json", store=url)
     assert done.returncode == 0, done.stderr
     assert cli("status", "--log-level", "loud", store=url).returncode == 2

@@ -101,8 +101,10 @@ class Gated:
         registry.add("g", Graph(State, name="g").node("s", step).edge(START, "s").compile())
         claim_next = self.store.claim_next
 
-        async def counting(holder: str, ttl: float, limit: int = 1) -> Any:
-            leases = await claim_next(holder, ttl, limit)
+        async def counting(
+            holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        ) -> Any:
+            leases = await claim_next(holder, ttl, limit, thread_id)
             if leases:
                 self.limits.append(limit)
             return leases

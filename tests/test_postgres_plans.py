@@ -233,3 +233,31 @@ async def test_commit_many_probes_by_key_in_both_of_its_statements(
                 keyed.add("dispatches_by_thread_status")
                 assert bitmaps <= keyed, plans
                 assert ("Delete on" in plans) is release, plans  # wd: the whole statement only
+
+
+@pytest.mark.parametrize("analyzed", [False, True], ids=["no-stats", "analyzed"])
+async def test_a_claim_for_one_thread_reads_that_threads_index_range(
+    pg_databases: Databases, analyzed: bool
+) -> None:
+    """``claim_next(thread_id=...)`` (``wakeful run``): its one statement finds the thread's
+    first available dispatch in the thread's own ranges of ``dispatches_by_thread_status``
+    (pending, leased) and its thread row by key, however long the rest of the queue is."""
+    from wakeful.store.postgres.queue import _CLAIM_ON_THREAD
+
+    dsn = await pg_databases.clone()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        with conn.transaction():
+            for statement in postgres_statements(S, Shape(3000, 600, 200, 500, 50, 20)):
+                conn.execute(statement)
+        if analyzed:
+            conn.execute("ANALYZE")
+        query = _CLAIM_ON_THREAD.replace("@schema@", S)
+        params = {"thread": "t00000005", "holder": "probe", "ttl": 30.0}
+        plan = "\n".join(row[0] for row in conn.execute(f"EXPLAIN (COSTS OFF) {query}", params))
+    # the thread's range only (its pending and leased ranges as a bitmap, or the whole range)
+    assert "using dispatches_by_thread_status" in plan or (
+        "Bitmap Index Scan on dispatches_by_thread_status" in plan
+    ), plan
+    assert re.search(r"Index Cond: \(+thread_id = 't00000005'::text\)", plan), plan
+    assert "Index Scan using threads_pkey" in plan, plan
+    assert "Seq Scan" not in plan, plan

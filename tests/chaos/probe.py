@@ -115,8 +115,10 @@ class Recording:
         self.log({"op": "grant", "thread": thread_id, "token": claim.token, "t1": time.monotonic()})
         return claim
 
-    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
-        leases = await self._call(self._store.claim_next(holder, ttl, limit))
+    async def claim_next(
+        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+    ) -> list[Lease]:
+        leases = await self._call(self._store.claim_next(holder, ttl, limit, thread_id))
         t1 = time.monotonic()
         for lease in leases:
             d = lease.dispatch

@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from wakeful.cli.admin import migrate, prune, status
-from wakeful.cli.common import as_failure
+from wakeful.cli.common import as_failure, usage_failure
 from wakeful.cli.inspect import dispatches, threads, workers
 from wakeful.cli.langgraph import langgraph
 from wakeful.cli.logs import logging_options
@@ -25,13 +25,18 @@ from wakeful.errors import WakefulError
 
 class WakefulGroup(click.Group):
     """The root group: a ``WakefulError`` from any command becomes one ``error:`` line and
-    its exit code."""
+    its exit code; so does a usage error of a command (a bad option value, an ``--app`` that
+    is not an app), with exit code 2 and where to read the command's help."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except WakefulError as exc:
             raise as_failure(exc) from None
+        except click.exceptions.NoArgsIsHelpError:
+            raise  # a group without a command shows its help
+        except click.UsageError as exc:
+            raise usage_failure(exc) from None
 
 
 @click.group(cls=WakefulGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -40,7 +45,8 @@ def cli() -> None:
     """wakeful: durable LLM agents.
 
     Exit codes: 0 ok, 1 failed, 2 usage, 3 not found, 4 conflict or refused, 5 store
-    unavailable (retry later), 6 invalid input or configuration."""
+    unavailable (retry later), 6 invalid input or configuration, 7 usable for text only
+    (providers check)."""
 
 
 def attach_common_options(command: click.Command) -> None:

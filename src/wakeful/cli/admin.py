@@ -15,6 +15,7 @@ from wakeful.cli.common import (
     emit,
     json_option,
     run_async,
+    store_at,
     store_option,
     store_url,
     table,
@@ -122,7 +123,7 @@ async def prune(
 ) -> None:
     """Remove superseded data by age and count. A thread's latest checkpoint, its pending
     writes, messages and inbox are never removed. Without any option nothing is removed."""
-    from wakeful import RetentionPolicy, open_store
+    from wakeful import RetentionPolicy
 
     policy = RetentionPolicy(
         keep_checkpoints=keep_checkpoints,
@@ -132,7 +133,7 @@ async def prune(
         receipt_max_age=_seconds(receipt_age),
         settled_dispatch_max_age=_seconds(dispatch_age),
     )
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store), existing=True) as opened:
         with progress("pruning", None, quiet=as_json):
             report = await opened.prune(policy)
     data = builtins(report)
@@ -152,11 +153,10 @@ async def prune(
 async def status(store: str | None, stale_after: float, as_json: bool) -> None:
     """The store at a glance: URL, schema version, queue depth by status, live workers and
     leases held."""
-    from wakeful import open_store
     from wakeful.fleet.census import liveness, queue_depth
 
     url = store_url(store)
-    async with open_store(url) as opened:
+    async with store_at(url, existing=True) as opened:
         depth = await queue_depth(opened)
         workers = await opened.list_workers()
     now = datetime.now(UTC)

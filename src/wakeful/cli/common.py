@@ -4,16 +4,17 @@ as one ``error:`` line, and exit codes.
 Exit codes: 0 success; 1 a run or a check failed; 2 usage error; 3 not found; 4 conflict
 (busy, stale, invalid state, refused, a port in use); 5 store unavailable (transient: retry
 later); 6 invalid input or configuration (an unknown store URL, a bad token file, a database
-that does not exist or refused the login)."""
+that does not exist or refused the login); 7 ``providers check``: usable for text only."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import click
@@ -47,8 +48,29 @@ EXIT_FAILED, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_CONFLICT, EXIT_UNAVAILABLE, EXIT_I
 
 T = TypeVar("T")
 
-console = Console(soft_wrap=True)
+# Without a terminal (a pipe, a file, a script) nothing is wrapped: a table is as wide as its
+# content, so every id and timestamp can be pasted into the next command.
+console = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 100_000)
 errors = Console(stderr=True, soft_wrap=True)
+
+UNCUT_COLUMNS = frozenset(
+    {
+        "thread",
+        "dispatch",
+        "run",
+        "worker",
+        "holder",
+        "incarnation",
+        "at",
+        "updated",
+        "started",
+        "registered",
+        "last heartbeat",
+        "stopped",
+    }
+)
+"""Columns of ids and timestamps: never wrapped or cut on a terminal either (the others
+fold, without an ellipsis)."""
 
 
 class CommandFailed(click.ClickException):
@@ -113,6 +135,17 @@ def as_failure(exc: WakefulError) -> CommandFailed:
     return CommandFailed(str(exc), exit_code(exc))
 
 
+def usage_failure(exc: click.UsageError) -> CommandFailed:
+    """A usage error as one line (exit 2) naming the command's help, instead of click's
+    usage block."""
+    message = " ".join(exc.format_message().split())
+    if message.endswith(".") and not message.endswith(".."):
+        message = message[:-1]
+    message = message[:1].lower() + message[1:]
+    where = f"; see '{exc.ctx.command_path} --help'" if exc.ctx is not None else ""
+    return CommandFailed(message + where, EXIT_USAGE)
+
+
 def run_async(fn: Callable[..., Coroutine[Any, Any, T]]) -> Callable[..., T]:
     """Run an async command (errors are reported by the root group, see ``__init__``)."""
 
@@ -153,24 +186,39 @@ def cell(value: Any, width: int | None = None) -> str:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A table on stdout. Ids and timestamps (``UNCUT_COLUMNS``) are never wrapped or cut;
+    other columns fold where a terminal is too narrow, and nothing wraps without one."""
+    cells = [[cell(v) for v in row] for row in rows]
     t = Table(title=title, title_justify="left")
-    for column in columns:
-        t.add_column(column)
-    for row in rows:
-        t.add_row(*(cell(v) for v in row))
+    for i, column in enumerate(columns):
+        if column in UNCUT_COLUMNS:
+            widest = max((len(r[i]) for r in cells), default=0)
+            t.add_column(column, no_wrap=True, min_width=max(widest, len(column)))
+        else:
+            t.add_column(column, overflow="fold")
+    for row in cells:
+        t.add_row(*row)
     console.print(t)
 
 
-def show_dispatch(d: Any, as_json: bool, title: str | None = None) -> None:
-    """One dispatch: every field (payload as JSON) in a table, or the JSON object."""
+def show_dispatch(d: Any, as_json: bool, line: str | None = None, *, verbose: bool = True) -> None:
+    """One dispatch: ``line`` (one line naming its ids), or with ``verbose`` every field
+    (payload as JSON) in a table, or with ``as_json`` the JSON object."""
     data = builtins(d)
-    emit(
-        data,
-        as_json,
-        lambda _: table(
-            title or f"dispatch {d.dispatch_id}", ["field", "value"], list(data.items())
-        ),
-    )
+    if as_json:
+        click.echo(to_json(data))
+    elif verbose or line is None:
+        table(line or f"dispatch {d.dispatch_id}", ["field", "value"], list(data.items()))
+    else:
+        click.echo(line)
+
+
+verbose_option = click.option(
+    "--verbose",
+    "-v",
+    is_flag=True,
+    help="Every field of the dispatch in a table (default: one line with its ids).",
+)
 
 
 def parse_json(option: str, text: str) -> Any:
@@ -217,10 +265,59 @@ def input_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     )(fn)
 
 
-async def with_store(url: str, body: Callable[[Any], Awaitable[T]]) -> T:
+def missing_store(url: str) -> str | None:
+    """Why there is no store at ``url`` (its SQLite file, or its file store's directory or
+    log, does not exist), or ``None``. PostgreSQL and memory stores are never missing here:
+    a database is created by its operator, and its schema by ``wakeful migrate`` or the
+    first worker or server."""
+    from pathlib import Path
+    from urllib.parse import urlsplit
+
+    scheme = urlsplit(url).scheme.lower()
+    if scheme == "sqlite":
+        from wakeful.store.sqlite import parse_url
+
+        path = Path(parse_url(url))
+        return None if path.is_file() else f"the file {path} does not exist"
+    if scheme == "file":
+        from wakeful.store.file import parse_file_url
+        from wakeful.store.file.codec import LOG_NAME, SNAPSHOT_NAME
+
+        root = parse_file_url(url)
+        if not root.is_dir():
+            return f"the directory {root} does not exist"
+        if not any((root / name).is_file() for name in (LOG_NAME, SNAPSHOT_NAME)):
+            return f"the directory {root} holds no file store"
+    return None
+
+
+@contextlib.asynccontextmanager
+async def store_at(url: str, *, existing: bool = False) -> AsyncIterator[Any]:
+    """The store at ``url``, open for the body of an ``async with``. ``existing``: a store
+    that does not exist is "not found" (exit 3) instead of being created (reads, and actions
+    on what a store already holds). A "does not exist" from the body names the store it
+    looked in."""
     from wakeful import open_store
 
-    async with open_store(url) as store:
+    shown = describe_url(url)
+    if existing:
+        why = missing_store(url)
+        if why is not None:
+            fail(
+                f"no store at {shown}: {why} (a read never creates one); name the store "
+                f"with --store URL or WAKEFUL_STORE",
+                EXIT_NOT_FOUND,
+            )
+    try:
+        async with open_store(url) as store:
+            yield store
+    except NotFound as exc:
+        raise CommandFailed(f"{exc} in {shown}", EXIT_NOT_FOUND) from None
+
+
+async def with_store(url: str, body: Callable[[Any], Awaitable[T]], *, existing: bool = False) -> T:
+    """``body(store)`` on the store at ``url`` (see ``store_at``)."""
+    async with store_at(url, existing=existing) as store:
         return await body(store)
 
 
@@ -242,7 +339,8 @@ def print_line(text: str) -> None:
 
 
 def stderr_line(text: str) -> None:
-    errors.print(text, highlight=False)
+    """A line on stderr, as is (no markup: ids may hold brackets)."""
+    click.echo(text, err=True)
 
 
 def is_terminal() -> bool:

@@ -12,7 +12,14 @@ from typing import Any
 
 import click
 
-from wakeful.cli.common import builtins, cell, to_json
+from wakeful.cli.common import (
+    builtins,
+    cell,
+    describe_url,
+    stderr_line,
+    store_at,
+    to_json,
+)
 from wakeful.errors import StoreUnavailable
 from wakeful.records import Event
 
@@ -73,9 +80,25 @@ async def tail(
             delay = min(delay * 2, max_retry_delay)
 
 
+async def _check_thread(url: str, thread_id: str) -> None:
+    """The store must exist (a read never creates one: exit 3). A thread that does not exist
+    yet is waited for, and the wait is said on stderr: work for it may be queued, or about
+    to be submitted."""
+    try:
+        async with store_at(url, existing=True) as store:
+            if await store.read(thread_id) is not None:
+                return
+    except StoreUnavailable:
+        return  # the tail says so, and reconnects
+    stderr_line(f"waiting for thread {thread_id} to exist in {describe_url(url)}")
+
+
 async def follow_events(url: str, thread_id: str, after: int, as_json: bool) -> None:
-    """The ``--follow`` command: tail until SIGINT or SIGTERM (then exit 0)."""
+    """The ``--follow`` command: tail until SIGINT or SIGTERM (then exit 0); a thread that
+    does not exist yet is waited for (``_check_thread``)."""
     from wakeful.cli.services import until_signalled
+
+    await _check_thread(url, thread_id)
 
     following = asyncio.create_task(tail(url, thread_id, after, click.echo, as_json=as_json))
     try:

@@ -56,7 +56,9 @@ async def threads_list(
 ) -> None:
     """Threads with at least one commit, by id."""
     rows = await with_store(
-        store_url(store), lambda s: s.list_threads(tenant=tenant, after=after, limit=limit)
+        store_url(store),
+        lambda s: s.list_threads(tenant=tenant, after=after, limit=limit),
+        existing=True,
     )
     emit(
         builtins(rows),
@@ -87,7 +89,7 @@ async def threads_list(
 @run_async
 async def threads_show(thread_id: str, store: str | None, as_json: bool) -> None:
     """The thread's latest checkpoint (status, state, open tickets), claim and counts."""
-    snap = await with_store(store_url(store), lambda s: _snapshot(s, thread_id))
+    snap = await with_store(store_url(store), lambda s: _snapshot(s, thread_id), existing=True)
 
     def render(_: Any) -> None:
         cp = snap.checkpoint
@@ -141,7 +143,7 @@ async def threads_events(
         await _snapshot(s, thread_id)
         return await s.events_after(thread_id, after, limit)  # type: ignore[no-any-return]
 
-    events = await with_store(url, read)
+    events = await with_store(url, read, existing=True)
     emit(
         builtins(events),
         as_json,
@@ -165,7 +167,7 @@ async def threads_messages(
         await _snapshot(s, thread_id)
         return await s.messages(thread_id, after, limit)  # type: ignore[no-any-return]
 
-    messages = await with_store(store_url(store), read)
+    messages = await with_store(store_url(store), read, existing=True)
     emit(
         builtins(messages),
         as_json,
@@ -223,7 +225,7 @@ async def threads_runs(thread_id: str, store: str | None, as_json: bool, limit: 
                 return runs
             before = page[-1][0].id
 
-    runs = await with_store(store_url(store), read)
+    runs = await with_store(store_url(store), read, existing=True)
     emit(
         builtins(runs),
         as_json,
@@ -300,6 +302,7 @@ async def dispatches_list(
     rows = await with_store(
         store_url(store),
         lambda s: s.list_dispatches(status=status, thread_id=thread_id, after=after, limit=limit),
+        existing=True,
     )
     emit(
         builtins(rows),
@@ -316,7 +319,8 @@ async def dispatches_list(
 async def dispatches_show(dispatch_id: str, store: str | None, as_json: bool) -> None:
     """One dispatch with its payload and delivery state."""
     show_dispatch(
-        await with_store(store_url(store), lambda s: get_dispatch(s, dispatch_id)), as_json
+        await with_store(store_url(store), lambda s: get_dispatch(s, dispatch_id), existing=True),
+        as_json,
     )
 
 
@@ -345,7 +349,7 @@ async def workers_list(
     stopped, when it recorded a graceful stop)."""
     from wakeful.fleet.census import liveness
 
-    rows = await with_store(store_url(store), lambda s: s.list_workers())
+    rows = await with_store(store_url(store), lambda s: s.list_workers(), existing=True)
     now = datetime.now(UTC)
     listed = [{**builtins(w), "state": liveness(w, now, stale_after)} for w in rows]
     if not show_all:
@@ -369,7 +373,7 @@ async def workers_list(
                     w["worker_id"],
                     w["state"],
                     w["generation"],
-                    w["incarnation_id"][:12],
+                    w["incarnation_id"],
                     w["registered_at"],
                     w["last_heartbeat"],
                     w["stopped_at"] or "",

@@ -19,6 +19,7 @@ from wakeful.cli.common import (
     store_option,
     store_url,
     table,
+    verbose_option,
     with_store,
 )
 from wakeful.cli.inspect import DISPATCH_COLUMNS, dispatch_rows, get_dispatch
@@ -54,7 +55,9 @@ def quarantine() -> None:
 async def quarantine_list(store: str | None, as_json: bool, limit: int) -> None:
     """Quarantined dispatches."""
     rows = await with_store(
-        store_url(store), lambda s: s.list_dispatches(status="quarantined", limit=limit)
+        store_url(store),
+        lambda s: s.list_dispatches(status="quarantined", limit=limit),
+        existing=True,
     )
     emit(
         builtins(rows),
@@ -71,7 +74,8 @@ async def quarantine_list(store: str | None, as_json: bool, limit: int) -> None:
 async def quarantine_show(dispatch_id: str, store: str | None, as_json: bool) -> None:
     """One quarantined dispatch with its payload and last error."""
     show_dispatch(
-        await with_store(store_url(store), lambda s: get_dispatch(s, dispatch_id)), as_json
+        await with_store(store_url(store), lambda s: get_dispatch(s, dispatch_id), existing=True),
+        as_json,
     )
 
 
@@ -79,11 +83,14 @@ async def quarantine_show(dispatch_id: str, store: str | None, as_json: bool) ->
 @click.argument("dispatch_id")
 @store_option
 @json_option
+@verbose_option
 @run_async
-async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool) -> None:
-    """Quarantine exhausted work so it is not terminalised automatically."""
-    parked = await with_store(store_url(store), lambda s: s.quarantine(dispatch_id))
-    show_dispatch(_logged("quarantined", parked), as_json)
+async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool, verbose: bool) -> None:
+    """Quarantine exhausted work so it is not terminalised automatically. Prints one line
+    (--verbose: the dispatch)."""
+    parked = await with_store(store_url(store), lambda s: s.quarantine(dispatch_id), existing=True)
+    line = f"quarantined {parked.dispatch_id} (thread {parked.thread_id})"
+    show_dispatch(_logged("quarantined", parked), as_json, line, verbose=verbose)
 
 
 @quarantine.command("requeue")
@@ -91,17 +98,21 @@ async def quarantine_add(dispatch_id: str, store: str | None, as_json: bool) -> 
 @click.option("--all", "every", is_flag=True, help="Requeue every quarantined dispatch.")
 @store_option
 @json_option
+@verbose_option
 @run_async
 async def quarantine_requeue(
-    dispatch_id: str | None, every: bool, store: str | None, as_json: bool
+    dispatch_id: str | None, every: bool, store: str | None, as_json: bool, verbose: bool
 ) -> None:
     """Make quarantined work (DISPATCH_ID, or --all) pending again with a fresh retry
     budget."""
     if every == (dispatch_id is not None):
         raise click.UsageError("give either DISPATCH_ID or --all")
     if dispatch_id is not None:
-        requeued = await with_store(store_url(store), lambda s: s.requeue(dispatch_id))
-        show_dispatch(_logged("requeued", requeued), as_json)
+        requeued = await with_store(
+            store_url(store), lambda s: s.requeue(dispatch_id), existing=True
+        )
+        line = f"requeued {requeued.dispatch_id} (thread {requeued.thread_id})"
+        show_dispatch(_logged("requeued", requeued), as_json, line, verbose=verbose)
         return
 
     async def requeue_all(s: Any) -> list[Any]:
@@ -117,7 +128,7 @@ async def quarantine_requeue(
                 advance(1)
         return done
 
-    rows = await with_store(store_url(store), requeue_all)
+    rows = await with_store(store_url(store), requeue_all, existing=True)
     emit(
         builtins(rows),
         as_json,
@@ -133,5 +144,5 @@ async def quarantine_requeue(
 @run_async
 async def quarantine_purge(dispatch_id: str, store: str | None, as_json: bool) -> None:
     """Delete quarantined (or done) work for good."""
-    await with_store(store_url(store), lambda s: s.purge(dispatch_id))
+    await with_store(store_url(store), lambda s: s.purge(dispatch_id), existing=True)
     emit({"purged": dispatch_id}, as_json, lambda _: console.print(f"purged {dispatch_id}"))

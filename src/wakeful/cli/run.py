@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -27,6 +28,7 @@ from wakeful.cli.common import (
     EXIT_NOT_FOUND,
     CommandFailed,
     console,
+    describe_url,
     emit,
     fail,
     input_options,
@@ -34,8 +36,11 @@ from wakeful.cli.common import (
     read_input,
     run_async,
     show_dispatch,
+    stderr_line,
+    store_at,
     store_option,
     store_url,
+    verbose_option,
 )
 from wakeful.errors import NotFound
 from wakeful.records import Event
@@ -74,7 +79,16 @@ def dispatch_options(fn: Any) -> Any:
 @input_options
 @dispatch_options
 @store_option
+@click.option(
+    "--app",
+    "app",
+    default=None,
+    metavar="MODULE:ATTR",
+    help="Check that TARGET is in this app (a warning on stderr when it is not); the dispatch "
+    "is enqueued either way.",
+)
 @json_option
+@verbose_option
 @run_async
 async def submit_command(
     thread_id: str,
@@ -87,15 +101,24 @@ async def submit_command(
     priority: int,
     max_attempts: int,
     store: str | None,
+    app: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Enqueue a run of TARGET on THREAD_ID (MESSAGE, --input or --input-file) for the
-    workers, and print the dispatch. Nothing runs here."""
-    from wakeful import open_store
+    workers, and print one line with the dispatch and run ids (--verbose: the dispatch,
+    --json: as JSON). Nothing runs here.
+
+    Warns on stderr (exit code 0) when TARGET is not in --app, or when no live worker is
+    registered: the store does not know which targets workers serve, and the dispatch may be
+    meant for a worker that starts later; a worker without TARGET refuses it."""
     from wakeful.fleet import submit
+    from wakeful.fleet.census import liveness
 
     value = read_input(message, input_json, input_file)
-    async with open_store(store_url(store)) as opened:
+    missing = None if app is None else _missing_target(app, target)
+    url = store_url(store)
+    async with store_at(url) as opened:
         d = await submit(
             opened,
             thread_id,
@@ -106,7 +129,28 @@ async def submit_command(
             max_attempts=max_attempts,
             tenant=tenant,
         )
-    show_dispatch(d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})")
+        now = datetime.now(UTC)
+        live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
+    show_dispatch(
+        d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})", verbose=verbose
+    )
+    if missing is not None:
+        stderr_line(f"warning: {missing}; a worker without it refuses dispatch {d.dispatch_id}")
+    if not live:
+        stderr_line(
+            f"warning: no live worker in {describe_url(url)}: dispatch {d.dispatch_id} waits "
+            f"until one starts (wakeful worker --app MODULE:ATTR, with target {target!r})"
+        )
+
+
+def _missing_target(app: str, target: str) -> str | None:
+    """Why ``target`` is not in ``--app``, or ``None`` when it is."""
+    registry = load_registry(app)
+    try:
+        registry.get(target)
+    except NotFound:
+        return f"target {target!r} is not in {app} (it has: {', '.join(registry.names())})"
+    return None
 
 
 def _ending(event: Event, dispatch_id: str, run_id: str) -> str | None:
@@ -207,7 +251,6 @@ async def run_command(
 
     Exit codes: 0 completed or suspended; 1 failed, cancelled or indeterminate; 3 unknown
     target; 4 refused by the worker; 6 invalid input."""
-    from wakeful import open_store
     from wakeful.fleet import LocalWake, Worker, submit
 
     value = read_input(message, input_json, input_file)
@@ -221,11 +264,21 @@ async def run_command(
         )
     except (TypeError, ValueError) as exc:
         fail(f"target {target!r} cannot take this input: {exc}", EXIT_INVALID)
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store)) as opened:
         snap = await opened.read(thread_id)
         after = snap.last_seq if snap is not None else 0
         wake = LocalWake()
-        w = Worker(opened, registry, concurrency=1, wake=wake, poll_interval=0.2)
+        # this thread's work only, and no relay: other threads' dispatches and messages are
+        # left to the workers that serve them (issue 34)
+        w = Worker(
+            opened,
+            registry,
+            concurrency=1,
+            wake=wake,
+            poll_interval=0.2,
+            only_thread=thread_id,
+            relay=False,
+        )
         running = asyncio.create_task(w.run(), name="worker")
         tasks: list[asyncio.Task[Any]] = [running]
         try:

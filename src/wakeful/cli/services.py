@@ -48,15 +48,24 @@ def demo(claims: bool) -> None:
     sys.exit(asyncio.run(crash_story(console.print)))
 
 
-def _wake(kind: str, url: str | None) -> Any:
+def _is_postgres(url: str) -> bool:
+    return url.startswith(("postgresql:", "postgres:"))
+
+
+def _wake(kind: str, url: str | None, store: str) -> Any:
+    """The wake signal; ``--wake postgres`` defaults ``--wake-url`` to the store's URL when
+    the store is PostgreSQL."""
     from wakeful.fleet.wake import LocalWake, NoWake
 
     if kind == "postgres":
         from wakeful.fleet.pgwake import PostgresWake
 
+        url = url or (store if _is_postgres(store) else None)
         if not url:
             raise click.BadParameter(
-                "--wake postgres needs --wake-url postgresql://...", param_hint="--wake-url"
+                f"--wake postgres needs --wake-url postgresql://... (the store, "
+                f"{describe_url(store)}, is not PostgreSQL)",
+                param_hint="--wake-url",
             )
         return PostgresWake(url)
     if kind == "nats":
@@ -69,7 +78,7 @@ def _wake(kind: str, url: str | None) -> Any:
 def _live_url(kind: str, url: str | None, store: str) -> str | None:
     """``--live-url``, or for ``--live postgres`` the store's URL when it is PostgreSQL."""
     if kind == "postgres" and not url:
-        url = store if store.startswith(("postgresql:", "postgres:")) else None
+        url = store if _is_postgres(store) else None
         if url is None:
             raise click.BadParameter("--live postgres needs --live-url", param_hint="--live-url")
     return url
@@ -106,9 +115,9 @@ def live_options(fn: Any) -> Any:
     return fn
 
 
-def check_port(host: str, port: int) -> None:
+def check_port(host: str, port: int, option: str = "--port") -> None:
     """Fail with one line (exit 4) when ``host:port`` cannot be listened on, before a
-    server starts and fails deep inside its startup."""
+    server starts and fails deep inside its startup; ``option`` is the one to change."""
     if port == 0:
         return
     try:
@@ -123,7 +132,7 @@ def check_port(host: str, port: int) -> None:
         except OSError as exc:
             fail(
                 f"cannot listen on {host}:{port}: {exc.strerror or exc}; is another server "
-                f"running there? pick another --port",
+                f"running there? pick another {option}",
                 EXIT_CONFLICT,
             )
 
@@ -246,7 +255,10 @@ def _summary(worker_id: str, stats: Any, seconds: float) -> None:
     help="Wake signal telling the worker about new work sooner than the polling floor.",
 )
 @click.option(
-    "--wake-url", default=None, help="URL of the wake signal (postgresql://... or nats://...)."
+    "--wake-url",
+    default=None,
+    help="URL of the wake signal (postgresql://... or nats://...; for postgres, default: the "
+    "store's URL when the store is PostgreSQL).",
 )
 @click.option("--grace", default=10.0, show_default=True, help="Shutdown grace in seconds.")
 @click.option("--metrics-port", default=None, type=int, help="Serve /metrics on this port.")
@@ -296,10 +308,10 @@ async def worker(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gc") from None
     registry = load_registry(app)
-    signal_wake = _wake(wake, wake_url)
-    if metrics_port is not None:
-        check_port(metrics_host, metrics_port)
     url = store_url(store)
+    signal_wake = _wake(wake, wake_url, url)
+    if metrics_port is not None:
+        check_port(metrics_host, metrics_port, "--metrics-port")
     channel = _live(live, live_url, url)
     loop = asyncio.get_running_loop()
     started = loop.time()

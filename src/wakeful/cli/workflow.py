@@ -16,8 +16,10 @@ from wakeful.cli.common import (
     parse_json,
     run_async,
     show_dispatch,
+    store_at,
     store_option,
     store_url,
+    verbose_option,
 )
 from wakeful.errors import NotFound
 
@@ -36,17 +38,20 @@ async def _existing(store: Any, thread_id: str) -> Any:
 )
 @store_option
 @json_option
+@verbose_option
 @run_async
-async def cancel_command(thread_id: str, reason: str, store: str | None, as_json: bool) -> None:
+async def cancel_command(
+    thread_id: str, reason: str, store: str | None, as_json: bool, verbose: bool
+) -> None:
     """Cancel THREAD_ID's work: its running owner is fenced at its next commit and the next
-    claimant records the run as cancelled. Prints the cancel dispatch."""
-    from wakeful import open_store
+    claimant records the run as cancelled. Prints the cancel dispatch's id (--verbose: the
+    dispatch)."""
     from wakeful.fleet import cancel
 
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store), existing=True) as opened:
         await _existing(opened, thread_id)
         d = await cancel(opened, thread_id, reason)
-    show_dispatch(d, as_json, f"cancelling {thread_id}: dispatch {d.dispatch_id}")
+    show_dispatch(d, as_json, f"cancelling {thread_id}: dispatch {d.dispatch_id}", verbose=verbose)
 
 
 @click.command("resume")
@@ -61,6 +66,7 @@ async def cancel_command(thread_id: str, reason: str, store: str | None, as_json
 @click.option("--tenant", default=None, help="The thread's tenant.")
 @store_option
 @json_option
+@verbose_option
 @run_async
 async def resume_command(
     thread_id: str,
@@ -69,16 +75,16 @@ async def resume_command(
     tenant: str | None,
     store: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Answer the open tickets of THREAD_ID's suspended run; a worker continues it. Refused
     (exit 4) when the thread is not suspended or a ticket is not open."""
-    from wakeful import open_store
     from wakeful.fleet import resume
 
     parsed = parse_json("--answers", answers)
     if not isinstance(parsed, dict):
         fail("--answers must be a JSON object of ticket id -> answer", EXIT_INVALID)
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store), existing=True) as opened:
         snap = await _existing(opened, thread_id)
         cp = snap.checkpoint
         if cp is None or cp.status != "suspended":
@@ -94,7 +100,7 @@ async def resume_command(
                 EXIT_CONFLICT,
             )
         d = await resume(opened, thread_id, parsed, dispatch_id=dispatch_id, tenant=tenant)
-    show_dispatch(d, as_json, f"resuming {thread_id}: dispatch {d.dispatch_id}")
+    show_dispatch(d, as_json, f"resuming {thread_id}: dispatch {d.dispatch_id}", verbose=verbose)
 
 
 @click.command("send")
@@ -107,6 +113,7 @@ async def resume_command(
 @click.option("--text", "as_text", is_flag=True, help="PAYLOAD is text, not JSON.")
 @store_option
 @json_option
+@verbose_option
 @run_async
 async def send_command(
     thread_id: str,
@@ -118,15 +125,15 @@ async def send_command(
     as_text: bool,
     store: str | None,
     as_json: bool,
+    verbose: bool,
 ) -> None:
     """Deliver PAYLOAD (JSON, or text with --text) to THREAD_ID as a message from outside: it
     starts a run of the thread's graph (or --target) with the message as input, once per
     --message-id."""
-    from wakeful import open_store
     from wakeful.fleet import send_message
 
     value = payload if as_text else parse_json("PAYLOAD", payload)
-    async with open_store(store_url(store)) as opened:
+    async with store_at(store_url(store)) as opened:
         d = await send_message(
             opened,
             thread_id,
@@ -136,4 +143,5 @@ async def send_command(
             correlation_id=correlation_id,
             tenant=tenant,
         )
-    show_dispatch(d, as_json, f"sent {d.payload['message_id']} to {thread_id}")
+    line = f"sent {d.payload['message_id']} to {thread_id}: dispatch {d.dispatch_id}"
+    show_dispatch(d, as_json, line, verbose=verbose)

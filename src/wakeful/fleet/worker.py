@@ -117,9 +117,14 @@ class Worker:
     (``wakeful.fleet.live``); the caller opens and closes it."""
     claim_gather: float = 0.002
     """Under a backlog, how long a freed slot may wait for others (``wakeful.fleet.gather``)."""
+    only_thread: str | None = None
+    """Lease only this thread's dispatches (``wakeful run``: the work of every other thread
+    is left to the workers that serve it)."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
+        if self.only_thread is not None:
+            check_id("only_thread", self.only_thread)
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not self.claim_gather >= 0:
@@ -214,6 +219,8 @@ class Worker:
                 log.warning("heartbeat failed: %s", exc)
 
     async def _claim_loop(self) -> None:
+        # named only when set: a store written against the older contract still serves a fleet
+        only = {} if self.only_thread is None else {"thread_id": self.only_thread}
         while not self._stopping.is_set():
             free = await self._gather.hold(lambda: self.concurrency - self.busy, self._waiter)
             leases: list[Lease] = []
@@ -223,7 +230,7 @@ class Worker:
                     leases = await self._observe.calls.timed(
                         "claim_next",
                         functools.partial(
-                            self.store.claim_next, self.holder, self.claims.ttl, free
+                            self.store.claim_next, self.holder, self.claims.ttl, free, **only
                         ),
                     )
                 except WakefulError as exc:

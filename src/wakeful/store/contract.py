@@ -222,10 +222,14 @@ class DispatchQueue(Protocol):
         nothing fixed yet, the stored dispatch fixes it in the same atomic step."""
         ...
 
-    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
+    async def claim_next(
+        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+    ) -> list[Lease]:
         """Atomically lease up to ``limit`` available dispatches (pending with
         ``available_at`` reached, or leased with an expired lease), highest priority first,
         then oldest first, at most one per thread and only on threads without a live claim.
+        With ``thread_id``, only that thread's dispatches are considered (at most one lease):
+        the dispatches of every other thread are left as they are (``wakeful run``).
         Each lease grants the thread's claim in the same step; the dispatch's token is that
         claim's token. Every claim counts one attempt; a dispatch claimed past its
         ``max_attempts`` comes with ``exhausted=True``. A lease of a dispatch with a

@@ -36,6 +36,7 @@ from wakeful.store.projected_core import (
     snapshot_of,
 )
 from wakeful.store.projection import (
+    CLAIMABLE,
     Cancelled,
     Delivered,
     Enqueued,
@@ -96,15 +97,19 @@ class ProjectedQueue(ProjectedCore):
         await self._record(Enqueued(stored))
         return stored
 
-    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
+    async def claim_next(
+        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+    ) -> list[Lease]:
         check_id("holder", holder)
         ttl = check_seconds("ttl", ttl)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
+        if thread_id is not None:
+            check_id("thread_id", thread_id)
         state, now = self._open(), self._now()
         expires = now + timedelta(seconds=ttl)
         grants: list[LeaseGrant] = []
         taken: set[str] = set()
-        for _, _, did in state.claimable:  # already in claim order
+        for _, _, did in _candidates(state, thread_id):
             if len(grants) == limit:
                 break
             d = state.dispatches[did]
@@ -366,6 +371,18 @@ def cancel_intent(thread_id: str, reason: str, now: datetime) -> Dispatch:
 def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:
     claim = claim_of(state, d.thread_id)
     return claim is not None and claim.token == d.token and claim.is_live(now)
+
+
+def _candidates(state: State, thread_id: str | None) -> list[tuple[int, int, str]]:
+    """The claimable dispatches in claim order: all of them, or only ``thread_id``'s (from
+    its open dispatches, without walking the queue)."""
+    if thread_id is None:
+        return state.claimable  # already in claim order
+    return sorted(
+        (-d.priority, state.dispatch_order[did], did)
+        for did in state.open_by_thread.get(thread_id, ())
+        if (d := state.dispatches[did]).status in CLAIMABLE
+    )
 
 
 def _available(state: State, d: Dispatch, now: datetime) -> bool:

@@ -114,6 +114,37 @@ class QueueCases(Harness):
         assert await kit.store.claim_next("worker-b", 30, limit=10) == []
 
     @case
+    async def test_a_claim_for_one_thread_leaves_every_other_thread_alone(self, kit: Kit) -> None:
+        await kit.store.enqueue(kit.dispatch("t-other", dispatch_id="d-other", priority=9))
+        await kit.store.enqueue(kit.dispatch("t-mine", dispatch_id="d-low"))
+        await kit.store.enqueue(kit.dispatch("t-mine", dispatch_id="d-high", priority=2))
+        leases = await kit.store.claim_next("worker-a", 30, limit=5, thread_id="t-mine")
+        assert [x.dispatch.dispatch_id for x in leases] == ["d-high"], "one lease per thread"
+        [lease] = leases
+        assert lease.claim.thread_id == "t-mine" and lease.dispatch.token == lease.claim.token
+        assert lease.dispatch.status == "leased" and lease.dispatch.attempts == 1
+        assert lease.snapshot is not None and lease.snapshot == await kit.store.read("t-mine")
+        other = await kit.store.get_dispatch("d-other")
+        assert other is not None and other.status == "pending" and other.attempts == 0
+        assert other.token is None and other.holder is None
+        assert await kit.store.claim_next("worker-a", 30, thread_id="t-mine") == [], "live claim"
+        assert await kit.store.claim_next("worker-a", 30, thread_id="t-none") == []
+        assert await kit.store.claim_next("worker-a", 30, thread_id="t-other") != []
+
+    @case
+    async def test_a_claim_for_one_thread_takes_over_its_lapsed_lease(self, kit: Kit) -> None:
+        await kit.store.enqueue(kit.dispatch("t-mine", dispatch_id="d-1"))
+        first = await _lease_one(kit, "worker-a", 10)
+        await kit.store.enqueue(kit.dispatch("t-other", dispatch_id="d-other"))
+        assert await kit.store.claim_next("worker-b", 10, thread_id="t-mine") == []
+        await kit.advance(11)
+        [again] = await kit.store.claim_next("worker-b", 10, limit=3, thread_id="t-mine")
+        assert again.dispatch.dispatch_id == "d-1" and again.dispatch.attempts == 2
+        assert again.claim.holder == "worker-b" and again.claim.token > first.claim.token
+        other = await kit.store.get_dispatch("d-other")
+        assert other is not None and other.status == "pending" and other.attempts == 0
+
+    @case
     async def test_claim_grants_the_thread_claim_with_the_lease_token(self, kit: Kit) -> None:
         await kit.store.enqueue(kit.dispatch("t1", dispatch_id="d-1"))
         lease = await _lease_one(kit, "worker-a", 20)

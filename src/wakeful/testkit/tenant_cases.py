@@ -136,6 +136,18 @@ class TenantCases(Harness):
             await kit.store.enqueue(_of(kit, "t1", "beta"))
 
     @case
+    async def test_a_lease_for_one_thread_fixes_the_tenant_of_an_unbound_thread(
+        self, kit: Kit
+    ) -> None:
+        await kit.store.enqueue(_of(kit, "t1", "alpha", "d-1"))
+        await kit.store.delete_thread("t1")
+        [lease] = await kit.store.claim_next("worker-a", 30, thread_id="t1")
+        assert lease.snapshot is not None and lease.snapshot.tenant == "alpha"
+        await _bound(kit, "t1", "alpha")
+        with pytest.raises(TenantMismatch):
+            await kit.store.enqueue(_of(kit, "t1", "beta"))
+
+    @case
     async def test_the_same_dispatch_id_from_another_tenant_is_no_replay(self, kit: Kit) -> None:
         await kit.store.enqueue(_of(kit, "t1", "alpha", "d-1"))
         with pytest.raises(TenantMismatch):

@@ -46,6 +46,61 @@ SELECT {_LEASED_COLUMNS}, o_version, o_tenant, o_message_count, o_next_seq, o_ev
        o_checkpoint, o_writes
   FROM @schema@.claim_next_read(%s, %s, %s)
 """
+# claim_next(thread_id=...): one statement locks the thread's first available dispatch and
+# then its thread row (both SKIP LOCKED, the order of claim_next()), re-checks the claim on
+# the locked row, and grants the claim and the lease as claim_next() does; a walk of the
+# thread's own index range (dispatches_by_thread_status), whatever the rest of the queue
+# holds. The lease's snapshot is read by the next statement of the same transaction, so it
+# sees every commit made before the grant (this statement's snapshot may predate a commit
+# that released the thread just before the lock was taken).
+_CLAIM_ON_THREAD = f"""
+WITH k AS MATERIALIZED (
+    SELECT @schema@.store_now() AS n
+), cand AS MATERIALIZED (
+    SELECT x.dispatch_id, x.thread_id, x.tenant
+      FROM @schema@.dispatches x, k
+     WHERE x.thread_id = %(thread)s
+       AND ((x.status = 'pending' AND x.available_at <= k.n)
+            OR (x.status = 'leased' AND x.lease_expires < k.n))
+     ORDER BY x.priority DESC, x.seq
+     LIMIT 1
+       FOR UPDATE OF x SKIP LOCKED
+), held AS MATERIALIZED (
+    SELECT y.thread_id, y.epoch, y.version, y.tenant, y.claim_token, y.claim_expires
+      FROM @schema@.threads y
+     WHERE y.thread_id = (SELECT c.thread_id FROM cand c)
+       FOR UPDATE SKIP LOCKED
+), g AS MATERIALIZED (
+    -- the tenant the lease fixes on an unbound thread, else the thread's own (unchanged)
+    SELECT c.dispatch_id, c.thread_id, h.epoch + 1 AS token,
+           CASE WHEN h.version = 0 AND h.tenant IS NULL THEN c.tenant ELSE h.tenant END
+               AS tenant,
+           k.n AS n, k.n + make_interval(secs => %(ttl)s) AS expires
+      FROM cand c JOIN held h ON h.thread_id = c.thread_id, k
+     WHERE NOT (h.claim_token IS NOT NULL AND h.claim_expires >= k.n)
+), claims AS (
+    UPDATE @schema@.threads y
+       SET present = true, epoch = g.token, claim_holder = %(holder)s, claim_token = g.token,
+           claim_expires = g.expires, tenant = g.tenant
+      FROM g
+     WHERE y.thread_id = g.thread_id
+)
+UPDATE @schema@.dispatches x
+   SET status = 'leased', attempts = x.attempts + 1, token = g.token, holder = %(holder)s,
+       lease_until = g.expires, lease_expires = g.expires, updated_at = g.n
+  FROM g
+ WHERE x.dispatch_id = g.dispatch_id
+RETURNING {", ".join(f"x.{c.strip()}" for c in DISPATCH_COLUMNS.split(","))}
+"""
+_LEASED_THREAD = """
+SELECT t.version, t.tenant, t.message_count, t.next_seq, t.event_floor, c.body,
+       ARRAY(SELECT w.body FROM @schema@.writes w WHERE w.thread_id = t.thread_id
+              ORDER BY w.version, w.idx)
+  FROM @schema@.threads t
+  LEFT JOIN @schema@.checkpoints c
+    ON c.thread_id = t.thread_id AND c.checkpoint_id = t.latest_checkpoint
+ WHERE t.thread_id = %s
+"""
 _SETTLE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.settle(%s, %s, %s, %s, %s)"
 _CANCEL = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.cancel(%s, %s, %s, %s, %s, %s)"
 _QUARANTINE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.quarantine(%s)"
@@ -100,10 +155,15 @@ class QueueOps:
             raise DispatchConflict(d.dispatch_id, stored.dispatch_id, key)
         raise StoreUnavailable(f"enqueue of {d.dispatch_id!r} kept racing with purges")
 
-    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
+    async def claim_next(
+        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+    ) -> list[Lease]:
         check_id("holder", holder)
         ttl = check_seconds("ttl", ttl)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
+        if thread_id is not None:
+            check_id("thread_id", thread_id)
+            return await self._claim_on_thread(holder, ttl, thread_id)
         rows = await self._db.fetchall(_CLAIM_NEXT, (holder, ttl, limit))
         leases = []
         for row in rows:
@@ -121,6 +181,33 @@ class QueueOps:
                 )
             )
         return leases
+
+    async def _claim_on_thread(self, holder: str, ttl: float, thread_id: str) -> list[Lease]:
+        grant = self._db.sql(_CLAIM_ON_THREAD)
+        read = self._db.sql(_LEASED_THREAD)
+        params = {"thread": thread_id, "holder": holder, "ttl": ttl}
+
+        async def op(conn: Any) -> tuple[Any, Any]:
+            async with conn.transaction():
+                row = await (await conn.execute(grant, params)).fetchone()
+                if row is None:
+                    return None, None
+                return row, await (await conn.execute(read, (thread_id,))).fetchone()
+
+        row, thread = await self._db.run(op)
+        if row is None:
+            return []
+        d = codec.dispatch(row)
+        assert d.token is not None and d.holder is not None and d.lease_until is not None
+        claim = Claim(thread_id=thread_id, holder=d.holder, token=d.token, expires_at=d.lease_until)
+        return [
+            Lease(
+                dispatch=d,
+                claim=claim,
+                exhausted=d.attempts > d.max_attempts,
+                snapshot=codec.snapshot(thread_id, claim, *thread),
+            )
+        ]
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         check_id("dispatch_id", dispatch_id)

@@ -141,6 +141,15 @@ _LAPSED = (
     f"ORDER BY d.priority DESC, d.seq"
 )
 
+# One thread's first available dispatch (``claim_next(thread_id=...)``): a walk of the
+# thread's own index range, however long the rest of the queue is.
+_DUE_ON_THREAD = (
+    f"SELECT d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_by_thread_status "
+    f"{_LIVE} WHERE d.thread_id = :thread AND ((d.status = 'pending' AND d.available_at <= :now) "
+    f"OR (d.status = 'leased' AND d.lease_expires < :now)) AND {_FREE} "
+    f"ORDER BY d.priority DESC, d.seq LIMIT 1"
+)
+
 
 def _available(conn: sqlite3.Connection, now: datetime, limit: int) -> list[tuple[int, str]]:
     """Up to ``limit`` (seq, thread) of available dispatches in claim order, one per thread."""
@@ -165,9 +174,18 @@ def _available(conn: sqlite3.Connection, now: datetime, limit: int) -> list[tupl
 
 
 def claim_next(
-    conn: sqlite3.Connection, now: datetime, holder: str, ttl: float, limit: int
+    conn: sqlite3.Connection,
+    now: datetime,
+    holder: str,
+    ttl: float,
+    limit: int,
+    thread_id: str | None = None,
 ) -> list[Lease]:
-    chosen = _available(conn, now, limit)
+    if thread_id is None:
+        chosen = _available(conn, now, limit)
+    else:
+        params = {"now": to_us(now), "thread": thread_id}
+        chosen = [(seq, tid) for seq, tid in conn.execute(_DUE_ON_THREAD, params)]
     expires = now + timedelta(seconds=ttl)
     leases = []
     for seq, thread_id in chosen:

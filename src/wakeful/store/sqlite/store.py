@@ -279,11 +279,17 @@ class SqliteStore:
             raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
         return await self._write(lambda c, now: queue.enqueue(c, now, d))
 
-    async def claim_next(self, holder: str, ttl: float, limit: int = 1) -> list[Lease]:
+    async def claim_next(
+        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+    ) -> list[Lease]:
         check_id("holder", holder)
         ttl = check_seconds("ttl", ttl)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
-        return await self._write(lambda c, now: queue.claim_next(c, now, holder, ttl, limit))
+        if thread_id is not None:
+            check_id("thread_id", thread_id)
+        return await self._write(
+            lambda c, now: queue.claim_next(c, now, holder, ttl, limit, thread_id)
+        )
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         check_id("dispatch_id", dispatch_id)
