@@ -188,7 +188,8 @@ class QueueOps:
         params = {"thread": thread_id, "holder": holder, "ttl": ttl}
 
         async def op(conn: Any) -> tuple[Any, Any]:
-            async with conn.transaction():
+            # two round trips in one transaction: bounded like every such (decision 0031)
+            async with self._db.transaction(conn):
                 row = await (await conn.execute(grant, params)).fetchone()
                 if row is None:
                     return None, None
