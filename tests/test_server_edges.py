@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
 
 import pytest
@@ -194,3 +195,55 @@ async def test_an_input_the_target_cannot_take_is_422_at_submit_with_a_registry(
         await _nothing_queued(api)
         ok = await alpha.post("/v1/threads/t1/runs", json={"target": "echo", "input": {"log": []}})
         assert ok.status_code == 202, ok.text
+
+
+@pytest.mark.asyncio
+async def test_an_integer_past_the_conversion_limit_is_422_not_500(api: Api) -> None:
+    alpha = api.client(ALPHA)
+    huge = "1" * (sys.get_int_max_str_digits() + 1)
+    bodies = [
+        ("runs", '{"target": "echo", "input": {"n": ' + huge + "}}"),
+        ("messages", '{"payload": ' + huge + "}"),
+        ("resume", '{"answers": {"q": -' + huge + "}}"),
+        ("cancel", '{"reason": ' + huge + "}"),
+    ]
+    for route, body in bodies:
+        r = await alpha.post(f"/v1/threads/t1/{route}", content=body, headers=JSON)
+        assert r.status_code == 422, (route, r.text[:300])
+        problem = r.json()
+        assert problem["field"] == "body", problem
+        assert f"longer than {sys.get_int_max_str_digits()} digits" in problem["detail"]
+    await _nothing_queued(api)
+
+
+@pytest.mark.asyncio
+async def test_every_405_names_the_methods_its_path_serves(api: Api) -> None:
+    alpha = api.client(ALPHA)
+    cases = [
+        ("PUT", "/v1/threads/t1/runs", "GET, POST"),
+        ("DELETE", "/v1/threads/t1", "GET"),
+        ("GET", "/v1/threads/t1/cancel", "POST"),
+        ("PATCH", "/v1/quarantine/d-1", "DELETE, GET"),
+        ("POST", "/healthz", "GET"),
+    ]
+    for method, path, allowed in cases:
+        r = await alpha.request(method, path)
+        assert r.status_code == 405, (method, path, r.text)
+        assert r.headers["Allow"] == allowed, (method, path, r.headers)
+        assert r.headers["Content-Type"] == "application/problem+json"
+
+
+@pytest.mark.asyncio
+async def test_a_last_event_id_past_the_largest_seq_is_422_before_a_run_is_submitted(
+    api: Api,
+) -> None:
+    alpha = api.client(ALPHA)
+    await alpha.post("/v1/threads/t1/runs", json={"target": "echo"})
+    [queued] = await api.store.list_dispatches()
+    late = {"Last-Event-ID": "9999999999999999999", "Accept": "text/event-stream"}
+    posted = await alpha.post("/v1/threads/t1/runs/stream", json={"target": "echo"}, headers=late)
+    read = await alpha.get("/v1/threads/t1/stream", headers=late)
+    for r in (posted, read):
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == "Last-Event-ID", r.text
+    assert await api.store.list_dispatches() == [queued]  # the stream submitted nothing

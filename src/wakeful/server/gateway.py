@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -233,7 +234,8 @@ def _is_json(scope: Scope) -> bool:
 def _refuse_json(scope: Scope, body: bytes) -> Response | None:
     """422 for a JSON body that would be changed or unreadable once stored: bytes that are
     not UTF-8, ``NaN``/``Infinity`` (Python's parser accepts them) or a number too large for
-    a float, nesting deeper than ``MAX_JSON_DEPTH``. Malformed JSON is left to the route,
+    a float, an integer longer than Python converts (``sys.get_int_max_str_digits()``,
+    4,300 digits), nesting deeper than ``MAX_JSON_DEPTH``. Malformed JSON is left to the route,
     which answers it 422 as well."""
     if not body or not _is_json(scope):
         return None
@@ -250,6 +252,10 @@ def _refuse_json(scope: Scope, body: bytes) -> Response | None:
         problem_text = exc.problem
     except json.JSONDecodeError:
         return None
+    except ValueError:  # the only other refusal: an integer past the conversion limit
+        problem_text = (
+            f"contains an integer longer than {sys.get_int_max_str_digits()} digits (the limit)"
+        )
     else:
         return None
     error = {"loc": ("body",), "msg": f"the body {problem_text}", "type": "json_invalid"}
