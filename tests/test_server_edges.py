@@ -8,12 +8,15 @@ import asyncio
 import logging
 import sys
 from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.provider_server import ProviderServer, Reply, openai_error
 from tests.server_support import ALPHA, DEADLINE, Api, registry, running_api
+from tests.telemetry_support import attr, one, spans
 from wakeful.providers.base import ModelRequest, ProviderError
 from wakeful.providers.openai import OpenAIChat
 from wakeful.records import Message
@@ -21,6 +24,7 @@ from wakeful.store.memory import MemoryStore
 from wakeful.store.validate import MAX_JSON_DEPTH
 from wakeful.testkit.value_cases import nested
 
+__all__ = ["spans"]
 JSON = {"Content-Type": "application/json"}
 
 
@@ -147,7 +151,7 @@ async def test_the_access_log_never_shows_a_credential() -> None:
         api = Api(f"http://127.0.0.1:{port}", MemoryStore(), None)  # type: ignore[arg-type]
         client = api.client(None)
         secret = "zq-" + ALPHA
-        refused = await client.get(f"/v1/threads?access_token={secret}&limit=5&api_key={secret}")
+        refused = await client.get(f"/v1/threads?{_credential_query(secret)}")
         assert refused.status_code == 401
         await client.aclose()
     finally:
@@ -155,8 +159,34 @@ async def test_the_access_log_never_shows_a_credential() -> None:
         await asyncio.wait_for(serving, DEADLINE)
         access.removeHandler(lines)
     [line] = [line for line in lines.lines if "/v1/threads" in line]
-    assert "access_token=[redacted]" in line and "api_key=[redacted]" in line, line
-    assert secret not in line and "limit=5" in line
+    for name in CREDENTIAL_PARAMS:
+        assert f"{name}=[redacted]" in line, line
+    assert secret not in line and "limit=5" in line and "after=t0" in line
+
+
+CREDENTIAL_PARAMS = ("access_token", "api_key", "Authorization", "auth", "bearer", "t")
+
+
+def _credential_query(secret: str) -> str:
+    """A query with the secret under every credential-looking name, and two that are not."""
+    values = {name: secret for name in CREDENTIAL_PARAMS}
+    values["Authorization"] = f"Bearer {secret}"
+    return urlencode({**values, "limit": 5, "after": "t0"})
+
+
+@pytest.mark.asyncio
+async def test_a_server_span_records_the_query_without_its_credentials(
+    spans: InMemorySpanExporter,
+) -> None:
+    secret = "zq-" + ALPHA
+    async with running_api(MemoryStore()) as api:
+        r = await api.client(ALPHA).get(f"/v1/threads?{_credential_query(secret)}")
+        assert r.status_code == 200, r.text
+    span = one(spans.get_finished_spans(), "GET /v1/threads")
+    query = str(attr(span, "url.query"))
+    for name in CREDENTIAL_PARAMS:
+        assert f"{name}=[redacted]" in query, query
+    assert secret not in query and "limit=5" in query and "after=t0" in query
 
 
 @pytest.mark.asyncio

@@ -21,6 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from wakeful import telemetry
 from wakeful.errors import InvalidInput
 from wakeful.metrics import Metrics
+from wakeful.redact import redact_query
 from wakeful.server.auth import Authenticator, Caller
 from wakeful.server.problems import problem, problem_for, validation_problem
 from wakeful.store.validate import MAX_JSON_DEPTH, check_json
@@ -280,9 +281,13 @@ def _server_span(scope: Scope) -> telemetry.SpanLike:
         if name in (b"traceparent", b"tracestate")
     }
     method = str(scope.get("method", ""))
+    attributes = {"http.request.method": method, "url.path": str(scope.get("path", ""))}
+    query = bytes(scope.get("query_string", b"")).decode("latin-1")
+    if query:  # credentials in a query (?access_token=, the console's streams) never recorded
+        attributes["url.query"] = redact_query(query)
     return telemetry.start(
         method if method in METHODS else "HTTP",
-        {"http.request.method": method, "url.path": str(scope.get("path", ""))},
+        attributes,
         kind=telemetry.kind("server"),
         parent=telemetry.extract(carrier),
     )
