@@ -24,6 +24,7 @@ from wakeful.server.access import (
     StateDep,
     acting_tenant,
     json_field,
+    keyed_dispatch_id,
     visible_thread,
     writable_thread,
 )
@@ -85,17 +86,21 @@ async def submit_run(
     idempotency_key: IdempotencyKey = None,
 ) -> Accepted:
     """Start a run of ``target`` on the thread (new or the caller's). The run id is
-    ``run-<dispatch_id>``; with an ``Idempotency-Key`` the dispatch id is the key."""
+    ``run-<dispatch_id>``; with an ``Idempotency-Key`` the dispatch id is the key (a
+    tenant's: ``<tenant tag>.<key>``, see ``keyed_dispatch_id``)."""
     target = _check_target(state, "target", body.target)
     if target is not None:  # refused now rather than retried until exhausted
         target.check_input(body.input)
     owner = await writable_thread(state.store, caller, thread_id)
+    dispatch_id = await keyed_dispatch_id(
+        state.store, caller, idempotency_key, field="Idempotency-Key"
+    )
     d = await client.submit(
         state.store,
         thread_id,
         body.target,
         body.input,
-        dispatch_id=idempotency_key,
+        dispatch_id=dispatch_id,
         priority=body.priority,
         max_attempts=body.max_attempts,
         tenant=acting_tenant(caller, owner),
@@ -121,9 +126,10 @@ async def resume_run(
     ticket it does not have open)."""
     owner = await visible_thread(state.store, caller, thread_id)
     cp = owner.snapshot.checkpoint if owner.snapshot is not None else None
-    replay = idempotency_key is not None and (
-        await state.store.get_dispatch(idempotency_key) is not None
+    dispatch_id = await keyed_dispatch_id(
+        state.store, caller, idempotency_key, field="Idempotency-Key"
     )
+    replay = dispatch_id is not None and await state.store.get_dispatch(dispatch_id) is not None
     if not replay:  # a replay is judged by the store: same body, same dispatch
         if cp is None or cp.status != "suspended":
             raise NotSuspended(thread_id, cp.status if cp is not None else None)
@@ -135,7 +141,7 @@ async def resume_run(
         state.store,
         thread_id,
         body.answers,
-        dispatch_id=idempotency_key,
+        dispatch_id=dispatch_id,
         tenant=owner.tenant,
         wake=state.wake,
     )
@@ -180,14 +186,23 @@ async def send_message(
     if target is not None:
         target.check_input(body.payload)
     message_id = body.message_id or idempotency_key or new_id("msg-")
-    d = await _send(state, thread_id, body, message_id, acting_tenant(caller, owner))
+    field = "message_id" if body.message_id else "Idempotency-Key"
+    dispatch_id = await keyed_dispatch_id(
+        state.store, caller, message_id, prefix="ext-", field=field
+    )
+    d = await _send(state, thread_id, body, message_id, dispatch_id, acting_tenant(caller, owner))
     state.metrics.submits.inc(kind="message")
     _location(response, d)
     return accepted(d, f"run-{d.dispatch_id}", message_id)
 
 
 async def _send(
-    state: ServerState, thread_id: str, body: SendMessage, message_id: str, tenant: str | None
+    state: ServerState,
+    thread_id: str,
+    body: SendMessage,
+    message_id: str,
+    dispatch_id: str | None,
+    tenant: str | None,
 ) -> Dispatch:
     return await client.send_message(
         state.store,
@@ -198,6 +213,7 @@ async def _send(
         correlation_id=body.correlation_id,
         tenant=tenant,
         wake=state.wake,
+        dispatch_id=dispatch_id,
     )
 
 
