@@ -4,6 +4,7 @@ runs of a thread. Bodies are bounded, ids validated, unknown fields refused."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -303,3 +304,12 @@ async def test_idempotency_keys_and_message_ids_are_each_tenants_own(api: Api) -
     )
     assert retried.status_code == 202 and retried.json()["dispatch_id"] == "old-1"
     assert len(await api.store.list_dispatches(thread_id="ta")) == 3  # sms-1000, m-7, old-1
+    long = "k" * 178  # with the 13-character tag, past the 190 a key may have
+    cases: list[tuple[str, dict[str, Any], dict[str, str], str]] = [
+        ("runs", {"target": "echo"}, {"Idempotency-Key": long}, "Idempotency-Key"),
+        ("messages", {"payload": 1, "message_id": long}, {}, "message_id"),
+    ]
+    for path, body, headers, field in cases:
+        refused = await alpha.post(f"/v1/threads/ta/{path}", json=body, headers=headers)
+        assert refused.status_code == 422 and refused.json()["field"] == field, refused.text
+    assert len(await api.store.list_dispatches(thread_id="ta")) == 3
