@@ -4,7 +4,7 @@ runs of a thread. Bodies are bounded, ids validated, unknown fields refused."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 import pytest_asyncio
@@ -19,7 +19,10 @@ from tests.server_support import (
     running_api,
     seed_thread,
 )
+from wakeful.agent import Agent
 from wakeful.fleet.client import submit as client_submit
+from wakeful.providers.scripted import Scripted
+from wakeful.runtime import START, Graph
 from wakeful.store.memory import MemoryStore
 
 
@@ -313,3 +316,36 @@ async def test_idempotency_keys_and_message_ids_are_each_tenants_own(api: Api) -
         refused = await alpha.post(f"/v1/threads/ta/{path}", json=body, headers=headers)
         assert refused.status_code == 422 and refused.json()["field"] == field, refused.text
     assert len(await api.store.list_dispatches(thread_id="ta")) == 3
+
+
+@pytest.mark.asyncio
+async def test_targets_say_what_each_takes() -> None:
+    """The console's submit form reads it: an agent takes text, a graph a JSON object of its
+    state fields (typed where an input replaces the field)."""
+
+    class Order(TypedDict):
+        items: list[int]
+        note: str
+
+    order = Graph(Order, name="order").node("n", lambda s: {}).edge(START, "n").compile()
+    helper = Agent("helper", Scripted.of(), "Help.")
+    targets = registry().add("helper", helper).add("order", order)
+    async with running_api(MemoryStore(), registry=targets) as api:
+        listed = (await api.client(ALPHA).get("/v1/targets")).json()
+    assert listed["registry"] is True
+    by_name = {t["name"]: t for t in listed["targets"]}
+    assert sorted(by_name) == ["approval", "echo", "helper", "order"]
+    assert by_name["helper"]["kind"] == "agent"
+    assert by_name["helper"]["input_schema"]["type"] == "string"
+    assert by_name["order"]["kind"] == "graph"
+    assert by_name["order"]["input_schema"]["properties"] == {
+        "items": {"type": "array", "items": {"type": "integer"}},
+        "note": {"type": "string"},
+    }
+    assert by_name["echo"]["input_schema"]["properties"] == {"log": {}}  # append: any item
+    assert [t["name"] for t in listed["targets"] if t["default"]] == ["echo"]
+    async with running_api(MemoryStore()) as bare:
+        assert (await bare.client(ALPHA).get("/v1/targets")).json() == {
+            "targets": [],
+            "registry": False,
+        }

@@ -39,6 +39,8 @@ from wakeful.server.schemas import (
     RunView,
     SendMessage,
     SubmitRun,
+    TargetPage,
+    TargetView,
 )
 from wakeful.server.views import accepted, errors
 
@@ -70,6 +72,28 @@ def _message_target(state: ServerState, body: SendMessage, owner: Owner | None) 
         return state.registry.for_checkpoint(snap.checkpoint if snap is not None else None)
     except NotFound:
         return None  # the worker decides (and refuses it)
+
+
+@router.get("/targets")
+async def list_targets(state: StateDep, caller: CallerDep) -> TargetPage:
+    """What may be submitted: each registered target, ``agent`` (its input is text, the
+    user message) or ``graph`` (a JSON object of its state fields), with a JSON Schema of
+    its input. Empty without a registry (any name is taken; the worker decides)."""
+    registry = state.registry
+    if registry is None:
+        return TargetPage(targets=[], registry=False)
+    return TargetPage(
+        targets=[
+            TargetView(
+                name=t.name,
+                kind="agent" if t.agent is not None else "graph",
+                input_schema=t.input_schema(),
+                default=t.name == registry.default,
+            )
+            for t in registry.targets()
+        ],
+        registry=True,
+    )
 
 
 def _location(response: Response, d: Dispatch) -> None:
