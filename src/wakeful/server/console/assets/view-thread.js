@@ -248,7 +248,11 @@ export function threadView(main, threadId, { showError }) {
     if (frame.event === "error") {
       showError(new ApiError(frame.data?.status || 0, frame.data));
     } else if (frame.event.startsWith("messages/")) {
-      onMessageFrame(frame.event.slice("messages/".length), frame.data);
+      try {
+        onMessageFrame(frame.event.slice("messages/".length), frame.data);
+      } catch {
+        parts.timeline.prepend(rawRow(frame.event, frame.data)); // shown, not a reconnect
+      }
     } else if (frame.event === "text.delta") {
       // fallback: a live text delta forwarded on the events stream
       const m = liveMessage({ run_id: frame.data?.run_id });
