@@ -56,6 +56,9 @@ class Gateway:
         self.body_timeout = body_timeout
         self.templates = templates
         self._patterns: list[tuple[re.Pattern[str], str]] | None = None
+        # other instrumentations' server spans (opentelemetry-instrument's ASGI one records
+        # url.query as sent) are cleaned like the gateway's own
+        telemetry.redact_spans()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
