@@ -19,6 +19,7 @@ from wakeful.fleet.registry import Registry
 from wakeful.records import Checkpoint, Commit, Dispatch, EventDraft, Message, Retry
 from wakeful.runtime import START, Graph, NodeContext, append
 from wakeful.runtime.graph import CompiledGraph
+from wakeful.server.access import tenant_scope
 from wakeful.server.app import create_app
 from wakeful.server.runner import Server
 from wakeful.store.contract import Store
@@ -29,6 +30,12 @@ ALPHA = "alpha-token-0001"
 BETA = "beta-token-00001"
 OPERATOR = "operator-token-01"
 TOKENS = {ALPHA: "alpha", BETA: "beta", OPERATOR: "*"}
+
+
+def keyed(tenant: str, key: str) -> str:
+    """The dispatch id a tenant's ``Idempotency-Key`` is stored as (docs/http-api.md,
+    Idempotency)."""
+    return f"{tenant_scope(tenant)}.{key}"
 
 
 class Notes(TypedDict):

@@ -5,9 +5,11 @@ with ``WAKEFUL_SCREENSHOTS=docs``)."""
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any, cast
 
 import pytest
@@ -25,6 +27,7 @@ from tests.console_support import (
     with_store,
 )
 from tests.provider_server import Reply, openai_text
+from wakeful.records import Checkpoint, Commit, EventDraft
 
 pytestmark = pytest.mark.slow
 
@@ -75,12 +78,15 @@ def test_sign_in_refuses_a_wrong_token_and_keeps_the_token_out_of_urls_and_cooki
     page: Any, rig: Fleet
 ) -> None:
     page.goto(f"{rig.url}/console/")
+    page.wait_for_selector("#signin")
+    assert not page.locator("#nav").is_visible(), "no navigation before sign-in"
     page.fill("#token", "not-a-token-000")
     page.click("#signin button[type=submit]")
     page.wait_for_selector("#signin-error:has-text('not valid')")
     shoot(page, "sign-in")
     sign_in(page, rig, ALPHA)
     assert page.inner_text("#role") == "alpha"
+    assert page.locator("#nav a[data-view=threads]").is_visible()
     assert page.evaluate("sessionStorage.getItem('wakeful.console.token')") == ALPHA
     assert page.context.cookies() == []
     assert ALPHA not in page.url
@@ -93,7 +99,8 @@ def test_submit_a_run_and_see_it_complete(page: Any, rig: Fleet) -> None:
     sign_in(page, rig, ALPHA)
     page.fill("#new-thread", "console-hello")
     page.fill("#new-target", "chat")
-    page.fill("#new-input", '"Say hello"')
+    page.wait_for_selector("#new-input[data-kind=agent][placeholder=Hello]")
+    page.fill("#new-input", "Say hello")  # plain text: the user message as typed
     page.click("#new-run button[type=submit]")
     page.wait_for_url(re.compile(r"#/threads/console-hello$"))
     page.wait_for_selector("#thread-status .s-completed")
@@ -102,6 +109,58 @@ def test_submit_a_run_and_see_it_complete(page: Any, rig: Fleet) -> None:
     page.wait_for_selector("#runs tr .s-completed")
     assert page.inner_text(".msg.r-user .text") == "Say hello"
     shoot(page, "thread")
+
+
+def test_the_submit_form_takes_json_for_a_graph_with_a_placeholder_from_its_schema(
+    page: Any, rig: Fleet
+) -> None:
+    sign_in(page, rig, ALPHA)
+    page.fill("#new-thread", "console-form")
+    page.fill("#new-target", "sorter")
+    page.wait_for_selector("#new-input[data-kind=graph]")
+    placeholder = page.get_attribute("#new-input", "placeholder")
+    assert json.loads(str(placeholder)) == {"numbers": [], "total": 0}
+    page.fill("#new-input", "sort these")
+    page.click("#new-run button[type=submit]")
+    page.wait_for_selector("#banner:has-text('The input of graph sorter is JSON')")
+    assert with_store(rig, lambda store: store.list_dispatches(thread_id="console-form")) == []
+    page.fill("#new-input", '{"numbers": [2, 1]}')
+    page.click("#new-run button[type=submit]")
+    page.wait_for_url(re.compile(r"#/threads/console-form$"))
+    [d] = with_store(rig, lambda store: store.list_dispatches(thread_id="console-form"))
+    assert d.payload["input"] == {"numbers": [2, 1]}
+
+
+def test_an_event_of_an_unexpected_shape_shows_as_it_is_and_the_stream_stays(
+    page: Any, rig: Fleet
+) -> None:
+    odd = {"plans": "R1", "note": "not a list"}
+    with_store(rig, lambda store: commit_events(store, "console-odd", [("model.recovered", odd)]))
+    sign_in(page, rig, ALPHA)
+    page.goto(f"{rig.url}/console/#/threads/console-odd")
+    row = page.locator("#timeline li[data-type='model.recovered']")
+    row.wait_for()
+    assert json.loads(row.locator(".data").inner_text()) == odd
+    page.wait_for_selector("#live-state.l-live")
+    with_store(rig, lambda store: commit_events(store, "console-odd", [("step", {"n": 1})]))
+    page.locator("#timeline li[data-type='step']").wait_for()
+    assert page.locator("#live-state").get_attribute("class") == "link-state l-live"
+
+
+async def commit_events(store: Any, thread_id: str, events: list[tuple[str, Any]]) -> None:
+    """Commit ``events`` to the thread of tenant alpha (no checkpoint), as a producer the
+    console does not know would."""
+    claim = await store.claim(thread_id, "seeder", 30)
+    if await store.read(thread_id) is None or not (await store.read(thread_id)).tenant_bound:
+        checkpoint = Checkpoint(
+            id=f"{thread_id}-c1", parent=None, run_id="run-odd", status="running",
+            state={}, created_at=datetime.now(UTC), tenant="alpha",
+        )  # fmt: skip
+    else:
+        checkpoint = None
+    drafts = tuple(EventDraft(type=t, data=d, run_id="run-odd") for t, d in events)
+    await store.commit(thread_id, Commit(token=claim.token, checkpoint=checkpoint, events=drafts))
+    await store.release(thread_id, claim.token)
 
 
 def streams_route(rig: Fleet) -> bool:
@@ -350,6 +409,8 @@ def test_cancel_a_running_run(page: Any, rig: Fleet) -> None:
     page.goto(f"{rig.url}/console/#/threads/console-cancel")
     page.wait_for_selector("#thread-status .s-running")
     page.click("#cancel-run")
+    assert page.inner_text("[data-testid=confirm-keep]") == "Keep running"
+    assert page.inner_text("[data-testid=confirm-ok]") == "Cancel run"
     page.click("[data-testid=confirm-ok]")
     page.wait_for_selector("#cancel-sent")
     page.wait_for_selector("#thread-status .s-cancelled")

@@ -6,13 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import pytest
 import pytest_asyncio
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from tests.provider_server import ProviderServer, Reply, openai_error
 from tests.server_support import ALPHA, DEADLINE, Api, registry, running_api
+from tests.telemetry_support import attr, one, spans
+from wakeful import telemetry
 from wakeful.providers.base import ModelRequest, ProviderError
 from wakeful.providers.openai import OpenAIChat
 from wakeful.records import Message
@@ -20,6 +25,7 @@ from wakeful.store.memory import MemoryStore
 from wakeful.store.validate import MAX_JSON_DEPTH
 from wakeful.testkit.value_cases import nested
 
+__all__ = ["spans"]
 JSON = {"Content-Type": "application/json"}
 
 
@@ -146,7 +152,7 @@ async def test_the_access_log_never_shows_a_credential() -> None:
         api = Api(f"http://127.0.0.1:{port}", MemoryStore(), None)  # type: ignore[arg-type]
         client = api.client(None)
         secret = "zq-" + ALPHA
-        refused = await client.get(f"/v1/threads?access_token={secret}&limit=5&api_key={secret}")
+        refused = await client.get(f"/v1/threads?{_credential_query(secret)}")
         assert refused.status_code == 401
         await client.aclose()
     finally:
@@ -154,8 +160,42 @@ async def test_the_access_log_never_shows_a_credential() -> None:
         await asyncio.wait_for(serving, DEADLINE)
         access.removeHandler(lines)
     [line] = [line for line in lines.lines if "/v1/threads" in line]
-    assert "access_token=[redacted]" in line and "api_key=[redacted]" in line, line
-    assert secret not in line and "limit=5" in line
+    for name in CREDENTIAL_PARAMS:
+        assert f"{name}=[redacted]" in line, line
+    assert secret not in line and "limit=5" in line and "after=t0" in line
+
+
+CREDENTIAL_PARAMS = ("access_token", "api_key", "Authorization", "auth", "bearer", "t")
+
+
+def _credential_query(secret: str) -> str:
+    """A query with the secret under every credential-looking name, and two that are not."""
+    values = {name: secret for name in CREDENTIAL_PARAMS}
+    values["Authorization"] = f"Bearer {secret}"
+    return urlencode({**values, "limit": 5, "after": "t0"})
+
+
+@pytest.mark.asyncio
+async def test_a_server_span_records_the_query_without_its_credentials(
+    spans: InMemorySpanExporter,
+) -> None:
+    secret = "zq-" + ALPHA
+    async with running_api(MemoryStore()) as api:
+        r = await api.client(ALPHA).get(f"/v1/threads?{_credential_query(secret)}")
+        assert r.status_code == 200, r.text
+        # as an ASGI instrumentation records its server span, beside the gateway's
+        tracer = telemetry.tracer()
+        assert tracer is not None
+        url = f"{api.url}/v1/threads?{_credential_query(secret)}"
+        attributes = {"url.query": _credential_query(secret), "url.full": url}
+        tracer.start_span("GET /asgi", attributes=attributes).end()
+    finished = spans.get_finished_spans()
+    gateway, asgi = one(finished, "GET /v1/threads"), one(finished, "GET /asgi")
+    for recorded in (attr(gateway, "url.query"), attr(asgi, "url.query"), attr(asgi, "url.full")):
+        text = str(recorded)
+        for name in CREDENTIAL_PARAMS:
+            assert f"{name}=[redacted]" in text, text
+        assert secret not in text and "limit=5" in text and "after=t0" in text
 
 
 @pytest.mark.asyncio
@@ -194,3 +234,55 @@ async def test_an_input_the_target_cannot_take_is_422_at_submit_with_a_registry(
         await _nothing_queued(api)
         ok = await alpha.post("/v1/threads/t1/runs", json={"target": "echo", "input": {"log": []}})
         assert ok.status_code == 202, ok.text
+
+
+@pytest.mark.asyncio
+async def test_an_integer_past_the_conversion_limit_is_422_not_500(api: Api) -> None:
+    alpha = api.client(ALPHA)
+    huge = "1" * (sys.get_int_max_str_digits() + 1)
+    bodies = [
+        ("runs", '{"target": "echo", "input": {"n": ' + huge + "}}"),
+        ("messages", '{"payload": ' + huge + "}"),
+        ("resume", '{"answers": {"q": -' + huge + "}}"),
+        ("cancel", '{"reason": ' + huge + "}"),
+    ]
+    for route, body in bodies:
+        r = await alpha.post(f"/v1/threads/t1/{route}", content=body, headers=JSON)
+        assert r.status_code == 422, (route, r.text[:300])
+        problem = r.json()
+        assert problem["field"] == "body", problem
+        assert f"longer than {sys.get_int_max_str_digits()} digits" in problem["detail"]
+    await _nothing_queued(api)
+
+
+@pytest.mark.asyncio
+async def test_every_405_names_the_methods_its_path_serves(api: Api) -> None:
+    alpha = api.client(ALPHA)
+    cases = [
+        ("PUT", "/v1/threads/t1/runs", "GET, POST"),
+        ("DELETE", "/v1/threads/t1", "GET"),
+        ("GET", "/v1/threads/t1/cancel", "POST"),
+        ("PATCH", "/v1/quarantine/d-1", "DELETE, GET"),
+        ("POST", "/healthz", "GET"),
+    ]
+    for method, path, allowed in cases:
+        r = await alpha.request(method, path)
+        assert r.status_code == 405, (method, path, r.text)
+        assert r.headers["Allow"] == allowed, (method, path, r.headers)
+        assert r.headers["Content-Type"] == "application/problem+json"
+
+
+@pytest.mark.asyncio
+async def test_a_last_event_id_past_the_largest_seq_is_422_before_a_run_is_submitted(
+    api: Api,
+) -> None:
+    alpha = api.client(ALPHA)
+    await alpha.post("/v1/threads/t1/runs", json={"target": "echo"})
+    [queued] = await api.store.list_dispatches()
+    late = {"Last-Event-ID": "9999999999999999999", "Accept": "text/event-stream"}
+    posted = await alpha.post("/v1/threads/t1/runs/stream", json={"target": "echo"}, headers=late)
+    read = await alpha.get("/v1/threads/t1/stream", headers=late)
+    for r in (posted, read):
+        assert r.status_code == 422, r.text
+        assert r.json()["field"] == "Last-Event-ID", r.text
+    assert await api.store.list_dispatches() == [queued]  # the stream submitted nothing

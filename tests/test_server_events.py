@@ -19,6 +19,7 @@ from tests.server_support import (
     TOKENS,
     SSEReader,
     add_events,
+    keyed,
     registry,
     running_api,
     seed_thread,
@@ -267,13 +268,14 @@ async def test_a_run_driven_through_the_api_by_a_worker() -> None:
                 while "run.suspended" not in kinds:
                     kinds += [f.event for f in await reader.events(1)]
                 thread = (await alpha.get("/v1/threads/job")).json()
-                assert thread["status"] == "suspended" and thread["run_id"] == "run-j1"
+                run_id = f"run-{keyed('alpha', 'j1')}"
+                assert thread["status"] == "suspended" and thread["run_id"] == run_id
                 [ticket] = thread["tickets"]
                 assert ticket["question"] == "ship it?"
                 resumed = await alpha.post(
                     "/v1/threads/job/resume", json={"answers": {ticket["id"]: "yes"}}
                 )
-                assert resumed.status_code == 202 and resumed.json()["run_id"] == "run-j1"
+                assert resumed.status_code == 202 and resumed.json()["run_id"] == run_id
                 while "run.completed" not in kinds:
                     kinds += [f.event for f in await reader.events(1)]
             assert kinds[0] == "run.started" and "run.resumed" in kinds
@@ -281,7 +283,7 @@ async def test_a_run_driven_through_the_api_by_a_worker() -> None:
             assert thread["status"] == "completed" and thread["tenant"] == "alpha"
             assert thread["state"]["log"] == ["answer:yes"]
             runs = (await alpha.get("/v1/threads/job/runs")).json()["runs"]
-            assert [(r["run_id"], r["status"]) for r in runs] == [("run-j1", "completed")]
+            assert [(r["run_id"], r["status"]) for r in runs] == [(run_id, "completed")]
 
             resume_id = resumed.json()["dispatch_id"]
 

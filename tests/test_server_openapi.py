@@ -28,6 +28,7 @@ ROUTES = {
     ("post", "/v1/threads/{thread_id}/runs/stream"),
     ("get", "/v1/threads/{thread_id}/checkpoints"),
     ("get", "/v1/whoami"),
+    ("get", "/v1/targets"),
     ("post", "/v1/threads/{thread_id}/runs"),
     ("post", "/v1/threads/{thread_id}/resume"),
     ("post", "/v1/threads/{thread_id}/cancel"),

@@ -11,6 +11,7 @@ from tests.server_support import (
     BETA,
     OPERATOR,
     exhausted_dispatch,
+    keyed,
     running_api,
     seed_thread,
 )
@@ -55,18 +56,21 @@ async def test_dispatches_are_filtered_by_the_threads_tenant() -> None:
                 await alpha.get("/v1/dispatches", params={"limit": 2, "after": page["next_after"]})
             ).json()
             ids += [d["dispatch_id"] for d in page["dispatches"]]
-        assert ids == ["a0", "a1", "a2", "a3", "a4"]
+        assert ids == [keyed("alpha", f"a{i}") for i in range(5)]
         mine = (await beta.get("/v1/dispatches", params={"thread_id": "tb"})).json()
-        assert [d["dispatch_id"] for d in mine["dispatches"]] == [f"ext-b{i}" for i in range(5)]
+        assert [d["dispatch_id"] for d in mine["dispatches"]] == [
+            f"ext-{keyed('beta', f'b{i}')}" for i in range(5)
+        ]
         assert mine["dispatches"][0]["kind"] == "message" and mine["next_after"] is None
         everything = (await operator.get("/v1/dispatches")).json()["dispatches"]
         assert len(everything) == 10
         pending = (await operator.get("/v1/dispatches", params={"status": "done"})).json()
         assert pending["dispatches"] == []
-        assert (await alpha.get("/v1/dispatches/a1")).json()["payload"]["tenant"] == "alpha"
-        assert (await alpha.get("/v1/dispatches/ext-b1")).status_code == 404
-        assert (await alpha.get("/v1/dispatches", params={"after": "ext-b1"})).status_code == 404
-        assert (await beta.get("/v1/dispatches/ext-b1")).status_code == 200
+        a1, b1 = keyed("alpha", "a1"), f"ext-{keyed('beta', 'b1')}"
+        assert (await alpha.get(f"/v1/dispatches/{a1}")).json()["payload"]["tenant"] == "alpha"
+        assert (await alpha.get(f"/v1/dispatches/{b1}")).status_code == 404
+        assert (await alpha.get("/v1/dispatches", params={"after": b1})).status_code == 404
+        assert (await beta.get(f"/v1/dispatches/{b1}")).status_code == 200
         bad = await alpha.get("/v1/dispatches", params={"status": "nope"})
         assert bad.status_code == 422 and bad.json()["field"] == "status"
 
@@ -108,11 +112,11 @@ async def test_quarantining_work_that_is_not_exhausted_is_409() -> None:
         await alpha.post(
             "/v1/threads/t1/runs", json={"target": "echo"}, headers={"Idempotency-Key": "d1"}
         )
-        r = await operator.post("/v1/dispatches/d1/quarantine")
+        r = await operator.post(f"/v1/dispatches/{keyed('alpha', 'd1')}/quarantine")
         assert r.status_code == 409
         assert r.json()["type"] == "urn:wakeful:problem:invalid-state"
         assert (await operator.post("/v1/dispatches/nope/quarantine")).status_code == 404
-        assert (await store.get_dispatch("d1")) is not None
+        assert (await store.get_dispatch(keyed("alpha", "d1"))) is not None
 
 
 @pytest.mark.asyncio

@@ -4,6 +4,7 @@ runs of a thread. Bodies are bounded, ids validated, unknown fields refused."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any, TypedDict
 
 import pytest
 import pytest_asyncio
@@ -13,10 +14,15 @@ from tests.server_support import (
     BETA,
     OPERATOR,
     Api,
+    keyed,
     registry,
     running_api,
     seed_thread,
 )
+from wakeful.agent import Agent
+from wakeful.fleet.client import submit as client_submit
+from wakeful.providers.scripted import Scripted
+from wakeful.runtime import START, Graph
 from wakeful.store.memory import MemoryStore
 
 
@@ -36,21 +42,22 @@ async def test_submit_answers_202_with_the_ids_and_persists_a_dispatch(api: Api)
         headers={"Idempotency-Key": "key-1"},
     )
     assert r.status_code == 202, r.text
+    key = keyed("alpha", "key-1")
     assert r.json() == {
-        "dispatch_id": "key-1",
-        "run_id": "run-key-1",
+        "dispatch_id": key,
+        "run_id": f"run-{key}",
         "thread_id": "t1",
         "kind": "start",
         "status": "pending",
         "message_id": None,
     }
-    assert r.headers["location"] == "/v1/dispatches/key-1"
-    d = await api.store.get_dispatch("key-1")
+    assert r.headers["location"] == f"/v1/dispatches/{key}"
+    d = await api.store.get_dispatch(key)
     assert d is not None and (d.priority, d.max_attempts) == (3, 2)
     assert d.payload == {
         "target": "echo",
         "input": {"q": 1},
-        "run_id": "run-key-1",
+        "run_id": f"run-{key}",
         "tenant": "alpha",
     }
     without_key = await alpha.post("/v1/threads/t2/runs", json={"target": "echo"})
@@ -79,7 +86,7 @@ async def test_submit_is_idempotent_by_key_and_a_different_body_is_409(api: Api)
         assert r.headers["content-type"] == "application/problem+json"
         problem = r.json()
         assert problem["type"] == "urn:wakeful:problem:dispatch-conflict"
-        assert problem["dispatch_id"] == "k-1" and problem["status"] == 409
+        assert problem["dispatch_id"] == keyed("alpha", "k-1") and problem["status"] == 409
     elsewhere = await alpha.post("/v1/threads/t9/runs", json=body, headers=key)
     assert elsewhere.status_code == 409, "a key names one dispatch, on one thread"
     assert len(await api.store.list_dispatches()) == 1
@@ -159,8 +166,8 @@ async def test_resume_answers_open_tickets_of_a_suspended_run(api: Api) -> None:
     r = await alpha.post("/v1/threads/t1/resume", json={"answers": {"t-a": "yes"}}, headers=key)
     assert r.status_code == 202, r.text
     assert r.json()["kind"] == "resume" and r.json()["run_id"] == "run-1"
-    assert r.json()["dispatch_id"] == "resume-1"
-    d = await api.store.get_dispatch("resume-1")
+    assert r.json()["dispatch_id"] == keyed("alpha", "resume-1")
+    d = await api.store.get_dispatch(keyed("alpha", "resume-1"))
     assert d is not None and d.payload == {"answers": {"t-a": "yes"}, "tenant": "alpha"}
     # The run moved on: a replay of the same request still answers the same dispatch.
     await seed_thread(api.store, "t1", tenant="alpha", status="running")
@@ -232,8 +239,9 @@ async def test_runs_are_grouped_from_checkpoint_history_newest_first(api: Api) -
     r = await alpha.get("/v1/threads/t1/runs")
     assert r.status_code == 200
     runs = r.json()["runs"]
+    queued_run = f"run-{keyed('alpha', 'next')}"
     assert [(x["run_id"], x["status"], x["checkpoints"]) for x in runs] == [
-        ("run-next", "queued", 0),
+        (queued_run, "queued", 0),
         ("run-c", "failed", 1),
         ("run-b", "suspended", 2),
         ("run-a", "completed", 2),
@@ -241,7 +249,7 @@ async def test_runs_are_grouped_from_checkpoint_history_newest_first(api: Api) -
     assert runs[1]["graph"] == "g" and runs[2]["checkpoint_id"] == "run-b-c4"
     first = await alpha.get("/v1/threads/t1/runs", params={"limit": 2})
     page = first.json()
-    assert [x["run_id"] for x in page["runs"]] == ["run-next", "run-c", "run-b"]
+    assert [x["run_id"] for x in page["runs"]] == [queued_run, "run-c", "run-b"]
     assert page["next_before"] == "run-b-c3"
     rest = await alpha.get("/v1/threads/t1/runs", params={"before": page["next_before"]})
     assert [x["run_id"] for x in rest.json()["runs"]] == ["run-a"]
@@ -258,3 +266,86 @@ async def test_operators_act_for_the_threads_tenant(api: Api) -> None:
     assert d is not None and d.payload["tenant"] == "alpha"
     beta = api.client(BETA)
     assert (await beta.post("/v1/threads/t1/resume", json={"answers": {"q": 1}})).status_code == 404
+
+
+@pytest.mark.asyncio
+async def test_idempotency_keys_and_message_ids_are_each_tenants_own(api: Api) -> None:
+    """Tenant beta can neither probe alpha's keys (409 against 202) nor take them first;
+    operators' keys (and development mode's) stay the dispatch id; a dispatch a tenant
+    stored under its bare key before keys were scoped is still what its retry replays."""
+    alpha, beta, operator = api.client(ALPHA), api.client(BETA), api.client(OPERATOR)
+    await seed_thread(api.store, "tb", tenant="beta")
+    squat = {"Idempotency-Key": "sms-1000"}
+    taken = await beta.post("/v1/threads/tb/runs", json={"target": "echo"}, headers=squat)
+    assert taken.status_code == 202, taken.text
+    body = {"target": "echo", "input": {"q": 1}}
+    mine = await alpha.post("/v1/threads/ta/runs", json=body, headers=squat)
+    assert mine.status_code == 202, mine.text
+    assert mine.json()["dispatch_id"] == keyed("alpha", "sms-1000") != taken.json()["dispatch_id"]
+    again = await alpha.post("/v1/threads/ta/runs", json=body, headers=squat)
+    assert again.status_code == 202 and again.json() == mine.json()
+    probe = await beta.post("/v1/threads/tb/runs", json={"target": "other"}, headers=squat)
+    assert probe.status_code == 409, "beta's own key, another body"
+    assert probe.json()["dispatch_id"] == taken.json()["dispatch_id"]
+    for thread, client in (("tb", beta), ("ta", alpha), ("ta", alpha)):
+        sent = await client.post(
+            f"/v1/threads/{thread}/messages", json={"payload": {"n": 1}, "message_id": "m-7"}
+        )
+        assert sent.status_code == 202 and sent.json()["message_id"] == "m-7", sent.text
+    messages = [d for d in await api.store.list_dispatches() if d.kind == "message"]
+    assert sorted((d.thread_id, d.dispatch_id, d.payload["message_id"]) for d in messages) == [
+        ("ta", f"ext-{keyed('alpha', 'm-7')}", "m-7"),
+        ("tb", f"ext-{keyed('beta', 'm-7')}", "m-7"),
+    ]
+    plain = await operator.post(
+        "/v1/threads/to/runs", json={"target": "echo"}, headers={"Idempotency-Key": "op-1"}
+    )
+    assert plain.status_code == 202 and plain.json()["dispatch_id"] == "op-1"
+    await client_submit(api.store, "ta", "echo", None, dispatch_id="old-1", tenant="alpha")
+    retried = await alpha.post(
+        "/v1/threads/ta/runs", json={"target": "echo"}, headers={"Idempotency-Key": "old-1"}
+    )
+    assert retried.status_code == 202 and retried.json()["dispatch_id"] == "old-1"
+    assert len(await api.store.list_dispatches(thread_id="ta")) == 3  # sms-1000, m-7, old-1
+    long = "k" * 178  # with the 13-character tag, past the 190 a key may have
+    cases: list[tuple[str, dict[str, Any], dict[str, str], str]] = [
+        ("runs", {"target": "echo"}, {"Idempotency-Key": long}, "Idempotency-Key"),
+        ("messages", {"payload": 1, "message_id": long}, {}, "message_id"),
+    ]
+    for path, body, headers, field in cases:
+        refused = await alpha.post(f"/v1/threads/ta/{path}", json=body, headers=headers)
+        assert refused.status_code == 422 and refused.json()["field"] == field, refused.text
+    assert len(await api.store.list_dispatches(thread_id="ta")) == 3
+
+
+@pytest.mark.asyncio
+async def test_targets_say_what_each_takes() -> None:
+    """The console's submit form reads it: an agent takes text, a graph a JSON object of its
+    state fields (typed where an input replaces the field)."""
+
+    class Order(TypedDict):
+        items: list[int]
+        note: str
+
+    order = Graph(Order, name="order").node("n", lambda s: {}).edge(START, "n").compile()
+    helper = Agent("helper", Scripted.of(), "Help.")
+    targets = registry().add("helper", helper).add("order", order)
+    async with running_api(MemoryStore(), registry=targets) as api:
+        listed = (await api.client(ALPHA).get("/v1/targets")).json()
+    assert listed["registry"] is True
+    by_name = {t["name"]: t for t in listed["targets"]}
+    assert sorted(by_name) == ["approval", "echo", "helper", "order"]
+    assert by_name["helper"]["kind"] == "agent"
+    assert by_name["helper"]["input_schema"]["type"] == "string"
+    assert by_name["order"]["kind"] == "graph"
+    assert by_name["order"]["input_schema"]["properties"] == {
+        "items": {"type": "array", "items": {"type": "integer"}},
+        "note": {"type": "string"},
+    }
+    assert by_name["echo"]["input_schema"]["properties"] == {"log": {}}  # append: any item
+    assert [t["name"] for t in listed["targets"] if t["default"]] == ["echo"]
+    async with running_api(MemoryStore()) as bare:
+        assert (await bare.client(ALPHA).get("/v1/targets")).json() == {
+            "targets": [],
+            "registry": False,
+        }

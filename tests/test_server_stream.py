@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.server_support import ALPHA, BETA, DEADLINE, Api, running_api
+from tests.server_support import ALPHA, BETA, DEADLINE, Api, keyed, running_api
 from wakeful import DispatchConflict, InvalidInput, NotFound, RequestRefused
 from wakeful.agent import Agent
 from wakeful.client import Client, Frame, MessageAssembler
@@ -155,10 +155,10 @@ async def test_the_client_maps_problems_and_retries_posts_under_one_key() -> Non
     async with fleet() as api, Client(api.url, ALPHA) as client:
         one = await client.runs.create("t1", "greeter", "hi", idempotency_key="key-1")
         again = await client.runs.create("t1", "greeter", "hi", idempotency_key="key-1")
-        assert again["dispatch_id"] == one["dispatch_id"] == "key-1"
+        assert again["dispatch_id"] == one["dispatch_id"] == keyed("alpha", "key-1")
         with pytest.raises(DispatchConflict) as conflict:
             await client.runs.create("t1", "greeter", "other", idempotency_key="key-1")
-        assert conflict.value.dispatch_id == "key-1"
+        assert conflict.value.dispatch_id == keyed("alpha", "key-1")
         with pytest.raises(NotFound):
             await client.threads.get("missing")
         with pytest.raises(RequestRefused) as forbidden:
@@ -169,4 +169,4 @@ async def test_the_client_maps_problems_and_retries_posts_under_one_key() -> Non
                 await stranger.threads.list()
         assert unauthenticated.value.status == 401
         dispatches = await client.dispatches.list(thread_id="t1")
-        assert [d["dispatch_id"] for d in dispatches["dispatches"]] == ["key-1"]
+        assert [d["dispatch_id"] for d in dispatches["dispatches"]] == [keyed("alpha", "key-1")]

@@ -1,11 +1,13 @@
-"""Credentials never reach a log line or an error text.
+"""Credentials never reach a log line, a span or an error text.
 
 ``redact(text, secrets)`` replaces what looks like a credential: a bearer token, the value of
-a credential query parameter (``access_token``, ``api_key``, ``key`` ...), an ``api-key`` /
-``x-api-key`` field, a provider key (``sk-...``) and any of the given ``secrets`` (the
-configured provider key). ``RedactingFilter`` applies it to every record of a logger;
-``install_redaction`` puts it on the server's loggers and uvicorn's. Redaction is by shape,
-so it errs towards hiding: an id that happens to look like ``sk-...`` is hidden too.
+a credential query parameter (``CREDENTIAL_PARAM``: ``access_token``, ``auth``, ``t`` ...),
+an ``api-key`` / ``x-api-key`` field, a provider key (``sk-...``) and any of the given
+``secrets`` (the configured provider key); ``redact_query`` applies the query rule to a query
+string (the server's spans record it so). ``RedactingFilter`` applies ``redact`` to every
+record of a logger; ``install_redaction`` puts it on the server's loggers and uvicorn's.
+Redaction is by shape, so it errs towards hiding: an id that happens to look like ``sk-...``
+is hidden too.
 """
 
 from __future__ import annotations
@@ -19,15 +21,24 @@ MIN_SECRET = 8
 """Shorter ``secrets`` are not searched for: replacing a 3-letter string everywhere would
 garble the text and hide nothing worth hiding."""
 
-_CREDENTIAL_NAMES = (
-    r"access[_-]?token|refresh[_-]?token|id[_-]?token|token|api[_-]?key|apikey|key"
-    r"|client[_-]?secret|secret|password|passwd|signature|sig"
+_CREDENTIAL_WORDS = (
+    r"token|secret|passw|auth|bearer|api[_-]?key|apikey|credential|signature|session|jwt"
+    r"|cookie"
 )
+_CREDENTIAL_EXACT = r"key|sig|t|pwd|pass|code"
+_PARAM = rf"[\w.%-]*(?:{_CREDENTIAL_WORDS})[\w.%-]*|{_CREDENTIAL_EXACT}"
+CREDENTIAL_PARAM = re.compile(rf"(?i){_PARAM}")
+"""The one rule for a query parameter whose value is a credential: a name containing one of
+the words (``access_token``, ``Authorization``, ``auth``, ``bearer``, ``x-api-key``,
+``client_secret``, ``password`` ...) or one of the short names (``t``, ``key``, ``sig``,
+``code``). It errs towards hiding: ``?author=`` is hidden too."""
+_QUERY = re.compile(rf"(?i)((?:^|[?&;])(?:{_PARAM})=)()[^&#\s\"'<>]*")
+
 _PATTERNS = (
     # Authorization: Bearer <token>, wherever it appears ("bearer token" in prose stays)
     re.compile(r"(?i)\b(bearer)(\s+)[A-Za-z0-9._~+/=-]{8,}"),
-    # ?access_token=... &key=... in a URL or a query string
-    re.compile(rf"(?i)([?&;](?:{_CREDENTIAL_NAMES})=)()[^&#\s\"'<>]*"),
+    # ?access_token=... &t=... in a URL or a query string
+    _QUERY,
     # "api_key": "...", x-api-key: ..., api-key=...
     re.compile(r"(?i)\b((?:x-)?api[_-]?key)(\"?\s*[:=]\s*\"?)[^\s\"',;&}]+"),
     # provider keys: OpenAI sk-..., sk-proj-..., Anthropic sk-ant-...
@@ -43,6 +54,13 @@ def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
     for pattern in _PATTERNS:
         text = pattern.sub(lambda m: f"{m.group(1)}{m.group(2)}{REDACTED}", text)
     return text
+
+
+def redact_query(query: str) -> str:
+    """A URL's query string (without the ``?``) with the value of every credential
+    parameter (``CREDENTIAL_PARAM``) replaced by ``[redacted]``: what logs and spans
+    record of a request's query."""
+    return _QUERY.sub(lambda m: f"{m.group(1)}{REDACTED}", query)
 
 
 def header_secrets(headers: Mapping[str, str]) -> list[str]:
@@ -94,4 +112,12 @@ def install_redaction(names: Iterable[str] = REDACTED_LOGGERS) -> None:
             logger.addFilter(RedactingFilter())
 
 
-__all__ = ["REDACTED", "RedactingFilter", "header_secrets", "install_redaction", "redact"]
+__all__ = [
+    "CREDENTIAL_PARAM",
+    "REDACTED",
+    "RedactingFilter",
+    "header_secrets",
+    "install_redaction",
+    "redact",
+    "redact_query",
+]

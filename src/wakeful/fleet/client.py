@@ -164,15 +164,21 @@ async def send_message(
     priority: int = 0,
     tenant: str | None = None,
     wake: Wake | None = None,
+    dispatch_id: str | None = None,
 ) -> Dispatch:
     """Deliver a message from outside to ``thread_id``: it starts a run of the thread's
     graph (or ``target``, or the registry's default) with the message as input, once:
-    ``message_id`` deduplicates. Runs send to each other with ``ctx.send`` instead."""
+    ``message_id`` deduplicates (through the dispatch id ``ext-<message_id>``, or
+    ``dispatch_id`` when given: the HTTP API scopes a tenant's message ids so). Runs send to
+    each other with ``ctx.send`` instead."""
     message_id = check_id("message_id", message_id or f"msg-{uuid.uuid4().hex}")
     check_optional_id("target", target)
     check_optional_id("correlation_id", correlation_id)
     check_optional_id("tenant", tenant)
-    dispatch_id = f"ext-{message_id}"[:200]
+    if dispatch_id is None:
+        dispatch_id = f"ext-{message_id}"[:200]
+    else:
+        check_id("dispatch_id", dispatch_id)
     return await _enqueue(
         store,
         Dispatch(

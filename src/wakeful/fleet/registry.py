@@ -38,6 +38,28 @@ class Target:
         takes any JSON value (it becomes the user message)."""
         return {} if self.agent is not None else self.graph.check_input(input)
 
+    def input_schema(self) -> dict[str, Any]:
+        """A JSON Schema of the input ``check_input`` takes. An agent: text, the user message
+        (another JSON value is sent as its JSON text). A graph: an object of its state
+        fields, typed where an input replaces the field, any JSON value elsewhere."""
+        if self.agent is not None:
+            return {"type": "string", "description": "the user message"}
+        graph = self.graph.graph
+        typed = [name for name in sorted(graph.channels) if name in graph.input_types]
+        schemas, defs = msgspec.json.schema_components(
+            [graph.input_types[name] for name in typed], ref_template="#/$defs/{name}"
+        )
+        properties: dict[str, Any] = {name: {} for name in sorted(graph.channels)}
+        properties.update(zip(typed, schemas, strict=True))
+        schema: dict[str, Any] = {
+            "type": "object",
+            "properties": properties,
+            "additionalProperties": False,
+        }
+        if defs:
+            schema["$defs"] = dict(defs)
+        return schema
+
 
 class Registry:
     """Agents and compiled graphs by name. ``default`` handles messages sent to a thread

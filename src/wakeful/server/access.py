@@ -13,12 +13,13 @@ submitted for another tenant, whatever thread it is on.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from wakeful.errors import NotFound
+from wakeful.errors import InvalidInput, NotFound
 from wakeful.fleet.client import tenant_of
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.wake import Wake
@@ -27,10 +28,13 @@ from wakeful.records import Dispatch, ThreadSnapshot
 from wakeful.server.auth import Caller
 from wakeful.server.gateway import CALLER_KEY
 from wakeful.server.problems import Forbidden
+from wakeful.server.schemas import MAX_KEY
 from wakeful.store.contract import Store
 
 OWNER_SCAN = 50
 """Dispatches of a thread without commits looked at to find the tenant that queued work."""
+SCOPE_DIGITS = 12
+"""Hex digits of the tenant tag that scopes a tenant's idempotency keys and message ids."""
 
 
 @dataclass
@@ -161,6 +165,39 @@ class DispatchFilter:
         return d
 
 
+def tenant_scope(tenant: str) -> str:
+    """The tag a tenant's keys are stored under: the first ``SCOPE_DIGITS`` hex digits of
+    the SHA-256 of the tenant's name (fixed length, so ``<tag>.<key>`` is unambiguous
+    whatever characters tenants and keys use)."""
+    return hashlib.sha256(tenant.encode("utf-8")).hexdigest()[:SCOPE_DIGITS]
+
+
+async def keyed_dispatch_id(
+    store: Store, caller: Caller, key: str | None, *, prefix: str = "", field: str
+) -> str | None:
+    """The dispatch id a caller's idempotency key (or, with ``prefix="ext-"``, message id)
+    stands for. A tenant's keys are its own namespace, so another tenant can neither probe
+    them (409 against 202) nor take them first: they are stored as
+    ``<prefix><tag>.<key>`` (``tenant_scope``). Operators and development mode (no tenant)
+    keep ``<prefix><key>``, as before. A dispatch the same tenant stored under the unscoped
+    id (before keys were scoped) is still the one a retry replays."""
+    if key is None:
+        return None
+    if caller.tenant is None:
+        return prefix + key
+    unscoped = await store.get_dispatch(prefix + key)
+    if unscoped is not None and tenant_of(unscoped) == caller.tenant:
+        return prefix + key
+    scoped = f"{tenant_scope(caller.tenant)}.{key}"
+    if len(scoped) > MAX_KEY:
+        raise InvalidInput(
+            field,
+            f"is {len(key)} characters long; a tenant's keys are at most "
+            f"{MAX_KEY - SCOPE_DIGITS - 1} (they are stored with the tenant's tag)",
+        )
+    return prefix + scoped
+
+
 def json_field(payload: Any, name: str) -> Any:
     return payload.get(name) if isinstance(payload, dict) else None
 
@@ -176,7 +213,9 @@ __all__ = [
     "can_see",
     "get_caller",
     "get_state",
+    "keyed_dispatch_id",
     "require_operator",
+    "tenant_scope",
     "thread_owner",
     "visible_thread",
     "writable_thread",

@@ -11,6 +11,7 @@ import asyncio
 import json
 import logging
 import re
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -22,6 +23,7 @@ from wakeful import telemetry
 from wakeful.errors import InvalidInput
 from wakeful.fleet.exposure import PROBES, Exposure
 from wakeful.metrics import Metrics
+from wakeful.redact import redact_query
 from wakeful.server.auth import Authenticator, Caller
 from wakeful.server.problems import problem, problem_for, validation_problem
 from wakeful.store.validate import MAX_JSON_DEPTH, check_json
@@ -58,6 +60,9 @@ class Gateway:
         self.body_timeout = body_timeout
         self.templates = templates
         self._patterns: list[tuple[re.Pattern[str], str]] | None = None
+        # other instrumentations' server spans (opentelemetry-instrument's ASGI one records
+        # url.query as sent) are cleaned like the gateway's own
+        telemetry.redact_spans()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -245,7 +250,8 @@ def _is_json(scope: Scope) -> bool:
 def _refuse_json(scope: Scope, body: bytes) -> Response | None:
     """422 for a JSON body that would be changed or unreadable once stored: bytes that are
     not UTF-8, ``NaN``/``Infinity`` (Python's parser accepts them) or a number too large for
-    a float, nesting deeper than ``MAX_JSON_DEPTH``. Malformed JSON is left to the route,
+    a float, an integer longer than Python converts (``sys.get_int_max_str_digits()``,
+    4,300 digits), nesting deeper than ``MAX_JSON_DEPTH``. Malformed JSON is left to the route,
     which answers it 422 as well."""
     if not body or not _is_json(scope):
         return None
@@ -262,6 +268,10 @@ def _refuse_json(scope: Scope, body: bytes) -> Response | None:
         problem_text = exc.problem
     except json.JSONDecodeError:
         return None
+    except ValueError:  # the only other refusal: an integer past the conversion limit
+        problem_text = (
+            f"contains an integer longer than {sys.get_int_max_str_digits()} digits (the limit)"
+        )
     else:
         return None
     error = {"loc": ("body",), "msg": f"the body {problem_text}", "type": "json_invalid"}
@@ -286,9 +296,13 @@ def _server_span(scope: Scope) -> telemetry.SpanLike:
         if name in (b"traceparent", b"tracestate")
     }
     method = str(scope.get("method", ""))
+    attributes = {"http.request.method": method, "url.path": str(scope.get("path", ""))}
+    query = bytes(scope.get("query_string", b"")).decode("latin-1")
+    if query:  # credentials in a query (?access_token=, the console's streams) never recorded
+        attributes["url.query"] = redact_query(query)
     return telemetry.start(
         method if method in METHODS else "HTTP",
-        {"http.request.method": method, "url.path": str(scope.get("path", ""))},
+        attributes,
         kind=telemetry.kind("server"),
         parent=telemetry.extract(carrier),
     )

@@ -14,16 +14,17 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any
 
+import fastapi.routing
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Match, Route
+from starlette.routing import Match
 
 from wakeful.errors import (
     DispatchConflict,
@@ -236,11 +237,20 @@ def allowed_methods(request: Request) -> list[str]:
     """Every method some route serves at the request's path. (Starlette's 405 names only
     the first route matching the path, so ``GET`` and ``DELETE`` on one path disagreed.)"""
     methods: set[str] = set()
-    for route in request.app.router.routes:
-        match, _ = route.matches({**request.scope, "method": "\x00"})
-        if match is Match.PARTIAL and isinstance(route, Route):
-            methods |= set(route.methods or ())
+    probe = {**request.scope, "method": "\x00"}  # no route serves it: a path match is PARTIAL
+    for route in _flat_routes(request.app.router.routes):
+        match, _ = route.matches(probe)
+        if match is Match.PARTIAL:
+            methods |= set(getattr(route, "methods", None) or ())
     return sorted(methods)
+
+
+def _flat_routes(routes: Sequence[Any]) -> Iterable[Any]:
+    """The routes with their full paths. FastAPI 0.165 keeps an included router as one
+    ``_IncludedRouter`` entry (it has no ``methods``) and flattens it with
+    ``iter_route_contexts``; older versions copied every route into ``app.router.routes``."""
+    flatten = getattr(fastapi.routing, "iter_route_contexts", None)
+    return routes if flatten is None else flatten(routes)
 
 
 Handler = Callable[[Request, Any], Coroutine[Any, Any, Response]]

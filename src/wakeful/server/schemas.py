@@ -217,6 +217,23 @@ class CheckpointPage(BaseModel):
     )
 
 
+class TargetView(_View):
+    name: str
+    kind: Literal["agent", "graph"] = Field(
+        description="An agent takes text (the user message); a graph a JSON object."
+    )
+    input_schema: dict[str, Any] = Field(description="A JSON Schema of the input it takes.")
+    default: bool = Field(description="Whether messages to a thread without a run go to it.")
+
+
+class TargetPage(_View):
+    targets: list[TargetView]
+    registry: bool = Field(
+        description="Whether the server knows its targets (`wakeful serve --app`); without a "
+        "registry it takes any name and the worker decides."
+    )
+
+
 class Identity(BaseModel):
     """Who a bearer token is."""
 

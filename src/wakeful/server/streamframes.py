@@ -23,6 +23,7 @@ import msgspec
 
 from wakeful.errors import InvalidInput
 from wakeful.records import Event
+from wakeful.server.routes.params import MAX_SEQ
 
 MODES = ("events", "messages", "updates", "values")
 DEFAULT_MODES = ("events", "messages")
@@ -52,6 +53,10 @@ class StreamCursor:
 def parse_cursor(text: str) -> StreamCursor:
     """A frame id as the client sends it back; ``InvalidInput`` (422) if it is not one."""
     match = _CURSOR.fullmatch(text.strip()) if len(text) <= MAX_CURSOR else None
+    if match is not None and int(match.group(1)) > MAX_SEQ:
+        # refused here, as the id it is, not later by the store as another field (a
+        # submit-and-stream would have queued the run by then)
+        raise InvalidInput("Last-Event-ID", f"{text[:70]!r}: a seq is at most {MAX_SEQ}")
     if match is None:
         raise InvalidInput(
             "Last-Event-ID",

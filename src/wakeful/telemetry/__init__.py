@@ -4,6 +4,7 @@ OpenTelemetry SDK). See ``docs/observability.md``.
 - ``configure(tracer_provider=..., enabled=..., capture_content=...)``: what records.
 - ``span``/``start``/``use``/``finish``: spans with attributes, events and links.
 - ``inject``/``extract``/``link``: the W3C trace context to and from a plain dict.
+- ``redact_spans``: credentials in every span's URL attributes redacted as it starts.
 - ``StoreCalls``: the one wrapper around the store writes of the runtime and the worker.
 - ``TraceContextFilter``/``instrument_logging``: trace and span ids on log records.
 """
@@ -23,6 +24,7 @@ from wakeful.telemetry.tracing import (
     inject,
     kind,
     link,
+    redact_spans,
     span,
     start,
     tracer,
@@ -47,6 +49,7 @@ __all__ = [
     "instrument_logging",
     "kind",
     "link",
+    "redact_spans",
     "span",
     "start",
     "tracer",

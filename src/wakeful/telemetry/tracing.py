@@ -17,9 +17,12 @@ from __future__ import annotations
 
 import os
 import re
+import weakref
 from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
+
+from wakeful.redact import redact
 
 if TYPE_CHECKING:
     from opentelemetry.context import Context
@@ -345,3 +348,42 @@ def ids() -> tuple[str, str] | None:
     if not context.is_valid:
         return None
     return f"{context.trace_id:032x}", f"{context.span_id:016x}"
+
+
+URL_ATTRIBUTES = ("url.query", "url.full", "http.target", "http.url")
+"""Span attributes that carry a request's query string: ``redact_spans`` cleans them."""
+_REDACTING: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def redact_spans(tracer_provider: object | None = None) -> bool:
+    """Redact the credentials in the ``URL_ATTRIBUTES`` of every span the provider records,
+    wakeful's and other instrumentations' alike (an ASGI instrumentation records
+    ``url.query`` as the client sent it, ``?access_token=...`` included), as each span
+    starts: ``wakeful.redact.redact``, the rule of the access log. ``tracer_provider``:
+    default the one wakeful records with (``configure``'s, else the global one). Adds one
+    span processor per provider (calling again adds none); ``False`` when the provider is
+    not an SDK provider (nothing records, nothing to redact)."""
+    if not _HAVE_API:
+        return False
+    try:
+        from opentelemetry.sdk.trace import SpanProcessor
+        from opentelemetry.sdk.trace import TracerProvider as SdkTracerProvider
+    except ImportError:
+        return False
+    provider = tracer_provider or _Settings.provider or _otel_trace.get_tracer_provider()
+    if not isinstance(provider, SdkTracerProvider):
+        return False
+    if provider in _REDACTING:
+        return True
+
+    class _RedactingProcessor(SpanProcessor):
+        def on_start(self, span: Any, parent_context: Context | None = None) -> None:
+            attributes = span.attributes or {}
+            for key in URL_ATTRIBUTES:
+                value = attributes.get(key)
+                if isinstance(value, str) and (clean := redact(value)) != value:
+                    span.set_attribute(key, clean)
+
+    provider.add_span_processor(_RedactingProcessor())
+    _REDACTING.add(provider)
+    return True

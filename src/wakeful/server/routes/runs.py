@@ -24,6 +24,7 @@ from wakeful.server.access import (
     StateDep,
     acting_tenant,
     json_field,
+    keyed_dispatch_id,
     visible_thread,
     writable_thread,
 )
@@ -38,6 +39,8 @@ from wakeful.server.schemas import (
     RunView,
     SendMessage,
     SubmitRun,
+    TargetPage,
+    TargetView,
 )
 from wakeful.server.views import accepted, errors
 
@@ -71,6 +74,28 @@ def _message_target(state: ServerState, body: SendMessage, owner: Owner | None) 
         return None  # the worker decides (and refuses it)
 
 
+@router.get("/targets")
+async def list_targets(state: StateDep, caller: CallerDep) -> TargetPage:
+    """What may be submitted: each registered target, ``agent`` (its input is text, the
+    user message) or ``graph`` (a JSON object of its state fields), with a JSON Schema of
+    its input. Empty without a registry (any name is taken; the worker decides)."""
+    registry = state.registry
+    if registry is None:
+        return TargetPage(targets=[], registry=False)
+    return TargetPage(
+        targets=[
+            TargetView(
+                name=t.name,
+                kind="agent" if t.agent is not None else "graph",
+                input_schema=t.input_schema(),
+                default=t.name == registry.default,
+            )
+            for t in registry.targets()
+        ],
+        registry=True,
+    )
+
+
 def _location(response: Response, d: Dispatch) -> None:
     response.headers["Location"] = f"/v1/dispatches/{d.dispatch_id}"
 
@@ -85,17 +110,21 @@ async def submit_run(
     idempotency_key: IdempotencyKey = None,
 ) -> Accepted:
     """Start a run of ``target`` on the thread (new or the caller's). The run id is
-    ``run-<dispatch_id>``; with an ``Idempotency-Key`` the dispatch id is the key."""
+    ``run-<dispatch_id>``; with an ``Idempotency-Key`` the dispatch id is the key (a
+    tenant's: ``<tenant tag>.<key>``, see ``keyed_dispatch_id``)."""
     target = _check_target(state, "target", body.target)
     if target is not None:  # refused now rather than retried until exhausted
         target.check_input(body.input)
     owner = await writable_thread(state.store, caller, thread_id)
+    dispatch_id = await keyed_dispatch_id(
+        state.store, caller, idempotency_key, field="Idempotency-Key"
+    )
     d = await client.submit(
         state.store,
         thread_id,
         body.target,
         body.input,
-        dispatch_id=idempotency_key,
+        dispatch_id=dispatch_id,
         priority=body.priority,
         max_attempts=body.max_attempts,
         tenant=acting_tenant(caller, owner),
@@ -121,9 +150,10 @@ async def resume_run(
     ticket it does not have open)."""
     owner = await visible_thread(state.store, caller, thread_id)
     cp = owner.snapshot.checkpoint if owner.snapshot is not None else None
-    replay = idempotency_key is not None and (
-        await state.store.get_dispatch(idempotency_key) is not None
+    dispatch_id = await keyed_dispatch_id(
+        state.store, caller, idempotency_key, field="Idempotency-Key"
     )
+    replay = dispatch_id is not None and await state.store.get_dispatch(dispatch_id) is not None
     if not replay:  # a replay is judged by the store: same body, same dispatch
         if cp is None or cp.status != "suspended":
             raise NotSuspended(thread_id, cp.status if cp is not None else None)
@@ -135,7 +165,7 @@ async def resume_run(
         state.store,
         thread_id,
         body.answers,
-        dispatch_id=idempotency_key,
+        dispatch_id=dispatch_id,
         tenant=owner.tenant,
         wake=state.wake,
     )
@@ -180,14 +210,23 @@ async def send_message(
     if target is not None:
         target.check_input(body.payload)
     message_id = body.message_id or idempotency_key or new_id("msg-")
-    d = await _send(state, thread_id, body, message_id, acting_tenant(caller, owner))
+    field = "message_id" if body.message_id else "Idempotency-Key"
+    dispatch_id = await keyed_dispatch_id(
+        state.store, caller, message_id, prefix="ext-", field=field
+    )
+    d = await _send(state, thread_id, body, message_id, dispatch_id, acting_tenant(caller, owner))
     state.metrics.submits.inc(kind="message")
     _location(response, d)
     return accepted(d, f"run-{d.dispatch_id}", message_id)
 
 
 async def _send(
-    state: ServerState, thread_id: str, body: SendMessage, message_id: str, tenant: str | None
+    state: ServerState,
+    thread_id: str,
+    body: SendMessage,
+    message_id: str,
+    dispatch_id: str | None,
+    tenant: str | None,
 ) -> Dispatch:
     return await client.send_message(
         state.store,
@@ -198,6 +237,7 @@ async def _send(
         correlation_id=body.correlation_id,
         tenant=tenant,
         wake=state.wake,
+        dispatch_id=dispatch_id,
     )
 
 

@@ -80,8 +80,10 @@ export function table(headers, rows, attrs = {}) {
   );
 }
 
-// An in-page confirmation (a modal <dialog>): resolves true when the user confirms.
-export function confirmAction(question, action = "Confirm") {
+// An in-page confirmation (a modal <dialog>): resolves true when the user confirms. Both
+// buttons say what they do ("Keep running" / "Cancel run"), never a bare "Cancel" beside
+// a cancelling action.
+export function confirmAction(question, action = "Confirm", keep = "Go back") {
   return new Promise((resolve) => {
     const dialog = h(
       "dialog",
@@ -90,7 +92,7 @@ export function confirmAction(question, action = "Confirm") {
       h(
         "form",
         { method: "dialog" },
-        h("button", { value: "cancel", class: "secondary" }, "Cancel"),
+        h("button", { value: "keep", class: "secondary", "data-testid": "confirm-keep" }, keep),
         h("button", { value: "ok", class: "danger", "data-testid": "confirm-ok" }, action),
       ),
     );

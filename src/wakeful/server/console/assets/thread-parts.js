@@ -4,12 +4,14 @@
 import { diff } from "./diff.js";
 import { ago, badge, clear, h, json, short, table, time } from "./dom.js";
 
-// Recovery marks from durable events, per run.
+// Recovery marks from durable events, per run. Data of another shape gives no mark (the
+// timeline row shows the data as it is): events come from any producer, never trusted.
 export function marksOf(event) {
-  const data = event.data && typeof event.data === "object" ? event.data : {};
+  const data = event.data && typeof event.data === "object" && !Array.isArray(event.data) ? event.data : {};
+  const list = (value) => (Array.isArray(value) ? value : []);
   if (event.type === "run.recovered") return [{ kind: "takeover", title: `taken over by ${data.holder ?? "?"}, ${data.reused ?? 0} results reused` }];
-  if (event.type === "model.recovered") return (data.plans || []).map((plan) => ({ kind: String(plan), title: "model stream recovery" }));
-  if (event.type === "run.resumed") return [{ kind: "resumed", title: `answered ${(data.answered || []).join(", ")}` }];
+  if (event.type === "model.recovered") return list(data.plans).map((plan) => ({ kind: String(plan), title: "model stream recovery" }));
+  if (event.type === "run.resumed") return [{ kind: "resumed", title: `answered ${list(data.answered).join(", ")}` }];
   if (event.type === "run.stalled") return [{ kind: "stalled", title: `idle ${data.idle_seconds ?? "?"} s` }];
   return [];
 }
@@ -65,6 +67,16 @@ export function renderRuns(node, runs, marks, dispatches) {
     );
   });
   clear(node, rows.length ? table(["run", "outcome", "graph", "recoveries", "attempts", "started", "updated"], rows, { class: "list", id: "runs" }) : h("p", { class: "muted" }, "No runs."));
+}
+
+// A frame the timeline cannot interpret, shown as its raw JSON rather than dropped.
+export function rawRow(name, data) {
+  return h(
+    "li",
+    { class: "raw", "data-type": String(name), "data-raw": "" },
+    h("span", { class: "etype" }, String(name)),
+    h("code", { class: "raw-json" }, JSON.stringify(data) ?? String(data)),
+  );
 }
 
 export function timelineRow(event) {

@@ -4,7 +4,7 @@
 import { ApiError, enc, get, post } from "./api.js";
 import { ago, badge, clear, confirmAction, h, json, time } from "./dom.js";
 import { follow } from "./sse.js";
-import { marksOf, renderCheckpoints, renderMessages, renderRuns, timelineRow } from "./thread-parts.js";
+import { marksOf, rawRow, renderCheckpoints, renderMessages, renderRuns, timelineRow } from "./thread-parts.js";
 
 const TIMELINE_BACKLOG = 200;
 const TIMELINE_MAX = 500;
@@ -61,7 +61,7 @@ export function threadView(main, threadId, { showError }) {
     const claim = t.claim;
     const cancel = h("button", { class: "danger", id: "cancel-run", disabled: !["running", "suspended", null].includes(t.status) }, "Cancel run");
     cancel.addEventListener("click", async () => {
-      if (!(await confirmAction(`Cancel the work of thread ${threadId}?`, "Cancel run"))) return;
+      if (!(await confirmAction(`Cancel the work of thread ${threadId}?`, "Cancel run", "Keep running"))) return;
       try {
         await post(`${base}/cancel`, { reason: "cancelled from the console" });
         state.cancelled = true;
@@ -191,15 +191,26 @@ export function threadView(main, threadId, { showError }) {
     timer = setTimeout(refresh, 150);
   }
 
-  function onEvent(event) {
-    if (typeof event !== "object" || event === null || !Number.isInteger(event.seq) || state.seen.has(event.seq)) return;
-    state.seen.add(event.seq);
-    for (const mark of marksOf(event)) {
-      if (!state.marks.has(event.run_id)) state.marks.set(event.run_id, []);
-      state.marks.get(event.run_id).push(mark);
+  function onEvent(name, event) {
+    const known = typeof event === "object" && event !== null && Number.isInteger(event.seq);
+    if (known && state.seen.has(event.seq)) return;
+    let row;
+    try {
+      if (!known || typeof event.type !== "string") throw new TypeError("not an event");
+      row = timelineRow(event);
+      for (const mark of marksOf(event)) {
+        if (!state.marks.has(event.run_id)) state.marks.set(event.run_id, []);
+        state.marks.get(event.run_id).push(mark);
+      }
+    } catch {
+      // One odd frame must not end the stream (it would reconnect and drop the frame):
+      // show it as it came.
+      row = rawRow(name, event);
     }
-    parts.timeline.prepend(timelineRow(event));
+    if (known) state.seen.add(event.seq);
+    parts.timeline.prepend(row);
     while (parts.timeline.children.length > TIMELINE_MAX) parts.timeline.lastChild.remove();
+    if (!known) return;
     if (/^run\.(completed|failed|cancelled|suspended|indeterminate)$/.test(event.type)) {
       for (const [key, m] of state.live) if (m.run_id === event.run_id) state.live.delete(key);
     }
@@ -237,14 +248,18 @@ export function threadView(main, threadId, { showError }) {
     if (frame.event === "error") {
       showError(new ApiError(frame.data?.status || 0, frame.data));
     } else if (frame.event.startsWith("messages/")) {
-      onMessageFrame(frame.event.slice("messages/".length), frame.data);
+      try {
+        onMessageFrame(frame.event.slice("messages/".length), frame.data);
+      } catch {
+        parts.timeline.prepend(rawRow(frame.event, frame.data)); // shown, not a reconnect
+      }
     } else if (frame.event === "text.delta") {
       // fallback: a live text delta forwarded on the events stream
       const m = liveMessage({ run_id: frame.data?.run_id });
       m.text += frame.data?.data?.text ?? "";
       drawConversation();
     } else if (!["metadata", "end", "message"].includes(frame.event)) {
-      onEvent(frame.data);
+      onEvent(frame.event, frame.data);
     }
   }
 

@@ -1,7 +1,8 @@
 // Threads: search by id prefix, filter by status and target, pages from the server.
 
-import { enc, get, post } from "./api.js";
+import { enc, get } from "./api.js";
 import { ago, badge, clear, h, table } from "./dom.js";
+import { newRunForm } from "./submit-form.js";
 
 const STATUSES = ["", "running", "suspended", "completed", "failed", "cancelled", "indeterminate"];
 const PAGE = 50;
@@ -80,36 +81,4 @@ export function threadsView(main, params, { showError, navigate }) {
 function link(filters, after = "", trail = []) {
   const kept = Object.entries({ ...filters, after, trail: trail.join(",") }).filter(([, v]) => v);
   return `#/threads${kept.length ? `?${new URLSearchParams(kept)}` : ""}`;
-}
-
-function newRunForm(showError, navigate) {
-  const thread = h("input", { name: "thread", id: "new-thread", placeholder: "thread id", required: true });
-  const target = h("input", { name: "target", id: "new-target", placeholder: "target", required: true });
-  const input = h("textarea", { name: "input", id: "new-input", rows: 3, placeholder: '{"messages": "Hello"} (JSON)' });
-  const form = h(
-    "form",
-    { class: "card", id: "new-run" },
-    h("h2", {}, "Submit a run"),
-    h("div", { class: "toolbar" }, thread, target),
-    input,
-    h("button", { type: "submit" }, "Submit run"),
-  );
-  form.addEventListener("submit", async (event) => {
-    event.preventDefault();
-    let value = null;
-    try {
-      value = input.value.trim() ? JSON.parse(input.value) : null;
-    } catch (error) {
-      showError(`The input is not JSON: ${error.message}`);
-      return;
-    }
-    try {
-      const id = thread.value.trim();
-      await post(`/v1/threads/${enc(id)}/runs`, { target: target.value.trim(), input: value });
-      navigate(`#/threads/${enc(id)}`);
-    } catch (error) {
-      showError(error);
-    }
-  });
-  return form;
 }
