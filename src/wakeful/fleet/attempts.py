@@ -7,18 +7,43 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from wakeful.errors import WakefulError
 from wakeful.records import Checkpoint, Dispatch, Done, Outcome, Settle, ThreadSnapshot
 from wakeful.store.contract import Store
 
+UNFINISHED = ("running", "suspended")
+"""The run statuses that hold a thread: its work is not over."""
 CANCELLED = "cancelled: "
 """How every store's ``cancel`` marks the open dispatches it retires (``last_error``)."""
 
 
 def foreign_tenant(snap: ThreadSnapshot, tenant: str) -> bool:
     return snap.tenant_bound and snap.tenant != tenant
+
+
+def terminal_checkpoint(
+    latest: Checkpoint | None, status: Any, ended_by: str, now: datetime
+) -> Checkpoint | None:
+    """The checkpoint that ends the thread's unfinished run with ``status`` (its state and
+    frontier kept, ``metadata["ended_by"]`` the event that ended it), or ``None`` when the
+    latest checkpoint's run is already finished (or there is none)."""
+    if latest is None or latest.status not in UNFINISHED:
+        return None
+    ordinal = int(latest.metadata.get("ordinal", 0)) + 1
+    return Checkpoint(
+        id=f"{latest.run_id}-c{ordinal}",
+        parent=latest.id,
+        run_id=latest.run_id,
+        status=status,
+        state=latest.state,
+        created_at=now,
+        tenant=latest.tenant,
+        frontier=list(latest.frontier),
+        metadata={**latest.metadata, "ordinal": ordinal, "ended_by": ended_by},
+    )
 
 
 @dataclass(frozen=True)

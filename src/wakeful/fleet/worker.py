@@ -31,6 +31,7 @@ from wakeful.errors import (
     WorkerSuperseded,
 )
 from wakeful.fleet.attempts import (
+    UNFINISHED,
     Settled,
     fenced_ending,
     foreign_tenant,
@@ -39,6 +40,7 @@ from wakeful.fleet.attempts import (
     next_step,
     run_of,
     settle_done,
+    terminal_checkpoint,
 )
 from wakeful.fleet.client import tenant_of
 from wakeful.fleet.gather import ClaimGather
@@ -54,6 +56,7 @@ from wakeful.records import (
     Checkpoint,
     Claim,
     Commit,
+    Dispatch,
     Done,
     EventDraft,
     Lease,
@@ -70,7 +73,6 @@ from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.fleet")
 
-UNFINISHED = ("running", "suspended")
 ADMIT_SLICE = 32
 """Leases started per event-loop iteration at most: a started run's first step (up to its
 admission commit) is fixed Python work, and 1,000 of them in one iteration stalled the loop
@@ -298,13 +300,7 @@ class Worker:
                 # runs for their whole length, and two frames less is about 1 KB each
                 outcome = await self._follow(d.dispatch_id, outcome)
         except (CheckpointWriteFailed, StaleClaim) as exc:
-            self.stats.fenced += 1
-            self.metrics.stale_claims.inc()
-            fence, why = await fenced_ending(
-                self.store, d.dispatch_id, f"a newer owner has it ({exc})"
-            )
-            log_end(log, d, fields, started, fence, why)
-            return "fenced"
+            return await self._fenced(d, fields, started, f"a newer owner has it ({exc})")
         except RunYielded:
             outcome = Retry(0.0, "the worker shut down; recovering elsewhere")
         except Exception as exc:
@@ -320,11 +316,7 @@ class Worker:
                     d.thread_id,
                 )
         except StaleClaim:
-            self.stats.fenced += 1
-            self.metrics.stale_claims.inc()
-            fence, why = await fenced_ending(self.store, d.dispatch_id, "settled by a newer owner")
-            log_end(log, d, fields, started, fence, why)
-            return "fenced"
+            return await self._fenced(d, fields, started, "settled by a newer owner")
         ending = self._endings.pop(d.dispatch_id, None)
         if isinstance(outcome, Retry):
             log.warning(
@@ -355,6 +347,16 @@ class Worker:
 
     def _backoff(self, attempts: int) -> float:
         return backoff_delay(attempts, self.retry_backoff, self.max_retry_backoff, jitter=0.25)
+
+    async def _fenced(
+        self, d: Dispatch, fields: dict[str, Any], started: float, otherwise: str
+    ) -> str:
+        """Count and log an attempt whose claim was taken (cancelled, or a newer owner)."""
+        self.stats.fenced += 1
+        self.metrics.stale_claims.inc()
+        fence, why = await fenced_ending(self.store, d.dispatch_id, otherwise)
+        log_end(log, d, fields, started, fence, why)
+        return "fenced"
 
     async def _execute(self, lease: Lease) -> Outcome | Settled | RunHandle:
         d, claim = lease.dispatch, lease.claim
@@ -558,20 +560,7 @@ class Worker:
         for observers, under the lease's claim. With only an event to record, ``operation_id``
         makes a redelivered attempt return the first one's receipt instead of a second
         event. ``settle``: the dispatch settled ``Done`` by the same commit."""
-        checkpoint = None
-        if latest is not None and latest.status in UNFINISHED:
-            ordinal = int(latest.metadata.get("ordinal", 0)) + 1
-            checkpoint = Checkpoint(
-                id=f"{latest.run_id}-c{ordinal}",
-                parent=latest.id,
-                run_id=latest.run_id,
-                status=status,
-                state=latest.state,
-                created_at=self.clock.now(),
-                tenant=latest.tenant,
-                frontier=list(latest.frontier),
-                metadata={**latest.metadata, "ordinal": ordinal, "ended_by": event_type},
-            )
+        checkpoint = terminal_checkpoint(latest, status, event_type, self.clock.now())
         run_id = latest.run_id if latest is not None else None
         commit = Commit(
             token=claim.token,
