@@ -278,6 +278,39 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
         return self.attempts >= self.max_attempts
 
 
+class Schedule(msgspec.Struct, frozen=True, kw_only=True):
+    """A recurring submission of ``target`` (``wakeful.schedule``): a tick every time
+    ``cron`` (read in ``timezone``) or every ``every`` seconds matches, fired exactly once per
+    fleet by ``wakeful.fire_due`` as the dispatch ``sched:{name}:{tick in UTC}``.
+
+    ``next_fire_at`` is the earliest tick not fired yet (``None``: none left). ``revision``
+    counts the stored versions: ``ScheduleStore.put_schedule`` replaces a schedule only when
+    given its current revision (compare-and-set), and the store sets ``revision``,
+    ``created_at`` and ``updated_at``."""
+
+    name: str
+    target: str
+    cron: str | None = None
+    every: float | None = None
+    input: Any = None
+    thread: str | None = None
+    thread_template: str | None = None
+    timezone: str = "UTC"
+    overlap: Literal["skip", "enqueue", "allow"] = "skip"
+    catch_up: Literal["skip", "latest", "all"] = "latest"
+    max_catch_up: int = 10
+    tenant: str | None = None
+    paused: bool = False
+    next_fire_at: datetime | None = None
+    last_tick: datetime | None = None
+    last_dispatch_id: str | None = None
+    fired: int = 0
+    """Dispatches fired so far (ticks and triggers)."""
+    revision: int = 0
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
 class Lease(msgspec.Struct, frozen=True, kw_only=True):
     """A claimed dispatch with its thread claim. ``exhausted`` means the retry budget is
     spent: the claimant records the run's terminal ``indeterminate`` state and settles

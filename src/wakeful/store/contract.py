@@ -37,6 +37,7 @@ from wakeful.records import (
     Receipt,
     RetentionPolicy,
     RunSegment,
+    Schedule,
     StreamCheckpoint,
     ThreadSnapshot,
     ThreadSummary,
@@ -357,6 +358,45 @@ class StreamCheckpointStore(Protocol):
 
 
 @runtime_checkable
+class ScheduleStore(Protocol):
+    """Schedules (issue 38) and the store's clock. Every store of ``open_store`` has them;
+    ``wakeful.schedule`` and ``wakeful.fire_due`` use them. The store keeps definitions and
+    the compare-and-set that advances them; computing ticks is the caller's."""
+
+    async def store_now(self) -> datetime:
+        """The store's clock now: what decides whether a dispatch's ``available_at`` is
+        reached (PostgreSQL's ``store_now()``, the injected clock elsewhere)."""
+        ...
+
+    async def put_schedule(
+        self, schedule: Schedule, expected_revision: int | None = None
+    ) -> Schedule | None:
+        """Store ``schedule`` under its name and return it as stored (``revision`` one more
+        than the replaced one's, or 1; ``created_at`` kept from the replaced one;
+        ``updated_at`` now). With ``expected_revision``, only if the stored schedule has that
+        revision (0: only if none exists): otherwise ``None`` and nothing changes (the
+        compare-and-set firers and operators race on). Without it, unconditionally."""
+        ...
+
+    async def get_schedule(self, name: str) -> Schedule | None: ...
+
+    async def list_schedules(
+        self, tenant: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[Schedule]:
+        """Schedules by name after the name ``after``; only ``tenant``'s when given."""
+        ...
+
+    async def delete_schedule(self, name: str) -> bool:
+        """Remove the schedule; whether there was one. Dispatches it fired stay."""
+        ...
+
+    async def due_schedules(self, limit: int = 100) -> tuple[datetime, list[Schedule]]:
+        """The store's clock now and the schedules not paused whose ``next_fire_at`` is at
+        or before it, earliest first, at most ``limit``. A read: nothing is locked."""
+        ...
+
+
+@runtime_checkable
 class Store(ThreadStore, DispatchQueue, Outbox, Protocol):
     """A whole store, as ``open_store`` returns it."""
 
@@ -371,6 +411,7 @@ class Store(ThreadStore, DispatchQueue, Outbox, Protocol):
 __all__ = [
     "DispatchQueue",
     "Outbox",
+    "ScheduleStore",
     "Store",
     "StreamCheckpointStore",
     "ThreadStore",

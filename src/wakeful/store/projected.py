@@ -46,6 +46,7 @@ from wakeful.store.projected_core import (
     snapshot_of,
 )
 from wakeful.store.projected_queue import ProjectedQueue, cancel_intent, message_dispatch_id
+from wakeful.store.projected_schedules import ProjectedSchedules
 from wakeful.store.projection import (
     Claimed,
     Committed,
@@ -69,7 +70,7 @@ from wakeful.store.validate import (
 )
 
 
-class ProjectedStore(ProjectedQueue):
+class ProjectedStore(ProjectedQueue, ProjectedSchedules):
     """The whole contract over ``State``; subclasses decide how records are persisted."""
 
     async def claim(

@@ -32,6 +32,7 @@ from wakeful.records import (
     Receipt,
     RetentionPolicy,
     Retry,
+    Schedule,
     WorkerInfo,
 )
 
@@ -155,6 +156,16 @@ class Unstaged(msgspec.Struct, frozen=True, tag="unstaged"):
     stage_seq: int
 
 
+class SchedulePut(msgspec.Struct, frozen=True, tag="schedule_put"):
+    """A schedule stored as it is (its revision and times already decided)."""
+
+    schedule: Schedule
+
+
+class ScheduleDeleted(msgspec.Struct, frozen=True, tag="schedule_deleted"):
+    name: str
+
+
 Mutation = (
     Claimed
     | Renewed
@@ -175,6 +186,8 @@ Mutation = (
     | WorkerRetired
     | Delivered
     | Unstaged
+    | SchedulePut
+    | ScheduleDeleted
 )
 
 
@@ -252,6 +265,7 @@ class State:
     outbox: dict[int, StagedEntry] = field(default_factory=dict)
     stage_seq: int = 0
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
+    schedules: dict[str, Schedule] = field(default_factory=dict)
     claimable: list[tuple[int, int, str]] = field(default_factory=list)
     """Derived (never persisted): the pending and leased dispatches in claim order, as
     ``(-priority, enqueue order, dispatch_id)``, so ``claim_next`` never sorts the queue."""
@@ -391,6 +405,10 @@ class State:
                     self.apply(Enqueued(dispatch))
             case Unstaged(stage_seq=seq):
                 self.outbox.pop(seq, None)
+            case SchedulePut(schedule=schedule):
+                self.schedules[schedule.name] = schedule
+            case ScheduleDeleted(name=name):
+                self.schedules.pop(name, None)
         return None
 
     def _apply_commit(self, record: Committed) -> None:

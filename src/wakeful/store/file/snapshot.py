@@ -27,6 +27,7 @@ from wakeful.records import (
     OutboxEntry,
     PendingWrite,
     Receipt,
+    Schedule,
     WorkerInfo,
 )
 from wakeful.store.file.chain import link
@@ -79,6 +80,8 @@ class _State(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     outbox: list[_Staged]
     stage_seq: int
     workers: list[WorkerInfo]
+    schedules: list[Schedule] = msgspec.field(default_factory=list)
+    """Absent from snapshots written before schedules existed."""
 
 
 _STATE = msgspec.json.Decoder(_State)
@@ -102,6 +105,7 @@ def encode_state(state: State) -> bytes:
         ],
         stage_seq=state.stage_seq,
         workers=list(state.workers.values()),
+        schedules=list(state.schedules.values()),
     )
     return msgspec.json.encode(doc)
 
@@ -120,6 +124,7 @@ def decode_state(body: bytes) -> State:
         outbox={s.stage_seq: StagedEntry(s.source_thread, s.entry, s.at) for s in doc.outbox},
         stage_seq=doc.stage_seq,
         workers={w.worker_id: w for w in doc.workers},
+        schedules={s.name: s for s in doc.schedules},
     )
 
 

@@ -33,6 +33,7 @@ from wakeful.store.postgres.messaging import MessagingOps, PostgresStreamCheckpo
 from wakeful.store.postgres.notify import Notifier
 from wakeful.store.postgres.queue import QueueOps
 from wakeful.store.postgres.renewals import GroupRenew
+from wakeful.store.postgres.schedules import ScheduleOps
 from wakeful.store.postgres.threads import COMMIT, ThreadOps
 
 DEFAULT_POOL_SIZE = 10
@@ -50,7 +51,7 @@ OPTIONS = (
 )
 
 
-class PostgresStore(ThreadOps, QueueOps, MessagingOps):
+class PostgresStore(ThreadOps, QueueOps, MessagingOps, ScheduleOps):
     """The store contract (``wakeful.store.contract.Store``) on PostgreSQL. Open it with
     ``open_store("postgresql://...")`` or ``open_postgres_store``."""
 

@@ -49,6 +49,7 @@ from wakeful.store import streamputs
 from wakeful.store.kinds import DISPATCH_KINDS
 from wakeful.store.sqlite import messaging, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
+from wakeful.store.sqlite.schedules import SqliteSchedules
 from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
     check_depth_limit,
@@ -66,7 +67,7 @@ from wakeful.store.validate import (
 T = TypeVar("T")
 
 
-class SqliteStore:
+class SqliteStore(SqliteSchedules):
     """The store contract over a SQLite database file (open it with ``open_store``)."""
 
     def __init__(self, db: Database, clock: Clock, poll_interval: float) -> None:
