@@ -33,6 +33,7 @@ TABLE_TIMES = {
     "outbox": ("at",),
     "workers": ("registered_at", "last_heartbeat"),
     "stream_checkpoints": ("updated_at",),
+    "schedules": ("next_fire_at", "created_at", "updated_at"),
 }
 """Every stored time, per table: what ``advance_store_clock`` moves back."""
 
@@ -139,6 +140,17 @@ async def move_stored_times_back(dsn: str, seconds: float, schema: str = SCHEMA)
                 sql.SQL("UPDATE {}.{} SET {}").format(ident, sql.Identifier(table), moves),
                 {"s": seconds},
             )
+
+
+async def move_frozen_clock(dsn: str, seconds: float, schema: str = SCHEMA) -> None:
+    """Move the frozen store clock (``freeze_clock``) forward by ``seconds``."""
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        await conn.execute(
+            sql.SQL("UPDATE {}.test_clock SET at = at + make_interval(secs => %s)").format(
+                sql.Identifier(schema)
+            ),
+            (seconds,),
+        )
 
 
 def postgres_cluster() -> tuple[str, str]:

@@ -29,6 +29,7 @@ from wakeful.records import (
     Receipt,
     RetentionPolicy,
     RunSegment,
+    Schedule,
     StreamCheckpoint,
     ThreadSnapshot,
     ThreadSummary,
@@ -209,6 +210,28 @@ class Alternating:
 
     async def relay_outbox(self, limit: int = 100) -> int:
         return await self.next().relay_outbox(limit)
+
+    async def store_now(self) -> datetime:
+        return await self.next().store_now()
+
+    async def put_schedule(
+        self, schedule: Schedule, expected_revision: int | None = None
+    ) -> Schedule | None:
+        return await self.next().put_schedule(schedule, expected_revision)
+
+    async def get_schedule(self, name: str) -> Schedule | None:
+        return await self.next().get_schedule(name)
+
+    async def list_schedules(
+        self, tenant: str | None = None, after: str | None = None, limit: int = 100
+    ) -> list[Schedule]:
+        return await self.next().list_schedules(tenant, after, limit)
+
+    async def delete_schedule(self, name: str) -> bool:
+        return await self.next().delete_schedule(name)
+
+    async def due_schedules(self, limit: int = 100) -> tuple[datetime, list[Schedule]]:
+        return await self.next().due_schedules(limit)
 
 
 class _AlternatingStream:

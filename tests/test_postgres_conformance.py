@@ -20,6 +20,7 @@ from psycopg.conninfo import make_conninfo
 from tests.postgres_support import (
     Databases,
     freeze_clock,
+    move_frozen_clock,
     move_stored_times_back,
     open_test_store,
     reset_database,
@@ -79,6 +80,10 @@ class TestPostgresStore(StoreConformance):
     async def advance_store_clock(self, store: Store, clock: ManualClock, seconds: float) -> None:
         clock.advance(seconds)
         await move_stored_times_back(_pg(store).conninfo, seconds)
+
+    async def move_clock(self, store: Store, clock: ManualClock, seconds: float) -> None:
+        clock.advance(seconds)
+        await move_frozen_clock(_pg(store).conninfo, seconds)
 
     async def store_now(self, store: Store, clock: ManualClock) -> datetime:
         return await _pg(store).clock_now()

@@ -39,6 +39,7 @@ from wakeful.errors import (
     RunInterrupted,
     RunStalled,
     RunYielded,
+    ScheduleContended,
     StaleClaim,
     StoreClosed,
     StoreLocked,
@@ -72,6 +73,7 @@ from wakeful.records import (
     RetentionPolicy,
     Retry,
     RunSegment,
+    Schedule,
     Settle,
     StreamCheckpoint,
     ThreadSnapshot,
@@ -96,6 +98,7 @@ if TYPE_CHECKING:
         HandUnavailable,
         UnknownTool,
     )
+    from wakeful.fleet.schedules import fire_due, schedule
     from wakeful.providers.base import ProviderError
     from wakeful.runtime import (
         END,
@@ -130,6 +133,8 @@ _LAZY: dict[str, str] = {
     "resume": "wakeful.fleet.client",
     "send_message": "wakeful.fleet.client",
     "submit": "wakeful.fleet.client",
+    "schedule": "wakeful.fleet.schedules",
+    "fire_due": "wakeful.fleet.schedules",
     "ProviderError": "wakeful.providers.base",
     "HandConflict": "wakeful.fleet.hand",
     "HandError": "wakeful.fleet.hand",
@@ -215,6 +220,8 @@ __all__ = [
     "RunStalled",
     "RunYielded",
     "Runtime",
+    "Schedule",
+    "ScheduleContended",
     "Send",
     "Settle",
     "StaleClaim",
@@ -242,8 +249,10 @@ __all__ = [
     "WorkerSuperseded",
     "__version__",
     "cancel",
+    "fire_due",
     "open_store",
     "resume",
+    "schedule",
     "send_message",
     "submit",
     "tool",

@@ -169,6 +169,19 @@ class NotFound(WakefulError):
         super().__init__(f"{what} {ident!r} does not exist")
 
 
+class ScheduleContended(WakefulError):
+    """A change to a schedule lost its compare-and-set every time it was tried (the schedule
+    kept changing under it: firers advancing it, other operators). Nothing changed; retry."""
+
+    retryable = True
+
+    def __init__(self, name: str, tries: int) -> None:
+        self.name = name
+        super().__init__(
+            f"schedule {name!r} changed {tries} times while this change was being made; retry"
+        )
+
+
 class InvalidState(WakefulError):
     """The object exists but is not in a state that allows the operation. Nothing changed."""
 

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 
 from wakeful import telemetry
-from wakeful.errors import DispatchConflict
+from wakeful.errors import DispatchConflict, InvalidInput
+from wakeful.fleet.delays import not_before
 from wakeful.fleet.wake import Wake
 from wakeful.ids import check_id, check_optional_id
 from wakeful.records import Dispatch
@@ -90,13 +92,22 @@ async def submit(
     max_attempts: int = 5,
     tenant: str | None = None,
     wake: Wake | None = None,
+    after: float | timedelta | None = None,
+    at: datetime | None = None,
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
-    dispatch. The run id is ``run-<dispatch_id>``."""
+    dispatch. The run id is ``run-<dispatch_id>``.
+
+    ``after`` (seconds or a ``timedelta``, measured by the store's clock) or ``at`` (a
+    timezone-aware instant) delays the run: the dispatch is stored now and claimable from
+    then on (``Dispatch.available_at``); ``cancel`` before then and it never runs."""
     check_id("target", target)
     check_optional_id("tenant", tenant)
     dispatch_id = check_id("dispatch_id", dispatch_id or f"d-{uuid.uuid4().hex}")
+    available_at = None
+    if after is not None or at is not None:
+        available_at = not_before(await _store_now(store, after), after, at)
     payload = {"target": target, "input": input, "run_id": f"run-{dispatch_id}", "tenant": tenant}
     return await _enqueue(
         store,
@@ -108,9 +119,21 @@ async def submit(
             priority=priority,
             max_attempts=max_attempts,
             tenant=tenant,
+            available_at=available_at,
         ),
         wake,
     )
+
+
+async def _store_now(store: DispatchQueue, after: object) -> datetime:
+    """The store's clock (``after`` is measured by it); a store without one is refused."""
+    store_now = getattr(store, "store_now", None)
+    if store_now is None:
+        if after is None:  # ``at`` alone is checked against nothing later than it says
+            return datetime.now(UTC)
+        raise InvalidInput("after", f"{type(store).__name__} has no store_now(); pass at=")
+    now: datetime = await store_now()
+    return now
 
 
 async def resume(

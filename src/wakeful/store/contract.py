@@ -397,7 +397,7 @@ class ScheduleStore(Protocol):
 
 
 @runtime_checkable
-class Store(ThreadStore, DispatchQueue, Outbox, Protocol):
+class Store(ThreadStore, DispatchQueue, Outbox, ScheduleStore, Protocol):
     """A whole store, as ``open_store`` returns it."""
 
     @property

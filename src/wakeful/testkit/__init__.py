@@ -28,6 +28,7 @@ from wakeful.testkit.queue_cases import QueueCases
 from wakeful.testkit.run_cases import RunCases
 from wakeful.testkit.stateful import run_stateful
 from wakeful.testkit.tenant_cases import TenantCases
+from wakeful.testkit.time_cases import TimeCases
 from wakeful.testkit.value_cases import ValueCases
 
 
@@ -50,6 +51,7 @@ class StoreConformance(
     MessagingCases,
     OperationCases,
     TenantCases,
+    TimeCases,
     ValueCases,
     StatefulCases,
 ):
@@ -72,6 +74,7 @@ __all__ = [
     "StatefulCases",
     "StoreConformance",
     "TenantCases",
+    "TimeCases",
     "ValueCases",
     "run_stateful",
 ]

@@ -54,6 +54,12 @@ class Harness:
         A store with its own clock moves every stored expiry back instead."""
         clock.advance(seconds)
 
+    async def move_clock(self, store: Store, clock: ManualClock, seconds: float) -> None:
+        """Move the store's clock itself forward by ``seconds``, leaving stored times as they
+        are (schedule ticks are instants: shifting stored times would shift them). Default:
+        move ``clock``."""
+        clock.advance(seconds)
+
     async def store_now(self, store: Store, clock: ManualClock) -> datetime:
         """The store's idea of now. Default: the manual clock."""
         return clock.now()
@@ -96,6 +102,9 @@ class Kit:
 
     async def advance(self, seconds: float) -> None:
         await self.harness.advance_store_clock(self.store, self.clock, seconds)
+
+    async def move_clock(self, seconds: float) -> None:
+        await self.harness.move_clock(self.store, self.clock, seconds)
 
     async def now(self) -> datetime:
         return await self.harness.store_now(self.store, self.clock)

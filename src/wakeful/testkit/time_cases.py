@@ -1,0 +1,221 @@
+"""Conformance cases: time (issue 38). Delayed dispatches become claimable when the store's
+clock reaches them; schedules are stored with compare-and-set; every tick is fired once,
+however often ``fire_due`` runs; catch-up and overlap policies after a gap."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import msgspec
+import pytest
+
+from wakeful.errors import InvalidInput
+from wakeful.fleet.client import cancel, submit
+from wakeful.fleet.schedules import (
+    fire_due,
+    pause_schedule,
+    resume_schedule,
+    schedule,
+    schedule_dispatch_id,
+    trigger_schedule,
+)
+from wakeful.fleet.ticks import tick_label
+from wakeful.records import Done, Schedule
+from wakeful.testkit.harness import Harness, Kit
+
+case = pytest.mark.asyncio
+
+
+async def _started_ids(kit: Kit) -> list[str]:
+    """Every start dispatch in the store, by id."""
+    found = await kit.store.list_dispatches(limit=1000)
+    return sorted(d.dispatch_id for d in found if d.kind == "start")
+
+
+class TimeCases(Harness):
+    @case
+    async def test_a_dispatch_delayed_10_s_is_claimable_at_10_s_not_before(self, kit: Kit) -> None:
+        stored = await submit(kit.store, "t1", "g", {"n": 1}, dispatch_id="later", after=10)
+        assert stored.available_at == await kit.now() + timedelta(seconds=10)
+        assert await kit.store.claim_next("w", 30) == []
+        await kit.advance(9.9)
+        assert await kit.store.claim_next("w", 30) == []
+        await kit.advance(0.1)
+        leases = await kit.store.claim_next("w", 30)
+        assert [x.dispatch.dispatch_id for x in leases] == ["later"]
+
+    @case
+    async def test_at_is_an_instant_and_both_or_a_naive_at_are_refused(self, kit: Kit) -> None:
+        at = await kit.now() + timedelta(minutes=5)
+        stored = await submit(kit.store, "t1", "g", dispatch_id="at", at=at)
+        assert stored.available_at == at
+        with pytest.raises(InvalidInput):
+            await submit(kit.store, "t2", "g", after=1, at=at)
+        with pytest.raises(InvalidInput):
+            await submit(kit.store, "t2", "g", at=at.replace(tzinfo=None))
+        with pytest.raises(InvalidInput):
+            await submit(kit.store, "t2", "g", after=-1)
+        assert await _started_ids(kit) == ["at"]
+
+    @case
+    async def test_a_cancelled_delayed_dispatch_never_runs(self, kit: Kit) -> None:
+        await submit(kit.store, "t1", "g", dispatch_id="later", after=10)
+        await cancel(kit.store, "t1", "changed my mind")
+        await kit.advance(11)
+        leases = await kit.store.claim_next("w", 30, limit=10)
+        assert [x.dispatch.kind for x in leases] == ["cancel"]
+        later = await kit.store.get_dispatch("later")
+        assert later is not None and later.status == "done"
+        await kit.store.settle(leases[0].dispatch.dispatch_id, leases[0].claim.token, Done())
+        await kit.advance(60)
+        assert await kit.store.claim_next("w", 30, limit=10) == []
+
+    @case
+    async def test_put_schedule_is_a_compare_and_set_on_the_revision(self, kit: Kit) -> None:
+        s = Schedule(name="daily", target="g", every=60.0, thread="t1", tenant="acme")
+        first = await kit.store.put_schedule(s, 0)
+        assert first is not None and first.revision == 1 and first.created_at is not None
+        assert await kit.store.put_schedule(s, 0) is None  # exists already
+        assert await kit.store.put_schedule(s, 5) is None  # not its revision
+        await kit.move_clock(1)
+        second = await kit.store.put_schedule(msgspec.structs.replace(s, input={"v": 2}), 1)
+        assert second is not None and second.revision == 2 and second.input == {"v": 2}
+        assert second.created_at == first.created_at
+        assert second.updated_at is not None and second.updated_at > first.created_at
+        forced = await kit.store.put_schedule(s)
+        assert forced is not None and forced.revision == 3
+        assert await kit.store.get_schedule("daily") == forced
+        await kit.reopen()
+        assert await kit.store.get_schedule("daily") == forced
+        other = Schedule(name="other", target="g", every=5.0, thread="t2")
+        await kit.store.put_schedule(other)
+        assert [x.name for x in await kit.store.list_schedules()] == ["daily", "other"]
+        assert [x.name for x in await kit.store.list_schedules(tenant="acme")] == ["daily"]
+        assert [x.name for x in await kit.store.list_schedules(after="daily")] == ["other"]
+        assert await kit.store.delete_schedule("daily") is True
+        assert await kit.store.delete_schedule("daily") is False
+        assert await kit.store.get_schedule("daily") is None
+
+    @case
+    async def test_due_schedules_are_judged_by_the_store_clock(self, kit: Kit) -> None:
+        now = await kit.now()
+        due = Schedule(name="a", target="g", every=5.0, thread="t", next_fire_at=now)
+        later = msgspec.structs.replace(due, name="b", next_fire_at=now + timedelta(seconds=5))
+        paused = msgspec.structs.replace(due, name="c", paused=True)
+        for s in (due, later, paused):
+            await kit.store.put_schedule(s)
+        at, found = await kit.store.due_schedules()
+        assert at == now and [s.name for s in found] == ["a"]
+        await kit.move_clock(5)
+        at, found = await kit.store.due_schedules()
+        assert at == now + timedelta(seconds=5) and [s.name for s in found] == ["a", "b"]
+
+    @case
+    async def test_each_tick_fires_one_dispatch_however_often_it_is_fired(self, kit: Kit) -> None:
+        s = await schedule(kit.store, "every10", target="g", every=10, thread="t1")
+        assert s.next_fire_at is not None
+        assert await fire_due(kit.store) == []  # nothing is due before the first tick
+        await kit.move_clock((s.next_fire_at - await kit.now()).total_seconds())
+        fired = await fire_due(kit.store)
+        assert [d.dispatch_id for d in fired] == [schedule_dispatch_id("every10", s.next_fire_at)]
+        assert fired[0].thread_id == "t1" and fired[0].payload["target"] == "g"
+        assert await fire_due(kit.store) == []
+        # a firer that read the schedule before the first advanced it fires the same tick
+        other = await kit.sibling()
+        assert await fire_due(other) == []
+        stale = await kit.store.put_schedule(s)  # the definition as it was before the tick
+        assert stale is not None
+        assert await fire_due(kit.store) == []
+        assert await _started_ids(kit) == [fired[0].dispatch_id]
+        current = await kit.store.get_schedule("every10")
+        assert current is not None and current.next_fire_at == s.next_fire_at + timedelta(
+            seconds=10
+        )
+
+    @case
+    async def test_catch_up_after_a_three_hour_gap(self, kit: Kit) -> None:
+        for policy in ("skip", "latest", "all"):
+            await schedule(
+                kit.store,
+                f"hourly-{policy}",
+                "0 * * * *",
+                target="g",
+                thread_template=f"{policy}-{{date}}-{{time}}",
+                catch_up=policy,  # type: ignore[arg-type]
+                max_catch_up=2,
+                overlap="allow",
+            )
+        now = await kit.now()
+        first = (now + timedelta(hours=1)).replace(minute=0, second=0, microsecond=0)
+        # three hours and a half after the first tick: ticks first, +1h, +2h, +3h were missed
+        await kit.move_clock((first - now).total_seconds() + 3.5 * 3600)
+        fired = await fire_due(kit.store)
+        by_policy = {
+            p: sorted(d.dispatch_id for d in fired if f":hourly-{p}:" in d.dispatch_id)
+            for p in ("skip", "latest", "all")
+        }
+        latest = first + timedelta(hours=3)
+        assert by_policy["skip"] == []
+        assert by_policy["latest"] == [schedule_dispatch_id("hourly-latest", latest)]
+        assert by_policy["all"] == [
+            schedule_dispatch_id("hourly-all", first + timedelta(hours=2)),
+            schedule_dispatch_id("hourly-all", latest),
+        ]
+        # every policy is back on time for the next tick
+        await kit.move_clock(0.5 * 3600)
+        fired = await fire_due(kit.store)
+        nxt = latest + timedelta(hours=1)
+        assert sorted(d.dispatch_id for d in fired) == sorted(
+            schedule_dispatch_id(f"hourly-{p}", nxt) for p in ("skip", "latest", "all")
+        )
+
+    @case
+    async def test_overlap_skip_enqueue_and_allow(self, kit: Kit) -> None:
+        for policy in ("skip", "enqueue", "allow"):
+            await schedule(
+                kit.store,
+                f"o-{policy}",
+                target="g",
+                every=60,
+                thread=f"t-{policy}",
+                overlap=policy,  # type: ignore[arg-type]
+            )
+        now = await kit.now()
+        first = datetime.fromtimestamp((now.timestamp() // 60 + 1) * 60, UTC)
+        await kit.move_clock((first - now).total_seconds())
+        assert len(await fire_due(kit.store)) == 3
+        # the first runs are still pending (nobody ran them) when the second tick comes
+        await kit.move_clock(60)
+        fired = {d.dispatch_id.split(":")[1] for d in await fire_due(kit.store)}
+        assert fired == {"o-allow"}
+        enqueue = await kit.store.get_schedule("o-enqueue")
+        skip = await kit.store.get_schedule("o-skip")
+        assert enqueue is not None and enqueue.next_fire_at == first + timedelta(seconds=60)
+        assert skip is not None and skip.next_fire_at == first + timedelta(seconds=120)
+        # the enqueued tick fires once the previous run ends
+        leases = await kit.store.claim_next("w", 30, limit=10, thread_id="t-enqueue")
+        assert len(leases) == 1
+        await kit.store.settle(leases[0].dispatch.dispatch_id, leases[0].claim.token, Done())
+        fired_ids = [d.dispatch_id for d in await fire_due(kit.store)]
+        assert fired_ids == [schedule_dispatch_id("o-enqueue", first + timedelta(seconds=60))]
+
+    @case
+    async def test_pause_resume_and_trigger(self, kit: Kit) -> None:
+        s = await schedule(kit.store, "p", target="g", every=10, thread="t1")
+        assert s.next_fire_at is not None
+        paused = await pause_schedule(kit.store, "p")
+        assert paused.paused
+        await kit.move_clock(35)
+        assert await fire_due(kit.store) == []
+        resumed = await resume_schedule(kit.store, "p")
+        assert not resumed.paused and resumed.next_fire_at is not None
+        assert resumed.next_fire_at > await kit.now()  # the paused ticks are not caught up
+        now = await kit.now()
+        triggered = await trigger_schedule(kit.store, "p")
+        assert triggered.dispatch_id == f"sched:p:trigger:{tick_label(now)}"
+        assert await _started_ids(kit) == [triggered.dispatch_id]
+        after = await kit.store.get_schedule("p")
+        assert after is not None and after.last_dispatch_id == triggered.dispatch_id
+
+
+__all__ = ["TimeCases"]
