@@ -141,7 +141,7 @@ class TimeCases(Harness):
                 "0 * * * *",
                 target="g",
                 thread_template=f"{policy}-{{date}}-{{time}}",
-                catch_up=policy,  # type: ignore[arg-type]
+                catch_up=policy,
                 max_catch_up=2,
                 overlap="allow",
             )
@@ -178,7 +178,7 @@ class TimeCases(Harness):
                 target="g",
                 every=60,
                 thread=f"t-{policy}",
-                overlap=policy,  # type: ignore[arg-type]
+                overlap=policy,
             )
         now = await kit.now()
         first = datetime.fromtimestamp((now.timestamp() // 60 + 1) * 60, UTC)
