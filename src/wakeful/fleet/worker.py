@@ -49,6 +49,7 @@ from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
+from wakeful.fleet.wakeups import wake
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
 from wakeful.records import (
@@ -69,6 +70,7 @@ from wakeful.runtime.claims import ClaimPolicy
 from wakeful.runtime.handle import RunHandle
 from wakeful.runtime.results import RunOutcome
 from wakeful.runtime.runtime import Runtime
+from wakeful.runtime.sleeps import attempts_spent, wake_at
 from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.fleet")
@@ -373,10 +375,12 @@ class Worker:
         latest = snap.checkpoint if snap is not None else None
         owned_run = run_of(d.dispatch_id, d.kind, payload, latest)
         if owned_run is not None and owned_run.status != "running":
+            if wake_at(owned_run) is not None:  # asleep, and due by the store's clock
+                return await wake(self._runtime, self.registry, lease, owned_run, snap)
             # The run ended or suspended before an earlier owner could settle: the thread says
             # what happened, whatever the budget (a redelivery never records a second ending).
             return Awaiting() if owned_run.status == "suspended" else Done()
-        if lease.exhausted:
+        if lease.exhausted and attempts_spent(d, owned_run):
             self.stats.exhausted += 1
             self.metrics.exhausted.inc()
             run = owned_run.run_id if owned_run is not None else "no run"

@@ -6,10 +6,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 import msgspec
 
+from wakeful.clock import Clock, SystemClock
+from wakeful.errors import InvalidInput
 from wakeful.records import EventDraft, Message, OutboxEntry
 from wakeful.runtime.claims import Progress
 from wakeful.store.contract import ThreadStore
@@ -32,6 +35,18 @@ class Interrupt(Exception):
     def __init__(self, ticket: Ticket) -> None:
         self.ticket = ticket
         super().__init__(f"interrupted: ticket {ticket.id}")
+
+
+SLEEP_SCHEMA = "wakeful.sleep"
+"""The ``schema`` of a sleep's ticket (``ctx.sleep``): the wake-up answers it, not a person."""
+
+
+def sleep_ticket_wake(ticket: Ticket) -> datetime | None:
+    """When the sleep ``ticket`` stands for ends, or ``None`` if it is not a sleep's."""
+    if ticket.schema != SLEEP_SCHEMA or not isinstance(ticket.question, dict):
+        return None
+    until = ticket.question.get("sleep_until")
+    return datetime.fromisoformat(until) if isinstance(until, str) else None
 
 
 def idempotency_key(thread_id: str, run_id: str, step: int, task_id: str) -> str:
@@ -73,6 +88,7 @@ class NodeContext:
         recovered: bool = False,
         fresh: bool = False,
         wants_live: Callable[[str], bool] | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -93,6 +109,8 @@ class NodeContext:
         look for (a stream checkpoint of the agent's model turn)."""
         self._answers = answers
         self._interrupts = 0
+        self._sleeps = 0
+        self._clock: Clock = clock or SystemClock()
         self._emit_live = emit_live
         self._wants_live = wants_live
         self._services = services
@@ -171,6 +189,39 @@ class NodeContext:
         raise Interrupt(
             Ticket(
                 id=ticket_id, task_id=self.task_id, node=self.node, question=question, schema=schema
+            )
+        )
+
+    async def sleep(self, duration: timedelta | float) -> None:
+        """Sleep durably for ``duration`` (a ``timedelta`` or seconds): the run commits,
+        releases its claim and is woken when the time has come, by any worker (the store's
+        clock decides; an embedded ``Runtime`` keeps a timer). No process waits meanwhile;
+        the run shows ``sleeping`` with its wake time, and a cancel ends it.
+
+        As with ``interrupt``, the node runs again from its start when the run wakes (this
+        call then returns at once): keep what must happen once before the sleep in an
+        earlier node, or behind ``mark``/``has_mark``."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise InvalidInput("duration", "must be a timedelta or seconds, 0 or more")
+        await self.sleep_until(self._clock.now() + timedelta(seconds=seconds))
+
+    async def sleep_until(self, when: datetime) -> None:
+        """Sleep durably until ``when`` (timezone-aware); see ``sleep``."""
+        if not isinstance(when, datetime) or when.utcoffset() is None:
+            raise InvalidInput("when", "must be a timezone-aware datetime")
+        self._sleeps += 1
+        ticket_id = f"{self.task_id}-s{self._sleeps}"
+        if ticket_id in self._answers:
+            return
+        question = {"sleep_until": when.isoformat()}
+        raise Interrupt(
+            Ticket(
+                id=ticket_id,
+                task_id=self.task_id,
+                node=self.node,
+                question=question,
+                schema=SLEEP_SCHEMA,
             )
         )
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from wakeful.runtime.alarms import Then
 from wakeful.runtime.loop import Execution
 from wakeful.runtime.results import RunOutcome
 
@@ -15,10 +16,13 @@ class RunHandle:
     it as cancelled; ``status`` is running, suspended, completed, failed, cancelled or
     fenced."""
 
-    def __init__(self, execution: Execution) -> None:
+    def __init__(self, execution: Execution, then: Then | None = None) -> None:
+        """``then``: what follows the run's outcome before ``result()`` returns it (the
+        embedded runtime's wake-up of a sleeping run, ``wakeful.runtime.alarms``)."""
         self._execution = execution
+        run = execution.run() if then is None else _followed(execution, then)
         self._task: asyncio.Task[RunOutcome] = asyncio.create_task(
-            execution.run(), name=f"run:{execution.thread_id}"
+            run, name=f"run:{execution.thread_id}"
         )
 
     @property
@@ -81,6 +85,10 @@ class RunHandle:
         """Ask the run to stop at its next superstep boundary without recording an ending
         (``result()`` then raises ``RunYielded``): for a process shutting down gracefully."""
         self._execution.yield_requested = True
+
+
+async def _followed(execution: Execution, then: Then) -> RunOutcome:
+    return await then(await execution.run())
 
 
 __all__ = ["RunHandle"]

@@ -42,6 +42,7 @@ from wakeful.records import (
     Message,
     OutboxEntry,
     PendingWrite,
+    Retry,
     RunStatus,
     Settle,
 )
@@ -51,6 +52,7 @@ from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.events import LiveHub
 from wakeful.runtime.graph import CompiledGraph, TaskSpec, call_node
 from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries
+from wakeful.runtime.sleeps import asleep_until, sleep_ending, sleep_metadata, suspension_event
 from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span, traced_metadata
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
@@ -372,6 +374,7 @@ class Execution:
                 answers=answers,
                 emit_live=emit_live,
                 wants_live=wants_live,
+                clock=self.clock,
                 services=self,
                 arg=entry.get("arg"),
                 progress=self.progress,
@@ -517,7 +520,7 @@ class Execution:
         events: tuple[EventDraft, ...] = (),
         messages: tuple[Message, ...] = (),
         outbox: tuple[OutboxEntry, ...] = (),
-        ending: Done | Awaiting | None = None,
+        ending: Done | Awaiting | Retry | None = None,
     ) -> None:
         """A synchronous commit. ``ending``: the run ends (or suspends) with it, so it also
         ends the claim in the same atomic step: settling the worker's dispatch with
@@ -544,6 +547,7 @@ class Execution:
     async def _suspend(
         self, cp: Checkpoint, results: list[TaskResult], tickets: tuple[Ticket, ...]
     ) -> RunOutcome:
+        wake_at = asleep_until(tickets)
         suspended = self._next_checkpoint(
             cp,
             "suspended",
@@ -551,6 +555,7 @@ class Execution:
             list(cp.frontier),
             tickets=[msgspec.to_builtins(t) for t in tickets],
             answers=dict(cp.metadata.get("answers", {})),
+            **sleep_metadata(cp, wake_at),
         )
         carried = tuple(
             PendingWrite(
@@ -562,12 +567,9 @@ class Execution:
             for r in results
             if r.updates is not None
         )
-        event = EventDraft(
-            type="run.suspended",
-            data={"tickets": [t.id for t in tickets]},
-            run_id=self.run_id,
-        )
-        await self._commit_now(suspended, event, carried, ending=Awaiting())
+        event = suspension_event(self.run_id, tickets, wake_at)
+        ending = sleep_ending(wake_at, self.clock.now()) if self.settle_dispatch else Awaiting()
+        await self._commit_now(suspended, event, carried, ending=ending)
         self.status = "suspended"
         return RunOutcome(
             thread_id=self.thread_id,
@@ -575,6 +577,7 @@ class Execution:
             status="suspended",
             state=cp.state,
             tickets=tickets,
+            wake_at=wake_at,
         )
 
     async def _end(self, status: RunStatus, event_type: str, data: dict[str, Any]) -> None:

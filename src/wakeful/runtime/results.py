@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -31,6 +32,9 @@ class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
     status: RunStatus
     state: Any
     tickets: tuple[Ticket, ...] = ()
+    wake_at: datetime | None = None
+    """A run asleep (``ctx.sleep``): when it wakes. Its status is ``suspended``, its
+    tickets the sleeps, which the wake-up answers."""
 
     def __repr__(self) -> str:
         # The state can be a whole conversation: show its shape, not its contents.

@@ -35,6 +35,7 @@ from wakeful.records import (
     PendingWrite,
     ThreadSnapshot,
 )
+from wakeful.runtime.alarms import alarm
 from wakeful.runtime.claims import ClaimPolicy, Sleep
 from wakeful.runtime.durability import DURABILITIES, commit_retrying
 from wakeful.runtime.events import LiveEvent, LiveHub, subscribe
@@ -244,7 +245,8 @@ class Runtime:
                 recovered_at=recovered_at,
                 admitted=admission is not None,
                 history_seed=admission.history if admission is not None else None,
-            )
+            ),
+            then=alarm(self, graph) if release else None,  # a worker's lease wakes its runs
         )
 
     async def start(
