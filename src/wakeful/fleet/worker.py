@@ -43,6 +43,7 @@ from wakeful.fleet.attempts import (
     terminal_checkpoint,
 )
 from wakeful.fleet.client import tenant_of
+from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
@@ -100,7 +101,7 @@ class Worker:
     ``poll_interval`` is the floor: the queue is polled at least that often whatever the
     wake signal does; the worker's signals to itself (a slot freed up, a stop) are local and
     never go through the wake. ``relay`` runs the outbox relay and the sweeper in this worker
-    when it wins the election (a short claim on a well-known thread, ``RelayLoop``)."""
+    when it wins the election (``RelayLoop``), and fires due schedule ticks (``firing``)."""
 
     store: Store
     registry: Registry
@@ -174,6 +175,7 @@ class Worker:
         if self.relay:
             relay = RelayLoop(self.store, self.holder, self.claims, self.wake, self.retention)
             background.append(BackgroundTask("relay", relay.run, logger=log))
+            background.append(firing_task(self.store, self.wake, self.poll_interval))
         for task in background:
             task.start()
         try:
