@@ -41,6 +41,13 @@ ROUTES = {
     ("get", "/v1/quarantine/{dispatch_id}"),
     ("post", "/v1/quarantine/{dispatch_id}/requeue"),
     ("delete", "/v1/quarantine/{dispatch_id}"),
+    ("get", "/v1/schedules"),
+    ("put", "/v1/schedules/{name}"),
+    ("get", "/v1/schedules/{name}"),
+    ("delete", "/v1/schedules/{name}"),
+    ("post", "/v1/schedules/{name}/pause"),
+    ("post", "/v1/schedules/{name}/resume"),
+    ("post", "/v1/schedules/{name}/trigger"),
 }
 
 

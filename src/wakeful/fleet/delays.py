@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from wakeful.errors import InvalidInput
 
@@ -38,9 +38,13 @@ def delay_seconds(field: str, after: object) -> float:
 
 
 def check_at(field: str, at: object) -> datetime:
+    """``at`` in UTC, if it is a timezone-aware datetime that UTC can hold."""
     if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
         raise InvalidInput(field, "must be a timezone-aware datetime (say its offset, or Z)")
-    return at
+    try:
+        return at.astimezone(UTC)
+    except OverflowError:
+        raise InvalidInput(field, f"{at.isoformat()} is out of range in UTC") from None
 
 
 def parse_duration(text: str) -> float:

@@ -25,7 +25,16 @@ from wakeful.server.auth import Authenticator
 from wakeful.server.feeds import Feeds
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
 from wakeful.server.problems import HANDLERS, MEDIA_TYPE
-from wakeful.server.routes import events, health, operators, runs, session, stream, threads
+from wakeful.server.routes import (
+    events,
+    health,
+    operators,
+    runs,
+    schedules,
+    session,
+    stream,
+    threads,
+)
 from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.server")
@@ -192,6 +201,7 @@ def create_app(
         stream.router,
         operators.router,
         operators.operators,
+        schedules.router,
         session.router,
     ):
         app.include_router(router, dependencies=secured)

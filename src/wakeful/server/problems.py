@@ -3,7 +3,7 @@
 | error | status |
 | --- | --- |
 | ``NotFound``, ``TenantMismatch`` (reported exactly like a missing thread) | 404 |
-| ``ThreadBusy``, ``InvalidState``, ``DispatchConflict``, ``OperationConflict``, ``VersionConflict``, ``StaleClaim``, ``RunInProgress``, ``NotSuspended``, ``UnknownTicket``, ``WorkerSuperseded`` | 409 |
+| ``ThreadBusy``, ``InvalidState``, ``DispatchConflict``, ``OperationConflict``, ``VersionConflict``, ``StaleClaim``, ``RunInProgress``, ``NotSuspended``, ``UnknownTicket``, ``WorkerSuperseded``, ``ScheduleContended`` | 409 |
 | ``ReplayUnavailable`` | 410 (with ``earliest_seq``) |
 | ``InvalidInput``, request validation | 422 (with ``field``) |
 | ``StoreUnavailable``, ``StoreClosed`` | 503 (with ``Retry-After``) |
@@ -35,6 +35,7 @@ from wakeful.errors import (
     OperationConflict,
     ReplayUnavailable,
     RunInProgress,
+    ScheduleContended,
     StaleClaim,
     StoreClosed,
     StoreUnavailable,
@@ -123,6 +124,7 @@ _CONFLICTS = (
     RunInProgress,
     NotSuspended,
     WorkerSuperseded,
+    ScheduleContended,
 )
 
 

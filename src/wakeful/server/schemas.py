@@ -7,7 +7,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$"
 """The identifier alphabet of ``wakeful.ids`` (letters, digits, ``. _ - : @ + =``; the first
@@ -21,6 +28,9 @@ MAX_KEY = 190
 MAX_PRIORITY = 1000
 """Priorities of submitted work are within +-1000; the store reserves higher values (a
 cancel jumps the queue at 2**31-1)."""
+
+MAX_DELAY_SECONDS = 3660 * 86400.0
+"""The farthest ahead a run may be delayed (``wakeful.fleet.delays.MAX_DELAY``)."""
 
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID)]
 Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_KEY)]
@@ -52,6 +62,23 @@ class SubmitRun(_Request):
     max_attempts: int = Field(
         default=5, ge=1, le=100, description="Claims before the work counts as exhausted."
     )
+    after: float | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_DELAY_SECONDS,
+        description="Delay the run by this many seconds, by the store's clock (not with at).",
+    )
+    at: AwareDatetime | None = Field(
+        default=None,
+        description="Run it at this instant, with its offset (not with after); an instant "
+        "in the past runs at once.",
+    )
+
+    @model_validator(mode="after")
+    def _one_delay(self) -> SubmitRun:
+        if self.after is not None and self.at is not None:
+            raise ValueError("give after or at, not both")
+        return self
 
 
 class ResumeRun(_Request):
@@ -99,6 +126,9 @@ class Accepted(BaseModel):
     status: DispatchStatus = Field(description="The dispatch's delivery status.")
     run_id: str | None = Field(description="The run the work belongs to, when known.")
     message_id: str | None = None
+    not_before: datetime | None = Field(
+        default=None, description="When the work becomes claimable (the store's clock)."
+    )
 
 
 class ClaimView(_View):
@@ -114,7 +144,13 @@ class ThreadView(BaseModel):
     thread_id: str
     tenant: str | None
     version: int
-    status: RunStatus | None = Field(description="The latest run's status.")
+    status: RunStatus | Literal["sleeping"] | None = Field(
+        description="The latest run's status; ``sleeping``: suspended in ``ctx.sleep`` until "
+        "``wake_at``."
+    )
+    wake_at: datetime | None = Field(
+        default=None, description="When the sleeping run wakes (the store's clock)."
+    )
     run_id: str | None
     checkpoint_id: str | None
     graph: str | None
@@ -249,6 +285,12 @@ class DispatchView(_View):
     payload: Any = None
     priority: int
     available_at: datetime | None
+    not_before: datetime | None = Field(
+        default=None,
+        description="When pending work waiting for a time becomes claimable (its "
+        "available_at: a delayed run, a retry's backoff, a sleeping run's wake-up); null "
+        "for work claimable since it was stored, and once leased or settled.",
+    )
     max_attempts: int
     dedupe_key: str | None
     status: DispatchStatus

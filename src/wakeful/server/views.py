@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from wakeful.records import Dispatch
+from wakeful.runtime.sleeps import wake_at
 from wakeful.server.access import Owner, json_field
 from wakeful.server.problems import MEDIA_TYPE
 from wakeful.server.schemas import Accepted, ClaimView, DispatchView, Problem, ThreadView
@@ -36,7 +38,18 @@ def errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 
 def dispatch_view(d: Dispatch) -> DispatchView:
     view = DispatchView.model_validate(d, from_attributes=True)
+    view.not_before = not_before(d)
     return view
+
+
+def not_before(d: Dispatch) -> datetime | None:
+    """When pending work waits for a time (a delayed run, a retry's backoff, a sleeping
+    run's wake-up): its ``available_at``; ``None`` for work claimable since it was stored
+    or no longer pending."""
+    at, created = d.available_at, d.created_at
+    if d.status != "pending" or at is None or created is None or at <= created:
+        return None
+    return at
 
 
 def accepted(d: Dispatch, run_id: str | None, message_id: str | None = None) -> Accepted:
@@ -47,6 +60,7 @@ def accepted(d: Dispatch, run_id: str | None, message_id: str | None = None) -> 
         status=d.status,
         run_id=run_id,
         message_id=message_id,
+        not_before=not_before(d),
     )
 
 
@@ -59,11 +73,13 @@ def thread_view(owner: Owner) -> ThreadView:
         tickets = [t for t in raw if isinstance(t, dict)] if isinstance(raw, list) else []
     graph = json_field(cp.metadata, "graph") if cp is not None else None
     claim = snap.claim if snap is not None else None
+    waking = wake_at(cp)
     return ThreadView(
         thread_id=owner.thread_id,
         tenant=owner.tenant,
         version=snap.version if snap is not None else 0,
-        status=cp.status if cp is not None else None,
+        status="sleeping" if waking is not None else cp.status if cp is not None else None,
+        wake_at=waking,
         run_id=cp.run_id if cp is not None else None,
         checkpoint_id=cp.id if cp is not None else None,
         graph=graph if isinstance(graph, str) else None,
@@ -77,4 +93,4 @@ def thread_view(owner: Owner) -> ThreadView:
     )
 
 
-__all__ = ["accepted", "dispatch_view", "errors", "thread_view"]
+__all__ = ["accepted", "dispatch_view", "errors", "not_before", "thread_view"]

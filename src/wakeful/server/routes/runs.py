@@ -129,6 +129,8 @@ async def submit_run(
         max_attempts=body.max_attempts,
         tenant=acting_tenant(caller, owner),
         wake=state.wake,
+        after=body.after,
+        at=body.at,
     )
     if (d.priority, d.max_attempts) != (body.priority, body.max_attempts):
         raise DispatchConflict(d.dispatch_id, d.dispatch_id, "Idempotency-Key")
