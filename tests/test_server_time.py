@@ -11,6 +11,8 @@ import pytest_asyncio
 
 from tests.server_support import ALPHA, BETA, OPERATOR, Api, keyed, running_api
 from wakeful import ManualClock
+from wakeful.client import Client
+from wakeful.errors import NotFound
 from wakeful.fleet.schedules import fire_due
 from wakeful.records import Checkpoint, Commit
 from wakeful.server.access import tenant_scope
@@ -149,3 +151,22 @@ async def test_a_schedule_definition_is_checked_over_http(api: Api) -> None:
         r = await alpha.put("/v1/schedules/s", json=body)
         assert r.status_code == 422, (body, r.text)
     assert (await alpha.get("/v1/schedules")).json()["schedules"] == []
+
+
+@pytest.mark.asyncio
+async def test_the_client_delays_runs_and_manages_schedules(api: Api) -> None:
+    async with Client(api.url, ALPHA) as client:
+        accepted = await client.runs.create("t1", "echo", after=timedelta(minutes=5))
+        assert datetime.fromisoformat(accepted["not_before"]) == START + timedelta(minutes=5)
+        at = START + timedelta(days=1)
+        accepted = await client.runs.create("t2", "echo", at=at)
+        assert datetime.fromisoformat(accepted["not_before"]) == at
+        view = await client.schedules.put("daily", "echo", cron="0 9 * * *", thread="t3")
+        assert view["name"] == "daily" and view["tenant"] == "alpha"
+        assert (await client.schedules.pause("daily"))["paused"] is True
+        assert [s["name"] for s in (await client.schedules.list())["schedules"]] == ["daily"]
+        fired = await client.schedules.trigger("daily")
+        assert fired["thread_id"] == "t3"
+        await client.schedules.delete("daily")
+        with pytest.raises(NotFound):
+            await client.schedules.get("daily")

@@ -1,7 +1,8 @@
 """``Client``: the HTTP API from Python (async). See ``docs/client.md``.
 
 Every route has a method, grouped as the API groups them: ``threads``, ``runs``,
-``messages``, ``events``, ``dispatches``, ``workers`` and the operator's ``quarantine``.
+``messages``, ``events``, ``dispatches``, ``workers``, ``schedules`` and the operator's
+``quarantine``.
 Answers are the API's JSON documents as dicts. Errors are the library's exceptions
 (``wakeful.client.problems``). Every POST carries an ``Idempotency-Key`` (the caller's, else
 a fresh one per call), and a POST whose answer was lost (a connection error, a 503) is sent
@@ -13,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 import httpx
@@ -59,6 +61,7 @@ class Client:
         self.dispatches = Dispatches(self)
         self.workers = Workers(self)
         self.quarantine = Quarantine(self)
+        self.schedules = Schedules(self)
 
     async def __aenter__(self) -> Client:
         return self
@@ -194,10 +197,18 @@ class Runs(_Group):
         priority: int = 0,
         max_attempts: int = 5,
         idempotency_key: str | None = None,
+        after: float | timedelta | None = None,
+        at: datetime | None = None,
     ) -> Any:
-        """``POST /v1/threads/{id}/runs``: the ``Accepted`` document (``run_id``...)."""
+        """``POST /v1/threads/{id}/runs``: the ``Accepted`` document (``run_id``...).
+        ``after`` (seconds or a ``timedelta``, by the store's clock) or ``at`` (an aware
+        datetime) delays the run; the answer's ``not_before`` says until when."""
         body = {"target": target, "input": input, "priority": priority}
         body["max_attempts"] = max_attempts
+        if after is not None:
+            body["after"] = after.total_seconds() if isinstance(after, timedelta) else after
+        if at is not None:
+            body["at"] = at.isoformat()
         return await self.client.request(
             "POST", f"/v1/threads/{thread_id}/runs", json=body, idempotency_key=idempotency_key
         )
@@ -326,6 +337,37 @@ class Dispatches(_Group):
         return await self.client.request("GET", f"/v1/dispatches/{dispatch_id}")
 
 
+class Schedules(_Group):
+    """``/v1/schedules``: the caller's schedules (docs/schedules.md)."""
+
+    async def put(self, name: str, target: str, **definition: Any) -> Any:
+        """``PUT /v1/schedules/{name}``: create or replace; ``definition`` holds ``cron`` or
+        ``every``, ``thread`` or ``thread_template``, and optionally ``input``,
+        ``timezone``, ``overlap``, ``catch_up``, ``max_catch_up``, ``paused``."""
+        body = {"target": target, **definition}
+        return await self.client.request("PUT", f"/v1/schedules/{name}", json=body)
+
+    async def list(self, *, after: str | None = None, limit: int = 100) -> Any:
+        params = {"after": after, "limit": limit}
+        return await self.client.request("GET", "/v1/schedules", params=params)
+
+    async def get(self, name: str) -> Any:
+        return await self.client.request("GET", f"/v1/schedules/{name}")
+
+    async def pause(self, name: str) -> Any:
+        return await self.client.request("POST", f"/v1/schedules/{name}/pause")
+
+    async def resume(self, name: str) -> Any:
+        return await self.client.request("POST", f"/v1/schedules/{name}/resume")
+
+    async def trigger(self, name: str) -> Any:
+        """``POST /v1/schedules/{name}/trigger``: fire once now (``Accepted``)."""
+        return await self.client.request("POST", f"/v1/schedules/{name}/trigger")
+
+    async def delete(self, name: str) -> None:
+        await self.client.request("DELETE", f"/v1/schedules/{name}")
+
+
 class Workers(_Group):
     async def list(self) -> Any:
         return await self.client.request("GET", "/v1/workers")
@@ -360,6 +402,7 @@ __all__ = [
     "Messages",
     "Quarantine",
     "Runs",
+    "Schedules",
     "Threads",
     "Workers",
 ]

@@ -102,7 +102,7 @@ class _SyncGroup:
 class SyncClient:
     """``SyncClient(base_url, token=None)``; use ``with`` or ``close()``. Its groups
     (``threads``, ``runs``, ``messages``, ``events``, ``dispatches``, ``workers``,
-    ``quarantine``) have ``Client``'s methods, blocking."""
+    ``schedules``, ``quarantine``) have ``Client``'s methods, blocking."""
 
     def __init__(
         self,
@@ -115,7 +115,8 @@ class SyncClient:
     ) -> None:
         self._loop = _Loop()
         self._client = self._loop.run(_make(base_url, token, timeout, backoff, headers))
-        for name in ("threads", "runs", "messages", "events", "dispatches", "workers"):
+        groups = ("threads", "runs", "messages", "events", "dispatches", "workers", "schedules")
+        for name in groups:
             setattr(self, name, _SyncGroup(self._loop, getattr(self._client, name)))
         self.quarantine = _SyncGroup(self._loop, self._client.quarantine)
 
