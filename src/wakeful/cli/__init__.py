@@ -18,6 +18,7 @@ from wakeful.cli.logs import logging_options
 from wakeful.cli.providers import providers
 from wakeful.cli.quarantine import quarantine
 from wakeful.cli.run import run_command, submit_command
+from wakeful.cli.schedules import schedules
 from wakeful.cli.services import bench, demo, hand, relay, serve, worker
 from wakeful.cli.workflow import cancel_command, resume_command, send_command
 from wakeful.errors import WakefulError
@@ -77,6 +78,7 @@ for command in (
     threads,
     dispatches,
     quarantine,
+    schedules,
     workers,
     providers,
     langgraph,

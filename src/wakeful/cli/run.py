@@ -87,6 +87,10 @@ def dispatch_options(fn: Any) -> Any:
     help="Check that TARGET is in this app (a warning on stderr when it is not); the dispatch "
     "is enqueued either way.",
 )
+@click.option(
+    "--after", default=None, help="Run it after this delay (by the store's clock): 90, 10m, 1h30m."
+)
+@click.option("--at", "at_text", default=None, help="Run it at this instant: 2026-12-08T09:00Z.")
 @json_option
 @verbose_option
 @run_async
@@ -102,19 +106,24 @@ async def submit_command(
     max_attempts: int,
     store: str | None,
     app: str | None,
+    after: str | None,
+    at_text: str | None,
     as_json: bool,
     verbose: bool,
 ) -> None:
     """Enqueue a run of TARGET on THREAD_ID (MESSAGE, --input or --input-file) for the
     workers, and print one line with the dispatch and run ids (--verbose: the dispatch,
-    --json: as JSON). Nothing runs here.
+    --json: as JSON). Nothing runs here; with --after or --at, not before then.
 
     Warns on stderr (exit code 0) when TARGET is not in --app, or when no live worker is
     registered: the store does not know which targets workers serve, and the dispatch may be
     meant for a worker that starts later; a worker without TARGET refuses it."""
     from wakeful.fleet import submit
     from wakeful.fleet.census import liveness
+    from wakeful.fleet.delays import parse_duration, parse_instant
 
+    delay = parse_duration(after) if after is not None else None
+    at = parse_instant(at_text) if at_text is not None else None
     value = read_input(message, input_json, input_file)
     missing = None if app is None else _missing_target(app, target)
     url = store_url(store)
@@ -128,6 +137,8 @@ async def submit_command(
             priority=priority,
             max_attempts=max_attempts,
             tenant=tenant,
+            after=delay,
+            at=at,
         )
         now = datetime.now(UTC)
         live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
