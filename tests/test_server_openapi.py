@@ -84,6 +84,15 @@ async def test_openapi_documents_every_route_model_and_problem() -> None:
     assert "410" in events
 
 
+SCHEMATHESIS_CONFIG = """
+# PUT /v1/schedules/{name}: a cron expression, a time zone and a thread template are checked
+# by their meaning (cronsim, zoneinfo: a reversed range such as 5-2 is no cron), which a JSON
+# Schema cannot say; 422 answers such a body, though it matches the schema.
+[[operations]]
+include-method = "PUT"
+include-path = "/v1/schedules/{name}"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "401", "403", "404", "409", "422"]
+"""
 SCHEMATHESIS_EXAMPLES = 10
 SCHEMATHESIS_SEED = 20260116
 
@@ -91,6 +100,7 @@ SCHEMATHESIS_SEED = 20260116
 async def _schemathesis(base_url: str, token: str, workdir: Path) -> tuple[int, str]:
     """The schemathesis command line with every check and every phase against the live
     server (bounded: a fixed seed, few examples per operation); its exit status and output."""
+    (workdir / "schemathesis.toml").write_text(SCHEMATHESIS_CONFIG)
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

@@ -62,6 +62,7 @@ async def test_delays_are_validated(api: Api) -> None:
         {"target": "echo", "after": -1},
         {"target": "echo", "after": 10**12},
         {"target": "echo", "at": "2999-01-01T00:00:00Z"},
+        {"target": "echo", "after": None},
     ):
         r = await alpha.post("/v1/threads/t1/runs", json=body)
         assert r.status_code == 422, (body, r.text)
@@ -147,6 +148,7 @@ async def test_a_schedule_definition_is_checked_over_http(api: Api) -> None:
         {"target": "echo", "every": 5},
         {"target": "echo", "every": 5, "thread_template": "x-{nope}"},
         {"target": "echo", "every": 5, "thread": "t", "extra": 1},
+        {"target": "echo", "every": 5, "thread": "t", "cron": None},
     ):
         r = await alpha.put("/v1/schedules/s", json=body)
         assert r.status_code == 422, (body, r.text)

@@ -13,9 +13,11 @@ import re
 from datetime import UTC, datetime, timedelta
 
 from wakeful.errors import InvalidInput
+from wakeful.ids import MAX_AGE_SECONDS
 
-MAX_DELAY = timedelta(days=3660)
-"""The farthest ahead a dispatch may be delayed: ten years."""
+MAX_DELAY = timedelta(seconds=MAX_AGE_SECONDS)
+"""The farthest ahead a dispatch may be delayed: a century (``ids.MAX_AGE_SECONDS``, what
+every store's date types hold with room to spare)."""
 
 _DURATION = re.compile(r"(?:(\d+(?:\.\d+)?)(w|d|h|m|s|ms))", re.IGNORECASE)
 _UNITS = {"w": 604800.0, "d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001}

@@ -5,9 +5,10 @@ it reads back. A tenant's schedule names are its own namespace: stored as
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from wakeful.records import Schedule
 from wakeful.server.schemas import MAX_KEY, Id, Key, _Request, _View
@@ -15,25 +16,40 @@ from wakeful.server.schemas import MAX_KEY, Id, Key, _Request, _View
 
 class PutSchedule(_Request):
     """A schedule's definition: exactly one of ``cron`` and ``every``, exactly one of
-    ``thread`` and ``thread_template``."""
+    ``thread`` and ``thread_template`` (left out, never null: the JSON Schema says so)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                {"oneOf": [{"required": ["cron"]}, {"required": ["every"]}]},
+                {"oneOf": [{"required": ["thread"]}, {"required": ["thread_template"]}]},
+            ]
+        },
+    )
 
     target: Id = Field(description="The registered agent or graph each tick runs.")
-    cron: str | None = Field(
+    cron: Annotated[str, Field(min_length=1, max_length=200)] | SkipJsonSchema[None] = Field(
         default=None,
-        max_length=200,
-        description="A cron expression read in ``timezone`` (six fields: seconds first).",
+        description="A cron expression read in ``timezone`` (six fields: seconds first); "
+        "an expression cronsim cannot read is 422.",
     )
-    every: float | None = Field(
-        default=None, ge=0.001, le=366 * 86400, description="Or a tick every so many seconds."
+    every: Annotated[float, Field(ge=0.001, le=366 * 86400)] | SkipJsonSchema[None] = Field(
+        default=None, description="Or a tick every so many seconds."
     )
     input: Any = Field(default=None, description="Each run's input (any JSON value).")
-    thread: Id | None = Field(default=None, description="The thread every tick runs on.")
-    thread_template: str | None = Field(
+    thread: Id | SkipJsonSchema[None] = Field(
+        default=None, description="The thread every tick runs on."
+    )
+    thread_template: (
+        Annotated[str, Field(min_length=1, max_length=MAX_KEY)] | SkipJsonSchema[None]
+    ) = Field(
         default=None,
-        max_length=MAX_KEY,
         description="Or a thread per tick: {date}, {time}, {tick}, {name} are filled in.",
     )
-    timezone: str = Field(default="UTC", max_length=64, description="An IANA time zone.")
+    timezone: str = Field(
+        default="UTC", max_length=64, description="An IANA time zone (unknown: 422)."
+    )
     overlap: Literal["skip", "enqueue", "allow"] = Field(
         default="skip", description="A tick while the previous tick's run is unfinished."
     )
@@ -42,6 +58,13 @@ class PutSchedule(_Request):
     )
     max_catch_up: int = Field(default=10, ge=1, le=10_000, description="At most so many.")
     paused: bool = False
+
+    @field_validator("cron", "every", "thread", "thread_template", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("leave it out rather than null")
+        return value
 
     @model_validator(mode="after")
     def _one_each(self) -> PutSchedule:

@@ -13,8 +13,10 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    field_validator,
     model_validator,
 )
+from pydantic.json_schema import SkipJsonSchema
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$"
 """The identifier alphabet of ``wakeful.ids`` (letters, digits, ``. _ - : @ + =``; the first
@@ -29,7 +31,10 @@ MAX_PRIORITY = 1000
 """Priorities of submitted work are within +-1000; the store reserves higher values (a
 cancel jumps the queue at 2**31-1)."""
 
-MAX_DELAY_SECONDS = 3660 * 86400.0
+AT_PATTERN = r"^(19|20)[0-9]{2}-"
+"""``at`` over HTTP: an instant of the years 1900-2099 (each far inside what every store and
+a UTC conversion can hold)."""
+MAX_DELAY_SECONDS = 100 * 366 * 86400.0
 """The farthest ahead a run may be delayed (``wakeful.fleet.delays.MAX_DELAY``)."""
 
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID)]
@@ -62,22 +67,35 @@ class SubmitRun(_Request):
     max_attempts: int = Field(
         default=5, ge=1, le=100, description="Claims before the work counts as exhausted."
     )
-    after: float | None = Field(
+    # after and at are never null (absent instead) and never both: the JSON Schema says so,
+    # so a request that validates against it is accepted
+    after: Annotated[float, Field(ge=0, le=MAX_DELAY_SECONDS)] | SkipJsonSchema[None] = Field(
         default=None,
-        ge=0,
-        le=MAX_DELAY_SECONDS,
         description="Delay the run by this many seconds, by the store's clock (not with at).",
     )
-    at: AwareDatetime | None = Field(
+    at: AwareDatetime | SkipJsonSchema[None] = Field(
         default=None,
-        description="Run it at this instant, with its offset (not with after); an instant "
-        "in the past runs at once.",
+        description="Run it at this instant, with its offset, in the years 1900-2099 (not "
+        "with after); an instant in the past runs at once.",
+        json_schema_extra={"pattern": AT_PATTERN},
     )
+    model_config = ConfigDict(
+        extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
+    )
+
+    @field_validator("after", "at", mode="before")
+    @classmethod
+    def _not_null(cls, value: Any) -> Any:
+        if value is None:
+            raise ValueError("leave it out rather than null")
+        return value
 
     @model_validator(mode="after")
     def _one_delay(self) -> SubmitRun:
         if self.after is not None and self.at is not None:
             raise ValueError("give after or at, not both")
+        if self.at is not None and not 1900 <= self.at.year <= 2099:
+            raise ValueError("at must be in the years 1900-2099")
         return self
 
 
