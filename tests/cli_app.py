@@ -6,7 +6,8 @@
   call in a process, so the worker retries the dispatch and recovers the run), ``dropper``
   (an agent whose first stream drops after some text: stream recovery plan R1) and
   ``blocker`` (a graph whose node waits forever while ``CLI_APP_BLOCK`` is set, for crash
-  tests); ``broken`` (a graph whose node always fails: the run fails).
+  tests); ``broken`` (a graph whose node always fails: the run fails); ``napper`` (a graph
+  whose node sleeps half a second durably, ``ctx.sleep``, then sets ``total``).
 - ``support``: a single Agent; ``tally_graph``: a single compiled graph.
 """
 
@@ -69,6 +70,11 @@ async def _block(state: Tally) -> dict[str, Any]:
     return {"total": 2}
 
 
+async def _nap(state: Tally, ctx: Any) -> dict[str, Any]:
+    await ctx.sleep(0.5)
+    return {"total": 4}
+
+
 def registry() -> Registry:
     # as many greetings as a test or docs/client.md's example asks of one worker process
     greeter = Scripted.of(*[reply("Hello from the command line.", chunk=5)] * 50)
@@ -86,6 +92,7 @@ def registry() -> Registry:
         .add("flaky", flaky.compile())
         .add("blocker", blocker.compile())
         .add("broken", broken.edge(START, "work").compile())
+        .add("napper", Graph(Tally, name="napper").node("nap", _nap).edge(START, "nap").compile())
     )
 
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
+from tests.cli_app import registry
 from tests.cli_support import cli, error_line
 from wakeful import open_store
+from wakeful.fleet import Worker, submit
+
+APP = "tests.cli_app:registry"
 
 
 @pytest.fixture
@@ -97,3 +102,39 @@ def test_schedules_commands(url: str) -> None:
         "schedules", "create", "x", "echo", "--cron", "99 * * * *", "--thread", "t", store=url
     )
     assert bad.returncode == 6 and "cron" in error_line(bad)
+
+
+def test_run_waits_through_a_sleep_and_continues_a_due_one(url: str) -> None:
+    done = cli("run", "t1", "napper", "--input", "{}", "--app", APP, "--json", store=url)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["status"] == "completed" and result["state"]["total"] == 4
+
+    async def asleep_then_stopped() -> datetime:
+        async with open_store(url) as store:
+            await submit(store, "t2", "napper", {}, dispatch_id="nap-2")
+            worker = Worker(store, registry(), poll_interval=0.05)
+            running = asyncio.create_task(worker.run())
+            while True:
+                snap = await store.read("t2")
+                cp = snap.checkpoint if snap is not None else None
+                if cp is not None and "wake_at" in cp.metadata:
+                    break
+                await asyncio.sleep(0.02)
+            await worker.stop(5)
+            await running
+            return datetime.fromisoformat(cp.metadata["wake_at"])
+
+    wake_at = asyncio.run(asleep_then_stopped())
+    while datetime.now(UTC) <= wake_at:  # nothing runs it meanwhile: no worker is left
+        time.sleep(0.05)
+    done = cli("run", "t2", "tally", "--input", '{"numbers": [1]}', "--app", APP, "--json",
+               store=url)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    async def runs() -> list[tuple[str, str]]:
+        async with open_store(url) as store:
+            return [(r.run_id, r.status) for r in await store.runs("t2")]
+
+    finished = asyncio.run(runs())
+    assert ("run-nap-2", "completed") in finished and len(finished) == 2, finished
