@@ -23,6 +23,7 @@ from wakeful.errors import (
     InvalidInput,
     NotFound,
     ScheduleContended,
+    TenantMismatch,
     WakefulError,
 )
 from wakeful.fleet.client import submit
@@ -219,7 +220,12 @@ async def _fire(
         dispatch_id = schedule_dispatch_id(s.name, tick)
         if await store.get_dispatch(dispatch_id) is not None:
             continue  # another firer (or an earlier attempt of this one) fired it
-        created.append(await _submit(store, s, tick, dispatch_id, wake))
+        try:
+            created.append(await _submit(store, s, tick, dispatch_id, wake))
+        except (TenantMismatch, InvalidInput) as refused:
+            # no retry can store it (the thread is another tenant's): the tick is lost,
+            # said once, rather than refused again at every poll of every worker
+            log.warning("schedule %s: tick %s refused: %s", s.name, dispatch_id, refused)
     advanced = msgspec.structs.replace(
         s,
         next_fire_at=next_tick(s, now),

@@ -200,6 +200,17 @@ class TimeCases(Harness):
         assert fired_ids == [schedule_dispatch_id("o-enqueue", first + timedelta(seconds=60))]
 
     @case
+    async def test_a_tick_refused_for_its_tenant_is_passed_over_once(self, kit: Kit) -> None:
+        await submit(kit.store, "theirs", "g", tenant="other")  # the thread is other's
+        s = await schedule(kit.store, "mine", target="g", every=10, thread="theirs", tenant="me")
+        assert s.next_fire_at is not None
+        await kit.move_clock((s.next_fire_at - await kit.now()).total_seconds())
+        assert await fire_due(kit.store) == []
+        after = await kit.store.get_schedule("mine")
+        assert after is not None and after.next_fire_at == s.next_fire_at + timedelta(seconds=10)
+        assert await kit.store.get_dispatch(schedule_dispatch_id("mine", s.next_fire_at)) is None
+
+    @case
     async def test_pause_resume_and_trigger(self, kit: Kit) -> None:
         s = await schedule(kit.store, "p", target="g", every=10, thread="t1")
         assert s.next_fire_at is not None
