@@ -126,6 +126,8 @@ def test_run_waits_through_a_sleep_and_continues_a_due_one(url: str) -> None:
             return datetime.fromisoformat(cp.metadata["wake_at"])
 
     wake_at = asyncio.run(asleep_then_stopped())
+    shown = cli("threads", "show", "t2", store=url)
+    assert shown.returncode == 0 and "status sleeping until" in shown.stdout, shown.stdout
     while datetime.now(UTC) <= wake_at:  # nothing runs it meanwhile: no worker is left
         time.sleep(0.05)
     done = cli("run", "t2", "tally", "--input", '{"numbers": [1]}', "--app", APP, "--json",

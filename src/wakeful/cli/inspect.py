@@ -92,11 +92,15 @@ async def threads_show(thread_id: str, store: str | None, as_json: bool) -> None
     snap = await with_store(store_url(store), lambda s: _snapshot(s, thread_id), existing=True)
 
     def render(_: Any) -> None:
+        from wakeful.runtime.sleeps import wake_at
+
         cp = snap.checkpoint
         claim = snap.claim
         print_line(f"[bold]{thread_id}[/bold]  version {snap.version}  tenant {cell(snap.tenant)}")
         if cp is not None:
-            print_line(f"run {cp.run_id}  status [bold]{cp.status}[/bold]  checkpoint {cp.id}")
+            waking = wake_at(cp)
+            status = cp.status if waking is None else f"sleeping until {_at(waking)}"
+            print_line(f"run {cp.run_id}  status [bold]{status}[/bold]  checkpoint {cp.id}")
             console.print_json(data=builtins(cp.state))
             tickets = cp.metadata.get("tickets") if cp.status == "suspended" else None
             for ticket in tickets or []:
