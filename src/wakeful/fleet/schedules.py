@@ -11,7 +11,9 @@ judged by the store's clock (``ScheduleStore.store_now``), never a worker's."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any, Literal, Protocol
@@ -38,6 +40,8 @@ log = logging.getLogger("wakeful.schedules")
 
 SKIP_GRACE = timedelta(seconds=60)
 """With ``catch_up="skip"``, a tick fired more than this late counts as missed."""
+FIRING_CONCURRENCY = 8
+"""Schedules one ``fire_due`` call fires at a time (each a few round trips)."""
 CAS_TRIES = 8
 """How often an operator action re-reads a schedule whose revision changed under it."""
 
@@ -191,12 +195,21 @@ async def fire_due(
     the dispatches this call created. Calling it again for the same moment, here or in any
     other process, creates nothing more: a tick's dispatch id is fixed."""
     now, due = await store.due_schedules(limit)
+    # Several workers read the same due schedules: each takes them in its own order, so
+    # they mostly fire different ones; a few at a time, so a burst (10k schedules at 09:00)
+    # is not one round trip after another.
+    random.shuffle(due)
+    gate = asyncio.Semaphore(FIRING_CONCURRENCY)
     created: list[Dispatch] = []
-    for s in due:
-        try:
-            created.extend(await _fire(store, s, now, wake))
-        except WakefulError as exc:  # one broken schedule must not stop the others
-            log.warning("firing schedule %s failed: %s", s.name, exc)
+
+    async def one(s: Schedule) -> None:
+        async with gate:
+            try:
+                created.extend(await _fire(store, s, now, wake))
+            except WakefulError as exc:  # one broken schedule must not stop the others
+                log.warning("firing schedule %s failed: %s", s.name, exc)
+
+    await asyncio.gather(*(one(s) for s in due))
     return created
 
 
