@@ -8,13 +8,14 @@ from typing import ClassVar
 
 import pytest
 
+from tests.firing_cases import FiringCases
 from wakeful.clock import ManualClock
 from wakeful.store.contract import Store
 from wakeful.store.file import FileStore, open_file_store
 from wakeful.testkit import StoreConformance
 
 
-class TestFileStore(StoreConformance):
+class TestFileStore(StoreConformance, FiringCases):
     capabilities: ClassVar[frozenset[str]] = frozenset({"relay_crash_injection", "folded_writes"})
 
     @pytest.fixture(autouse=True)

@@ -17,6 +17,7 @@ from typing import ClassVar
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from tests.firing_cases import FiringCases
 from tests.postgres_support import (
     Databases,
     freeze_clock,
@@ -39,7 +40,7 @@ def _pg(store: Store) -> PostgresStore:
     return store
 
 
-class TestPostgresStore(StoreConformance):
+class TestPostgresStore(StoreConformance, FiringCases):
     capabilities: ClassVar[frozenset[str]] = frozenset({"folded_writes"})
     exact_expiry = False
 

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 
+from tests.firing_cases import FiringCases
 from tests.sqlite_support import Alternating, ScratchFiles, sqlite_url
 from wakeful.clock import ManualClock
 from wakeful.store import open_store
@@ -32,7 +33,7 @@ def _url_of(store: Store) -> str:
     return store.url
 
 
-class TestSqliteStore(StoreConformance):
+class TestSqliteStore(StoreConformance, FiringCases):
     capabilities: ClassVar[frozenset[str]] = frozenset({"folded_writes"})
 
     async def new_store(self, clock: ManualClock) -> Store:

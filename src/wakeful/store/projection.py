@@ -157,9 +157,7 @@ class Unstaged(msgspec.Struct, frozen=True, tag="unstaged"):
 
 
 class SchedulePut(msgspec.Struct, frozen=True, tag="schedule_put"):
-    """A schedule stored as it is (its revision and times already decided)."""
-
-    schedule: Schedule
+    schedule: Schedule  # as stored: its revision and times already decided
 
 
 class ScheduleDeleted(msgspec.Struct, frozen=True, tag="schedule_deleted"):
