@@ -18,6 +18,7 @@ from wakeful import ManualClock
 from wakeful.errors import InvalidInput
 from wakeful.fleet import LocalWake, Registry, Worker, cancel, submit
 from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, append
+from wakeful.runtime.alarms import wake_due
 from wakeful.store.memory import MemoryStore
 
 POLICY = ClaimPolicy(ttl=30, renew_every=10)
@@ -271,3 +272,34 @@ async def test_sleep_refuses_a_negative_duration_and_a_naive_time() -> None:
     g.edge(START, "bad")
     outcome = await (await Runtime(store, POLICY, clock).start("t1", g.compile(), {})).result()
     assert outcome.status == "completed" and seen == ["duration", "when"]
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_process_wakes_a_due_sleep_of_an_embedded_run() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    calls: dict[str, int] = {}
+    graph = sleepy_graph(calls, seconds=60)
+
+    async def never(seconds: float) -> None:
+        await asyncio.Event().wait()  # the process "dies" asleep: its timer never fires
+
+    first = Runtime(store, POLICY, clock, sleep=never)
+    handle = await first.start("t1", graph, {"log": []})
+    snap = None
+    for _ in range(200):
+        snap = await store.read("t1")
+        if snap and snap.checkpoint and "wake_at" in snap.checkpoint.metadata:
+            break
+        await asyncio.sleep(0.005)
+    assert snap is not None and snap.claim is None
+    await handle.cancel()  # the first process is gone
+    second = Runtime(store, POLICY, clock)
+    assert await wake_due(second, "t1", graph) is None  # not due yet
+    clock.advance(60)
+    woken = await wake_due(second, "t1", graph)
+    assert woken is not None
+    outcome = await woken.result()
+    assert outcome.status == "completed" and outcome.state == {"log": ["before", "woke", "after"]}
+    assert await wake_due(second, "t1", graph) is None
+    assert calls == {"before": 1, "nap": 2, "woke": 1, "after": 1}
