@@ -415,3 +415,28 @@ def test_cancel_a_running_run(page: Any, rig: Fleet) -> None:
     page.wait_for_selector("#cancel-sent")
     page.wait_for_selector("#thread-status .s-cancelled")
     page.locator("#timeline li[data-type='run.cancelled']").wait_for()
+
+
+def test_schedules_pause_resume_run_now_and_delete(page: Any, rig: Fleet) -> None:
+    body = {"target": "sorter", "cron": "0 3 * * *", "thread": "console-nightly"}
+    with rig.api(ALPHA) as api:
+        r = api.put("/v1/schedules/nightly", json=body)
+        assert r.status_code == 200, r.text
+    sign_in(page, rig, ALPHA)
+    page.goto(f"{rig.url}/console/#/schedules")
+    row = "tr[data-schedule='nightly']"
+    page.locator(f"{row} .s-active").wait_for()
+    page.click(f"{row} [data-action=pause]")
+    page.locator(f"{row} .s-paused").wait_for()
+    page.click(f"{row} [data-action=resume]")
+    page.locator(f"{row} .s-active").wait_for()
+    page.click(f"{row} [data-action=trigger]")
+    page.locator(f"{row} td[data-fired='1']").wait_for()
+    shoot(page, "schedules")
+    page.click(f"{row} [data-action=delete]")
+    page.click("[data-testid=confirm-ok]")
+    page.wait_for_selector(row, state="detached")
+    with rig.api(ALPHA) as api:
+        assert api.get("/v1/schedules/nightly").status_code == 404
+        fired = api.get("/v1/dispatches", params={"thread_id": "console-nightly"}).json()
+    assert [d["dispatch_id"].split(":")[2] for d in fired["dispatches"]] == ["trigger"]

@@ -10,6 +10,7 @@ const threadView = lazy("./view-thread.js", "threadView");
 const queueView = lazy("./view-queue.js", "queueView");
 const workersView = lazy("./view-workers.js", "workersView");
 const overviewView = lazy("./view-overview.js", "overviewView");
+const schedulesView = lazy("./view-schedules.js", "schedulesView");
 
 const IDENTITY = "wakeful.console.identity";
 const main = document.getElementById("main");
@@ -113,6 +114,7 @@ const ROUTES = [
   [/^#\/queue$/, () => queueView(main, context), true],
   [/^#\/workers$/, () => workersView(main, context), true],
   [/^#\/overview$/, () => overviewView(main, context), true],
+  [/^#\/schedules$/, () => schedulesView(main, context), false],
   [/^#\/threads(\?.*)?$/, (m) => threadsView(main, new URLSearchParams((m[1] || "").slice(1)), context), false],
 ];
 

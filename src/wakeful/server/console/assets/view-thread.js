@@ -59,7 +59,7 @@ export function threadView(main, threadId, { showError }) {
   function drawHeader() {
     const t = state.thread;
     const claim = t.claim;
-    const cancel = h("button", { class: "danger", id: "cancel-run", disabled: !["running", "suspended", null].includes(t.status) }, "Cancel run");
+    const cancel = h("button", { class: "danger", id: "cancel-run", disabled: !["running", "suspended", "sleeping", null].includes(t.status) }, "Cancel run");
     cancel.addEventListener("click", async () => {
       if (!(await confirmAction(`Cancel the work of thread ${threadId}?`, "Cancel run", "Keep running"))) return;
       try {
@@ -72,7 +72,7 @@ export function threadView(main, threadId, { showError }) {
     });
     clear(
       parts.header,
-      h("h1", {}, h("span", { class: "muted" }, "thread "), h("span", { id: "thread-id" }, threadId), " ", h("span", { id: "thread-status" }, badge(t.status))),
+      h("h1", {}, h("span", { class: "muted" }, "thread "), h("span", { id: "thread-id" }, threadId), " ", h("span", { id: "thread-status" }, badge(t.status)), t.wake_at ? h("span", { class: "muted", id: "wake-at" }, ` until ${time(t.wake_at)}`) : null),
       h(
         "dl",
         { class: "facts" },
@@ -89,7 +89,8 @@ export function threadView(main, threadId, { showError }) {
   }
 
   function drawTickets() {
-    const open = (state.thread.tickets || []).filter((t) => !state.answered.has(t.id));
+    // a sleep's ticket is answered by its wake-up, not by a person
+    const open = (state.thread.tickets || []).filter((t) => !state.answered.has(t.id) && t.schema !== "wakeful.sleep");
     // An answer's note stays after the run resumes and the ticket closes: a fast run would
     // otherwise erase the only confirmation the operator gets before they can read it.
     const answered = [...state.answered.values()];
