@@ -151,14 +151,22 @@ class FiringCases(Harness):
         assert fired == {"o-allow"}
         enqueue = await kit.store.get_schedule("o-enqueue")
         skip = await kit.store.get_schedule("o-skip")
-        assert enqueue is not None and enqueue.next_fire_at == first + timedelta(seconds=60)
+        assert enqueue is not None and enqueue.waiting_since == first + timedelta(seconds=60)
+        # looked at again in a moment, behind what is due before then
+        assert enqueue.next_fire_at == await kit.now() + timedelta(seconds=1)
         assert skip is not None and skip.next_fire_at == first + timedelta(seconds=120)
+        await kit.move_clock(1)
+        assert await fire_due(kit.store) == []  # still waiting
         # the enqueued tick fires once the previous run ends
         leases = await kit.store.claim_next("w", 30, limit=10, thread_id="t-enqueue")
         assert len(leases) == 1
         await kit.store.settle(leases[0].dispatch.dispatch_id, leases[0].claim.token, Done())
+        await kit.move_clock(1)
         fired_ids = [d.dispatch_id for d in await fire_due(kit.store)]
         assert fired_ids == [schedule_dispatch_id("o-enqueue", first + timedelta(seconds=60))]
+        after = await kit.store.get_schedule("o-enqueue")
+        assert after is not None and after.waiting_since is None
+        assert after.next_fire_at == first + timedelta(seconds=120)
 
     @case
     async def test_a_tick_refused_for_its_tenant_is_passed_over_once(self, kit: Kit) -> None:

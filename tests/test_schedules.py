@@ -113,3 +113,18 @@ async def test_workers_fire_due_ticks_and_run_each_once() -> None:
         for w in workers:
             await w.stop(grace=5)
         await asyncio.gather(*tasks)
+
+
+@pytest.mark.asyncio
+async def test_waiting_schedules_do_not_keep_others_from_firing() -> None:
+    clock = ManualClock(datetime(2026, 12, 8, 9, 0, 1, tzinfo=UTC))
+    store = MemoryStore(clock)
+    for name in ("a1", "a2", "a3"):
+        await schedule(store, name, target="g", every=60, thread=f"t-{name}", overlap="enqueue")
+    clock.set(datetime(2026, 12, 8, 9, 1, 0, tzinfo=UTC))
+    assert len(await fire_due(store)) == 3  # their runs stay pending: nobody runs them
+    await schedule(store, "z", target="g", every=60, thread="t-z")
+    clock.set(datetime(2026, 12, 8, 9, 2, 0, tzinfo=UTC))  # all four are due
+    fired = [d.dispatch_id for d in await fire_due(store, limit=2)]
+    fired += [d.dispatch_id for d in await fire_due(store, limit=2)]
+    assert fired == [schedule_dispatch_id("z", datetime(2026, 12, 8, 9, 2, tzinfo=UTC))]

@@ -304,6 +304,9 @@ class Schedule(msgspec.Struct, frozen=True, kw_only=True):
     next_fire_at: datetime | None = None
     last_tick: datetime | None = None
     last_dispatch_id: str | None = None
+    waiting_since: datetime | None = None
+    """With ``overlap="enqueue"``: the first tick waiting for the previous tick's run to end
+    (``next_fire_at`` is then when the firers look again)."""
     fired: int = 0
     """Dispatches fired so far (ticks and triggers)."""
     revision: int = 0

@@ -40,6 +40,8 @@ log = logging.getLogger("wakeful.schedules")
 
 SKIP_GRACE = timedelta(seconds=60)
 """With ``catch_up="skip"``, a tick fired more than this late counts as missed."""
+ENQUEUE_RECHECK = timedelta(seconds=1)
+"""How soon a schedule whose tick waits (``overlap="enqueue"``) is looked at again."""
 FIRING_CONCURRENCY = 8
 """Schedules one ``fire_due`` call fires at a time (each a few round trips)."""
 CAS_TRIES = 8
@@ -162,7 +164,9 @@ async def pause_schedule(store: ScheduleStore, name: str) -> Schedule:
 async def resume_schedule(store: ScheduleStore, name: str) -> Schedule:
     """Fire ``name`` again from its first tick after now (the store's clock)."""
     return await _change(
-        store, name, lambda s, now: {"paused": False, "next_fire_at": next_tick(s, now)}
+        store,
+        name,
+        lambda s, now: {"paused": False, "next_fire_at": next_tick(s, now), "waiting_since": None},
     )
 
 
@@ -217,13 +221,21 @@ async def _fire(
     store: SchedulingStore, s: Schedule, now: datetime, wake: Wake | None
 ) -> list[Dispatch]:
     assert s.next_fire_at is not None
+    since = s.waiting_since or s.next_fire_at
     busy = s.overlap != "allow" and await previous_unfinished(store, s.last_dispatch_id)
     if busy and s.overlap == "enqueue":
-        return []  # the ticks wait for the previous run; catch_up decides once it ends
+        # the ticks wait for the previous run (catch_up decides once it ends); looked at
+        # again in a moment, behind the schedules due before then, so that many waiting
+        # schedules never keep the others from being read
+        waiting = msgspec.structs.replace(
+            s, waiting_since=since, next_fire_at=now + ENQUEUE_RECHECK
+        )
+        await store.put_schedule(waiting, s.revision)
+        return []
     if s.catch_up == "all":
-        ticks = ticks_back(s, now, s.next_fire_at, s.max_catch_up)
+        ticks = ticks_back(s, now, since, s.max_catch_up)
     else:
-        ticks = ticks_back(s, now, s.next_fire_at, 1)
+        ticks = ticks_back(s, now, since, 1)
         if s.catch_up == "skip" and ticks and now - ticks[-1] > SKIP_GRACE:
             ticks = []
     if busy:  # overlap == "skip"
@@ -242,6 +254,7 @@ async def _fire(
     advanced = msgspec.structs.replace(
         s,
         next_fire_at=next_tick(s, now),
+        waiting_since=None,
         last_tick=ticks[-1] if ticks else s.last_tick,
         last_dispatch_id=schedule_dispatch_id(s.name, ticks[-1]) if ticks else s.last_dispatch_id,
         fired=s.fired + len(ticks),

@@ -92,6 +92,10 @@ class ScheduleView(_View):
     next_fire_at: datetime | None = Field(description="The next tick (the store's clock).")
     last_tick: datetime | None
     last_dispatch_id: str | None = Field(description="What the last tick or trigger fired.")
+    waiting_since: datetime | None = Field(
+        default=None,
+        description="overlap=enqueue: the first tick waiting for the previous run to end.",
+    )
     fired: int
     revision: int
     created_at: datetime | None

@@ -33,7 +33,12 @@ def check_schedule(schedule: object) -> Schedule:
     check_optional_id("tenant", copy.tenant)
     check_optional_id("last_dispatch_id", copy.last_dispatch_id)
     check_count("max_catch_up", copy.max_catch_up, minimum=1, maximum=10_000)
-    for field, value in (("next_fire_at", copy.next_fire_at), ("last_tick", copy.last_tick)):
+    times = (
+        ("next_fire_at", copy.next_fire_at),
+        ("last_tick", copy.last_tick),
+        ("waiting_since", copy.waiting_since),
+    )
+    for field, value in times:
         if value is not None:
             check_aware(field, value)
     if (copy.cron is None) == (copy.every is None):
