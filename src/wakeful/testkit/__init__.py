@@ -16,6 +16,7 @@ durable store, and declare ``capabilities`` (see ``CAPABILITIES``). See docs/tes
 
 from __future__ import annotations
 
+from wakeful.testkit.branch_cases import BranchCases
 from wakeful.testkit.claim_cases import ClaimCases
 from wakeful.testkit.commit_cases import CommitCases
 from wakeful.testkit.drop_cases import DropCases
@@ -41,6 +42,7 @@ class StatefulCases(Harness):
 
 class StoreConformance(
     CommitCases,
+    BranchCases,
     ClaimCases,
     DropCases,
     FoldCases,
@@ -58,6 +60,7 @@ class StoreConformance(
 
 __all__ = [
     "CAPABILITIES",
+    "BranchCases",
     "ClaimCases",
     "CommitCases",
     "DropCases",
