@@ -91,6 +91,9 @@ class Execution:
     """``checkpoint`` is a new run's first, committed by this attempt (``NodeContext.fresh``)."""
     history_seed: list[Message] | None = None
     """The thread's messages as of ``checkpoint`` if known (``history()`` then reads none)."""
+    message_count: int | None = None
+    """How many messages the thread's view has now (default: as ``checkpoint`` records in
+    ``metadata["messages"]``); each checkpoint this run commits records its count."""
     status: str = "running"
     yield_requested: bool = False
     fence: BaseException | None = None
@@ -105,6 +108,8 @@ class Execution:
 
     def __post_init__(self) -> None:
         self._entry = self.checkpoint.id
+        if self.message_count is None:
+            self.message_count = int(self.checkpoint.metadata.get("messages", 0))
         # the claim is held: only this run's own commits add messages (``_recorded``)
         self._history = None if self.history_seed is None else list(self.history_seed)
         self._writer = make_writer(
@@ -144,6 +149,8 @@ class Execution:
         return list(self._history)
 
     def _recorded(self, messages: tuple[Message, ...]) -> None:
+        assert self.message_count is not None
+        self.message_count += len(messages)
         if self._history is not None:
             self._history.extend(messages)
 
@@ -286,11 +293,11 @@ class Execution:
             await self._end("failed", "run.failed", {"error": error})
             raise RunFailed(self.thread_id, self.run_id, error) from exc
         status: RunStatus = "running" if tasks else "completed"
+        messages = tuple(m for r in results for m in r.messages)
         nxt = self._next_checkpoint(
-            cp, status, state, frontier_entries(step + 1, tasks), step=step + 1
+            cp, status, state, frontier_entries(step + 1, tasks), len(messages), step=step + 1
         )
         carried = tuple(e for r in results for e in r.events)
-        messages = tuple(m for r in results for m in r.messages)
         outbox = tuple(o for r in results for o in r.outbox)
         callbacks = tuple(c for r in results for c in r.callbacks)
         if not tasks:
@@ -473,10 +480,29 @@ class Execution:
     # ---------------------------------------------------------------- commits
 
     def _next_checkpoint(
-        self, cp: Checkpoint, status: RunStatus, state: Any, frontier: list[Any], **meta: Any
+        self,
+        cp: Checkpoint,
+        status: RunStatus,
+        state: Any,
+        frontier: list[Any],
+        added: int = 0,
+        **meta: Any,
     ) -> Checkpoint:
+        """The checkpoint after ``cp``, whose commit appends ``added`` messages. Its metadata
+        records the message count as of it and the nodes whose tasks produced it (time
+        travel reads both: docs/time-travel.md)."""
         ordinal = int(cp.metadata.get("ordinal", 0)) + 1
-        metadata = {**cp.metadata, "ordinal": ordinal, "answers": {}, "tickets": [], **meta}
+        assert self.message_count is not None
+        metadata = {
+            **cp.metadata,
+            "ordinal": ordinal,
+            "answers": {},
+            "tickets": [],
+            "source": "loop",
+            "nodes": list(dict.fromkeys(str(e["node"]) for e in cp.frontier)),
+            "messages": self.message_count + added,
+            **meta,
+        }
         if self.trace:
             metadata = traced_metadata(metadata, self.trace)
         return Checkpoint(
