@@ -35,6 +35,7 @@ from wakeful.records import (
     PendingWrite,
     ThreadSnapshot,
 )
+from wakeful.runtime import travel
 from wakeful.runtime.admission import Admission
 from wakeful.runtime.claims import ClaimPolicy, Sleep
 from wakeful.runtime.durability import DURABILITIES, commit_retrying
@@ -484,6 +485,72 @@ class Runtime:
         """An admission's commit under a claim the caller holds (observed, retried)."""
         calls = store_calls(self.store, self.metrics)
         await commit_retrying(self.store, thread_id, commit, calls)
+
+    async def replay(
+        self,
+        thread_id: str,
+        graph: CompiledGraph,
+        checkpoint_id: str,
+        input: Mapping[str, Any] | None = None,
+        *,
+        messages: Sequence[Message] = (),
+        keep_messages: int | None = None,
+        durability: str | None = None,
+        tenant: str | None = None,
+        run_id: str | None = None,
+        allow_graph_change: bool = False,
+        claim: Claim | None = None,
+        snapshot: ThreadSnapshot | None = None,
+        dispatch_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> RunHandle:
+        """Start a new run from the earlier checkpoint ``checkpoint_id`` (time travel): its
+        state, the messages as of it and its frontier; from a checkpoint that is not the
+        head it branches the thread, keeping the abandoned checkpoints readable. Refused
+        with ``ThreadBusy`` while a run is live. See ``wakeful.runtime.travel.replay``."""
+        return await travel.replay(
+            self,
+            thread_id,
+            graph,
+            checkpoint_id,
+            input,
+            messages=messages,
+            keep_messages=keep_messages,
+            durability=durability,
+            tenant=tenant,
+            run_id=run_id,
+            allow_graph_change=allow_graph_change,
+            claim=claim,
+            snapshot=snapshot,
+            dispatch_id=dispatch_id,
+            metadata=metadata,
+        )
+
+    async def update_state(
+        self,
+        thread_id: str,
+        graph: CompiledGraph,
+        values: Mapping[str, Any],
+        *,
+        as_node: str | None = None,
+        checkpoint_id: str | None = None,
+        tenant: str | None = None,
+        allow_graph_change: bool = False,
+    ) -> Checkpoint:
+        """Commit a checkpoint whose state is ``values`` applied through the reducers to the
+        head's (or ``checkpoint_id``'s, which branches) state, as if ``as_node`` had
+        returned them. Refused with ``ThreadBusy`` while a run is live. See
+        ``wakeful.runtime.travel.update_state``."""
+        return await travel.update_state(
+            self,
+            thread_id,
+            graph,
+            values,
+            as_node=as_node,
+            checkpoint_id=checkpoint_id,
+            tenant=tenant,
+            allow_graph_change=allow_graph_change,
+        )
 
     async def delete_thread(self, thread_id: str, *, tenant: str | None = None) -> None:
         """Delete the thread and everything in it; refused with ``ThreadBusy`` while a run

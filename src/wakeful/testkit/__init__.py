@@ -22,6 +22,7 @@ from wakeful.testkit.commit_cases import CommitCases
 from wakeful.testkit.drop_cases import DropCases
 from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
+from wakeful.testkit.history_cases import HistoryCases
 from wakeful.testkit.listing_cases import ListingCases
 from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.operation_cases import OperationCases
@@ -43,6 +44,7 @@ class StatefulCases(Harness):
 class StoreConformance(
     CommitCases,
     BranchCases,
+    HistoryCases,
     ClaimCases,
     DropCases,
     FoldCases,
@@ -66,6 +68,7 @@ __all__ = [
     "DropCases",
     "FoldCases",
     "Harness",
+    "HistoryCases",
     "Kit",
     "ListingCases",
     "MessagingCases",
