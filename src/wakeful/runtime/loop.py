@@ -50,8 +50,8 @@ from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.events import LiveHub
 from wakeful.runtime.graph import CompiledGraph, TaskSpec, call_node
-from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries
-from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span, traced_metadata
+from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries, successor
+from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
@@ -488,33 +488,11 @@ class Execution:
         added: int = 0,
         **meta: Any,
     ) -> Checkpoint:
-        """The checkpoint after ``cp``, whose commit appends ``added`` messages. Its metadata
-        records the message count as of it and the nodes whose tasks produced it (time
-        travel reads both: docs/time-travel.md)."""
-        ordinal = int(cp.metadata.get("ordinal", 0)) + 1
+        """The checkpoint after ``cp``, whose commit appends ``added`` messages."""
         assert self.message_count is not None
-        metadata = {
-            **cp.metadata,
-            "ordinal": ordinal,
-            "answers": {},
-            "tickets": [],
-            "source": "loop",
-            "nodes": list(dict.fromkeys(str(e["node"]) for e in cp.frontier)),
-            "messages": self.message_count + added,
-            **meta,
-        }
-        if self.trace:
-            metadata = traced_metadata(metadata, self.trace)
-        return Checkpoint(
-            id=f"{self.run_id}-c{ordinal}",
-            parent=cp.id,
-            run_id=self.run_id,
-            status=status,
-            state=state,
-            created_at=self.clock.now(),
-            tenant=cp.tenant,
-            frontier=frontier,
-            metadata=metadata,
+        now = self.clock.now()
+        return successor(
+            cp, status, state, frontier, self.message_count + added, now, self.trace, meta
         )
 
     def _commit(
