@@ -90,14 +90,23 @@ async def submit(
     max_attempts: int = 5,
     tenant: str | None = None,
     wake: Wake | None = None,
+    from_checkpoint: str | None = None,
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
-    dispatch. The run id is ``run-<dispatch_id>``."""
+    dispatch. The run id is ``run-<dispatch_id>``.
+
+    ``from_checkpoint``: replay from that earlier checkpoint of the thread instead
+    (``Runtime.replay``): the worker's run starts from its state, the messages as of it and
+    its frontier, or with ``input`` (not ``None``) from ``START`` on its state; from a
+    checkpoint other than the head the thread branches (docs/time-travel.md)."""
     check_id("target", target)
     check_optional_id("tenant", tenant)
+    check_optional_id("from_checkpoint", from_checkpoint)
     dispatch_id = check_id("dispatch_id", dispatch_id or f"d-{uuid.uuid4().hex}")
     payload = {"target": target, "input": input, "run_id": f"run-{dispatch_id}", "tenant": tenant}
+    if from_checkpoint is not None:  # absent otherwise: earlier payloads stay the same
+        payload["from_checkpoint"] = from_checkpoint
     return await _enqueue(
         store,
         Dispatch(
