@@ -240,6 +240,41 @@ async def messages_at(
     return await store.branch_messages(thread_id, found.branch, after, min(limit, count - after))
 
 
+async def committed_at(
+    store: ThreadStore, thread_id: str, count: int, *, tenant: str | None = None
+) -> str:
+    """The checkpoint on the head's line whose commit brought the thread's messages to
+    ``count`` or more (the one that committed message ``count - 1``): walked back from the
+    head, as far as that message. ``InvalidState`` when the line does not record message
+    counts that far back."""
+    found: str | None = None
+    before: str | None = None
+    while True:
+        page = await history(store, thread_id, before=before, limit=100, tenant=tenant)
+        for entry in page:
+            if not entry.current:
+                continue
+            if entry.messages is None:
+                break
+            if entry.messages < count:
+                if found is not None:
+                    return found
+                break
+            found = entry.checkpoint_id
+        else:
+            if len(page) == 100:
+                before = page[-1].checkpoint_id
+                continue
+            if found is not None:
+                return found
+        raise InvalidState(
+            "thread",
+            thread_id,
+            "without message counts",
+            f"no checkpoint of its line records committing message {count}",
+        )
+
+
 async def _messages_up_to(
     store: ThreadStore, thread_id: str, branch: int, count: int
 ) -> list[Message]:
@@ -329,6 +364,7 @@ __all__ = [
     "CheckpointView",
     "HistoryEntry",
     "checkpoint_at",
+    "committed_at",
     "fork",
     "history",
     "message_count_at",
