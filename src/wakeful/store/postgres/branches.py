@@ -50,6 +50,19 @@ _RANGE = """
 SELECT body FROM @schema@.messages WHERE thread_id = %(thread)s AND pos >= %(first)s
  ORDER BY pos LIMIT %(count)s
 """
+# The head's view of a thread that never branched, in one statement (one snapshot, one round
+# trip: what every read of a conversation costs without time travel); ``branched`` tells the
+# caller to read through the branches instead.
+_PLAIN = """
+SELECT b.branched, m.body
+  FROM (SELECT EXISTS (SELECT 1 FROM @schema@.branches WHERE thread_id = %(thread)s)
+               AS branched) b
+  LEFT JOIN LATERAL (
+       SELECT body, pos FROM @schema@.messages
+        WHERE thread_id = %(thread)s AND pos >= %(first)s AND NOT b.branched
+        ORDER BY pos LIMIT %(count)s) m ON true
+ ORDER BY m.pos
+"""
 _HISTORY = """
 SELECT body, at, version FROM @schema@.checkpoints
  WHERE thread_id = %(thread)s AND version < %(below)s
@@ -157,6 +170,11 @@ class Branching:
         self, thread_id: str, branch: int | None, after: int, limit: int
     ) -> list[Message]:
         """A page of branch ``branch``'s message view (``None``: the head's)."""
+        if not branch:
+            names = {"thread": thread_id, "first": after, "count": limit}
+            rows = await self._db.fetchall(_PLAIN, names, idempotent=True)
+            if not rows or not rows[0][0]:
+                return [codec.MESSAGE.decode(body) for _, body in rows if body is not None]
         rng = self._db.sql(_RANGE)
 
         async def op(conn: Conn) -> list[Message]:
