@@ -63,10 +63,9 @@ SELECT b.branched, m.body
         ORDER BY pos LIMIT %(count)s) m ON true
  ORDER BY m.pos
 """
+# Through a function that leaves the planner only the backward primary-key range (0013).
 _HISTORY = """
-SELECT body, at, version FROM @schema@.checkpoints
- WHERE thread_id = %(thread)s AND version < %(below)s
- ORDER BY version DESC LIMIT %(limit)s
+SELECT o_body, o_at, o_version FROM @schema@.checkpoint_page(%(thread)s, %(below)s, %(limit)s)
 """
 _VERSION_OF = """
 SELECT version FROM @schema@.checkpoints

@@ -204,3 +204,23 @@ BEGIN
     END IF;
 END
 $fn$;
+
+-- A page of a thread's history newest first, below a version: one backward range of the
+-- checkpoints' primary key (thread_id, version) whatever the length of the history or the
+-- statistics (a small or unanalyzed table would otherwise get a bitmap scan of the whole
+-- thread's checkpoints and a sort: decision 0027's rule for listings).
+CREATE FUNCTION @schema@.checkpoint_page(p_thread text, p_below bigint, p_limit integer)
+RETURNS TABLE (o_body text, o_at timestamptz, o_version bigint)
+LANGUAGE plpgsql STABLE
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET enable_sort = off
+AS $fn$
+BEGIN
+    RETURN QUERY
+    SELECT c.body, c.at, c.version FROM @schema@.checkpoints c
+     WHERE c.thread_id = p_thread AND c.version < p_below
+     ORDER BY c.version DESC
+     LIMIT p_limit;
+END
+$fn$;
