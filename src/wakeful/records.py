@@ -151,8 +151,9 @@ class Commit(msgspec.Struct, frozen=True, kw_only=True):
     ``delete_for_runs``). Each must be in the history and none may be the latest after
     this commit."""
     branch_from: str | None = None
-    """Branch the thread: the commit's new ``checkpoint`` continues from this EARLIER
-    checkpoint of the history (its ``parent`` must name it) instead of the latest. The
+    """Branch the thread: the commit's new ``checkpoint`` continues from this earlier
+    checkpoint of the history (its ``parent`` must name it) instead of the latest (naming
+    the latest is allowed too: it only narrows the message view to ``branch_messages``). The
     checkpoints after it stay readable as an abandoned branch; the thread's head moves to a
     new branch (``ThreadStore.branches``) whose message view is the first
     ``branch_messages`` messages of the fork point's view, then this commit's messages and
