@@ -68,6 +68,15 @@ async def test_editing_the_second_of_three_user_messages_answers_the_edited_text
     assert old == before and len(old) == 6
     (branch,) = await store.branches("chat")
     assert branch.old_head == old_head.checkpoint_id and branch.messages == 2
+    # the edited line goes on like any other: regenerate answers the edited message again
+    model.turns.append(Scripted.reply("answer edited, again"))
+    again = await agent.regenerate(rt, "chat")
+    assert again.text == "answer edited, again"
+    assert _said(list(model.requests[-1].messages)) == _said(now[:3])
+    assert _said(await store.messages("chat", 0, 100)) == [
+        *_said(now[:3]),
+        ("assistant", "answer edited, again"),
+    ]
 
 
 @pytest.mark.asyncio

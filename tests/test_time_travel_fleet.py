@@ -10,7 +10,10 @@ import pytest_asyncio
 
 import wakeful
 from tests.test_fleet_worker import Env, dispatch_status
-from wakeful.fleet import submit
+from wakeful.agent import Agent
+from wakeful.errors import InvalidInput, NotFound
+from wakeful.fleet import edit_message, regenerate, submit
+from wakeful.providers.scripted import Scripted
 
 
 @pytest_asyncio.fixture
@@ -58,3 +61,42 @@ async def test_a_replay_the_worker_cannot_do_is_recorded_and_settled(env: Env) -
     refused = [e for e in events if e.type == "dispatch.refused"]
     assert len(refused) == 1 and "cp-gone" in refused[0].data["reason"]
     assert await env.store.branches("t1") == [] and env.calls == {"a": 1, "b": 1}
+
+
+@pytest.mark.asyncio
+async def test_edit_message_and_regenerate_through_the_fleet(env: Env) -> None:
+    model = Scripted.replies("one", "two", "two, edited", "two, edited, again")
+    env.registry.add("helper", Agent("helper", model))
+    env.worker("w1")
+    for i, text in enumerate(("first", "second"), 1):
+        await submit(env.store, "chat", "helper", text, dispatch_id=f"d{i}", wake=env.wake)
+        await dispatch_status(env, f"d{i}", "done")
+    second = (await env.store.messages("chat", 2, 1))[0]
+    assert (second.role, second.content) == ("user", "second")
+
+    await edit_message(env.store, "chat", "helper", second.id, "second, edited", dispatch_id="e1")
+    await env.wake.notify()
+    await dispatch_status(env, "e1", "done")
+    said = [(m.role, m.content) for m in await env.store.messages("chat", 0, 100)]
+    assert said == [
+        ("user", "first"),
+        ("assistant", "one"),
+        ("user", "second, edited"),
+        ("assistant", "two, edited"),
+    ]
+
+    await regenerate(env.store, "chat", "helper", dispatch_id="r1")
+    await env.wake.notify()
+    await dispatch_status(env, "r1", "done")
+    said = [(m.role, m.content) for m in await env.store.messages("chat", 0, 100)]
+    assert said[-1] == ("assistant", "two, edited, again") and said[:3] == [
+        ("user", "first"),
+        ("assistant", "one"),
+        ("user", "second, edited"),
+    ]
+    assert len(await env.store.branches("chat")) == 2
+    answer = (await env.store.messages("chat", 3, 1))[0]
+    with pytest.raises(InvalidInput):
+        await edit_message(env.store, "chat", "helper", answer.id, "not a user message")
+    with pytest.raises(NotFound):
+        await edit_message(env.store, "chat", "helper", second.id, "on the abandoned branch")

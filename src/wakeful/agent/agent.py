@@ -18,7 +18,7 @@ import msgspec
 from wakeful.agent.observe import ToolObserver
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery
 from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext
-from wakeful.errors import InvalidInput, NotFound, OutcomeUnknown
+from wakeful.errors import InvalidInput, OutcomeUnknown
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
 from wakeful.providers.base import ModelRequest, Provider
@@ -26,7 +26,7 @@ from wakeful.records import Event, Message
 from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime, Send
 from wakeful.runtime.events import LiveEvent
 from wakeful.runtime.handle import RunHandle
-from wakeful.runtime.history import committed_at
+from wakeful.runtime.history import committed_at, last_user_count, message_position
 from wakeful.runtime.results import RunOutcome
 
 INDETERMINATE = (
@@ -344,7 +344,7 @@ class Agent:
         that committed it (before the assistant's answer). The thread branches there; the
         previous answer stays readable on the abandoned branch (docs/time-travel.md).
         Refused with ``ThreadBusy`` while a run holds the thread."""
-        index = await _last_user_index(runtime, thread_id)
+        index = await last_user_count(runtime.store, thread_id)
         at = await committed_at(runtime.store, thread_id, index, tenant=tenant)
         handle = await runtime.replay(
             thread_id, self.graph, at, tenant=tenant, durability=durability
@@ -367,7 +367,7 @@ class Agent:
         ``metadata["edits"]`` names the one it replaces) starts a new run. Everything after
         the original message stays readable on the abandoned branch."""
         check_id("message_id", message_id)
-        index, original = await _position(runtime, thread_id, message_id)
+        index, original = await message_position(runtime.store, thread_id, message_id)
         if original.role != "user":
             raise InvalidInput("message_id", f"{message_id!r} is a {original.role} message")
         at = await committed_at(runtime.store, thread_id, index + 1, tenant=tenant)
@@ -422,33 +422,6 @@ class Agent:
             await asyncio.wait({asyncio.ensure_future(handle.result())})
         finally:
             await events.aclose()  # type: ignore[attr-defined]
-
-
-async def _position(runtime: Runtime, thread_id: str, message_id: str) -> tuple[int, Message]:
-    """Where ``message_id`` is in the thread's current messages; ``NotFound`` if not there."""
-    after = 0
-    while True:
-        page = await runtime.store.messages(thread_id, after, 500)
-        for i, message in enumerate(page):
-            if message.id == message_id:
-                return after + i, message
-        if len(page) < 500:
-            raise NotFound("message", message_id)
-        after += len(page)
-
-
-async def _last_user_index(runtime: Runtime, thread_id: str) -> int:
-    """How many messages the thread had up to and with its last user message."""
-    snap = await runtime.store.read(thread_id)
-    end = snap.message_count if snap is not None else 0
-    while end > 0:
-        start = max(end - 100, 0)
-        page = await runtime.store.messages(thread_id, start, end - start)
-        for i in range(len(page) - 1, -1, -1):
-            if page[i].role == "user":
-                return start + i + 1
-        end = start
-    raise NotFound("user message", thread_id)
 
 
 def _indeterminate(name: str, call: dict[str, Any], ctx: NodeContext) -> tuple[str, str]:

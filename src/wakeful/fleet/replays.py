@@ -48,12 +48,16 @@ async def replay_dispatch(
         if not isinstance(checkpoint_id, str):
             raise InvalidInput("from_checkpoint", "must be a checkpoint id")
         no_input = start.payload.get("input") is None
+        keep = start.payload.get("keep_messages")
+        if keep is not None and (not isinstance(keep, int) or isinstance(keep, bool)):
+            raise InvalidInput("keep_messages", "must be a count")
         return await runtime.replay(
             claim.thread_id,
             start.target.graph,
             checkpoint_id,
             None if no_input else start.state,
             messages=() if no_input else start.messages,
+            keep_messages=keep,
             tenant=start.tenant,
             run_id=start.run_id,
             claim=claim,

@@ -240,6 +240,21 @@ async def messages_at(
     return await store.branch_messages(thread_id, found.branch, after, min(limit, count - after))
 
 
+def _shared_counts(branches: list[Branch]) -> dict[int, int | None]:
+    """For each branch on the head's line, how many of its messages the head's view still
+    shares (``None``: all, the head's own): a branch keeps only ``messages`` of its parent's
+    view, so a checkpoint before a fork point may count messages the head no longer has."""
+    child = len(branches)
+    caps: dict[int, int | None] = {child: None}
+    cap: int | None = None
+    while child != 0:
+        record = branches[child - 1]
+        cap = record.messages if cap is None else min(cap, record.messages)
+        caps[record.parent] = cap
+        child = record.parent
+    return caps
+
+
 async def committed_at(
     store: ThreadStore, thread_id: str, count: int, *, tenant: str | None = None
 ) -> str:
@@ -247,6 +262,7 @@ async def committed_at(
     ``count`` or more (the one that committed message ``count - 1``): walked back from the
     head, as far as that message. ``InvalidState`` when the line does not record message
     counts that far back."""
+    caps = _shared_counts(await store.branches(thread_id))
     found: str | None = None
     before: str | None = None
     while True:
@@ -256,7 +272,8 @@ async def committed_at(
                 continue
             if entry.messages is None:
                 break
-            if entry.messages < count:
+            cap = caps.get(entry.branch)
+            if (entry.messages if cap is None else min(entry.messages, cap)) < count:
                 if found is not None:
                     return found
                 break
@@ -273,6 +290,37 @@ async def committed_at(
             "without message counts",
             f"no checkpoint of its line records committing message {count}",
         )
+
+
+async def message_position(
+    store: ThreadStore, thread_id: str, message_id: str
+) -> tuple[int, Message]:
+    """Where ``message_id`` is in the thread's current messages (the head's view), and the
+    message; ``NotFound`` if it is not there."""
+    after = 0
+    while True:
+        page = await store.messages(thread_id, after, 500)
+        for i, message in enumerate(page):
+            if message.id == message_id:
+                return after + i, message
+        if len(page) < 500:
+            raise NotFound("message", message_id)
+        after += len(page)
+
+
+async def last_user_count(store: ThreadStore, thread_id: str) -> int:
+    """How many of the thread's current messages there are up to and with its last user
+    message (read back from the end); ``NotFound`` when it has none."""
+    snap = await store.read(thread_id)
+    end = snap.message_count if snap is not None else 0
+    while end > 0:
+        start = max(end - 100, 0)
+        page = await store.messages(thread_id, start, end - start)
+        for i in range(len(page) - 1, -1, -1):
+            if page[i].role == "user":
+                return start + i + 1
+        end = start
+    raise NotFound("user message", thread_id)
 
 
 async def _messages_up_to(
@@ -367,7 +415,9 @@ __all__ = [
     "committed_at",
     "fork",
     "history",
+    "last_user_count",
     "message_count_at",
+    "message_position",
     "messages_at",
     "recorded_count",
 ]
