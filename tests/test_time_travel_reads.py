@@ -18,6 +18,7 @@ from wakeful.errors import (
 )
 from wakeful.records import Checkpoint, Commit, Message
 from wakeful.runtime import END, START, Graph, Runtime, append
+from wakeful.runtime.history import thread_branches
 from wakeful.store.memory import MemoryStore
 
 
@@ -76,6 +77,9 @@ async def test_reads_and_forks_are_refused_for_another_tenant_and_forks_keep_the
     with pytest.raises(TenantMismatch):
         await wakeful.fork(store, "t1", "t2", tenant="other")
     assert await wakeful.history(store, "t1", tenant="acme")
+    with pytest.raises(TenantMismatch):
+        await thread_branches(store, "t1", tenant="other")
+    assert await thread_branches(store, "t1", tenant="acme") == []
     copy = await wakeful.fork(store, "t1", "t2", tenant="acme")
     snap = await store.read("t2")
     assert snap is not None and snap.tenant == "acme" and copy.tenant == "acme"

@@ -190,6 +190,17 @@ async def history(
     return [_summary(e, await lineage.current(e), snap, recorded_count(e, snap)) for e in entries]
 
 
+async def thread_branches(
+    store: ThreadStore, thread_id: str, *, tenant: str | None = None
+) -> list[Branch]:
+    """The thread's branches, branch 1 first (the last is the head's): where each came from
+    (its fork point and parent branch) and what it left (the old head). ``[]`` until the
+    thread branched. ``tenant`` as for ``history``."""
+    check_id("thread_id", thread_id)
+    await _snapshot(store, thread_id, tenant)
+    return await store.branches(thread_id)
+
+
 async def _entry(
     store: ThreadStore, thread_id: str, checkpoint_id: str | None, snap: ThreadSnapshot
 ) -> CheckpointEntry:
@@ -420,4 +431,5 @@ __all__ = [
     "message_position",
     "messages_at",
     "recorded_count",
+    "thread_branches",
 ]
