@@ -150,6 +150,50 @@ class Commit(msgspec.Struct, frozen=True, kw_only=True):
     step: retention a caller chooses for itself (a LangGraph saver's ``prune`` and
     ``delete_for_runs``). Each must be in the history and none may be the latest after
     this commit."""
+    branch_from: str | None = None
+    """Branch the thread: the commit's new ``checkpoint`` continues from this earlier
+    checkpoint of the history (its ``parent`` must name it) instead of the latest (naming
+    the latest is allowed too: it only narrows the message view to ``branch_messages``). The
+    checkpoints after it stay readable as an abandoned branch; the thread's head moves to a
+    new branch (``ThreadStore.branches``) whose message view is the first
+    ``branch_messages`` messages of the fork point's view, then this commit's messages and
+    every later one. Nothing committed is removed."""
+    branch_messages: int = 0
+    """With ``branch_from``: how many messages of the fork point's branch view the new branch
+    keeps (the message count as of the fork point: the runtime records it in each checkpoint
+    as ``metadata["messages"]``)."""
+
+
+class Branch(msgspec.Struct, frozen=True, kw_only=True):
+    """One branch of a thread's history, created by a commit with ``Commit.branch_from``.
+    Branch 0 is the thread's original line and has no record; branches are numbered 1, 2, 3
+    ... in the order they were made, and the newest is always the thread's head.
+
+    ``parent``: the branch the fork point is on. ``fork_point``: the checkpoint it continues
+    from. ``old_head``: the latest checkpoint before it (the abandoned branch's end).
+    ``checkpoint_id``: its first checkpoint (the branching commit's). ``messages``: how many
+    messages of the parent branch's view it keeps; ``message_start``: where its own messages
+    begin in the thread's append order (every message ever committed, counted from 0)."""
+
+    number: int
+    parent: int
+    fork_point: str
+    old_head: str | None
+    checkpoint_id: str
+    messages: int
+    message_start: int
+    at: datetime
+
+
+class CheckpointEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One checkpoint of a thread's history as ``ThreadStore.history`` reads it: the
+    checkpoint, when it was committed, the branch it was committed on, and ``order``, a
+    number that increases with commit order within the thread (what ``before`` pages by)."""
+
+    checkpoint: Checkpoint
+    committed_at: datetime
+    branch: int
+    order: int
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -175,6 +219,9 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     message_count: int
     last_seq: int = 0
     event_floor: int = 1
+    branch: int = 0
+    """The head's branch: 0 until a commit branched the thread (``Commit.branch_from``).
+    ``message_count`` counts the head branch's message view."""
 
     @property
     def tenant_bound(self) -> bool:

@@ -13,11 +13,12 @@ from typing import Any
 import msgspec
 
 from wakeful import telemetry
-from wakeful.errors import DispatchConflict
+from wakeful.errors import DispatchConflict, InvalidInput
 from wakeful.fleet.wake import Wake
 from wakeful.ids import check_id, check_optional_id
 from wakeful.records import Dispatch
-from wakeful.store.contract import DispatchQueue
+from wakeful.runtime.history import committed_at, last_user_count, message_position
+from wakeful.store.contract import DispatchQueue, Store
 
 TRACE_FIELD = "trace"
 """The payload field with the submitter's W3C trace context (only while tracing is on):
@@ -90,14 +91,30 @@ async def submit(
     max_attempts: int = 5,
     tenant: str | None = None,
     wake: Wake | None = None,
+    from_checkpoint: str | None = None,
+    keep_messages: int | None = None,
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
-    dispatch. The run id is ``run-<dispatch_id>``."""
+    dispatch. The run id is ``run-<dispatch_id>``.
+
+    ``from_checkpoint``: replay from that earlier checkpoint of the thread instead
+    (``Runtime.replay``): the worker's run starts from its state, the messages as of it and
+    its frontier, or with ``input`` (not ``None``) from ``START`` on its state; from a
+    checkpoint other than the head the thread branches (docs/time-travel.md).
+    ``keep_messages``: with ``from_checkpoint``, keep only that many of the messages as of
+    it (``Runtime.replay``'s: what editing a message needs)."""
     check_id("target", target)
     check_optional_id("tenant", tenant)
+    check_optional_id("from_checkpoint", from_checkpoint)
+    if keep_messages is not None and (from_checkpoint is None or keep_messages < 0):
+        raise InvalidInput("keep_messages", "needs from_checkpoint and must be >= 0")
     dispatch_id = check_id("dispatch_id", dispatch_id or f"d-{uuid.uuid4().hex}")
     payload = {"target": target, "input": input, "run_id": f"run-{dispatch_id}", "tenant": tenant}
+    if from_checkpoint is not None:  # absent otherwise: earlier payloads stay the same
+        payload["from_checkpoint"] = from_checkpoint
+    if keep_messages is not None:
+        payload["keep_messages"] = keep_messages
     return await _enqueue(
         store,
         Dispatch(
@@ -110,6 +127,65 @@ async def submit(
             tenant=tenant,
         ),
         wake,
+    )
+
+
+async def regenerate(
+    store: Store,
+    thread_id: str,
+    target: str,
+    *,
+    dispatch_id: str | None = None,
+    tenant: str | None = None,
+    wake: Wake | None = None,
+) -> Dispatch:
+    """Ask for the agent ``target`` to answer the thread's last user message again, from
+    the checkpoint that committed it (``Agent.regenerate`` through the fleet): a start
+    dispatch ``from_checkpoint`` that checkpoint. The thread branches when it runs."""
+    count = await last_user_count(store, thread_id)
+    at = await committed_at(store, thread_id, count, tenant=tenant)
+    return await submit(
+        store,
+        thread_id,
+        target,
+        dispatch_id=dispatch_id,
+        tenant=tenant,
+        wake=wake,
+        from_checkpoint=at,
+    )
+
+
+async def edit_message(
+    store: Store,
+    thread_id: str,
+    target: str,
+    message_id: str,
+    new_content: str,
+    *,
+    dispatch_id: str | None = None,
+    tenant: str | None = None,
+    wake: Wake | None = None,
+) -> Dispatch:
+    """Ask for the agent ``target`` to run on from an edited user message (``Agent.edit``
+    through the fleet): a start dispatch with ``new_content`` as input, ``from_checkpoint``
+    the checkpoint that committed ``message_id``, keeping only the messages before it.
+    ``InvalidInput`` for a message that is not the user's, ``NotFound`` for one the
+    thread's current messages do not have."""
+    check_id("message_id", message_id)
+    index, original = await message_position(store, thread_id, message_id)
+    if original.role != "user":
+        raise InvalidInput("message_id", f"{message_id!r} is a {original.role} message")
+    at = await committed_at(store, thread_id, index + 1, tenant=tenant)
+    return await submit(
+        store,
+        thread_id,
+        target,
+        new_content,
+        dispatch_id=dispatch_id,
+        tenant=tenant,
+        wake=wake,
+        from_checkpoint=at,
+        keep_messages=index,
     )
 
 

@@ -48,6 +48,7 @@ from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
+from wakeful.fleet.replays import Start, replay_dispatch
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
@@ -455,6 +456,11 @@ class Worker:
         relayed = kind == "message" and not payload.get("external")
         if relayed and snap is not None and snap.tenant_bound:
             tenant = snap.tenant  # relayed between threads: the target thread's tenant
+        if kind == "start" and "from_checkpoint" in payload:
+            start = Start(
+                dispatch_id, claim, snap, payload, target, state, messages, run_id, tenant
+            )
+            return await replay_dispatch(self._runtime, self._note, start)
         try:
             handle = await self._runtime.start(
                 claim.thread_id,

@@ -18,6 +18,7 @@ import msgspec
 
 from wakeful.records import (
     Awaiting,
+    Branch,
     Checkpoint,
     Claim,
     Commit,
@@ -34,6 +35,8 @@ from wakeful.records import (
     Retry,
     WorkerInfo,
 )
+from wakeful.store.branching import branch_of, view_length, view_segments
+from wakeful.store.projected_retention import prune_state
 
 # ------------------------------------------------------------------ mutation records
 
@@ -209,10 +212,47 @@ class ThreadState:
     delivered: set[str] = field(default_factory=set)
     inbox_revision: int = 0
     updated_at: datetime | None = None
+    orders: list[int] = field(default_factory=list)
+    """Parallel to ``history``: each checkpoint's commit order (the thread version of the
+    commit that added it), increasing, so a page of history is a bisection away."""
+    cp_order: dict[str, int] = field(default_factory=dict)
+    """Derived from ``history`` and ``orders``: checkpoint id -> commit order."""
+    branches: list[Branch] = field(default_factory=list)
+    branch_orders: list[int] = field(default_factory=list)
+    """Parallel to ``branches``: the commit order of each branch's first checkpoint."""
 
     @property
     def latest(self) -> Checkpoint | None:
         return self.history[-1][0] if self.history else None
+
+    @property
+    def message_count(self) -> int:
+        """How many messages the head branch's view shows."""
+        if not self.branches:
+            return len(self.messages)
+        return view_length(view_segments(self.branches, len(self.branches)), len(self.messages))
+
+    def index_of(self, checkpoint_id: str) -> int | None:
+        """The position of ``checkpoint_id`` in ``history``, or None."""
+        order = self.cp_order.get(checkpoint_id)
+        if order is None:
+            return None
+        return bisect.bisect_left(self.orders, order)
+
+    def branch_at(self, checkpoint_id: str) -> int:
+        """The branch a checkpoint of the history was committed on."""
+        return branch_of(self.branch_orders, self.cp_order[checkpoint_id])
+
+    def keep_history(self, keep: list[tuple[Checkpoint, datetime]]) -> None:
+        """Keep only ``keep`` (a subsequence of ``history``), with its orders."""
+        kept = {cp.id for cp, _ in keep}
+        pairs = zip(self.history, self.orders, strict=True)
+        self.orders = [o for (cp, _), o in pairs if cp.id in kept]
+        for cp, _ in self.history:
+            if cp.id not in kept:
+                self.cp_order.pop(cp.id, None)
+                self.checkpoint_ids.discard(cp.id)
+        self.history = keep
 
     @property
     def next_seq(self) -> int:
@@ -308,7 +348,7 @@ class State:
                 for seq in [s for s, e in self.outbox.items() if e.source_thread == tid]:
                     del self.outbox[seq]
             case Pruned(policy=policy, at=at):
-                return self.prune(policy, at)
+                return prune_state(self, policy, at)
             case Enqueued(dispatch=d):
                 if d.kind == "resume":
                     self._retire_awaiting(d.thread_id, d.created_at)
@@ -400,14 +440,30 @@ class State:
             # a first commit without a checkpoint leaves an unbound thread's tenant None,
             # which its version (then > 0) fixes
             t.bind(commit.checkpoint.tenant)
+        if commit.branch_from is not None:
+            assert commit.checkpoint is not None
+            t.branches.append(
+                Branch(
+                    number=len(t.branches) + 1,
+                    parent=t.branch_at(commit.branch_from),
+                    fork_point=commit.branch_from,
+                    old_head=t.latest.id if t.latest is not None else None,
+                    checkpoint_id=commit.checkpoint.id,
+                    messages=commit.branch_messages,
+                    message_start=len(t.messages),
+                    at=at,
+                )
+            )
+            t.branch_orders.append(receipt.version)
         if commit.checkpoint is not None:
             t.history.append((commit.checkpoint, at))
+            t.orders.append(receipt.version)
+            t.cp_order[commit.checkpoint.id] = receipt.version
             t.checkpoint_ids.add(commit.checkpoint.id)
             t.writes = {}
         if commit.drop_checkpoints:
             dropped = set(commit.drop_checkpoints)
-            t.history = [entry for entry in t.history if entry[0].id not in dropped]
-            t.checkpoint_ids -= dropped
+            t.keep_history([entry for entry in t.history if entry[0].id not in dropped])
         for write in commit.writes:
             t.writes[write.task_id] = write
         for seq, draft in zip(receipt.events, commit.events, strict=True):
@@ -502,64 +558,6 @@ class State:
             open_ids.discard(dispatch_id)
             if not open_ids:
                 del self.open_by_thread[d.thread_id]
-
-    # -------------------------------------------------------------- retention
-
-    def prune(self, policy: RetentionPolicy, now: datetime) -> PruneReport:
-        """Apply ``policy`` at time ``now``; deterministic, so replay gives the same result."""
-        checkpoints = events = receipts = dispatches = 0
-        for t in self.threads.values():
-            removable = len(t.history) - 1
-            drop = 0
-            if policy.keep_checkpoints is not None:
-                drop = max(drop, len(t.history) - max(policy.keep_checkpoints, 1))
-            if policy.checkpoint_max_age is not None:
-                cutoff = now - timedelta(seconds=policy.checkpoint_max_age)
-                aged = 0
-                while aged < removable and t.history[aged][1] < cutoff:
-                    aged += 1
-                drop = max(drop, aged)
-            drop = min(drop, max(removable, 0))
-            for checkpoint, _ in t.history[:drop]:
-                t.checkpoint_ids.discard(checkpoint.id)
-            del t.history[:drop]
-            checkpoints += drop
-
-            floor = t.floor
-            if policy.keep_events is not None:
-                floor = max(floor, t.next_seq - max(policy.keep_events, 0))
-            if policy.event_max_age is not None:
-                cutoff = now - timedelta(seconds=policy.event_max_age)
-                aged_floor = t.floor
-                for event in t.events:
-                    if event.at >= cutoff:
-                        break
-                    aged_floor = event.seq + 1
-                floor = max(floor, aged_floor)
-            if floor > t.floor:
-                events += floor - t.floor
-                self.apply(Compacted(t.thread_id, floor))
-
-            if policy.receipt_max_age is not None:
-                cutoff = now - timedelta(seconds=policy.receipt_max_age)
-                old = [op for op, (_, _, at) in t.receipts.items() if at < cutoff]
-                for op in old:
-                    del t.receipts[op]
-                receipts += len(old)
-
-        if policy.settled_dispatch_max_age is not None:
-            cutoff = now - timedelta(seconds=policy.settled_dispatch_max_age)
-            old_ids = [
-                d.dispatch_id
-                for d in self.dispatches.values()
-                if d.status == "done" and d.updated_at is not None and d.updated_at < cutoff
-            ]
-            for did in old_ids:
-                self._drop_dispatch(did)
-            dispatches = len(old_ids)
-        return PruneReport(
-            checkpoints=checkpoints, events=events, receipts=receipts, dispatches=dispatches
-        )
 
 
 def settled_record(dispatch: Dispatch, token: int, outcome: Outcome, now: datetime) -> Settled:

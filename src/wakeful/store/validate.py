@@ -40,7 +40,9 @@ from wakeful.records import (
     StreamCheckpoint,
 )
 
-_HASHED = tuple(name for name in Commit.__struct_fields__ if name != "drop_checkpoints")
+_OPTIONAL_HASHED = ("drop_checkpoints", "branch_from", "branch_messages")
+"""Fields hashed only when set: a commit without them hashes as before they existed."""
+_HASHED = tuple(name for name in Commit.__struct_fields__ if name not in _OPTIONAL_HASHED)
 
 
 def payload_hash(commit: Commit) -> str:
@@ -53,6 +55,9 @@ def payload_hash(commit: Commit) -> str:
     fields["token"] = 0
     if commit.drop_checkpoints:
         fields["drop_checkpoints"] = commit.drop_checkpoints
+    if commit.branch_from is not None:
+        fields["branch_from"] = commit.branch_from
+        fields["branch_messages"] = commit.branch_messages
     return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).hexdigest()
 
 
@@ -334,7 +339,30 @@ def encode_commit(thread_id: str, commit: Commit) -> EncodedCommit:
             check_id("drop_checkpoints", checkpoint_id)
         if len(set(copy.drop_checkpoints)) != len(copy.drop_checkpoints):
             raise InvalidInput("drop_checkpoints", "names a checkpoint more than once")
+    _check_branch(copy)
     return EncodedCommit(copy, body)
+
+
+def _check_branch(commit: Commit) -> None:
+    """A branching commit's shape: a new checkpoint whose parent is ``branch_from``."""
+    if commit.branch_from is None:
+        if commit.branch_messages != 0:
+            raise InvalidInput("branch_messages", "is only meaningful with branch_from")
+        return
+    check_id("branch_from", commit.branch_from)
+    if commit.branch_messages < 0 or commit.branch_messages > 2**62:
+        raise InvalidInput("branch_messages", "must be a count >= 0")
+    cp = commit.checkpoint
+    if cp is None:
+        raise InvalidInput("branch_from", "needs a new checkpoint to start the branch with")
+    if cp.parent != commit.branch_from:
+        raise InvalidInput(
+            "branch_from",
+            f"names {commit.branch_from!r} but the new checkpoint's parent is {cp.parent!r}: "
+            "a branch's first checkpoint continues from its fork point",
+        )
+    if commit.branch_from in commit.drop_checkpoints:
+        raise InvalidInput("drop_checkpoints", "cannot drop the fork point of the branch")
 
 
 def check_commit(thread_id: str, commit: Commit) -> Commit:

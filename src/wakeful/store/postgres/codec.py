@@ -70,6 +70,7 @@ def snapshot(
     floor: int,
     checkpoint: str | None,
     writes: list[str],
+    branch: int = 0,
 ) -> ThreadSnapshot:
     """A thread read from its row, its latest checkpoint's body and its writes' bodies."""
     return ThreadSnapshot(
@@ -82,6 +83,7 @@ def snapshot(
         message_count=message_count,
         last_seq=next_seq - 1,
         event_floor=floor,
+        branch=branch,
     )
 
 
