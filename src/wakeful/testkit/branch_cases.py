@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from wakeful.errors import InvalidCommit, InvalidInput, NotFound, StaleClaim
-from wakeful.records import Checkpoint, Claim, Commit, EventDraft, Message
+from wakeful.records import Checkpoint, Claim, Commit, Dispatch, EventDraft, Message
 from wakeful.testkit.harness import Harness, Kit
 
 case = pytest.mark.asyncio
@@ -93,6 +93,21 @@ class BranchCases(Harness):
         snap = await reopened.read("t1")
         assert snap is not None and snap.branch == 1 and snap.message_count == 4
         assert len(await reopened.branches("t1")) == 1
+
+    @case
+    @pytest.mark.parametrize("only_thread", [False, True])
+    async def test_a_lease_snapshot_counts_the_head_branchs_messages(
+        self, kit: Kit, only_thread: bool
+    ) -> None:
+        claim, line = await _line(kit, "t1", 4)
+        new = kit.checkpoint(line[0].id)
+        await kit.store.commit("t1", _branch(claim, line[0], new, 1, "b0"))
+        await kit.store.release("t1", claim.token)
+        await kit.store.enqueue(Dispatch(dispatch_id="d-1", thread_id="t1", kind="start"))
+        (lease,) = await kit.store.claim_next("w", 30, thread_id="t1" if only_thread else None)
+        snap = await kit.store.read("t1")
+        assert snap is not None and snap.message_count == 2
+        assert lease.snapshot is not None and lease.snapshot.message_count == 2
 
     @case
     async def test_history_names_each_checkpoints_branch_newest_first_in_pages(

@@ -21,7 +21,7 @@ from wakeful.errors import InvalidCommit
 from wakeful.records import Branch, CheckpointEntry, Message
 from wakeful.store.branching import branch_of, page_ranges, view_length, view_segments
 from wakeful.store.postgres import codec
-from wakeful.store.postgres.connection import Conn, Database, utc
+from wakeful.store.postgres.connection import Conn, Database, bound_idle, utc
 
 _LOCK = """
 SELECT latest_checkpoint, message_count FROM @schema@.threads
@@ -156,8 +156,11 @@ class Branching:
     # ------------------------------------------------------------ reads
 
     async def _snapshot_read(self, conn: Conn) -> None:
-        """Make the transaction read one snapshot (several statements, one state)."""
+        """Make the transaction read one snapshot (several statements, one state), bounded
+        like every transaction of several round trips (decision 0031): it holds no row lock,
+        but a paused reader would hold back vacuum for as long as its snapshot lived."""
         await conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        await bound_idle(conn, self._db.idle_timeout)
 
     async def branches(self, thread_id: str) -> list[Branch]:
         async def op(conn: Conn) -> list[Branch]:

@@ -93,7 +93,7 @@ UPDATE @schema@.dispatches x
 RETURNING {", ".join(f"x.{c.strip()}" for c in DISPATCH_COLUMNS.split(","))}
 """
 _LEASED_THREAD = """
-SELECT t.version, t.tenant, t.message_count, t.next_seq, t.event_floor, c.body,
+SELECT t.version, t.tenant, t.message_count + t.message_offset, t.next_seq, t.event_floor, c.body,
        ARRAY(SELECT w.body FROM @schema@.writes w WHERE w.thread_id = t.thread_id
               ORDER BY w.version, w.idx)
   FROM @schema@.threads t
