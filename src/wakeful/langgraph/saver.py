@@ -55,6 +55,7 @@ from wakeful.langgraph.index import (
     record_state,
     write_items,
 )
+from wakeful.langgraph.runs import RUN_MARKER, Owner, Runs, pregel_loop
 from wakeful.langgraph.sync import SyncMethods
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
@@ -66,8 +67,6 @@ Fencing = Literal["auto", "hold", "off"]
 Built = tuple[list[dict[str, Any]], list[str]] | None
 """What a write builds from the thread's index: the new record's items and the records it
 drops, or ``None`` for nothing to write."""
-RUN_MARKER = "__pregel_runtime"
-"""A configurable key LangGraph sets when a graph run (not an inspection) reads its thread."""
 LOCK_STRIPES = 256
 
 
@@ -108,6 +107,7 @@ class WakefulSaver(SyncMethods):
         self.holder = check_id("holder", holder or default_holder())
         self.codec = ValueCodec(self.serde, plain_json=plain_json, allow_pickle=allow_pickle)
         self._holds = Holds(store, ttl, renew_every, idle_release)
+        self._runs = Runs(self.holder, idle_release, cache_threads)
         self._appends = Appends(self._flush)
         self._build_writes = functools.partial(write_items, self.codec.encode)  # made once
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
@@ -211,17 +211,27 @@ class WakefulSaver(SyncMethods):
         (its later writes are refused until a new run starts or this is called)."""
         thread = self._bind(store_thread_id(thread_id))
         self._fenced.pop(thread, None)
+        self._runs.end(thread)
         await self._holds.release(thread)
 
     # ------------------------------------------------------------ async API
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        run = RUN_MARKER in config["configurable"]
+        return await self._get_tuple(config, asyncio.current_task(), run and pregel_loop(1))
+
+    async def _get_tuple(
+        self, config: RunnableConfig, owner: Owner, loop: Any
+    ) -> CheckpointTuple | None:
+        """``aget_tuple`` for a caller ``owner`` (the task of ``ainvoke``, the thread of a
+        synchronous ``invoke``): a graph run's first read starts the run (``runs``);
+        ``loop``: LangGraph's loop that made the read, if found."""
         conf = config["configurable"]
         thread = self._bind(store_thread_id(conf["thread_id"]))
-        if RUN_MARKER in conf:
-            await self._run_starts(conf["thread_id"], thread)
-        idx = await self._view(thread)
         ns = conf.get("checkpoint_ns", "")
+        if RUN_MARKER in conf:
+            await self._run_starts(conf["thread_id"], thread, (conf[RUN_MARKER], owner, loop), ns)
+        idx = await self._view(thread)
         checkpoint_id = get_checkpoint_id(config) or idx.latest.get(ns)
         entry = idx.checkpoints.get((ns, checkpoint_id)) if checkpoint_id else None
         if entry is None or idx.foreign:
@@ -288,6 +298,7 @@ class WakefulSaver(SyncMethods):
             "metadata": encode(meta, "checkpoint {!r} metadata", cid),
         }
         thread = self._bind(store_thread_id(lg_thread))
+        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER))
         await self._appends.add(thread, lg_thread, given, [item], meta.get("run_id"))
         return {
             "configurable": {
@@ -311,8 +322,10 @@ class WakefulSaver(SyncMethods):
             for i, (channel, value) in enumerate(writes)
         ]
         lg_thread = conf["thread_id"]
+        thread = self._bind(store_thread_id(lg_thread))
+        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER))
         await self._appends.add(
-            self._bind(store_thread_id(lg_thread)),
+            thread,
             lg_thread,
             self._build_writes,
             (ns, cid, task_id, task_path, encoded),
@@ -325,6 +338,7 @@ class WakefulSaver(SyncMethods):
             self._holds.forget(thread)
             self._cache.pop(thread, None)
             self._fenced.pop(thread, None)
+            self._runs.end(thread)
             await self.store.delete_thread(thread)
 
     async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -364,21 +378,31 @@ class WakefulSaver(SyncMethods):
 
     # ------------------------------------------------------------ internals
 
-    async def _run_starts(self, lg_thread: str, thread: str) -> None:
-        """A graph run reads its thread first: claim it now (``auto``), before any node
-        runs, or refuse the run (``hold`` without a hold)."""
+    async def _run_starts(
+        self, lg_thread: str, thread: str, run: tuple[Any, Owner, Any], ns: str
+    ) -> None:
+        """A graph run reads its thread first: refuse it if another run of this process
+        occupies the thread (``ThreadBusy``), claim the thread now (``auto``), before any
+        node runs, or refuse the run (``hold`` without a hold). A subgraph's read (``ns``)
+        joins the run that occupies the thread. ``run``: its runtime, owner and loop."""
+        runtime, owner, loop = run
         async with self._lock(thread):
+            if ns:
+                self._runs.join(thread, runtime)
+            else:
+                self._runs.refuse_busy(thread, lg_thread, runtime, owner)
             self._fenced.pop(thread, None)
             hold = self._holds.get(thread)
-            if hold is not None and hold.lost is None:
-                return
-            self._holds.forget(thread)
-            if self.fencing == "hold":
-                raise not_held(lg_thread)
-            if self.fencing == "auto":
-                claim = await self.store.claim(thread, self.holder, self._holds.ttl)
-                self._holds.start(claim, explicit=False)
-                await self._claimed_view(thread, claim)
+            if hold is None or hold.lost is not None:
+                self._holds.forget(thread)
+                if self.fencing == "hold":
+                    raise not_held(lg_thread)
+                if self.fencing == "auto":
+                    claim = await self.store.claim(thread, self.holder, self._holds.ttl)
+                    self._holds.start(claim, explicit=False)
+                    await self._claimed_view(thread, claim)
+            if not ns:
+                self._runs.start(thread, runtime, owner, loop)
 
     async def _claimed_view(self, thread: str, claim: Claim) -> ThreadIndex:
         """The thread's index right after this saver claimed it. Tokens are positive and
