@@ -232,9 +232,15 @@ class WakefulSaver(SyncMethods):
         if RUN_MARKER in conf:
             await self._run_starts(conf["thread_id"], thread, (conf[RUN_MARKER], owner, loop), ns)
         idx = await self._view(thread)
+        # ``latest`` names every namespace's newest checkpoint, even in a partial index
         checkpoint_id = get_checkpoint_id(config) or idx.latest.get(ns)
-        entry = idx.checkpoints.get((ns, checkpoint_id)) if checkpoint_id else None
-        if entry is None or idx.foreign:
+        if not checkpoint_id or idx.foreign:
+            return None
+        entry = idx.checkpoints.get((ns, checkpoint_id))
+        if entry is None and not idx.complete:  # an older checkpoint: fold the whole thread
+            idx = await self._complete(thread)
+            entry = idx.checkpoints.get((ns, checkpoint_id))
+        if entry is None:
             return None
         return self._tuple(conf["thread_id"], idx, entry)
 
@@ -357,7 +363,7 @@ class WakefulSaver(SyncMethods):
 
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of the source to the target in one commit."""
-        source = await self._view(self._bind(store_thread_id(source_thread_id)))
+        source = await self._complete(self._bind(store_thread_id(source_thread_id)))
         items = [] if source.foreign else source.items()
         if items:
             await self._write(target_thread_id, lambda idx: (items, []))
@@ -451,10 +457,19 @@ class WakefulSaver(SyncMethods):
             return cached
         return self._remember(thread, await catch_up(self.store, snap, cached))
 
+    async def _complete(self, thread: str) -> ThreadIndex:
+        """``_view``, holding every checkpoint and write of the thread (a partial index is
+        folded anew from the whole history, and stays cached until a write trims it)."""
+        idx = await self._view(thread)
+        if idx.complete:
+            return idx
+        snap = await self.store.read(thread)
+        return self._remember(thread, await catch_up(self.store, snap, None, complete=True))
+
     async def _threads(self, lg_thread: str | None) -> AsyncIterator[tuple[str, ThreadIndex]]:
         """(LangGraph thread id, index) of one thread, or of every LangGraph thread."""
         if lg_thread is not None:
-            idx = await self._view(self._bind(store_thread_id(lg_thread)))
+            idx = await self._complete(self._bind(store_thread_id(lg_thread)))
             if not idx.foreign and not idx.is_empty():
                 yield lg_thread, idx
             return
@@ -462,7 +477,7 @@ class WakefulSaver(SyncMethods):
         while True:
             page = await self.store.list_threads(after=after, limit=PAGE)
             for summary in page:
-                idx = await self._view(self._bind(summary.thread_id))
+                idx = await self._complete(self._bind(summary.thread_id))
                 if not idx.foreign and not idx.is_empty() and idx.thread_id is not None:
                     yield idx.thread_id, idx
             if len(page) < PAGE:
@@ -480,6 +495,8 @@ class WakefulSaver(SyncMethods):
         try:
             appends = take(thread, batch)
             idx = await self._writable(thread, lg_thread)
+            if not idx.complete and any(_older(idx, a) for a in appends):
+                idx = await self._complete(thread)
             items: list[dict[str, Any]] = []
             answered: list[Append] = []
             run_id = None
@@ -508,6 +525,8 @@ class WakefulSaver(SyncMethods):
         thread = self._bind(store_thread_id(lg_thread))
         async with self._lock(thread):
             idx = await self._writable(thread, lg_thread)
+            if not idx.complete:
+                idx = await self._complete(thread)
             built = build(idx)
             if built is not None:
                 await self._commit_record(thread, lg_thread, idx, built[0], built[1], None)
@@ -548,7 +567,7 @@ class WakefulSaver(SyncMethods):
         also releases). The commit is built once with its token (no copy per commit)."""
         # The caller's objects: the store validates a detached copy before its first await,
         # and the index folds copies (``ThreadIndex.fold``).
-        state = record_state(lg_thread, items, drop)
+        state = record_state(lg_thread, items, drop, idx.head_after(items, drop))
         record = Record(
             id=f"lgr-{os.urandom(16).hex()}",  # 128 random bits, as uuid4 (cheaper)
             parent=idx.latest_record,
@@ -586,6 +605,7 @@ class WakefulSaver(SyncMethods):
             self._fenced[thread] = exc
             raise
         idx.fold(record.id, state)
+        idx.trim()
         idx.version = receipt.version
         self._remember(thread, idx)
 
@@ -601,3 +621,10 @@ class WakefulSaver(SyncMethods):
         any of them and re-adds those records' surviving items."""
         await self._view(self._bind(store_thread_id(lg_thread)))
         await self._write(lg_thread, lambda idx: idx.without(remove, orphans=orphans))
+
+
+def _older(idx: ThreadIndex, append: Append) -> bool:
+    """``put_writes`` to a checkpoint a partial index lacks: its writes already saved are
+    known only to the whole thread's index."""
+    arg = append.arg
+    return isinstance(arg, tuple) and (arg[0], arg[1]) not in idx.checkpoints
