@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import wakeful.langgraph.index as index_module
 import wakeful.langgraph.saver as saver_module
 from tests.langgraph_support import fan_out
 from wakeful import open_store
@@ -83,7 +84,7 @@ async def test_a_thread_written_before_records_had_a_head_reads_and_continues(
     url = f"sqlite:///{tmp_path / 'store.db'}"
     with monkeypatch.context() as old_format:
         old_format.setattr(saver_module, "record_state", _old_record_state)
-        old_format.setattr(saver_module.ThreadIndex, "trim", lambda self, keep=KEEP: None)
+        old_format.setattr(index_module.ThreadIndex, "trim", lambda self, keep=KEEP: None)
         written = await _write_runs(url, tmp_path, 3)
     async with WakefulSaver.from_url(url) as saver:
         latest = await saver.aget_tuple(CONFIG)
