@@ -39,11 +39,13 @@ def count_records_read(store: Store) -> list[int]:
 
 async def _write_runs(url: str, tmp_path: Path, runs: int) -> dict[str, Any]:
     async with WakefulSaver.from_url(url) as saver:
+        read = count_records_read(saver.store)
         graph = fan_out(tmp_path / "calls").compile(checkpointer=saver)
         for i in range(runs):
             await graph.ainvoke({"log": [f"turn-{i}"]}, CONFIG, durability="sync")
         idx = saver._cache["t"]
         assert len(idx.checkpoints) <= 2 * KEEP, "the writer's index holds the history"
+        assert read[0] == 0, f"the writer read {read[0]} records of its own history"
         latest = await saver.aget_tuple(CONFIG)
         assert latest is not None
         return {"id": latest.checkpoint["id"], "values": latest.checkpoint["channel_values"]}

@@ -119,6 +119,9 @@ class ThreadIndex:
     complete: bool = True
     """The index holds every checkpoint and write of the thread; otherwise only the newest
     checkpoints, each with all its writes (see the module doc)."""
+    floor: str = ""
+    """Checkpoints with ids from this one up, and their writes, are all in the index
+    (``""``: every one, the index is complete)."""
 
     def fold(self, record_id: str, state: Any) -> None:
         """Apply one record, newer than every record folded so far. The index keeps copies
@@ -167,13 +170,20 @@ class ThreadIndex:
         long the thread's history grows. The index is then partial."""
         if len(self.checkpoints) <= 2 * keep:
             return
-        newest = set(sorted(self.checkpoints, key=lambda k: k[1])[-keep:])
+        ordered = sorted(self.checkpoints, key=lambda k: k[1])
+        newest = set(ordered[-keep:])
         newest.update(self.latest.items())
+        floor = ordered[-keep][1]
         for key in [k for k in self.checkpoints if k not in newest]:
             del self.checkpoints[key]
-        for key in [k for k in self.writes if k not in newest]:
+        for key in [k for k in self.writes if k not in newest and k[1] < floor]:
             del self.writes[key]
         self.complete = False
+        self.floor = max(self.floor, floor)
+
+    def lacks(self, key: CheckpointKey) -> bool:
+        """True if the thread may hold writes of checkpoint ``key`` this index does not."""
+        return key[1] < self.floor and key not in self.checkpoints
 
     def forget(self, records: set[str]) -> None:
         """Drop every entry held by one of ``records``."""
@@ -290,7 +300,7 @@ async def _latest_only(store: ThreadStore, snap: ThreadSnapshot) -> ThreadIndex 
         before, limit = page[-1][0].id, min(limit * 4, PAGE)
     if not found:
         return None
-    idx = ThreadIndex(complete=False)
+    idx = ThreadIndex(complete=False, floor=target)
     for record in reversed(records):
         idx.fold(record.id, record.state)
     idx.version = snap.version

@@ -624,7 +624,7 @@ class WakefulSaver(SyncMethods):
 
 
 def _older(idx: ThreadIndex, append: Append) -> bool:
-    """``put_writes`` to a checkpoint a partial index lacks: its writes already saved are
-    known only to the whole thread's index."""
+    """``put_writes`` to a checkpoint older than a partial index holds: its writes already
+    saved are known only to the whole thread's index."""
     arg = append.arg
-    return isinstance(arg, tuple) and (arg[0], arg[1]) not in idx.checkpoints
+    return isinstance(arg, tuple) and idx.lacks((arg[0], arg[1]))
