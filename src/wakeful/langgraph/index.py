@@ -185,6 +185,12 @@ class ThreadIndex:
         """True if the thread may hold writes of checkpoint ``key`` this index does not."""
         return key[1] < self.floor and key not in self.checkpoints
 
+    def lacks_writes_of(self, arg: Any) -> bool:
+        """True for a ``put_writes`` append (``write_items``' ``arg``) to a checkpoint
+        older than this partial index holds: which of its writes are new is known only to
+        the whole thread's index."""
+        return isinstance(arg, tuple) and self.lacks((arg[0], arg[1]))
+
     def forget(self, records: set[str]) -> None:
         """Drop every entry held by one of ``records``."""
         for key in [k for k, e in self.checkpoints.items() if e.record in records]:

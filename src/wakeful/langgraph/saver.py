@@ -495,7 +495,7 @@ class WakefulSaver(SyncMethods):
         try:
             appends = take(thread, batch)
             idx = await self._writable(thread, lg_thread)
-            if not idx.complete and any(_older(idx, a) for a in appends):
+            if not idx.complete and any(idx.lacks_writes_of(a.arg) for a in appends):
                 idx = await self._complete(thread)
             items: list[dict[str, Any]] = []
             answered: list[Append] = []
@@ -621,10 +621,3 @@ class WakefulSaver(SyncMethods):
         any of them and re-adds those records' surviving items."""
         await self._view(self._bind(store_thread_id(lg_thread)))
         await self._write(lg_thread, lambda idx: idx.without(remove, orphans=orphans))
-
-
-def _older(idx: ThreadIndex, append: Append) -> bool:
-    """``put_writes`` to a checkpoint older than a partial index holds: its writes already
-    saved are known only to the whole thread's index."""
-    arg = append.arg
-    return isinstance(arg, tuple) and idx.lacks((arg[0], arg[1]))
