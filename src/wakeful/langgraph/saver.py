@@ -11,7 +11,10 @@ Fencing (``fencing=``): ``"auto"`` (default) claims a thread when a run starts a
 claim renewed while the thread is in use; ``"hold"`` writes only inside ``saver.hold``;
 ``"off"`` claims and releases inside every write (one atomic step), for a single process.
 In every mode a write prepared against a view of the thread another writer has changed since
-is refused with ``VersionConflict``: histories of two processes never interleave.
+is refused with ``VersionConflict``: histories of two processes never interleave; and a run
+started while another run of this process (another task or thread) is in the thread gets
+``ThreadBusy`` (``runs``). ``delete_for_runs``, ``copy_thread`` and ``prune`` live in
+``maintenance``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
 from wakeful.langgraph.holds import Holds, default_holder, not_held
 from wakeful.langgraph.index import (
     PAGE,
-    CheckpointKey,
     Entry,
     ThreadIndex,
     catch_up,
@@ -55,8 +57,8 @@ from wakeful.langgraph.index import (
     record_state,
     write_items,
 )
+from wakeful.langgraph.maintenance import Built, Maintenance
 from wakeful.langgraph.runs import RUN_MARKER, Owner, Runs, pregel_loop
-from wakeful.langgraph.sync import SyncMethods
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
 from wakeful.records import Claim, Commit
@@ -64,13 +66,10 @@ from wakeful.store import open_store
 from wakeful.store.contract import Store
 
 Fencing = Literal["auto", "hold", "off"]
-Built = tuple[list[dict[str, Any]], list[str]] | None
-"""What a write builds from the thread's index: the new record's items and the records it
-drops, or ``None`` for nothing to write."""
 LOCK_STRIPES = 256
 
 
-class WakefulSaver(SyncMethods):
+class WakefulSaver(Maintenance):
     """A LangGraph checkpointer with wakeful's guarantees: fenced writers, atomic fsynced
     commits, recovery after a crash. Use it as ``graph.compile(checkpointer=saver)``."""
 
@@ -347,41 +346,6 @@ class WakefulSaver(SyncMethods):
             self._runs.end(thread)
             await self.store.delete_thread(thread)
 
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Remove the checkpoints whose metadata names one of ``run_ids`` (and their
-        writes) from every thread of the store. Reads every LangGraph thread once."""
-        runs = set(run_ids)
-        if not runs:
-            return
-
-        def of_runs(ix: ThreadIndex, key: CheckpointKey) -> bool:
-            return ix.checkpoints[key].metadata(self._metadata).get("run_id") in runs
-
-        async for lg_thread, idx in self._threads(None):
-            if any(of_runs(idx, key) for key in idx.checkpoints):
-                await self._rewrite(lg_thread, of_runs, orphans=False)
-
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy every checkpoint and write of the source to the target in one commit."""
-        source = await self._complete(self._bind(store_thread_id(source_thread_id)))
-        items = [] if source.foreign else source.items()
-        if items:
-            await self._write(target_thread_id, lambda idx: (items, []))
-
-    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """``keep_latest``: keep each namespace's newest checkpoint and its writes (one
-        commit per thread, which frees the storage of the rest); ``delete``: delete the
-        threads."""
-        if strategy not in ("keep_latest", "delete"):
-            raise InvalidInput("strategy", "must be 'keep_latest' or 'delete'")
-        for lg_thread in thread_ids:
-            if strategy == "delete":
-                await self.adelete_thread(lg_thread)
-                continue
-            await self._rewrite(
-                lg_thread, lambda ix, key: ix.latest.get(key[0]) != key[1], orphans=True
-            )
-
     # ------------------------------------------------------------ internals
 
     async def _run_starts(
@@ -608,16 +572,3 @@ class WakefulSaver(SyncMethods):
         idx.trim()
         idx.version = receipt.version
         self._remember(thread, idx)
-
-    async def _rewrite(
-        self,
-        lg_thread: str,
-        remove: Callable[[ThreadIndex, CheckpointKey], bool],
-        *,
-        orphans: bool,
-    ) -> None:
-        """Remove the checkpoints ``remove`` picks (with their writes; with ``orphans``,
-        also writes whose checkpoint was never put): one commit drops every record holding
-        any of them and re-adds those records' surviving items."""
-        await self._view(self._bind(store_thread_id(lg_thread)))
-        await self._write(lg_thread, lambda idx: idx.without(remove, orphans=orphans))
