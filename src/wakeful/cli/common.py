@@ -24,10 +24,12 @@ from rich.table import Table
 
 from wakeful.errors import (
     DispatchConflict,
+    GraphChanged,
     InvalidInput,
     InvalidState,
     NotFound,
     OperationConflict,
+    RunInProgress,
     StaleClaim,
     StoreRefused,
     StoreUnavailable,
@@ -120,7 +122,14 @@ def exit_code(exc: WakefulError) -> int:
     if isinstance(exc, NotFound):
         return EXIT_NOT_FOUND
     if isinstance(
-        exc, ThreadBusy | StaleClaim | InvalidState | DispatchConflict | OperationConflict
+        exc,
+        ThreadBusy
+        | StaleClaim
+        | InvalidState
+        | DispatchConflict
+        | OperationConflict
+        | RunInProgress
+        | GraphChanged,
     ):
         return EXIT_CONFLICT
     if isinstance(exc, StoreUnavailable):
