@@ -36,7 +36,8 @@ def test_history_update_fork_and_replay_from_the_command_line(url: str) -> None:
         "--checkpoint", first, "--app", APP, store=url,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("updated t1: checkpoint update-") and f"from {first}" in done.stdout
+    assert done.stdout.startswith("updated t1: checkpoint update-")
+    assert f"from {first}" in done.stdout
     page = as_json(cli("threads", "history", "t1", "--json", store=url))
     assert [(e["source"], e["branch"], e["current"]) for e in page["entries"]] == [
         ("update", 1, True),
