@@ -60,6 +60,7 @@ UNCUT_COLUMNS = frozenset(
         "thread",
         "dispatch",
         "run",
+        "checkpoint",
         "worker",
         "holder",
         "incarnation",
