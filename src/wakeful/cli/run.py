@@ -87,6 +87,14 @@ def dispatch_options(fn: Any) -> Any:
     help="Check that TARGET is in this app (a warning on stderr when it is not); the dispatch "
     "is enqueued either way.",
 )
+@click.option(
+    "--from-checkpoint",
+    "from_checkpoint",
+    default=None,
+    metavar="CP",
+    help="Replay from this checkpoint of THREAD_ID (wakeful threads history); from an "
+    "earlier one the thread branches.",
+)
 @json_option
 @verbose_option
 @run_async
@@ -102,12 +110,18 @@ async def submit_command(
     max_attempts: int,
     store: str | None,
     app: str | None,
+    from_checkpoint: str | None,
     as_json: bool,
     verbose: bool,
 ) -> None:
     """Enqueue a run of TARGET on THREAD_ID (MESSAGE, --input or --input-file) for the
     workers, and print one line with the dispatch and run ids (--verbose: the dispatch,
     --json: as JSON). Nothing runs here.
+
+    With --from-checkpoint the run replays from that checkpoint (without input: its
+    frontier; with input: from the start on its state), for the thread's tenant; a
+    checkpoint the thread does not have is exit 3, a thread whose last run is running
+    exit 4.
 
     Warns on stderr (exit code 0) when TARGET is not in --app, or when no live worker is
     registered: the store does not know which targets workers serve, and the dispatch may be
@@ -119,6 +133,8 @@ async def submit_command(
     missing = None if app is None else _missing_target(app, target)
     url = store_url(store)
     async with store_at(url) as opened:
+        if from_checkpoint is not None:
+            tenant = await _replay_tenant(opened, thread_id, from_checkpoint, tenant)
         d = await submit(
             opened,
             thread_id,
@@ -128,6 +144,7 @@ async def submit_command(
             priority=priority,
             max_attempts=max_attempts,
             tenant=tenant,
+            from_checkpoint=from_checkpoint,
         )
         now = datetime.now(UTC)
         live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
@@ -141,6 +158,24 @@ async def submit_command(
             f"warning: no live worker in {describe_url(url)}: dispatch {d.dispatch_id} waits "
             f"until one starts (wakeful worker --app MODULE:ATTR, with target {target!r})"
         )
+
+
+async def _replay_tenant(
+    store: Any, thread_id: str, checkpoint_id: str, tenant: str | None
+) -> str | None:
+    """The tenant a replay is submitted for (the thread's, unless --tenant names it), after
+    checking that the checkpoint is there and the thread's last run is not running."""
+    from wakeful.cli.travel import owner_tenant
+    from wakeful.errors import RunInProgress
+    from wakeful.runtime.history import checkpoint_at
+
+    owner = await owner_tenant(store, thread_id)
+    chosen = tenant if tenant is not None else owner
+    await checkpoint_at(store, thread_id, checkpoint_id, tenant=chosen)
+    head = (await store.read(thread_id)).checkpoint
+    if head.status == "running":
+        raise RunInProgress(thread_id, head.run_id, head.status)
+    return chosen
 
 
 def _missing_target(app: str, target: str) -> str | None:

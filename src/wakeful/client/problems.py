@@ -14,6 +14,7 @@ from typing import Any
 
 from wakeful.errors import (
     DispatchConflict,
+    GraphChanged,
     InvalidInput,
     InvalidState,
     NotFound,
@@ -57,6 +58,10 @@ _BUILD: dict[str, tuple[type[WakefulError], Callable[[dict[str, Any]], dict[str,
     "not-suspended": (NotSuspended, lambda d: {**_fields(d, "thread_id"), "status": None}),
     "run-in-progress": (RunInProgress, lambda d: _fields(d, "thread_id")),
     "invalid-state": (InvalidState, lambda d: _fields(d, "state")),
+    "graph-changed": (
+        GraphChanged,
+        lambda d: {**_fields(d, "thread_id"), "recorded": None, "current": None},
+    ),
     "replay-unavailable": (
         ReplayUnavailable,
         lambda d: _fields(d, "thread_id", "after_seq", "earliest_seq"),

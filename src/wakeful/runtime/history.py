@@ -414,7 +414,7 @@ async def fork(
         await store.claim_and_commit(new_thread_id, who, FORK_TTL, commit)
     except VersionConflict:
         raise InvalidState(
-            "thread", new_thread_id, "has commits", "a fork needs a thread id with no history"
+            "thread", new_thread_id, "already in use", "a fork needs a thread id with no history"
         ) from None
     return copy
 

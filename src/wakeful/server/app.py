@@ -25,7 +25,16 @@ from wakeful.server.auth import Authenticator
 from wakeful.server.feeds import Feeds
 from wakeful.server.gateway import PROTECTED_PREFIX, Gateway
 from wakeful.server.problems import HANDLERS, MEDIA_TYPE
-from wakeful.server.routes import events, health, operators, runs, session, stream, threads
+from wakeful.server.routes import (
+    events,
+    health,
+    operators,
+    runs,
+    session,
+    stream,
+    threads,
+    travel,
+)
 from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.server")
@@ -188,6 +197,7 @@ def create_app(
     for router in (
         runs.router,
         threads.router,
+        travel.router,
         events.router,
         stream.router,
         operators.router,

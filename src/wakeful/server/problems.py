@@ -3,7 +3,7 @@
 | error | status |
 | --- | --- |
 | ``NotFound``, ``TenantMismatch`` (reported exactly like a missing thread) | 404 |
-| ``ThreadBusy``, ``InvalidState``, ``DispatchConflict``, ``OperationConflict``, ``VersionConflict``, ``StaleClaim``, ``RunInProgress``, ``NotSuspended``, ``UnknownTicket``, ``WorkerSuperseded`` | 409 |
+| ``ThreadBusy``, ``InvalidState``, ``DispatchConflict``, ``OperationConflict``, ``VersionConflict``, ``StaleClaim``, ``RunInProgress``, ``NotSuspended``, ``UnknownTicket``, ``WorkerSuperseded``, ``GraphChanged`` | 409 |
 | ``ReplayUnavailable`` | 410 (with ``earliest_seq``) |
 | ``InvalidInput``, request validation | 422 (with ``field``) |
 | ``StoreUnavailable``, ``StoreClosed`` | 503 (with ``Retry-After``) |
@@ -28,6 +28,7 @@ from starlette.routing import Match
 
 from wakeful.errors import (
     DispatchConflict,
+    GraphChanged,
     InvalidInput,
     InvalidState,
     NotFound,
@@ -110,6 +111,8 @@ def _conflict(exc: WakefulError) -> tuple[str, str, dict[str, Any]]:
         return "run-in-progress", "Run in progress", {"thread_id": exc.thread_id}
     if isinstance(exc, InvalidState):
         return "invalid-state", "Invalid state", {"state": exc.state}
+    if isinstance(exc, GraphChanged):
+        return "graph-changed", "Graph changed", {"thread_id": exc.thread_id}
     return "conflict", "Conflict", {}
 
 
@@ -123,6 +126,7 @@ _CONFLICTS = (
     RunInProgress,
     NotSuspended,
     WorkerSuperseded,
+    GraphChanged,
 )
 
 

@@ -52,6 +52,12 @@ class SubmitRun(_Request):
     max_attempts: int = Field(
         default=5, ge=1, le=100, description="Claims before the work counts as exhausted."
     )
+    from_checkpoint: Id | None = Field(
+        default=None,
+        description="Replay from this checkpoint of the thread (time travel): the run starts "
+        "from its state, messages and frontier (with ``input``: from START on its state); "
+        "from an earlier checkpoint the thread branches.",
+    )
 
 
 class ResumeRun(_Request):
@@ -85,6 +91,43 @@ class SendMessage(_Request):
     )
     target: Id | None = Field(default=None, description="The agent or graph to run it with.")
     correlation_id: Id | None = None
+
+
+class UpdateState(_Request):
+    """Commit a new checkpoint whose state is ``values`` applied through the graph's
+    reducers (``Runtime.update_state``)."""
+
+    values: dict[str, Any] = Field(description="State fields, as a node would return them.")
+    as_node: Id | None = Field(
+        default=None,
+        description="As if this node had returned ``values``: the next step routes from it.",
+    )
+    checkpoint_id: Id | None = Field(
+        default=None,
+        description="The checkpoint to edit (default: the head); an earlier one branches.",
+    )
+
+
+class ForkThread(_Request):
+    """Copy the thread as of a checkpoint into a new thread (``wakeful.fork``)."""
+
+    new_thread_id: Id = Field(description="The new thread's id (it must have no history).")
+    checkpoint_id: Id | None = Field(
+        default=None, description="The checkpoint to copy (default: the head)."
+    )
+
+
+class EditMessage(_Request):
+    """Run the thread's agent on from an edited user message (``fleet.edit_message``)."""
+
+    content: str = Field(max_length=100_000, description="The new text of the message.")
+    target: Id | None = Field(default=None, description="The agent to run (default: the thread's).")
+
+
+class Regenerate(_Request):
+    """Answer the thread's last user message again (``fleet.regenerate``)."""
+
+    target: Id | None = Field(default=None, description="The agent to run (default: the thread's).")
 
 
 # --------------------------------------------------------------------------- views
@@ -214,6 +257,61 @@ class CheckpointPage(BaseModel):
     checkpoints: list[CheckpointView]
     next_before: str | None = Field(
         description="Pass as ``before`` for older checkpoints; null at the end."
+    )
+
+
+class HistoryEntryView(_View):
+    """One checkpoint of the history (``wakeful.HistoryEntry``)."""
+
+    checkpoint_id: str
+    parent: str | None
+    run_id: str
+    status: RunStatus
+    step: int | None = Field(description="The superstep it ended.")
+    nodes: list[str] = Field(description="The nodes whose tasks produced it.")
+    source: str | None = Field(
+        description="How it came to be: input, loop, replay, update or fork."
+    )
+    branch: int = Field(description="The branch it was committed on (0: the original line).")
+    current: bool = Field(description="On the head's line (false: an abandoned branch).")
+    head: bool = Field(description="The thread's latest checkpoint.")
+    created_at: datetime = Field(description="When it was committed.")
+    messages: int | None = Field(description="The message count as of it (null: unknown).")
+
+
+class BranchView(_View):
+    """Where a branch came from (``wakeful.records.Branch``)."""
+
+    number: int
+    parent: int = Field(description="The branch its fork point is on.")
+    fork_point: str = Field(description="The checkpoint it continues from.")
+    old_head: str | None = Field(description="The head it left (the abandoned line's end).")
+    checkpoint_id: str = Field(description="Its first checkpoint.")
+    messages: int = Field(description="How many messages of the parent's view it kept.")
+    at: datetime
+
+
+class HistoryPage(BaseModel):
+    entries: list[HistoryEntryView] = Field(description="Checkpoints, newest first.")
+    branches: list[BranchView] = Field(
+        description="The thread's branches, branch 1 first (the last is the head's)."
+    )
+    next_before: str | None = Field(
+        description="Pass as ``before`` for older checkpoints; null at the end."
+    )
+
+
+class CheckpointDetail(BaseModel):
+    """One checkpoint in full, with the messages as of it."""
+
+    entry: HistoryEntryView
+    state: Any = None
+    frontier: list[Any] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    messages: list[MessageView] = Field(description="The messages as of it (a page).")
+    next_after: int | None = Field(
+        description="Pass as ``after`` for more messages; null when all were read (or the "
+        "count as of it is unknown)."
     )
 
 
