@@ -16,6 +16,7 @@ durable store, and declare ``capabilities`` (see ``CAPABILITIES``). See docs/tes
 
 from __future__ import annotations
 
+from wakeful.testkit.busy_cases import BusyCases
 from wakeful.testkit.claim_cases import ClaimCases
 from wakeful.testkit.commit_cases import CommitCases
 from wakeful.testkit.drop_cases import DropCases
@@ -40,6 +41,7 @@ class StatefulCases(Harness):
 
 
 class StoreConformance(
+    BusyCases,
     CommitCases,
     ClaimCases,
     DropCases,
@@ -58,6 +60,7 @@ class StoreConformance(
 
 __all__ = [
     "CAPABILITIES",
+    "BusyCases",
     "ClaimCases",
     "CommitCases",
     "DropCases",
