@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+
+import msgspec
 from datetime import datetime, timedelta
 
 from wakeful.errors import (
@@ -17,6 +19,7 @@ from wakeful.errors import (
     InvalidState,
     NotFound,
     StaleClaim,
+    ThreadBusy,
     WorkerSuperseded,
 )
 from wakeful.records import (
@@ -27,7 +30,7 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
-from wakeful.store.projected import cancel_intent
+from wakeful.store.projected_queue import cancel_intent, interrupt_reason, run_id_of
 from wakeful.store.sqlite import reads
 from wakeful.store.sqlite.claims import (
     advance_epoch,
@@ -38,7 +41,12 @@ from wakeful.store.sqlite.claims import (
 )
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
-from wakeful.store.validate import QUEUE_DEPTH_STATUSES, check_outcome, same_request
+from wakeful.store.validate import (
+    QUEUE_DEPTH_STATUSES,
+    RUN_KINDS,
+    check_outcome,
+    same_request,
+)
 
 _BY_ID = f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE dispatch_id = ?"
 
@@ -61,7 +69,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
     assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
     conn.execute(
         f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        f"VALUES ({', '.join('?' * 21)}) ON CONFLICT DO NOTHING",
         (
             d.dispatch_id,
             d.thread_id,
@@ -80,8 +88,53 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             to_us(d.created_at),
             to_us(d.updated_at),
             d.tenant,
+            d.if_busy,
+            d.queued_behind,
+            dumps(list(d.coalesced)) if d.coalesced else None,
+            d.answered_by,
         ),
     )
+
+
+_HOLDER = (
+    f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
+    f"WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting', 'quarantined') "
+    f"ORDER BY seq LIMIT 1"
+)
+_LAST_QUEUED = (
+    "SELECT dispatch_id FROM dispatches INDEXED BY dispatches_by_thread_status "
+    "WHERE thread_id = ? AND status = 'queued' ORDER BY seq DESC LIMIT 1"
+)
+_FIRST_QUEUED = (
+    f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
+    f"WHERE thread_id = ? AND status = 'queued' ORDER BY seq LIMIT 1"
+)
+
+
+def admission(
+    conn: sqlite3.Connection, now: datetime, d: Dispatch
+) -> tuple[Dispatch, Dispatch | None]:
+    """A run's dispatch ``d`` as its thread takes it (inside the writer's transaction, so
+    decided atomically): pending on a free thread, else ``queued`` behind the last in line,
+    with the cancel intent an ``interrupt`` makes of the busy run. ``reject`` on a busy
+    thread is ``ThreadBusy`` naming the slot's holder, and nothing is written."""
+    row = conn.execute(_HOLDER, (d.thread_id,)).fetchone()
+    holder = None if row is None else dispatch_of(row)
+    last = conn.execute(_LAST_QUEUED, (d.thread_id,)).fetchone()
+    if holder is None and last is None:
+        return d, None
+    if d.if_busy == "reject":
+        busy = holder or dispatch_of(conn.execute(_FIRST_QUEUED, (d.thread_id,)).fetchone())
+        raise ThreadBusy(
+            d.thread_id, busy.holder, None, run_id=run_id_of(busy), dispatch_id=busy.dispatch_id
+        )
+    behind = last[0] if last is not None else holder.dispatch_id if holder else None
+    queued = msgspec.structs.replace(d, status="queued", queued_behind=behind)
+    intent = None
+    if d.if_busy == "interrupt" and holder is not None and holder.kind != "cancel":
+        reason = interrupt_reason(d.dispatch_id)
+        intent = cancel_intent(d.thread_id, reason, now, interrupted_by=d.dispatch_id)
+    return queued, intent
 
 
 def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
@@ -109,7 +162,14 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         created_at=now,
         updated_at=now,
         tenant=d.tenant,
+        if_busy=d.if_busy,
     )
+    intent = None
+    if stored.kind in RUN_KINDS:
+        stored, intent = admission(conn, now, stored)
+    if intent is not None:
+        # the cancellation first: it holds the slot when the busy run's rows retire
+        retire_for(conn, now, intent)
     insert(conn, stored)
     bind_tenant(conn, stored.thread_id, stored.tenant)
     if stored.kind == "resume":
@@ -278,20 +338,28 @@ def cancel(conn: sqlite3.Connection, now: datetime, thread_id: str, reason: str)
     ).fetchone()
     if row is not None:
         return dispatch_of(row)
-    at = to_us(now)
+    intent = cancel_intent(thread_id, reason, now)
+    retire_for(conn, now, intent)
+    return intent
+
+
+def retire_for(conn: sqlite3.Connection, now: datetime, intent: Dispatch) -> None:
+    """Persist the cancel ``intent`` and act on it: retire the thread's other open
+    dispatches (not the queued ones: the intent holds the run slot, so none is admitted
+    until it settles), advance the epoch and end the claim."""
+    thread_id, reason = intent.thread_id, intent.payload["reason"]
+    insert(conn, intent)
     conn.execute(
         "UPDATE dispatches SET status = 'done', lease_until = NULL, last_error = ?, "
-        "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting')",
-        (f"cancelled: {reason}", at, thread_id),
+        "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting') "
+        "AND dispatch_id <> ?",
+        (f"cancelled: {reason}", to_us(now), thread_id, intent.dispatch_id),
     )
     advance_epoch(conn, thread_id)
     conn.execute(
         "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?",
         (thread_id,),
     )
-    intent = cancel_intent(thread_id, reason, now)
-    insert(conn, intent)
-    return intent
 
 
 def quarantine(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispatch:
@@ -333,11 +401,17 @@ def requeue(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispat
     return dispatch_of(row)
 
 
-def purge(conn: sqlite3.Connection, dispatch_id: str) -> None:
+def purge(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> None:
     d = _existing(conn, dispatch_id)
     if d.status not in ("quarantined", "done"):
         raise InvalidState(
             "dispatch", dispatch_id, d.status, "only quarantined or done work can be purged"
+        )
+    if d.status == "quarantined":
+        # it held its thread's run slot: settling it done first admits the next (trigger)
+        conn.execute(
+            "UPDATE dispatches SET status = 'done', updated_at = ? WHERE dispatch_id = ?",
+            (to_us(now), dispatch_id),
         )
     conn.execute("DELETE FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
 
