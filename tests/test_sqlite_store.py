@@ -218,7 +218,7 @@ async def test_schema_7_queues_the_runs_waiting_behind_another_of_their_thread(
         assert got == {
             "d-0": ("pending", None),
             "d-1": ("queued", "d-0"),
-            "d-2": ("queued", "d-0"),
+            "d-2": ("queued", "d-1"),
             "d-3": ("awaiting", None),
             "d-4": ("pending", None),
             "d-5": ("queued", "d-4"),

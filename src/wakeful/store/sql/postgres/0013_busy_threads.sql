@@ -35,7 +35,8 @@ UPDATE @schema@.dispatches d
    SET status = 'queued',
        queued_behind = (SELECT h.dispatch_id FROM @schema@.dispatches h
                          WHERE h.thread_id = d.thread_id AND h.seq < d.seq
-                           AND h.status IN ('pending', 'leased', 'awaiting', 'quarantined')
+                           AND h.status IN ('queued', 'pending', 'leased', 'awaiting',
+                                            'quarantined')
                          ORDER BY h.seq DESC LIMIT 1)
  WHERE d.status = 'pending' AND d.kind IN ('start', 'message')
    AND EXISTS (SELECT 1 FROM @schema@.dispatches h

@@ -23,7 +23,8 @@ UPDATE dispatches AS d
    SET status = 'queued',
        queued_behind = (SELECT h.dispatch_id FROM dispatches AS h
                          WHERE h.thread_id = d.thread_id AND h.seq < d.seq
-                           AND h.status IN ('pending', 'leased', 'awaiting', 'quarantined')
+                           AND h.status IN ('queued', 'pending', 'leased', 'awaiting',
+                                            'quarantined')
                          ORDER BY h.seq DESC LIMIT 1)
  WHERE d.status = 'pending' AND d.kind IN ('start', 'message')
    AND EXISTS (SELECT 1 FROM dispatches AS h
