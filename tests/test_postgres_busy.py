@@ -4,6 +4,7 @@ several runs waiting on one thread, and submitters on separate pools racing on o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import msgspec
 import psycopg
@@ -45,8 +46,7 @@ async def test_migration_0013_queues_the_runs_waiting_behind_another_of_their_th
             [("t1", "start"), ("t1", "start"), ("t1", "message"), ("t2", "start")]
         ):
             await conn.execute(
-                f"SELECT old.enqueue('d-{i}', '{thread}', '{kind}', '{{}}', 0, NULL, 5, "
-                f"NULL, NULL)"
+                f"SELECT old.enqueue('d-{i}', '{thread}', '{kind}', '{{}}', 0, NULL, 5, NULL, NULL)"
             )
     store = await open_test_store(dsn, schema="old")  # migrates to the latest
     try:
@@ -99,10 +99,8 @@ async def test_submitters_on_separate_pools_admit_one_run_of_the_thread_at_a_tim
                 assert len(open_runs) <= 1, open_runs
                 if lease.dispatch.kind == "start":
                     leased.append(lease.dispatch.dispatch_id)
-                try:
+                with contextlib.suppress(StaleClaim):  # interrupted while it ran
                     await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
-                except StaleClaim:
-                    pass  # interrupted while it ran
 
     try:
         submitting = asyncio.gather(*(submit(i) for i in range(60)))

@@ -15,12 +15,16 @@ from typing import Any, Literal, TypeAlias
 import msgspec
 
 RunStatus: TypeAlias = Literal[
-    "running", "suspended", "completed", "failed", "cancelled", "indeterminate"
+    "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
 ]
+"""``interrupted``: ended by a newer submission with ``if_busy="interrupt"`` (what it
+committed stays; event ``run.interrupted`` names the interrupting run)."""
 RUN_STATUSES: frozenset[str] = frozenset(
-    ("running", "suspended", "completed", "failed", "cancelled", "indeterminate")
+    ("running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted")
 )
-TERMINAL_STATUSES: frozenset[str] = frozenset(("completed", "failed", "cancelled", "indeterminate"))
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    ("completed", "failed", "cancelled", "indeterminate", "interrupted")
+)
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 

@@ -7,10 +7,21 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from wakeful.errors import WakefulError
-from wakeful.records import Checkpoint, Dispatch, Done, Outcome, Settle, ThreadSnapshot
+from wakeful.records import (
+    Checkpoint,
+    Commit,
+    Dispatch,
+    Done,
+    EventDraft,
+    Message,
+    Outcome,
+    Settle,
+    ThreadSnapshot,
+)
 from wakeful.store.contract import Store
 
 CANCELLED = "cancelled: "
@@ -95,6 +106,52 @@ async def fenced_ending(store: Store, dispatch_id: str, otherwise: str) -> tuple
 
 def settle_done(dispatch_id: str | None) -> Settle | None:
     return None if dispatch_id is None else Settle(dispatch_id=dispatch_id, outcome=Done())
+
+
+def ending_commit(
+    token: int,
+    latest: Checkpoint | None,
+    status: Any,
+    event_type: str,
+    data: dict[str, Any],
+    now: datetime,
+    *,
+    operation_id: str | None = None,
+    settle: str | None = None,
+    messages: tuple[Message, ...] = (),
+    metadata: dict[str, Any] | None = None,
+) -> Commit:
+    """The commit that records a terminal ``status`` for the thread's unfinished run (if
+    ``latest`` is one: a checkpoint ``ended_by`` ``event_type``, ``metadata`` merged into
+    its own, with ``messages``) and the event, under claim ``token``. Idempotent by the
+    ending checkpoint's id, else by ``operation_id``; ``settle``: settled ``Done`` by it."""
+    checkpoint = None
+    if latest is not None and latest.status in ("running", "suspended"):
+        ordinal = int(latest.metadata.get("ordinal", 0)) + 1
+        checkpoint = Checkpoint(
+            id=f"{latest.run_id}-c{ordinal}",
+            parent=latest.id,
+            run_id=latest.run_id,
+            status=status,
+            state=latest.state,
+            created_at=now,
+            tenant=latest.tenant,
+            frontier=list(latest.frontier),
+            metadata={
+                **latest.metadata,
+                **(metadata or {}),
+                "ordinal": ordinal,
+                "ended_by": event_type,
+            },
+        )
+    return Commit(
+        token=token,
+        checkpoint=checkpoint,
+        events=(EventDraft(type=event_type, data=data, run_id=latest.run_id if latest else None),),
+        messages=messages if checkpoint else (),
+        operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
+        settle=settle_done(settle),
+    )
 
 
 def run_of(

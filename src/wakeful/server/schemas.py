@@ -25,8 +25,11 @@ cancel jumps the queue at 2**31-1)."""
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID)]
 Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_KEY)]
 
-RunStatus = Literal["running", "suspended", "completed", "failed", "cancelled", "indeterminate"]
-DispatchStatus = Literal["pending", "leased", "awaiting", "done", "quarantined"]
+RunStatus = Literal[
+    "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
+]
+DispatchStatus = Literal["queued", "pending", "leased", "awaiting", "done", "quarantined"]
+IfBusy = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
 DispatchKind = Literal["start", "resume", "cancel", "message"]
 
 
@@ -99,6 +102,11 @@ class Accepted(BaseModel):
     status: DispatchStatus = Field(description="The dispatch's delivery status.")
     run_id: str | None = Field(description="The run the work belongs to, when known.")
     message_id: str | None = None
+    queued_behind: str | None = Field(
+        None,
+        description="Status 'queued': the thread is busy (a run is unfinished: running, "
+        "queued or suspended on a ticket) and this work waits behind that dispatch.",
+    )
 
 
 class ClaimView(_View):
@@ -243,6 +251,16 @@ class DispatchView(_View):
     last_error: str | None
     created_at: datetime | None
     updated_at: datetime | None
+    if_busy: IfBusy = Field("enqueue", description="What the submission does on a busy thread.")
+    queued_behind: str | None = Field(
+        None, description="The dispatch it waited behind when enqueued 'queued'."
+    )
+    coalesced: list[str] = Field(
+        default_factory=list, description="The coalesced submissions its run answers too."
+    )
+    answered_by: str | None = Field(
+        None, description="The dispatch whose run answered this coalesced submission."
+    )
 
 
 class DispatchPage(BaseModel):

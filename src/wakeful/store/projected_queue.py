@@ -55,13 +55,13 @@ from wakeful.store.projection import (
 )
 from wakeful.store.validate import (
     QUEUE_DEPTH_STATUSES,
+    RUN_KINDS,
     check_depth_limit,
     check_dispatch,
     check_listing,
     check_outcome,
     check_text,
     check_token,
-    RUN_KINDS,
     same_request,
 )
 
@@ -392,7 +392,11 @@ def _admission(state: State, d: Dispatch, now: datetime) -> tuple[Dispatch, Canc
     waiting = state.queued.get(d.thread_id)
     if holder is None and not waiting:
         return d, None
-    busy = holder if holder is not None else state.dispatches[waiting[0]]
+    if holder is not None:
+        busy = holder
+    else:
+        assert waiting  # (checked above)
+        busy = state.dispatches[waiting[0]]
     if d.if_busy == "reject":
         raise ThreadBusy(
             d.thread_id, busy.holder, None, run_id=run_id_of(busy), dispatch_id=busy.dispatch_id

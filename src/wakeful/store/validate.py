@@ -30,12 +30,12 @@ from wakeful.ids import (
     check_seconds,
 )
 from wakeful.records import (
+    IF_BUSY,
     Awaiting,
     Commit,
     Dispatch,
     DispatchStatus,
     Done,
-    IF_BUSY,
     RetentionPolicy,
     Retry,
     StreamCheckpoint,

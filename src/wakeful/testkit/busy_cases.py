@@ -4,6 +4,8 @@ dispatch enqueued while it is held waits ``queued`` and ``if_busy`` decides the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+
 import msgspec
 import pytest
 
@@ -44,9 +46,7 @@ async def _admitted_runs(kit: Kit, thread_id: str) -> list[str]:
 
 class BusyCases(Harness):
     @case
-    async def test_a_run_on_a_busy_thread_waits_queued_until_the_slot_frees(
-        self, kit: Kit
-    ) -> None:
+    async def test_a_run_on_a_busy_thread_waits_queued_until_the_slot_frees(self, kit: Kit) -> None:
         first = await kit.store.enqueue(_run(kit, "t1", "d-1"))
         assert first.status == "pending" and first.queued_behind is None
         second = await kit.store.enqueue(_run(kit, "t1", "d-2"))
@@ -174,9 +174,7 @@ class BusyCases(Harness):
         assert lease.dispatch.dispatch_id == "c-5" and lease.dispatch.coalesced == ()
 
     @case
-    async def test_cancel_keeps_the_queue_and_admits_its_head_once_settled(
-        self, kit: Kit
-    ) -> None:
+    async def test_cancel_keeps_the_queue_and_admits_its_head_once_settled(self, kit: Kit) -> None:
         await kit.store.enqueue(_run(kit, "t1", "d-1"))
         await kit.store.enqueue(_run(kit, "t1", "d-2"))
         cancel = await kit.store.cancel("t1", "stop")
@@ -189,9 +187,7 @@ class BusyCases(Harness):
 
     @case
     async def test_purging_a_quarantined_holder_admits_the_next(self, kit: Kit) -> None:
-        await kit.store.enqueue(
-            msgspec.structs.replace(_run(kit, "t1", "d-1"), max_attempts=1)
-        )
+        await kit.store.enqueue(msgspec.structs.replace(_run(kit, "t1", "d-1"), max_attempts=1))
         await kit.store.enqueue(_run(kit, "t1", "d-2"))
         lease = await _only_lease(kit)
         await kit.store.release("t1", lease.claim.token)
@@ -211,7 +207,7 @@ class BusyCases(Harness):
         with pytest.raises(InvalidInput):
             await kit.store.enqueue(resume)
         with pytest.raises(InvalidInput):
-            await kit.store.enqueue(msgspec.structs.replace(_run(kit, "t1", "d-2"), if_busy="x"))  # type: ignore[arg-type]
+            await kit.store.enqueue(msgspec.structs.replace(_run(kit, "t1", "d-2"), if_busy="x"))
         assert await kit.store.list_dispatches(thread_id="t1") == []
 
     @case
@@ -258,10 +254,8 @@ class BusyCases(Harness):
                 if d.kind != "cancel":
                     runs[d.dispatch_id] = runs.get(d.dispatch_id, 0) + 1
                 assert len(await _admitted_runs(kit, "t1")) <= 1
-                try:
+                with contextlib.suppress(StaleClaim):  # interrupted: its cancel is next
                     await kit.store.settle(d.dispatch_id, leases[0].claim.token, Done())
-                except StaleClaim:
-                    pass  # interrupted meanwhile: its cancellation is leased next
                 assert len(await _admitted_runs(kit, "t1")) <= 1
         assert accepted and rejected, (accepted, rejected)
         for name in rejected:

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from datetime import datetime, timedelta
 
 import msgspec
-from datetime import datetime, timedelta
 
 from wakeful.errors import (
     DispatchConflict,
