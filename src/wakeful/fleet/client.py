@@ -16,7 +16,7 @@ from wakeful import telemetry
 from wakeful.errors import DispatchConflict
 from wakeful.fleet.wake import Wake
 from wakeful.ids import check_id, check_optional_id
-from wakeful.records import Dispatch
+from wakeful.records import Dispatch, IfBusy
 from wakeful.store.contract import DispatchQueue
 
 TRACE_FIELD = "trace"
@@ -90,10 +90,18 @@ async def submit(
     max_attempts: int = 5,
     tenant: str | None = None,
     wake: Wake | None = None,
+    if_busy: IfBusy = "enqueue",
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
-    dispatch. The run id is ``run-<dispatch_id>``."""
+    dispatch. The run id is ``run-<dispatch_id>``.
+
+    ``if_busy``: what to do when the thread is busy (a run of it is unfinished: running,
+    queued or suspended): ``"enqueue"`` waits (the dispatch is ``queued``, see its
+    ``queued_behind``), ``"reject"`` raises ``ThreadBusy`` naming the busy run and stores
+    nothing, ``"interrupt"`` waits while the busy run is stopped (it ends ``interrupted``),
+    ``"coalesce"`` merges with the other coalesce submissions waiting with it into one run
+    (docs/busy-threads.md). ``"rollback"`` is not supported yet (``InvalidInput``)."""
     check_id("target", target)
     check_optional_id("tenant", tenant)
     dispatch_id = check_id("dispatch_id", dispatch_id or f"d-{uuid.uuid4().hex}")
@@ -108,6 +116,7 @@ async def submit(
             priority=priority,
             max_attempts=max_attempts,
             tenant=tenant,
+            if_busy=if_busy,
         ),
         wake,
     )
@@ -164,10 +173,13 @@ async def send_message(
     priority: int = 0,
     tenant: str | None = None,
     wake: Wake | None = None,
+    if_busy: IfBusy = "enqueue",
 ) -> Dispatch:
     """Deliver a message from outside to ``thread_id``: it starts a run of the thread's
     graph (or ``target``, or the registry's default) with the message as input, once:
-    ``message_id`` deduplicates. Runs send to each other with ``ctx.send`` instead."""
+    ``message_id`` deduplicates. Runs send to each other with ``ctx.send`` instead.
+    ``if_busy``: as ``submit`` takes it (``"coalesce"``: three quick messages to a busy
+    agent are answered by one turn)."""
     message_id = check_id("message_id", message_id or f"msg-{uuid.uuid4().hex}")
     check_optional_id("target", target)
     check_optional_id("correlation_id", correlation_id)
@@ -190,6 +202,7 @@ async def send_message(
             priority=priority,
             dedupe_key=dispatch_id,
             tenant=tenant,
+            if_busy=if_busy,
         ),
         wake,
     )
