@@ -43,6 +43,7 @@ async def test_submit_answers_202_with_the_ids_and_persists_a_dispatch(api: Api)
         "kind": "start",
         "status": "pending",
         "message_id": None,
+        "queued_behind": None,
     }
     assert r.headers["location"] == "/v1/dispatches/key-1"
     d = await api.store.get_dispatch("key-1")

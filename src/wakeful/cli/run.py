@@ -87,6 +87,17 @@ def dispatch_options(fn: Any) -> Any:
     help="Check that TARGET is in this app (a warning on stderr when it is not); the dispatch "
     "is enqueued either way.",
 )
+@click.option(
+    "--if-busy",
+    "if_busy",
+    type=click.Choice(["enqueue", "reject", "interrupt", "coalesce", "rollback"]),
+    default="enqueue",
+    show_default=True,
+    help="When THREAD_ID is busy (a run is unfinished: running, queued or suspended): wait "
+    "behind it, refuse (exit 4, nothing stored), stop it (it ends interrupted) and run next, "
+    "or merge with the other coalesce submissions waiting into one run. rollback is not "
+    "supported yet (exit 6).",
+)
 @json_option
 @verbose_option
 @run_async
@@ -102,6 +113,7 @@ async def submit_command(
     max_attempts: int,
     store: str | None,
     app: str | None,
+    if_busy: Any,
     as_json: bool,
     verbose: bool,
 ) -> None:
@@ -128,12 +140,14 @@ async def submit_command(
             priority=priority,
             max_attempts=max_attempts,
             tenant=tenant,
+            if_busy=if_busy,
         )
         now = datetime.now(UTC)
         live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
-    show_dispatch(
-        d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})", verbose=verbose
-    )
+    line = f"submitted {d.dispatch_id} (run {d.payload['run_id']})"
+    if d.status == "queued":
+        line += f", queued behind {d.queued_behind} (the thread is busy)"
+    show_dispatch(d, as_json, line, verbose=verbose)
     if missing is not None:
         stderr_line(f"warning: {missing}; a worker without it refuses dispatch {d.dispatch_id}")
     if not live:

@@ -30,6 +30,8 @@ RunStatus = Literal[
 ]
 DispatchStatus = Literal["queued", "pending", "leased", "awaiting", "done", "quarantined"]
 IfBusy = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
+SubmittedIfBusy = Literal["enqueue", "reject", "interrupt", "coalesce"]
+"""What a request may ask for: ``rollback`` joins once the store supports it (issue 37)."""
 DispatchKind = Literal["start", "resume", "cancel", "message"]
 
 
@@ -54,6 +56,14 @@ class SubmitRun(_Request):
     )
     max_attempts: int = Field(
         default=5, ge=1, le=100, description="Claims before the work counts as exhausted."
+    )
+    if_busy: SubmittedIfBusy = Field(
+        default="enqueue",
+        description="When the thread is busy (a run is unfinished: running, queued or "
+        "suspended): 'enqueue' waits (202, status 'queued', queued_behind), 'reject' refuses "
+        "(409 thread-busy naming run_id, nothing stored), 'interrupt' stops the busy run (it "
+        "ends 'interrupted') and runs next, 'coalesce' merges with the other coalesce "
+        "submissions waiting with it into one run. ('rollback' is not supported yet.)",
     )
 
 
@@ -88,6 +98,14 @@ class SendMessage(_Request):
     )
     target: Id | None = Field(default=None, description="The agent or graph to run it with.")
     correlation_id: Id | None = None
+    if_busy: SubmittedIfBusy = Field(
+        default="enqueue",
+        description="When the thread is busy (a run is unfinished: running, queued or "
+        "suspended): 'enqueue' waits (202, status 'queued', queued_behind), 'reject' refuses "
+        "(409 thread-busy naming run_id, nothing stored), 'interrupt' stops the busy run (it "
+        "ends 'interrupted') and runs next, 'coalesce' merges with the other coalesce "
+        "submissions waiting with it into one run. ('rollback' is not supported yet.)",
+    )
 
 
 # --------------------------------------------------------------------------- views

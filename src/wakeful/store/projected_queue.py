@@ -413,10 +413,13 @@ def _admission(state: State, d: Dispatch, now: datetime) -> tuple[Dispatch, Canc
 
 
 def run_id_of(d: Dispatch) -> str | None:
-    """The run a dispatch starts, as its payload names it (``None`` when it does not)."""
+    """The run a ``start`` or ``message`` dispatch starts: as its payload names it, else
+    ``run-<dispatch_id>`` (as the worker names it); ``None`` for other kinds."""
+    if d.kind not in RUN_KINDS:
+        return None
     payload = d.payload if isinstance(d.payload, dict) else {}
     named = payload.get("run_id")
-    return named if isinstance(named, str) else None
+    return named if isinstance(named, str) else f"run-{d.dispatch_id}"
 
 
 def interrupt_reason(dispatch_id: str) -> str:

@@ -100,6 +100,7 @@ async def submit_run(
         max_attempts=body.max_attempts,
         tenant=acting_tenant(caller, owner),
         wake=state.wake,
+        if_busy=body.if_busy,
     )
     if (d.priority, d.max_attempts) != (body.priority, body.max_attempts):
         raise DispatchConflict(d.dispatch_id, d.dispatch_id, "Idempotency-Key")
@@ -198,6 +199,7 @@ async def _send(
         correlation_id=body.correlation_id,
         tenant=tenant,
         wake=state.wake,
+        if_busy=body.if_busy,
     )
 
 

@@ -222,7 +222,8 @@ BEGIN
             RAISE EXCEPTION USING ERRCODE = 'WK010', MESSAGE = 'thread busy',
                 DETAIL = json_build_object('thread_id', p_thread, 'dispatch_id', busy,
                     'run_id', CASE WHEN busy_kind IN ('start', 'message')
-                                   THEN busy_payload::jsonb ->> 'run_id' END)::text;
+                                   THEN coalesce(busy_payload::jsonb ->> 'run_id',
+                                                 'run-' || busy) END)::text;
         END IF;
     END IF;
     -- A concurrent enqueue of the same id or dedupe key waits here for the other
