@@ -80,14 +80,15 @@ DECLARE
     stop bigint;
     merged text[] := '{}';
 BEGIN
-    IF EXISTS (SELECT 1 FROM @schema@.dispatches
-                WHERE thread_id = NEW.thread_id
-                  AND status IN ('pending', 'leased', 'awaiting', 'quarantined')) THEN
-        RETURN NULL;
-    END IF;
+    -- the common case first: nothing waits for the thread (one index probe)
     SELECT * INTO h FROM @schema@.dispatches
      WHERE thread_id = NEW.thread_id AND status = 'queued' ORDER BY seq LIMIT 1;
     IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF EXISTS (SELECT 1 FROM @schema@.dispatches
+                WHERE thread_id = NEW.thread_id
+                  AND status IN ('pending', 'leased', 'awaiting', 'quarantined')) THEN
         RETURN NULL;
     END IF;
     IF h.if_busy = 'coalesce' THEN

@@ -32,7 +32,9 @@ UPDATE dispatches AS d
                   AND (h.status IN ('leased', 'awaiting', 'quarantined')
                        OR (h.status = 'pending' AND h.seq < d.seq)));
 
--- Admission, in three steps over the thread's 'queued' range (dispatches_by_thread_status):
+-- Admission, in three steps over the thread's 'queued' range (dispatches_by_thread_status),
+-- when the thread has one (the WHEN clause: a settle on a thread nothing waits for costs one
+-- index probe):
 -- 1. the head (first queued) gets its coalesced list, which marks it chosen;
 -- 2. the dispatches on that list are settled done, naming the head;
 -- 3. the head becomes pending.
@@ -42,6 +44,8 @@ UPDATE dispatches AS d
 CREATE TRIGGER dispatches_admit AFTER UPDATE OF status ON dispatches
 WHEN OLD.status IN ('pending', 'leased', 'awaiting', 'quarantined')
  AND NEW.status NOT IN ('pending', 'leased', 'awaiting', 'quarantined')
+ AND EXISTS (SELECT 1 FROM dispatches AS w INDEXED BY dispatches_by_thread_status
+              WHERE w.thread_id = NEW.thread_id AND w.status = 'queued')
 BEGIN
     UPDATE dispatches
        SET coalesced = CASE WHEN dispatches.if_busy <> 'coalesce' THEN '[]' ELSE (
