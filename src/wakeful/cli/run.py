@@ -42,7 +42,7 @@ from wakeful.cli.common import (
     store_url,
     verbose_option,
 )
-from wakeful.errors import NotFound
+from wakeful.errors import NotFound, ThreadBusy
 from wakeful.records import Event
 
 ENDINGS = {
@@ -295,18 +295,32 @@ async def run_command(
         )
         running = asyncio.create_task(w.run(), name="worker")
         tasks: list[asyncio.Task[Any]] = [running]
+        latest = snap.checkpoint if snap is not None else None
+        suspended = latest is not None and latest.status == "suspended"
         try:
-            dispatch = await submit(
-                opened,
-                thread_id,
-                target,
-                value,
-                dispatch_id=dispatch_id,
-                priority=priority,
-                max_attempts=max_attempts,
-                tenant=tenant,
-                wake=wake,
-            )
+            try:
+                # A suspended run keeps the thread busy until it is resumed or cancelled:
+                # nothing would run here meanwhile, so refuse (atomically) rather than wait.
+                dispatch = await submit(
+                    opened,
+                    thread_id,
+                    target,
+                    value,
+                    dispatch_id=dispatch_id,
+                    priority=priority,
+                    max_attempts=max_attempts,
+                    tenant=tenant,
+                    wake=wake,
+                    if_busy="reject" if suspended else "enqueue",
+                )
+            except ThreadBusy as busy:
+                fail(
+                    f"thread {thread_id!r} is busy: its unfinished run {busy.run_id or ''} "
+                    f"(dispatch {busy.dispatch_id}) is suspended waiting for answers; nothing "
+                    f"was submitted: answer it (wakeful resume) or cancel it (wakeful cancel), "
+                    f"or queue behind it with wakeful submit",
+                    EXIT_CONFLICT,
+                )
             run_id = str(dispatch.payload["run_id"])
             runtime = await w.started()
             events = runtime.subscribe(thread_id, after)
