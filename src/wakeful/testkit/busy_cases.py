@@ -10,7 +10,17 @@ import msgspec
 import pytest
 
 from wakeful.errors import InvalidInput, StaleClaim, ThreadBusy
-from wakeful.records import Awaiting, Dispatch, Done, IfBusy, Lease, Retry
+from wakeful.records import (
+    Awaiting,
+    Commit,
+    Dispatch,
+    Done,
+    EventDraft,
+    IfBusy,
+    Lease,
+    Retry,
+    Settle,
+)
 from wakeful.testkit.harness import Harness, Kit
 
 case = pytest.mark.asyncio
@@ -94,6 +104,24 @@ class BusyCases(Harness):
         assert lease.dispatch.dispatch_id == "r-1"
         await kit.store.settle("r-1", lease.claim.token, Done())
         assert (await _only_lease(kit)).dispatch.dispatch_id == "d-2"
+
+    @case
+    async def test_an_ending_commit_that_settles_the_run_admits_the_next(self, kit: Kit) -> None:
+        kit.require("folded_writes")
+        await kit.store.enqueue(_run(kit, "t1", "d-1"))
+        await kit.store.enqueue(_run(kit, "t1", "c-2", "coalesce"))
+        await kit.store.enqueue(_run(kit, "t1", "c-3", "coalesce"))
+        lease = await _only_lease(kit)
+        ending = Commit(
+            token=lease.claim.token,
+            events=(EventDraft(type="run.completed"),),
+            settle=Settle(dispatch_id="d-1", outcome=Done()),
+        )
+        await kit.store.commit("t1", ending)
+        lease = await _only_lease(kit)
+        assert lease.dispatch.dispatch_id == "c-2" and lease.dispatch.coalesced == ("c-3",)
+        merged = await kit.store.get_dispatch("c-3")
+        assert merged is not None and (merged.status, merged.answered_by) == ("done", "c-2")
 
     @case
     async def test_reject_refuses_while_busy_and_stores_nothing(self, kit: Kit) -> None:

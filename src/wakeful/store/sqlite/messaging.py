@@ -14,6 +14,7 @@ from datetime import datetime
 from wakeful.records import Dispatch, InboxMessage, StreamCheckpoint
 from wakeful.store.projected import message_dispatch_id
 from wakeful.store.sqlite import queue
+from wakeful.store.sqlite.admission import admission
 from wakeful.store.sqlite.codec import OUTBOX_ENTRY, STREAM_CHECKPOINT, dumps
 from wakeful.store.validate import EncodedStreamCheckpoint, discards
 
@@ -73,7 +74,7 @@ def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int 
         updated_at=now,
     )
     if queue.get(conn, dispatch_id) is None:
-        dispatch, _ = queue.admission(conn, now, dispatch)  # "enqueue": never a cancel
+        dispatch, _ = admission(conn, now, dispatch)  # "enqueue": never a cancel
         queue.insert(conn, dispatch)
     conn.execute("DELETE FROM outbox WHERE stage_seq = ?", (stage_seq,))
     return int(stage_seq)

@@ -11,15 +11,12 @@ import sqlite3
 import uuid
 from datetime import datetime, timedelta
 
-import msgspec
-
 from wakeful.errors import (
     DispatchConflict,
     InvalidCommit,
     InvalidState,
     NotFound,
     StaleClaim,
-    ThreadBusy,
     WorkerSuperseded,
 )
 from wakeful.records import (
@@ -30,8 +27,9 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
-from wakeful.store.projected_queue import cancel_intent, interrupt_reason, run_id_of
+from wakeful.store.projected_queue import cancel_intent
 from wakeful.store.sqlite import reads
+from wakeful.store.sqlite.admission import admission, admit
 from wakeful.store.sqlite.claims import (
     advance_epoch,
     current_token,
@@ -94,47 +92,6 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             d.answered_by,
         ),
     )
-
-
-_HOLDER = (
-    f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
-    f"WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting', 'quarantined') "
-    f"ORDER BY seq LIMIT 1"
-)
-_LAST_QUEUED = (
-    "SELECT dispatch_id FROM dispatches INDEXED BY dispatches_by_thread_status "
-    "WHERE thread_id = ? AND status = 'queued' ORDER BY seq DESC LIMIT 1"
-)
-_FIRST_QUEUED = (
-    f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
-    f"WHERE thread_id = ? AND status = 'queued' ORDER BY seq LIMIT 1"
-)
-
-
-def admission(
-    conn: sqlite3.Connection, now: datetime, d: Dispatch
-) -> tuple[Dispatch, Dispatch | None]:
-    """A run's dispatch ``d`` as its thread takes it (inside the writer's transaction, so
-    decided atomically): pending on a free thread, else ``queued`` behind the last in line,
-    with the cancel intent an ``interrupt`` makes of the busy run. ``reject`` on a busy
-    thread is ``ThreadBusy`` naming the slot's holder, and nothing is written."""
-    row = conn.execute(_HOLDER, (d.thread_id,)).fetchone()
-    holder = None if row is None else dispatch_of(row)
-    last = conn.execute(_LAST_QUEUED, (d.thread_id,)).fetchone()
-    if holder is None and last is None:
-        return d, None
-    if d.if_busy == "reject":
-        busy = holder or dispatch_of(conn.execute(_FIRST_QUEUED, (d.thread_id,)).fetchone())
-        raise ThreadBusy(
-            d.thread_id, busy.holder, None, run_id=run_id_of(busy), dispatch_id=busy.dispatch_id
-        )
-    behind = last[0] if last is not None else holder.dispatch_id if holder else None
-    queued = msgspec.structs.replace(d, status="queued", queued_behind=behind)
-    intent = None
-    if d.if_busy == "interrupt" and holder is not None and holder.kind != "cancel":
-        reason = interrupt_reason(d.dispatch_id)
-        intent = cancel_intent(d.thread_id, reason, now, interrupted_by=d.dispatch_id)
-    return queued, intent
 
 
 def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
@@ -327,6 +284,8 @@ def settle_lease(
             f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
             (status, to_us(now), dispatch_id),
         ).fetchone()
+        if status == "done":
+            admit(conn, str(row[1]), now)  # the run slot it held is free
     return row
 
 
@@ -354,7 +313,7 @@ def retire_for(conn: sqlite3.Connection, now: datetime, intent: Dispatch) -> Non
         "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting') "
         "AND dispatch_id <> ?",
         (f"cancelled: {reason}", to_us(now), thread_id, intent.dispatch_id),
-    )
+    )  # (nothing is admitted: the intent holds the run slot until it settles)
     advance_epoch(conn, thread_id)
     conn.execute(
         "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?",
@@ -407,13 +366,9 @@ def purge(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> None:
         raise InvalidState(
             "dispatch", dispatch_id, d.status, "only quarantined or done work can be purged"
         )
-    if d.status == "quarantined":
-        # it held its thread's run slot: settling it done first admits the next (trigger)
-        conn.execute(
-            "UPDATE dispatches SET status = 'done', updated_at = ? WHERE dispatch_id = ?",
-            (to_us(now), dispatch_id),
-        )
     conn.execute("DELETE FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
+    if d.status == "quarantined":
+        admit(conn, d.thread_id, now)  # it held its thread's run slot
 
 
 # Each filter combination has an index holding its rows in enqueue order (seq is the rowid,
