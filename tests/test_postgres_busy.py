@@ -61,6 +61,15 @@ async def test_migration_0013_queues_the_runs_waiting_behind_another_of_their_th
         await store.settle("d-0", lease.claim.token, Done())
         pending = await store.list_dispatches(status="pending")
         assert [d.dispatch_id for d in pending] == ["d-1", "d-3"]
+        # a process of the previous release still enqueues through its own signature
+        async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+            row = await (
+                await conn.execute(
+                    "SELECT status, queued_behind FROM old.enqueue('d-9', 't1', 'start', "
+                    "'{}', 0, NULL, 5, NULL, NULL)"
+                )
+            ).fetchone()
+        assert row == ("queued", "d-2")
     finally:
         await store.close()
 

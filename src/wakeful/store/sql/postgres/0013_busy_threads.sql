@@ -18,8 +18,11 @@
 -- as enqueue() does, so an admission and a concurrent enqueue never both see a free slot.
 --
 -- Migration: a pending start or message with another slot holder of its thread ahead of it
--- becomes queued. A process of schema version 12 would admit nothing: apply this version
--- with the fleet stopped (docs/operations.md).
+-- becomes queued. Every function keeps its signature (enqueue gains an overload with the
+-- policy), so a process of an earlier release keeps working while and after this is
+-- applied: it leases no queued work, its settles admit the next run (the trigger), and its
+-- enqueues take the default policy. Only its listings may show a status it does not know
+-- ('queued'): restart such processes soon after (docs/operations.md).
 
 ALTER TABLE @schema@.dispatches
     DROP CONSTRAINT dispatches_status_check,
@@ -173,8 +176,6 @@ BEGIN
 END
 $fn$;
 
-DROP FUNCTION @schema@.enqueue(text, text, text, text, integer, timestamptz, bigint, text, text);
-
 CREATE FUNCTION @schema@.enqueue(
     p_dispatch text, p_thread text, p_kind text, p_payload text, p_priority integer,
     p_available_at timestamptz, p_max_attempts bigint, p_dedupe text, p_tenant text,
@@ -268,6 +269,20 @@ BEGIN
     END IF;
     RETURN NEXT d;
 END
+$fn$;
+
+-- The enqueue of schema versions 4 to 12, kept for a process of an earlier release that is
+-- still running: its submissions take the default policy ("enqueue"), so a run on a busy
+-- thread waits queued like any other (that process leases only pending work, and its
+-- settles admit the next run through the trigger above).
+CREATE OR REPLACE FUNCTION @schema@.enqueue(
+    p_dispatch text, p_thread text, p_kind text, p_payload text, p_priority integer,
+    p_available_at timestamptz, p_max_attempts bigint, p_dedupe text, p_tenant text)
+RETURNS SETOF @schema@.dispatches
+LANGUAGE sql AS $fn$
+    SELECT * FROM @schema@.enqueue(p_dispatch, p_thread, p_kind, p_payload, p_priority,
+                                   p_available_at, p_max_attempts, p_dedupe, p_tenant,
+                                   'enqueue', NULL, NULL, NULL)
 $fn$;
 
 CREATE OR REPLACE FUNCTION @schema@.purge(p_dispatch text) RETURNS void
