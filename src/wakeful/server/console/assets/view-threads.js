@@ -3,7 +3,7 @@
 import { enc, get, post } from "./api.js";
 import { ago, badge, clear, h, table } from "./dom.js";
 
-const STATUSES = ["", "running", "suspended", "completed", "failed", "cancelled", "indeterminate"];
+const STATUSES = ["", "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"];
 const PAGE = 50;
 
 export function threadsView(main, params, { showError, navigate }) {
