@@ -177,7 +177,5 @@ def _machine(kind: str) -> type[RuleBasedStateMachine]:
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
 def test_busy_policies_agree_with_the_model(kind: str) -> None:
     machine = _machine(kind)
-    machine.TestCase.settings = settings(
-        max_examples=40, stateful_step_count=30, deadline=None
-    )
+    machine.TestCase.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
     machine.TestCase().runTest()
