@@ -148,6 +148,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (5, "0005_run_segments"),
         (6, "0006_listed_threads"),
         (7, "0007_branches"),
+        (8, "0008_busy_threads"),
     ]
     later = ManualClock()
     later.advance(3600)
@@ -182,6 +183,55 @@ async def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
     raw.close()
     with pytest.raises(UnsupportedStore, match="not a wakeful store"):
         await open_store(sqlite_url(db))
+
+
+@case
+async def test_schema_7_queues_the_runs_waiting_behind_another_of_their_thread(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "v6.db"
+    url = sqlite_url(db)
+    raw = sqlite3.connect(db, isolation_level=None)
+    try:
+        migrate(raw, url, shipped()[:6], 1)
+        columns = "dispatch_id, thread_id, kind, payload, priority, available_at, "
+        columns += "max_attempts, status, attempts, created_at, updated_at"
+        for i, (thread, kind, status) in enumerate(
+            [
+                ("t1", "start", "pending"),
+                ("t1", "start", "pending"),
+                ("t1", "message", "pending"),
+                ("t2", "start", "awaiting"),
+                ("t2", "resume", "pending"),
+                ("t2", "start", "pending"),
+                ("t3", "start", "pending"),
+            ]
+        ):
+            raw.execute(
+                f"INSERT INTO dispatches ({columns}) VALUES (?, ?, ?, 'null', 0, 1, 5, ?, 0, 1, 1)",
+                (f"d-{i}", thread, kind, status),
+            )
+    finally:
+        raw.close()
+    async with open_store(url, clock=ManualClock()) as store:
+        listed = {d.dispatch_id: d for d in await store.list_dispatches()}
+        got = {k: (d.status, d.queued_behind) for k, d in listed.items()}
+        assert got == {
+            "d-0": ("pending", None),
+            "d-1": ("queued", "d-0"),
+            "d-2": ("queued", "d-1"),
+            "d-3": ("awaiting", None),
+            "d-4": ("pending", None),
+            "d-5": ("queued", "d-4"),
+            "d-6": ("pending", None),
+        }
+        [lease] = await store.claim_next("w", 30, thread_id="t1")
+        await store.settle("d-0", lease.claim.token, Done())
+        assert [d.dispatch_id for d in await store.list_dispatches(status="pending")] == [
+            "d-1",
+            "d-4",
+            "d-6",
+        ]
 
 
 def test_an_older_database_is_migrated_in_one_transaction(tmp_path: Path) -> None:

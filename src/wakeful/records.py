@@ -15,17 +15,29 @@ from typing import Any, Literal, TypeAlias
 import msgspec
 
 RunStatus: TypeAlias = Literal[
-    "running", "suspended", "completed", "failed", "cancelled", "indeterminate"
+    "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
 ]
+"""``interrupted``: ended by a newer submission with ``if_busy="interrupt"`` (what it
+committed stays; event ``run.interrupted`` names the interrupting run)."""
 RUN_STATUSES: frozenset[str] = frozenset(
-    ("running", "suspended", "completed", "failed", "cancelled", "indeterminate")
+    ("running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted")
 )
-TERMINAL_STATUSES: frozenset[str] = frozenset(("completed", "failed", "cancelled", "indeterminate"))
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    ("completed", "failed", "cancelled", "indeterminate", "interrupted")
+)
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 DispatchKind: TypeAlias = Literal["start", "resume", "cancel", "message"]
-DispatchStatus: TypeAlias = Literal["pending", "leased", "awaiting", "done", "quarantined"]
+DispatchStatus: TypeAlias = Literal[
+    "queued", "pending", "leased", "awaiting", "done", "quarantined"
+]
+"""``queued``: a run's dispatch waiting for its thread's run slot (the thread is busy with
+an unfinished run); it becomes ``pending`` when the slot frees (see ``Dispatch``)."""
+
+IfBusy: TypeAlias = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
+"""What a new run does when its thread is busy (``Dispatch.if_busy``, docs/busy-threads.md)."""
+IF_BUSY: frozenset[str] = frozenset(("enqueue", "reject", "interrupt", "rollback", "coalesce"))
 
 FORMAT_VERSION = 1
 
@@ -299,7 +311,19 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     ``tenant``: the tenant the work is submitted for. Enqueueing it fixes the thread's tenant
     if nothing fixed it yet, and is refused with ``TenantMismatch`` on a thread of another
     tenant (see ``DispatchQueue.enqueue``). ``None``: the work names no tenant (the store's
-    internal dispatches, a cancel, single-tenant use)."""
+    internal dispatches, a cancel, single-tenant use).
+
+    Busy threads: each thread has one run slot. A ``start`` or ``message`` dispatch takes it
+    when enqueued on a thread that is not busy (``pending``); otherwise it waits ``queued``
+    behind the dispatch named by ``queued_behind`` and is admitted (``pending``) in enqueue
+    order when the slot frees: its holder settles ``done``, is cancelled or is purged. A
+    suspended run (``awaiting``) keeps the slot and its ``resume`` inherits it; a ``cancel``
+    holds it until it settles. ``if_busy`` says what a submission does when the thread is
+    busy: ``enqueue`` (wait), ``reject`` (``ThreadBusy``, nothing stored), ``interrupt``
+    (wait, and the busy run is fenced through ``cancel``; the run it interrupts ends
+    ``interrupted``), ``rollback`` (not yet supported: ``InvalidInput``) or ``coalesce``
+    (consecutive waiting ``coalesce`` submissions are admitted as one run: the first one,
+    whose ``coalesced`` names the others; they settle ``done`` with ``answered_by`` naming it)."""
 
     dispatch_id: str
     thread_id: str
@@ -318,6 +342,14 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     tenant: str | None = None
+    if_busy: IfBusy = "enqueue"
+    queued_behind: str | None = None
+    """The dispatch this one waited behind when it was enqueued ``queued`` (set by the store)."""
+    coalesced: tuple[str, ...] = ()
+    """The ``coalesce`` submissions this admitted dispatch answers besides itself, in enqueue
+    order (set by the store)."""
+    answered_by: str | None = None
+    """The dispatch whose run answered this coalesced submission (set by the store)."""
 
     @property
     def exhausted(self) -> bool:

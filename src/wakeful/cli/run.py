@@ -42,7 +42,7 @@ from wakeful.cli.common import (
     store_url,
     verbose_option,
 )
-from wakeful.errors import NotFound
+from wakeful.errors import NotFound, ThreadBusy
 from wakeful.records import Event
 
 ENDINGS = {
@@ -95,6 +95,17 @@ def dispatch_options(fn: Any) -> Any:
     help="Replay from this checkpoint of THREAD_ID (wakeful threads history); from an "
     "earlier one the thread branches.",
 )
+@click.option(
+    "--if-busy",
+    "if_busy",
+    type=click.Choice(["enqueue", "reject", "interrupt", "coalesce", "rollback"]),
+    default="enqueue",
+    show_default=True,
+    help="When THREAD_ID is busy (a run is unfinished: running, queued or suspended): wait "
+    "behind it, refuse (exit 4, nothing stored), stop it (it ends interrupted) and run next, "
+    "or merge with the other coalesce submissions waiting into one run. rollback is not "
+    "supported yet (exit 6).",
+)
 @json_option
 @verbose_option
 @run_async
@@ -111,6 +122,7 @@ async def submit_command(
     store: str | None,
     app: str | None,
     from_checkpoint: str | None,
+    if_busy: Any,
     as_json: bool,
     verbose: bool,
 ) -> None:
@@ -145,12 +157,14 @@ async def submit_command(
             max_attempts=max_attempts,
             tenant=tenant,
             from_checkpoint=from_checkpoint,
+            if_busy=if_busy,
         )
         now = datetime.now(UTC)
         live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
-    show_dispatch(
-        d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})", verbose=verbose
-    )
+    line = f"submitted {d.dispatch_id} (run {d.payload['run_id']})"
+    if d.status == "queued":
+        line += f", queued behind {d.queued_behind} (the thread is busy)"
+    show_dispatch(d, as_json, line, verbose=verbose)
     if missing is not None:
         stderr_line(f"warning: {missing}; a worker without it refuses dispatch {d.dispatch_id}")
     if not live:
@@ -316,18 +330,32 @@ async def run_command(
         )
         running = asyncio.create_task(w.run(), name="worker")
         tasks: list[asyncio.Task[Any]] = [running]
+        latest = snap.checkpoint if snap is not None else None
+        suspended = latest is not None and latest.status == "suspended"
         try:
-            dispatch = await submit(
-                opened,
-                thread_id,
-                target,
-                value,
-                dispatch_id=dispatch_id,
-                priority=priority,
-                max_attempts=max_attempts,
-                tenant=tenant,
-                wake=wake,
-            )
+            try:
+                # A suspended run keeps the thread busy until it is resumed or cancelled:
+                # nothing would run here meanwhile, so refuse (atomically) rather than wait.
+                dispatch = await submit(
+                    opened,
+                    thread_id,
+                    target,
+                    value,
+                    dispatch_id=dispatch_id,
+                    priority=priority,
+                    max_attempts=max_attempts,
+                    tenant=tenant,
+                    wake=wake,
+                    if_busy="reject" if suspended else "enqueue",
+                )
+            except ThreadBusy as busy:
+                fail(
+                    f"thread {thread_id!r} is busy: its unfinished run {busy.run_id or ''} "
+                    f"(dispatch {busy.dispatch_id}) is suspended waiting for answers; nothing "
+                    f"was submitted: answer it (wakeful resume) or cancel it (wakeful cancel), "
+                    f"or queue behind it with wakeful submit",
+                    EXIT_CONFLICT,
+                )
             run_id = str(dispatch.payload["run_id"])
             runtime = await w.started()
             events = runtime.subscribe(thread_id, after)

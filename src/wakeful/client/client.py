@@ -243,11 +243,16 @@ class Runs(_Group):
         max_attempts: int = 5,
         idempotency_key: str | None = None,
         from_checkpoint: str | None = None,
+        if_busy: str | None = None,
     ) -> Any:
-        """``POST /v1/threads/{id}/runs``: the ``Accepted`` document (``run_id``...).
-        ``from_checkpoint``: replay from that checkpoint of the thread (time travel; from
-        an earlier one the thread branches)."""
+        """``POST /v1/threads/{id}/runs``: the ``Accepted`` document (``run_id``, and
+        ``queued_behind`` while the thread is busy). ``from_checkpoint``: replay from that
+        checkpoint of the thread (time travel; from an earlier one the thread branches).
+        ``if_busy``: ``"enqueue"`` (the server's default), ``"reject"`` (``ThreadBusy`` naming
+        the busy ``run_id``), ``"interrupt"`` or ``"coalesce"`` (docs/busy-threads.md)."""
         body = _run_body(target, input, priority, max_attempts, from_checkpoint)
+        if if_busy is not None:
+            body["if_busy"] = if_busy
         return await self.client.request(
             "POST", f"/v1/threads/{thread_id}/runs", json=body, idempotency_key=idempotency_key
         )
@@ -348,13 +353,16 @@ class Messages(_Group):
         target: str | None = None,
         correlation_id: str | None = None,
         idempotency_key: str | None = None,
+        if_busy: str | None = None,
     ) -> Any:
-        """``POST /v1/threads/{id}/messages``: deliver a message (once per ``message_id``)."""
+        """``POST /v1/threads/{id}/messages``: deliver a message (once per ``message_id``);
+        ``if_busy`` as ``runs.create`` takes it."""
         body = {
             "payload": payload,
             "message_id": message_id,
             "target": target,
             "correlation_id": correlation_id,
+            "if_busy": if_busy,
         }
         return await self.client.request(
             "POST",

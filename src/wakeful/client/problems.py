@@ -42,7 +42,11 @@ _BUILD: dict[str, tuple[type[WakefulError], Callable[[dict[str, Any]], dict[str,
     "not-found": (NotFound, lambda d: {"what": None, "ident": d.get("instance")}),
     "thread-busy": (
         ThreadBusy,
-        lambda d: {**_fields(d, "thread_id"), "holder": None, "checkpoint_id": None},
+        lambda d: {
+            **_fields(d, "thread_id", "run_id", "dispatch_id"),
+            "holder": None,
+            "checkpoint_id": None,
+        },
     ),
     "dispatch-conflict": (
         DispatchConflict,

@@ -16,7 +16,7 @@ from wakeful import telemetry
 from wakeful.errors import DispatchConflict, InvalidInput
 from wakeful.fleet.wake import Wake
 from wakeful.ids import check_id, check_optional_id
-from wakeful.records import Dispatch
+from wakeful.records import Dispatch, IfBusy
 from wakeful.runtime.history import committed_at, last_user_count, message_position
 from wakeful.store.contract import DispatchQueue, Store
 
@@ -93,6 +93,7 @@ async def submit(
     wake: Wake | None = None,
     from_checkpoint: str | None = None,
     keep_messages: int | None = None,
+    if_busy: IfBusy = "enqueue",
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
@@ -103,7 +104,13 @@ async def submit(
     its frontier, or with ``input`` (not ``None``) from ``START`` on its state; from a
     checkpoint other than the head the thread branches (docs/time-travel.md).
     ``keep_messages``: with ``from_checkpoint``, keep only that many of the messages as of
-    it (``Runtime.replay``'s: what editing a message needs)."""
+    it (``Runtime.replay``'s: what editing a message needs).
+    ``if_busy``: what to do when the thread is busy (a run of it is unfinished: running,
+    queued or suspended): ``"enqueue"`` waits (the dispatch is ``queued``, see its
+    ``queued_behind``), ``"reject"`` raises ``ThreadBusy`` naming the busy run and stores
+    nothing, ``"interrupt"`` waits while the busy run is stopped (it ends ``interrupted``),
+    ``"coalesce"`` merges with the other coalesce submissions waiting with it into one run
+    (docs/busy-threads.md). ``"rollback"`` is not supported yet (``InvalidInput``)."""
     check_id("target", target)
     check_optional_id("tenant", tenant)
     check_optional_id("from_checkpoint", from_checkpoint)
@@ -125,6 +132,7 @@ async def submit(
             priority=priority,
             max_attempts=max_attempts,
             tenant=tenant,
+            if_busy=if_busy,
         ),
         wake,
     )
@@ -241,12 +249,14 @@ async def send_message(
     tenant: str | None = None,
     wake: Wake | None = None,
     dispatch_id: str | None = None,
+    if_busy: IfBusy = "enqueue",
 ) -> Dispatch:
     """Deliver a message from outside to ``thread_id``: it starts a run of the thread's
     graph (or ``target``, or the registry's default) with the message as input, once:
     ``message_id`` deduplicates (through the dispatch id ``ext-<message_id>``, or
     ``dispatch_id`` when given: the HTTP API scopes a tenant's message ids so). Runs send to
-    each other with ``ctx.send`` instead."""
+    each other with ``ctx.send`` instead. ``if_busy``: as ``submit`` takes it
+    (``"coalesce"``: three quick messages to a busy agent are answered by one turn)."""
     message_id = check_id("message_id", message_id or f"msg-{uuid.uuid4().hex}")
     check_optional_id("target", target)
     check_optional_id("correlation_id", correlation_id)
@@ -272,6 +282,7 @@ async def send_message(
             priority=priority,
             dedupe_key=dispatch_id,
             tenant=tenant,
+            if_busy=if_busy,
         ),
         wake,
     )

@@ -96,7 +96,10 @@ def _phrase(status: int) -> str:
 
 def _conflict(exc: WakefulError) -> tuple[str, str, dict[str, Any]]:
     if isinstance(exc, ThreadBusy):
-        return "thread-busy", "Thread busy", {"thread_id": exc.thread_id}
+        busy: dict[str, Any] = {"thread_id": exc.thread_id}
+        if exc.dispatch_id is not None:  # a submission with if_busy="reject"
+            busy.update(run_id=exc.run_id, dispatch_id=exc.dispatch_id)
+        return "thread-busy", "Thread busy", busy
     if isinstance(exc, DispatchConflict):
         return "dispatch-conflict", "Idempotency conflict", {"dispatch_id": exc.dispatch_id}
     if isinstance(exc, OperationConflict):

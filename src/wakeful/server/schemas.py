@@ -25,8 +25,13 @@ cancel jumps the queue at 2**31-1)."""
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID)]
 Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_KEY)]
 
-RunStatus = Literal["running", "suspended", "completed", "failed", "cancelled", "indeterminate"]
-DispatchStatus = Literal["pending", "leased", "awaiting", "done", "quarantined"]
+RunStatus = Literal[
+    "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
+]
+DispatchStatus = Literal["queued", "pending", "leased", "awaiting", "done", "quarantined"]
+IfBusy = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
+SubmittedIfBusy = Literal["enqueue", "reject", "interrupt", "coalesce"]
+"""What a request may ask for: ``rollback`` joins once the store supports it (issue 37)."""
 DispatchKind = Literal["start", "resume", "cancel", "message"]
 
 
@@ -57,6 +62,14 @@ class SubmitRun(_Request):
         description="Replay from this checkpoint of the thread (time travel): the run starts "
         "from its state, messages and frontier (with ``input``: from START on its state); "
         "from an earlier checkpoint the thread branches.",
+    )
+    if_busy: SubmittedIfBusy = Field(
+        default="enqueue",
+        description="When the thread is busy (a run is unfinished: running, queued or "
+        "suspended): 'enqueue' waits (202, status 'queued', queued_behind), 'reject' refuses "
+        "(409 thread-busy naming run_id, nothing stored), 'interrupt' stops the busy run (it "
+        "ends 'interrupted') and runs next, 'coalesce' merges with the other coalesce "
+        "submissions waiting with it into one run. ('rollback' is not supported yet.)",
     )
 
 
@@ -91,6 +104,14 @@ class SendMessage(_Request):
     )
     target: Id | None = Field(default=None, description="The agent or graph to run it with.")
     correlation_id: Id | None = None
+    if_busy: SubmittedIfBusy = Field(
+        default="enqueue",
+        description="When the thread is busy (a run is unfinished: running, queued or "
+        "suspended): 'enqueue' waits (202, status 'queued', queued_behind), 'reject' refuses "
+        "(409 thread-busy naming run_id, nothing stored), 'interrupt' stops the busy run (it "
+        "ends 'interrupted') and runs next, 'coalesce' merges with the other coalesce "
+        "submissions waiting with it into one run. ('rollback' is not supported yet.)",
+    )
 
 
 class UpdateState(_Request):
@@ -142,6 +163,11 @@ class Accepted(BaseModel):
     status: DispatchStatus = Field(description="The dispatch's delivery status.")
     run_id: str | None = Field(description="The run the work belongs to, when known.")
     message_id: str | None = None
+    queued_behind: str | None = Field(
+        None,
+        description="Status 'queued': the thread is busy (a run is unfinished: running, "
+        "queued or suspended on a ticket) and this work waits behind that dispatch.",
+    )
 
 
 class ClaimView(_View):
@@ -358,6 +384,16 @@ class DispatchView(_View):
     last_error: str | None
     created_at: datetime | None
     updated_at: datetime | None
+    if_busy: IfBusy = Field("enqueue", description="What the submission does on a busy thread.")
+    queued_behind: str | None = Field(
+        None, description="The dispatch it waited behind when enqueued 'queued'."
+    )
+    coalesced: list[str] = Field(
+        default_factory=list, description="The coalesced submissions its run answers too."
+    )
+    answered_by: str | None = Field(
+        None, description="The dispatch whose run answered this coalesced submission."
+    )
 
 
 class DispatchPage(BaseModel):

@@ -47,6 +47,7 @@ def accepted(d: Dispatch, run_id: str | None, message_id: str | None = None) -> 
         status=d.status,
         run_id=run_id,
         message_id=message_id,
+        queued_behind=d.queued_behind,
     )
 
 

@@ -306,9 +306,10 @@ class DispatchQueue(Protocol):
         ...
 
     async def queue_depths(self, limit: int = 10_000) -> dict[DispatchStatus, int]:
-        """How many dispatches are ``pending``, ``leased``, ``awaiting`` and ``quarantined``
-        (the four keys, always), each counted up to ``limit``: a count equal to ``limit``
-        means "at least". The cost is bounded by ``limit`` per status, not by the queue."""
+        """How many dispatches are ``queued``, ``pending``, ``leased``, ``awaiting`` and
+        ``quarantined`` (the five keys, always), each counted up to ``limit``: a count equal
+        to ``limit`` means "at least". The cost is bounded by ``limit`` per status, not by
+        the queue."""
         ...
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:

@@ -87,6 +87,9 @@ class Pruned(msgspec.Struct, frozen=True, tag="pruned"):
 
 class Enqueued(msgspec.Struct, frozen=True, tag="enqueued"):
     dispatch: Dispatch
+    fence: Cancelled | None = None
+    """``if_busy="interrupt"``: the cancellation of the busy run, applied first in the same
+    atomic step."""
 
 
 class LeaseGrant(msgspec.Struct, frozen=True):
@@ -128,6 +131,9 @@ class Requeued(msgspec.Struct, frozen=True, tag="requeued"):
 
 class Purged(msgspec.Struct, frozen=True, tag="purged"):
     dispatch_id: str
+    at: datetime | None = None
+    """When it was purged: the time of the admission it may make (a quarantined dispatch
+    held its thread's run slot)."""
 
 
 class WorkerRegistered(msgspec.Struct, frozen=True, tag="worker_registered"):
@@ -182,6 +188,9 @@ Mutation = (
 
 
 # ------------------------------------------------------------------------ state
+
+SLOT_HOLDING = frozenset(("pending", "leased", "awaiting", "quarantined"))
+"""Statuses in which a dispatch holds its thread's run slot (``Dispatch``)."""
 
 CLAIMABLE = frozenset(("pending", "leased"))
 """Statuses ``claim_next`` may lease from (pending once due, leased once the lease lapsed)."""
@@ -295,11 +304,24 @@ class State:
     claimable: list[tuple[int, int, str]] = field(default_factory=list)
     """Derived (never persisted): the pending and leased dispatches in claim order, as
     ``(-priority, enqueue order, dispatch_id)``, so ``claim_next`` never sorts the queue."""
+    slots: dict[str, set[str]] = field(default_factory=dict)
+    """Derived: per thread, the dispatches holding its run slot (``SLOT_HOLDING``)."""
+    queued: dict[str, list[str]] = field(default_factory=dict)
+    """Derived: per thread, its ``queued`` dispatches in enqueue order."""
 
     def __post_init__(self) -> None:
         self.claimable = sorted(
             self._claim_key(d) for d in self.dispatches.values() if d.status in CLAIMABLE
         )
+        for d in sorted(self.dispatches.values(), key=lambda d: self.dispatch_order[d.dispatch_id]):
+            self._index_slot(None, d)
+
+    def slot_holder(self, thread_id: str) -> Dispatch | None:
+        """The earliest dispatch holding the thread's run slot, if any."""
+        held = self.slots.get(thread_id)
+        if not held:
+            return None
+        return self.dispatches[min(held, key=self.dispatch_order.__getitem__)]
 
     def _claim_key(self, d: Dispatch) -> tuple[int, int, str]:
         return (-d.priority, self.dispatch_order[d.dispatch_id], d.dispatch_id)
@@ -349,7 +371,9 @@ class State:
                     del self.outbox[seq]
             case Pruned(policy=policy, at=at):
                 return prune_state(self, policy, at)
-            case Enqueued(dispatch=d):
+            case Enqueued(dispatch=d, fence=fence):
+                if fence is not None:
+                    self.apply(fence)
                 if d.kind == "resume":
                     self._retire_awaiting(d.thread_id, d.created_at)
                 self.dispatch_seq += 1
@@ -413,8 +437,10 @@ class State:
                         updated_at=at,
                     )
                 )
-            case Purged(dispatch_id=did):
+            case Purged(dispatch_id=did, at=at):
+                tid = self.dispatches[did].thread_id
                 self._drop_dispatch(did)
+                self._admit(tid, at)
             case WorkerRegistered(worker=worker):
                 self.workers[worker.worker_id] = worker
             case WorkerBeat(worker_id=wid, at=at):
@@ -516,6 +542,39 @@ class State:
                 updated_at=record.at,
             )
         self._put_dispatch(d)
+        if record.status == "done":
+            self._admit(d.thread_id, record.at)
+
+    def _admit(self, thread_id: str, at: datetime | None) -> None:
+        """Give a freed run slot to the thread's first queued dispatch. A ``coalesce`` one
+        takes the consecutive ``coalesce`` dispatches of its kind queued behind it into its
+        run: they settle ``done`` naming it."""
+        waiting = self.queued.get(thread_id)
+        if not waiting or self.slots.get(thread_id):
+            return
+        head = self.dispatches[waiting[0]]
+        merged: list[Dispatch] = []
+        if head.if_busy == "coalesce":
+            for did in waiting[1:]:
+                d = self.dispatches[did]
+                if d.if_busy != "coalesce" or d.kind != head.kind:
+                    break
+                merged.append(d)
+        for d in merged:
+            self._put_dispatch(
+                msgspec.structs.replace(
+                    d, status="done", answered_by=head.dispatch_id, updated_at=at
+                )
+            )
+        self._put_dispatch(
+            msgspec.structs.replace(
+                head,
+                status="pending",
+                available_at=at if at is not None else head.available_at,
+                coalesced=tuple(d.dispatch_id for d in merged),
+                updated_at=at,
+            )
+        )
 
     def _retire_awaiting(self, thread_id: str, at: datetime | None) -> None:
         """A resume takes over from the dispatches parked while the run waited for input."""
@@ -524,8 +583,29 @@ class State:
             if d.status == "awaiting":
                 self._put_dispatch(msgspec.structs.replace(d, status="done", updated_at=at))
 
+    def _index_slot(self, before: Dispatch | None, d: Dispatch | None) -> None:
+        """Keep ``slots`` and ``queued`` as ``before`` becomes ``d`` (``None``: absent)."""
+        if before is not None and (d is None or d.status != before.status):
+            if before.status in SLOT_HOLDING:
+                held = self.slots[before.thread_id]
+                held.discard(before.dispatch_id)
+                if not held:
+                    del self.slots[before.thread_id]
+            elif before.status == "queued":
+                waiting = self.queued[before.thread_id]
+                waiting.remove(before.dispatch_id)
+                if not waiting:
+                    del self.queued[before.thread_id]
+        if d is not None and (before is None or d.status != before.status):
+            if d.status in SLOT_HOLDING:
+                self.slots.setdefault(d.thread_id, set()).add(d.dispatch_id)
+            elif d.status == "queued":
+                # enqueued last (queued only by enqueue), so appending keeps enqueue order
+                self.queued.setdefault(d.thread_id, []).append(d.dispatch_id)
+
     def _put_dispatch(self, d: Dispatch) -> None:
         before = self.dispatches.get(d.dispatch_id)
+        self._index_slot(before, d)
         was = before is not None and before.status in CLAIMABLE
         if d.status in CLAIMABLE and not was:
             bisect.insort(self.claimable, self._claim_key(d))
@@ -548,6 +628,7 @@ class State:
 
     def _drop_dispatch(self, dispatch_id: str) -> None:
         d = self.dispatches.pop(dispatch_id)
+        self._index_slot(d, None)
         if d.status in CLAIMABLE:
             self._unclaimable(d)
         self.dispatch_order.pop(dispatch_id, None)

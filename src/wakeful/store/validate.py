@@ -30,6 +30,7 @@ from wakeful.ids import (
     check_seconds,
 )
 from wakeful.records import (
+    IF_BUSY,
     Awaiting,
     Commit,
     Dispatch,
@@ -443,6 +444,7 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
     check_optional_id("tenant", copy.tenant)
     if copy.max_attempts < 1:
         raise InvalidInput("max_attempts", "must be at least 1")
+    check_if_busy(copy)
     if not -(2**31) <= copy.priority < 2**31:
         raise InvalidInput("priority", "must fit in 32 bits")
     if copy.available_at is not None:
@@ -537,6 +539,28 @@ def canonical(value: Any) -> bytes:
     return msgspec.json.encode(value, order="sorted")
 
 
+def check_if_busy(d: Dispatch) -> None:
+    """``if_busy`` is a known policy the store can honour for ``d``'s kind. Only a run's
+    dispatch (``start``, ``message``) takes a policy; ``rollback`` needs the branch commit
+    of issue 37 and is refused until it exists."""
+    if d.if_busy not in IF_BUSY:
+        raise InvalidInput("if_busy", f"must be one of {sorted(IF_BUSY)}")
+    if d.if_busy == "rollback":
+        raise InvalidInput(
+            "if_busy",
+            "'rollback' is not yet supported (it needs the thread branch commit of issue 37); "
+            "use 'interrupt' to stop the busy run and keep what it committed",
+        )
+    if d.if_busy != "enqueue" and d.kind not in RUN_KINDS:
+        raise InvalidInput("if_busy", f"applies to {sorted(RUN_KINDS)} dispatches only")
+
+
+RUN_KINDS = frozenset(("start", "message"))
+"""The dispatch kinds that start a run and so wait for their thread's run slot."""
+SLOT_HOLDING = ("pending", "leased", "awaiting", "quarantined")
+"""The statuses in which a dispatch (of any kind) holds its thread's run slot."""
+
+
 def same_request(a: Dispatch, b: Dispatch) -> bool:
     """The contract's notion of an identical enqueue: thread, kind, dedupe key, tenant and
     the payload as JSON (key order ignored)."""
@@ -576,7 +600,7 @@ def check_policy(policy: object) -> RetentionPolicy:
     return policy
 
 
-DISPATCH_STATUSES = frozenset(("pending", "leased", "awaiting", "done", "quarantined"))
+DISPATCH_STATUSES = frozenset(("queued", "pending", "leased", "awaiting", "done", "quarantined"))
 
 
 def check_listing(
@@ -591,7 +615,13 @@ def check_listing(
     return check_count("limit", limit, minimum=1)
 
 
-QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
+QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = (
+    "queued",
+    "pending",
+    "leased",
+    "awaiting",
+    "quarantined",
+)
 """The statuses ``queue_depths`` counts: open work (``done`` is history)."""
 
 

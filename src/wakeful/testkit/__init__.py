@@ -17,6 +17,7 @@ durable store, and declare ``capabilities`` (see ``CAPABILITIES``). See docs/tes
 from __future__ import annotations
 
 from wakeful.testkit.branch_cases import BranchCases
+from wakeful.testkit.busy_cases import BusyCases
 from wakeful.testkit.claim_cases import ClaimCases
 from wakeful.testkit.commit_cases import CommitCases
 from wakeful.testkit.drop_cases import DropCases
@@ -42,6 +43,7 @@ class StatefulCases(Harness):
 
 
 class StoreConformance(
+    BusyCases,
     CommitCases,
     BranchCases,
     HistoryCases,
@@ -63,6 +65,7 @@ class StoreConformance(
 __all__ = [
     "CAPABILITIES",
     "BranchCases",
+    "BusyCases",
     "ClaimCases",
     "CommitCases",
     "DropCases",

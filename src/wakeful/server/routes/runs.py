@@ -152,6 +152,7 @@ async def submit_run(
         tenant=acting_tenant(caller, owner),
         wake=state.wake,
         from_checkpoint=body.from_checkpoint,
+        if_busy=body.if_busy,
     )
     if (d.priority, d.max_attempts) != (body.priority, body.max_attempts):
         raise DispatchConflict(d.dispatch_id, d.dispatch_id, "Idempotency-Key")
@@ -261,6 +262,7 @@ async def _send(
         tenant=tenant,
         wake=state.wake,
         dispatch_id=dispatch_id,
+        if_busy=body.if_busy,
     )
 
 

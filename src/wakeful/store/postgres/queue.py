@@ -38,7 +38,10 @@ from wakeful.store.validate import (
     same_request,
 )
 
-_ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_ENQUEUE = (
+    f"SELECT {DISPATCH_COLUMNS} "
+    f"FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 _LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMNS.split(","))
 # The dispatches leased, each with its thread as read right after the grants.
 _CLAIM_NEXT = f"""
@@ -143,6 +146,11 @@ class QueueOps:
             d.max_attempts,
             d.dedupe_key,
             d.tenant,
+            d.if_busy,
+            # the cancel intent an "interrupt" makes of the busy run, if it makes one
+            f"cancel-{uuid.uuid4().hex}" if d.if_busy == "interrupt" else None,
+            CANCEL_PRIORITY,
+            _CANCEL_BUDGET,
         )
         for _ in range(3):
             row = await self._db.fetchone(_ENQUEUE, params)

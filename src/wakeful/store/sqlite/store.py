@@ -361,7 +361,7 @@ class SqliteStore:
 
     async def purge(self, dispatch_id: str) -> None:
         check_id("dispatch_id", dispatch_id)
-        await self._write(lambda c, _: queue.purge(c, dispatch_id))
+        await self._write(lambda c, now: queue.purge(c, now, dispatch_id))
 
     # ------------------------------------------------------------ workers
 

@@ -247,7 +247,7 @@ export function threadView(main, threadId, { showError, navigate }) {
     parts.timeline.prepend(row);
     while (parts.timeline.children.length > TIMELINE_MAX) parts.timeline.lastChild.remove();
     if (!known) return;
-    if (/^run\.(completed|failed|cancelled|suspended|indeterminate)$/.test(event.type)) {
+    if (/^run\.(completed|failed|cancelled|suspended|indeterminate|interrupted)$/.test(event.type)) {
       for (const [key, m] of state.live) if (m.run_id === event.run_id) state.live.delete(key);
     }
     soon();
