@@ -9,6 +9,7 @@ dispatch lists the others (``Dispatch.coalesced``)."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from wakeful.errors import StreamCheckpointError
@@ -57,6 +58,35 @@ async def interruption(
         data["partial_reply"] = partial.id
         messages = (partial,)
     return data, metadata, messages
+
+
+@dataclass(frozen=True)
+class CancelEnding:
+    """How a claimed ``cancel`` dispatch ends the thread's unfinished run: ``cancelled``,
+    or ``interrupted`` when an ``if_busy="interrupt"`` submission asked for it."""
+
+    status: str
+    event: str
+    data: dict[str, Any]
+    metadata: dict[str, Any] | None = None
+    messages: tuple[Message, ...] = ()
+
+    @property
+    def log(self) -> str:
+        return f"{self.status} ({self.data.get('reason')})"
+
+
+async def cancel_ending(
+    store: Store, thread_id: str, unfinished: Checkpoint | None, payload: dict[str, Any]
+) -> CancelEnding:
+    """What a cancel dispatch (``payload``) records for ``unfinished`` (the thread's
+    running or suspended run, or ``None``)."""
+    reason = str(payload.get("reason", "cancelled"))
+    interrupter = interrupter_of(payload)
+    if interrupter is None:
+        return CancelEnding("cancelled", "run.cancelled", {"reason": reason})
+    data, metadata, messages = await interruption(store, thread_id, unfinished, interrupter, reason)
+    return CancelEnding("interrupted", "run.interrupted", data, metadata, messages)
 
 
 async def _partial_reply(store: Store, thread_id: str, run_id: str) -> Message | None:

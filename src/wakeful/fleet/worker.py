@@ -42,7 +42,7 @@ from wakeful.fleet.attempts import (
     run_of,
     settle_done,
 )
-from wakeful.fleet.busy import coalesced_inputs, interrupter_of, interruption
+from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.live import LiveChannel, PublishingHub
@@ -391,39 +391,20 @@ class Worker:
                 extra={**log_fields(d), "outcome": "indeterminate", "reason": reason},
             )
             self._endings[d.dispatch_id] = f"indeterminate ({reason})"
+            data = {"dispatch_id": d.dispatch_id, "max_attempts": d.max_attempts}
             await self._terminate(
-                claim,
-                owned_run,
-                "indeterminate",
-                "run.indeterminate",
-                {"dispatch_id": d.dispatch_id, "max_attempts": d.max_attempts},
-                operation_id=f"{d.dispatch_id}:exhausted",
-                settle=d.dispatch_id,
-            )
+                claim, owned_run, "indeterminate", "run.indeterminate", data,
+                operation_id=f"{d.dispatch_id}:exhausted", settle=d.dispatch_id,
+            )  # fmt: skip
             return Settled(Done())
-        if d.kind == "cancel":
-            reason = str(payload.get("reason", "cancelled"))
+        if d.kind == "cancel":  # the run ends cancelled, or interrupted (if_busy="interrupt")
             unfinished = latest if latest is not None and latest.status in UNFINISHED else None
-            interrupter = interrupter_of(payload)
-            if interrupter is not None:  # if_busy="interrupt": the busy run ends interrupted
-                self._endings[d.dispatch_id] = f"interrupted ({reason})"
-                data, metadata, messages = await interruption(
-                    self.store, d.thread_id, unfinished, interrupter, reason
-                )
-                await self._terminate(
-                    claim, unfinished, "interrupted", "run.interrupted", data,
-                    settle=d.dispatch_id, messages=messages, metadata=metadata,
-                )  # fmt: skip
-                return Settled(Done())
-            self._endings[d.dispatch_id] = f"cancelled ({reason})"
+            end = await cancel_ending(self.store, d.thread_id, unfinished, payload)
+            self._endings[d.dispatch_id] = end.log
             await self._terminate(
-                claim,
-                unfinished,
-                "cancelled",
-                "run.cancelled",
-                {"reason": reason},
-                settle=d.dispatch_id,
-            )
+                claim, unfinished, end.status, end.event, end.data,
+                settle=d.dispatch_id, messages=end.messages, metadata=end.metadata,
+            )  # fmt: skip
             return Settled(Done())
         if owned_run is not None:
             log.info(

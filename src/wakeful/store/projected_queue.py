@@ -54,14 +54,16 @@ from wakeful.store.projection import (
     settled_record,
 )
 from wakeful.store.validate import (
+    check_outcome,
+    check_text,
+    check_token,
+)
+from wakeful.store.validate_queue import (
     QUEUE_DEPTH_STATUSES,
     RUN_KINDS,
     check_depth_limit,
     check_dispatch,
     check_listing,
-    check_outcome,
-    check_text,
-    check_token,
     same_request,
 )
 

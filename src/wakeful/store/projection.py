@@ -1,6 +1,7 @@
-"""The in-memory projection of a whole store, and the mutation records that change it.
+"""The in-memory projection of a whole store.
 
-Every accepted mutation is one ``Mutation`` record. ``State.apply`` is deterministic: the
+Every accepted mutation is one ``Mutation`` record (``wakeful.store.mutations``, re-exported
+here). ``State.apply`` is deterministic: the
 same records applied in the same order give the same state, so the memory store applies
 records directly and the file store replays its log through the same code. Records carry
 every value decided when they were planned (tokens, times, ids); ``apply`` never reads a
@@ -21,7 +22,6 @@ from wakeful.records import (
     Branch,
     Checkpoint,
     Claim,
-    Commit,
     Dispatch,
     Event,
     InboxMessage,
@@ -31,161 +31,76 @@ from wakeful.records import (
     PendingWrite,
     PruneReport,
     Receipt,
-    RetentionPolicy,
     Retry,
     WorkerInfo,
 )
 from wakeful.store.branching import branch_of, view_length, view_segments
-from wakeful.store.projected_retention import prune_state
 
-# ------------------------------------------------------------------ mutation records
-
-
-class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
-    claim: Claim
-    tenant: str | None = None
-    """The tenant the claimant named: fixes the thread's tenant if nothing did yet."""
-
-
-class Renewed(msgspec.Struct, frozen=True, tag="renewed"):
-    thread_id: str
-    token: int
-    expires_at: datetime
-
-
-class Released(msgspec.Struct, frozen=True, tag="released"):
-    thread_id: str
-    token: int
-
-
-class Committed(msgspec.Struct, frozen=True, tag="committed"):
-    thread_id: str
-    commit: Commit
-    receipt: Receipt
-    payload_hash: str
-    at: datetime
-    claim: Claim | None = None
-    """Granted just before the commit applied (``claim_and_commit``)."""
-    settled: Settled | None = None
-    """The settle the commit carried, resolved at commit time."""
-
-
-class Compacted(msgspec.Struct, frozen=True, tag="compacted"):
-    thread_id: str
-    floor: int
-
-
-class Deleted(msgspec.Struct, frozen=True, tag="deleted"):
-    thread_id: str
-    epoch: int
-
-
-class Pruned(msgspec.Struct, frozen=True, tag="pruned"):
-    policy: RetentionPolicy
-    at: datetime
-
-
-class Enqueued(msgspec.Struct, frozen=True, tag="enqueued"):
-    dispatch: Dispatch
-    fence: Cancelled | None = None
-    """``if_busy="interrupt"``: the cancellation of the busy run, applied first in the same
-    atomic step."""
-
-
-class LeaseGrant(msgspec.Struct, frozen=True):
-    dispatch_id: str
-    claim: Claim
-
-
-class Leased(msgspec.Struct, frozen=True, tag="leased"):
-    grants: tuple[LeaseGrant, ...]
-    at: datetime
-
-
-class Settled(msgspec.Struct, frozen=True, tag="settled"):
-    dispatch_id: str
-    token: int
-    status: str
-    available_at: datetime | None
-    error: str | None
-    at: datetime
-
-
-class Cancelled(msgspec.Struct, frozen=True, tag="cancelled"):
-    thread_id: str
-    reason: str
-    epoch: int
-    dispatch: Dispatch
-    at: datetime
-
-
-class Quarantined(msgspec.Struct, frozen=True, tag="quarantined"):
-    dispatch_id: str
-    at: datetime
-
-
-class Requeued(msgspec.Struct, frozen=True, tag="requeued"):
-    dispatch_id: str
-    at: datetime
-
-
-class Purged(msgspec.Struct, frozen=True, tag="purged"):
-    dispatch_id: str
-    at: datetime | None = None
-    """When it was purged: the time of the admission it may make (a quarantined dispatch
-    held its thread's run slot)."""
-
-
-class WorkerRegistered(msgspec.Struct, frozen=True, tag="worker_registered"):
-    worker: WorkerInfo
-
-
-class WorkerBeat(msgspec.Struct, frozen=True, tag="worker_beat"):
-    worker_id: str
-    at: datetime
-
-
-class WorkerRetired(msgspec.Struct, frozen=True, tag="worker_retired"):
-    worker_id: str
-    at: datetime
-
-
-class Delivered(msgspec.Struct, frozen=True, tag="delivered"):
-    """A staged outbox entry appended to its target's inbox (``message`` is ``None`` when it
-    was delivered before) and its ``message`` dispatch enqueued (``None`` when one exists)."""
-
-    stage_seq: int
-    target_thread: str
-    message: InboxMessage | None
-    dispatch: Dispatch | None
-
-
-class Unstaged(msgspec.Struct, frozen=True, tag="unstaged"):
-    stage_seq: int
-
-
-Mutation = (
-    Claimed
-    | Renewed
-    | Released
-    | Committed
-    | Compacted
-    | Deleted
-    | Pruned
-    | Enqueued
-    | Leased
-    | Settled
-    | Cancelled
-    | Quarantined
-    | Requeued
-    | Purged
-    | WorkerRegistered
-    | WorkerBeat
-    | WorkerRetired
-    | Delivered
-    | Unstaged
+# re-exported: the records were defined here, and callers import them from here
+from wakeful.store.mutations import (
+    Cancelled as Cancelled,
 )
-
+from wakeful.store.mutations import (
+    Claimed as Claimed,
+)
+from wakeful.store.mutations import (
+    Committed as Committed,
+)
+from wakeful.store.mutations import (
+    Compacted as Compacted,
+)
+from wakeful.store.mutations import (
+    Deleted as Deleted,
+)
+from wakeful.store.mutations import (
+    Delivered as Delivered,
+)
+from wakeful.store.mutations import (
+    Enqueued as Enqueued,
+)
+from wakeful.store.mutations import (
+    Leased as Leased,
+)
+from wakeful.store.mutations import (
+    LeaseGrant as LeaseGrant,
+)
+from wakeful.store.mutations import (
+    Mutation as Mutation,
+)
+from wakeful.store.mutations import (
+    Pruned as Pruned,
+)
+from wakeful.store.mutations import (
+    Purged as Purged,
+)
+from wakeful.store.mutations import (
+    Quarantined as Quarantined,
+)
+from wakeful.store.mutations import (
+    Released as Released,
+)
+from wakeful.store.mutations import (
+    Renewed as Renewed,
+)
+from wakeful.store.mutations import (
+    Requeued as Requeued,
+)
+from wakeful.store.mutations import (
+    Settled as Settled,
+)
+from wakeful.store.mutations import (
+    Unstaged as Unstaged,
+)
+from wakeful.store.mutations import (
+    WorkerBeat as WorkerBeat,
+)
+from wakeful.store.mutations import (
+    WorkerRegistered as WorkerRegistered,
+)
+from wakeful.store.mutations import (
+    WorkerRetired as WorkerRetired,
+)
+from wakeful.store.projected_retention import prune_state
 
 # ------------------------------------------------------------------------ state
 

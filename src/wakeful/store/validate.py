@@ -29,17 +29,7 @@ from wakeful.ids import (
     check_optional_id,
     check_seconds,
 )
-from wakeful.records import (
-    IF_BUSY,
-    Awaiting,
-    Commit,
-    Dispatch,
-    DispatchStatus,
-    Done,
-    RetentionPolicy,
-    Retry,
-    StreamCheckpoint,
-)
+from wakeful.records import Awaiting, Commit, Done, RetentionPolicy, Retry, StreamCheckpoint
 
 _OPTIONAL_HASHED = ("drop_checkpoints", "branch_from", "branch_messages")
 """Fields hashed only when set: a commit without them hashes as before they existed."""
@@ -433,25 +423,6 @@ def check_outcome(outcome: object) -> tuple[str, float, str | None]:
     raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
 
 
-def check_dispatch(dispatch: Dispatch) -> Dispatch:
-    if not isinstance(dispatch, Dispatch):
-        raise InvalidInput("dispatch", f"must be a Dispatch, got {type(dispatch).__name__}")
-    check_json("payload", dispatch.payload)
-    copy = json_roundtrip("dispatch", dispatch, Dispatch, MAX_DISPATCH_BYTES)
-    check_id("dispatch_id", copy.dispatch_id)
-    check_id("thread_id", copy.thread_id)
-    check_optional_id("dedupe_key", copy.dedupe_key)
-    check_optional_id("tenant", copy.tenant)
-    if copy.max_attempts < 1:
-        raise InvalidInput("max_attempts", "must be at least 1")
-    check_if_busy(copy)
-    if not -(2**31) <= copy.priority < 2**31:
-        raise InvalidInput("priority", "must fit in 32 bits")
-    if copy.available_at is not None:
-        check_aware("available_at", copy.available_at)
-    return copy
-
-
 def _stream_values(checkpoint: StreamCheckpoint) -> Iterator[tuple[str, Any]]:
     yield "tool_calls", checkpoint.tool_calls
     yield "in_flight_tool", checkpoint.in_flight_tool
@@ -539,39 +510,6 @@ def canonical(value: Any) -> bytes:
     return msgspec.json.encode(value, order="sorted")
 
 
-def check_if_busy(d: Dispatch) -> None:
-    """``if_busy`` is a known policy the store can honour for ``d``'s kind. Only a run's
-    dispatch (``start``, ``message``) takes a policy; ``rollback`` needs the branch commit
-    of issue 37 and is refused until it exists."""
-    if d.if_busy not in IF_BUSY:
-        raise InvalidInput("if_busy", f"must be one of {sorted(IF_BUSY)}")
-    if d.if_busy == "rollback":
-        raise InvalidInput(
-            "if_busy",
-            "'rollback' is not yet supported (it needs the thread branch commit of issue 37); "
-            "use 'interrupt' to stop the busy run and keep what it committed",
-        )
-    if d.if_busy != "enqueue" and d.kind not in RUN_KINDS:
-        raise InvalidInput("if_busy", f"applies to {sorted(RUN_KINDS)} dispatches only")
-
-
-RUN_KINDS = frozenset(("start", "message"))
-"""The dispatch kinds that start a run and so wait for their thread's run slot."""
-SLOT_HOLDING = ("pending", "leased", "awaiting", "quarantined")
-"""The statuses in which a dispatch (of any kind) holds its thread's run slot."""
-
-
-def same_request(a: Dispatch, b: Dispatch) -> bool:
-    """The contract's notion of an identical enqueue: thread, kind, dedupe key, tenant and
-    the payload as JSON (key order ignored)."""
-    return (a.thread_id, a.kind, a.dedupe_key, a.tenant) == (
-        b.thread_id,
-        b.kind,
-        b.dedupe_key,
-        b.tenant,
-    ) and canonical(a.payload) == canonical(b.payload)
-
-
 def check_token(token: object) -> int:
     """A claim token: a non-negative integer."""
     if isinstance(token, bool) or not isinstance(token, int) or token < 0:
@@ -598,33 +536,3 @@ def check_policy(policy: object) -> RetentionPolicy:
         if value is not None:
             check_count(name, value, maximum=2**62)
     return policy
-
-
-DISPATCH_STATUSES = frozenset(("queued", "pending", "leased", "awaiting", "done", "quarantined"))
-
-
-def check_listing(
-    status: object, thread_id: object, after: object, limit: object, tenant: object = None
-) -> int:
-    """The arguments of ``list_dispatches``; returns the page size."""
-    if status is not None and status not in DISPATCH_STATUSES:
-        raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
-    check_optional_id("thread_id", thread_id)
-    check_optional_id("tenant", tenant)
-    check_optional_id("after", after)
-    return check_count("limit", limit, minimum=1)
-
-
-QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = (
-    "queued",
-    "pending",
-    "leased",
-    "awaiting",
-    "quarantined",
-)
-"""The statuses ``queue_depths`` counts: open work (``done`` is history)."""
-
-
-def check_depth_limit(limit: object) -> int:
-    """The argument of ``queue_depths``."""
-    return check_count("limit", limit, minimum=1, maximum=2**31 - 1)

@@ -28,13 +28,15 @@ from wakeful.store.postgres import codec
 from wakeful.store.postgres.codec import DISPATCH_COLUMNS, DISPATCH_WIDTH
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
 from wakeful.store.validate import (
+    check_outcome,
+    check_text,
+    check_token,
+)
+from wakeful.store.validate_queue import (
     QUEUE_DEPTH_STATUSES,
     check_depth_limit,
     check_dispatch,
     check_listing,
-    check_outcome,
-    check_text,
-    check_token,
     same_request,
 )
 

@@ -40,9 +40,11 @@ from wakeful.store.sqlite.claims import (
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
 from wakeful.store.validate import (
+    check_outcome,
+)
+from wakeful.store.validate_queue import (
     QUEUE_DEPTH_STATUSES,
     RUN_KINDS,
-    check_outcome,
     same_request,
 )
 

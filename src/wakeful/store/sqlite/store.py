@@ -53,16 +53,18 @@ from wakeful.store.sqlite import branches, messaging, queue, reads, retention, t
 from wakeful.store.sqlite.connection import Database
 from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
-    check_depth_limit,
     check_discard,
-    check_dispatch,
-    check_listing,
     check_outcome,
     check_policy,
     check_text,
     check_token,
     encode_claim_and_commit,
     encode_commit,
+)
+from wakeful.store.validate_queue import (
+    check_depth_limit,
+    check_dispatch,
+    check_listing,
 )
 
 T = TypeVar("T")
