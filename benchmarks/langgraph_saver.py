@@ -18,6 +18,11 @@ before the first node (a durable write LangGraph's savers do not make), and ``pu
 graph's run: 1 claim + 5 commits, against 9 commits on LangGraph's savers). Targets
 (issue 20): >= 1x sequential on each store; >= 3x ``AsyncSqliteSaver`` at 8 concurrent
 threads; >= 2x ``AsyncPostgresSaver`` at 16.
+
+Then a long thread's cold read (``benchmarks.langgraph_history``): the first ``aget_tuple``
+in a new process after 10, 100 and 1,000 chat turns, its time and peak RSS (issue 35:
+<= 1.5x from 10 to 1,000 turns). ``--history-only`` runs only that part, ``--no-history``
+skips it.
 Needs the ``bench`` extra (LangGraph's savers); without it the module is skipped.
 """
 
@@ -42,6 +47,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
 from langgraph.graph import END, START, StateGraph
 
+from benchmarks import langgraph_history
 from benchmarks.common import DEFAULT_DSN, Collector, Database, Result
 from wakeful.langgraph import WakefulSaver
 
@@ -236,10 +242,18 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="PostgreSQL server (admin DSN)")
     parser.add_argument("--dir", type=Path, default=None, help="directory on the disk to test")
     parser.add_argument("--no-postgres", action="store_true", help="SQLite only")
+    parser.add_argument("--history-only", action="store_true", help="only the cold reads")
+    parser.add_argument("--no-history", action="store_true", help="skip the cold reads")
     args = parser.parse_args(argv if argv is not None else [])
     samples: dict[str, list[float]] = {}
     note = ""
+    history: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="wakeful-bench-lg-", dir=args.dir) as tmp:
+        if not args.no_history:
+            history = langgraph_history.measure(Path(tmp), args.rounds)
+            langgraph_history.report(history)
+            if args.history_only:
+                return history
         for r in range(args.rounds):
             directory = Path(tmp) / f"round-{r}"
             directory.mkdir()
@@ -260,7 +274,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
         if ours in med and anchor in med:
             ratio = med[ours] / med[anchor]
             print(f"{label}: {ratio:.2f}x {anchor} (target >= {target:g}x)")
-    return results(samples)
+    return results(samples) + history
 
 
 if __name__ == "__main__":

@@ -118,7 +118,12 @@ METHOD = {
         "fenced commits) beside LangGraph's `SqliteSaver` (`graph.invoke`; concurrent: OS "
         "threads) and `AsyncSqliteSaver` on the same disk, and `AsyncPostgresSaver` (pool "
         "of 16) on the same server, sequential and 8 (SQLite) or 16 (PostgreSQL) concurrent "
-        "threads. `InMemorySaver` (no storage) shows what LangGraph itself costs."
+        "threads. `InMemorySaver` (no storage) shows what LangGraph itself costs. Then a "
+        "long thread (issue 35): a chat graph appending a 100-byte message per turn, "
+        "written for 10, 100 and 1,000 turns by a process of its own (the writer's peak "
+        "RSS), and per round a new process's first `aget_tuple` (the latest checkpoint): "
+        "its time and its process's peak RSS, each against the same at 10 turns "
+        "([decision 0030](decisions/0030-langgraph-saver-fencing-and-channel-versions.md))."
     ),
     "concurrency": (
         "One worker holding N runs (100, 1,000, 5,000), each an agent turn streaming a "

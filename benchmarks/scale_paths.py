@@ -27,7 +27,9 @@ one-event probe, the first page of 100), the tail of its messages, the first thr
 (operator and tenant), the first pending page (operator), a tenant's dispatch page (the
 quiet tenant's: <= 20 ms whatever the others hold; and a busy tenant's), one thread's
 dispatches of one status, ``queue_depths`` (what a ``/metrics`` scrape calls, bound 10,000),
-and ``claim_next``.
+``claim_next``, and time travel's reads (issue 37): a page of the big thread's history
+(``min(size / 100, 10,000)`` checkpoints, at least 100) at its head and below a cursor in
+its middle, and one checkpoint by id.
 """
 
 from __future__ import annotations
@@ -71,7 +73,8 @@ def shape_for(size: int, max_events: int) -> Shape:
         leased=min(size // 100, 10_000),
         events=min(10 * size, max_events),
         messages=min(size, 20_000),
-        checkpoints=100,
+        # the big thread's history: 10,000 checkpoints at a million threads (issue 37)
+        checkpoints=min(max(size // 100, 100), 10_000),
     )
 
 
@@ -105,6 +108,13 @@ def paths(shape: Shape) -> dict[str, Call]:
         ),
         "queue_depths (metrics scrape)": lambda s: s.queue_depths(limit=SCRAPE_BOUND),
         "claim_next": claim,
+        # time travel (issue 37): a page of the big thread's history at its head and from a
+        # cursor in the middle, and one checkpoint by id
+        "history page, head": lambda s: s.history(BIG, limit=50),
+        "history page, middle": lambda s: s.history(
+            BIG, before=f"big-c{shape.checkpoints // 2}", limit=50
+        ),
+        "checkpoint by id": lambda s: s.get_checkpoint(BIG, f"big-c{shape.checkpoints // 2}"),
     }
 
 

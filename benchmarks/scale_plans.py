@@ -24,7 +24,8 @@ import psycopg
 from benchmarks.common import DEFAULT_DSN, Database
 from benchmarks.scale_data import BIG, QUIET
 from benchmarks.scale_paths import analyze_postgres, build_postgres, shape_for
-from wakeful.store.postgres.threads import _EVENTS, _MESSAGES, _READ
+from wakeful.store.postgres.branches import _HISTORY, _PLAIN
+from wakeful.store.postgres.threads import _EVENTS, _READ
 
 S = '"wakeful"'
 
@@ -41,7 +42,14 @@ def calls(size: int, events: int, messages: int) -> dict[str, Probe]:
             _EVENTS.replace("@schema@", S),
             {"thread": BIG, "after": events - 100, "limit": 100},
         ),
-        "messages tail": (_MESSAGES.replace("@schema@", S), (BIG, messages - 100, 100)),
+        "messages tail": (
+            _PLAIN.replace("@schema@", S),
+            {"thread": BIG, "first": messages - 100, "count": 100},
+        ),
+        "history page, middle": (
+            _HISTORY.replace("@schema@", S),
+            {"thread": BIG, "below": 50, "limit": 50},
+        ),
         "claim_next": (f"SELECT dispatch_id FROM {S}.claim_next('probe', 30, 1)", ()),
         "thread page, operator": (f"SELECT 1 FROM {S}.list_threads(NULL, NULL, 100)", ()),
         "thread page, tenant": (f"SELECT 1 FROM {S}.list_threads('tenant-3', NULL, 100)", ()),

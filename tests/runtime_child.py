@@ -12,6 +12,7 @@ from typing import Annotated, Any, TypedDict
 
 from tests.runtime_support import mark_ready
 from wakeful import open_store
+from wakeful.records import Commit, Receipt
 from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
 
 
@@ -47,14 +48,24 @@ def build(counter: Path, hang_b: bool) -> Any:
 
 async def main(url: str, counter: Path, ready: Path) -> None:
     store = await open_store(url)
+    # ready once the commit of a's result is acknowledged (durable), not merely visible: the
+    # file store shows a commit to its readers before its append is written
+    acknowledged = asyncio.Event()
+    original = store.commit
+
+    async def commit_and_note(thread_id: str, commit: Commit) -> Receipt:
+        receipt = await original(thread_id, commit)
+        if any(w.node == "a" for w in commit.writes):
+            acknowledged.set()
+        return receipt
+
+    store.commit = commit_and_note  # type: ignore[method-assign]
     runtime = Runtime(store, ClaimPolicy(ttl=5, renew_every=1), holder="child")
     await runtime.start("t", build(counter, hang_b=True), {})
-    while True:
-        snap = await store.read("t")
-        if snap is not None and [w.node for w in snap.writes] == ["a"]:
-            await asyncio.to_thread(mark_ready, ready, "ready")
-            break
-        await asyncio.sleep(0.01)
+    await acknowledged.wait()
+    snap = await store.read("t")
+    assert snap is not None and [w.node for w in snap.writes] == ["a"]
+    await asyncio.to_thread(mark_ready, ready, "ready")
     await asyncio.Event().wait()
 
 

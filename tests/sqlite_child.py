@@ -110,7 +110,7 @@ async def hold(url: str, thread: str, ttl: float, go: str) -> None:
     async with open_store(url) as store:
         claim = await store.claim(thread, "paused", ttl)
         await store.commit(thread, Commit(token=claim.token, events=(EventDraft(type="a"),)))
-        report("holding", token=claim.token)
+        report("holding", token=claim.token, expires=claim.expires_at.isoformat())
         await asyncio.to_thread(wait_for_file, go)  # idle between commits: paused here
         try:
             await store.commit(thread, Commit(token=claim.token, events=(EventDraft(type="b"),)))

@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import IO, Any, Self
 
 from wakeful.records import (
+    Branch,
     Checkpoint,
+    CheckpointEntry,
     Claim,
     Commit,
     Dispatch,
@@ -119,6 +121,22 @@ class Alternating:
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
         return await self.next().messages(thread_id, after, limit)
+
+    async def branch_messages(
+        self, thread_id: str, branch: int, after: int = 0, limit: int = 100
+    ) -> list[Message]:
+        return await self.next().branch_messages(thread_id, branch, after, limit)
+
+    async def branches(self, thread_id: str) -> list[Branch]:
+        return await self.next().branches(thread_id)
+
+    async def history(
+        self, thread_id: str, before: str | None = None, limit: int = 50
+    ) -> list[CheckpointEntry]:
+        return await self.next().history(thread_id, before, limit)
+
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointEntry | None:
+        return await self.next().get_checkpoint(thread_id, checkpoint_id)
 
     async def events_after(
         self, thread_id: str, after_seq: int = 0, limit: int = 100

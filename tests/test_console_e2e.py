@@ -440,3 +440,58 @@ def test_schedules_pause_resume_run_now_and_delete(page: Any, rig: Fleet) -> Non
         assert api.get("/v1/schedules/nightly").status_code == 404
         fired = api.get("/v1/dispatches", params={"thread_id": "console-nightly"}).json()
     assert [d["dispatch_id"].split(":")[2] for d in fired["dispatches"]] == ["trigger"]
+
+
+def test_history_shows_branches_and_edit_state_then_replay_runs_on(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-travel", "sorter", {"numbers": [3, 1, 2]})
+    page.goto(f"{rig.url}/console/#/threads/console-travel")
+    page.wait_for_selector("#thread-status .s-completed")
+    rows = page.locator("#history li[data-checkpoint]")
+    page.wait_for_selector("#history li[data-where=head]")
+    assert rows.count() == 3 and page.locator("#history li.abandoned").count() == 0
+    after_sort = page.locator("#history li[data-checkpoint]:has(.nodes:text-matches('sort$'))")
+    after_sort.locator("button[data-action=edit-state]").click()
+    dialog = page.locator("#edit-state-dialog")
+    assert json.loads(dialog.locator("textarea[name=state]").input_value()) == {
+        "numbers": [1, 2, 3]
+    }
+    assert dialog.locator("input[name=as_node]").input_value() == "sort"
+    dialog.locator("[data-testid=ask-ok]").click()
+    dialog.locator("[data-testid=ask-error]:has-text('Nothing changed')").wait_for()
+    dialog.locator("textarea[name=state]").fill('{"numbers": [10, 20]}')
+    shoot(page, "thread-edit-state")
+    dialog.locator("[data-testid=ask-ok]").click()
+    page.wait_for_selector("#history-notice:has-text('next sum')")
+    page.wait_for_selector("#history li.abandoned")  # the old `sum` is off the head's line
+    head = page.locator("#history li[data-where=head]")
+    assert head.get_attribute("data-branch") == "1"
+    head.locator("button[data-action=replay]").click()
+    page.click("[data-testid=confirm-ok]")
+    page.wait_for_selector("#history-notice:has-text('Replay queued')")
+    page.wait_for_selector("#thread-status .s-completed")
+    page.wait_for_selector("#history li[data-where=head] .nodes:text-matches('sum$')")
+    snap = with_store(rig, lambda store: store.read("console-travel"))
+    assert snap.checkpoint.state == {"numbers": [10, 20], "total": 30}
+    assert page.locator("#history li.fork-note").count() == 1
+    page.locator("#history-panel").evaluate("n => n.parentElement.scrollIntoView()")
+    shoot(page, "thread-history")
+
+
+def test_edit_a_user_message_in_the_conversation(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    rig.model.push(Reply(events=openai_text("Paris.")))
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-edit", "chat", "Capital of France?")
+    page.goto(f"{rig.url}/console/#/threads/console-edit")
+    page.wait_for_selector(".msg.r-assistant:has-text('Paris.')")
+    rig.model.push(Reply(events=openai_text("Rome.")))
+    page.click(".msg.r-user button[data-action=edit-message]")
+    page.locator("#edit-message-dialog textarea[name=content]").fill("Capital of Italy?")
+    page.click("#edit-message-dialog [data-testid=ask-ok]")
+    page.wait_for_selector(".msg.r-assistant:has-text('Rome.')")
+    assert page.inner_text(".msg.r-user .text") == "Capital of Italy?"
+    assert page.locator(".msg.r-assistant").count() == 1
+    page.wait_for_selector("#history li.abandoned")  # the first answer, still readable
+    shoot(page, "thread-edit")

@@ -101,12 +101,12 @@ def _commits() -> list[Commit]:
 def _old_payload_hash(commit: Commit) -> str:
     """``payload_hash`` as version 0.x computed it (receipts recorded with it must still
     answer their retries)."""
-    if commit.drop_checkpoints:
-        body = msgspec.json.encode(msgspec.structs.replace(commit, token=0), order="sorted")
-    else:
-        fields = msgspec.to_builtins(msgspec.structs.replace(commit, token=0))
+    fields = msgspec.to_builtins(msgspec.structs.replace(commit, token=0))
+    # fields that commit did not have yet (time travel's, decision 0036)
+    del fields["branch_from"], fields["branch_messages"]
+    if not commit.drop_checkpoints:
         del fields["drop_checkpoints"]
-        body = msgspec.json.encode(fields, order="sorted")
+    body = msgspec.json.encode(fields, order="sorted")
     return hashlib.sha256(body).hexdigest()
 
 

@@ -17,7 +17,7 @@ import pytest
 from tests.file_child import mixed_workload
 from wakeful.clock import ManualClock
 from wakeful.errors import StoreUnavailable
-from wakeful.records import Checkpoint, Commit, EventDraft
+from wakeful.records import Checkpoint, Commit, EventDraft, Message
 from wakeful.store.file import COMPACTION_STEPS, FileStore, open_file_store
 from wakeful.store.file.fsutil import fsync_dir, write_synced
 from wakeful.store.file.snapshot import decode_state, encode_state
@@ -272,3 +272,52 @@ async def test_an_unexpected_flusher_failure_leaves_nobody_waiting(
     reopened = await opened(tmp_path, clock)
     assert (await reopened.read("after")) is not None
     await reopened.close()
+
+
+async def test_a_snapshot_keeps_branches_and_the_history_order(tmp_path: Path) -> None:
+    """A thread's branches (time travel, decision 0036) and its checkpoints' commit order
+    live in the projection only: the snapshot must carry them, or a compacted store would
+    show the abandoned line's messages as the head's."""
+    clock = ManualClock()
+    store = await opened(tmp_path, clock)
+    claim = await store.claim("t", "h", 30)
+    line: list[Checkpoint] = []
+    for i in range(3):
+        cp = Checkpoint(
+            id=f"c{i}",
+            parent=line[-1].id if line else None,
+            run_id="r",
+            status="running",
+            state={"i": i},
+            created_at=clock.now(),
+        )
+        message = Message(id=f"m{i}", role="user", content=f"m{i}")
+        await store.commit("t", Commit(token=claim.token, checkpoint=cp, messages=(message,)))
+        line.append(cp)
+    fork = Checkpoint(
+        id="b0", parent="c0", run_id="r2", status="running", state={}, created_at=clock.now()
+    )
+    await store.commit(
+        "t",
+        Commit(
+            token=claim.token,
+            checkpoint=fork,
+            branch_from="c0",
+            branch_messages=1,
+            messages=(Message(id="n0", role="user", content="n0"),),
+        ),
+    )
+    await store.compact()
+    expected = copy_of(store)
+    await store.close()
+    reopened = await opened(tmp_path, clock)
+    try:
+        assert reopened._state == expected
+        assert [m.id for m in await reopened.messages("t", 0, 10)] == ["m0", "n0"]
+        assert [m.id for m in await reopened.branch_messages("t", 0, 0, 10)] == ["m0", "m1", "m2"]
+        entries = await reopened.history("t", before="b0")
+        assert [(e.checkpoint.id, e.branch) for e in entries] == [("c2", 0), ("c1", 0), ("c0", 0)]
+        snap = await reopened.read("t")
+        assert snap is not None and snap.branch == 1 and snap.message_count == 2
+    finally:
+        await reopened.close()

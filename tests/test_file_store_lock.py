@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import stat
 from collections.abc import Callable
@@ -92,6 +93,8 @@ async def test_where_a_directory_cannot_be_locked_the_lock_file_alone_guards_the
         real_flock(fd, operation)
 
     monkeypatch.setattr(fcntl, "flock", flock)
+    # other tests quiet this logger for good (torn-tail warnings): hear it here
+    caplog.set_level(logging.WARNING, logger="wakeful.store.file")
     store = await open_file_store(tmp_path.as_uri(), compact_bytes=None)
     assert any("cannot lock the directory itself" in r.getMessage() for r in caplog.records)
 

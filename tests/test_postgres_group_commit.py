@@ -326,10 +326,17 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     assert version_5 <= version_6
     # 0007 added retire_worker (and kept register_worker's signature); 0008 the trigger
     # function that fills a checkpoint's run segment columns; 0009 commit_each (version 6's
-    # commit_many, which the set-based one falls back to)
+    # commit_many, which the set-based one falls back to); 0013 checkpoint_page (a page of a
+    # thread's history); 0014 busy threads: enqueue with a policy beside the old signature,
+    # and its helpers (the admission trigger's function)
     assert {name for name, _, _ in version_6 - version_5} == {
         "commit_many",
         "retire_worker",
         "checkpoint_segment",
         "commit_each",
+        "checkpoint_page",
+        "enqueue",
+        "slot_ahead",
+        "admit_next",
+        "fence_thread",
     }

@@ -50,6 +50,16 @@ async def _history(store: PostgresStore, thread_id: str, with_write: bool) -> No
     await store.release(thread_id, claim.token)
 
 
+# The lease statement of a process of version 10: the dispatch columns it knew (0013 added
+# the busy-thread ones).
+_V10_CLAIM_NEXT = _CLAIM_NEXT.replace(
+    ", (o_dispatch).if_busy, (o_dispatch).queued_behind, (o_dispatch).coalesced, "
+    "(o_dispatch).answered_by",
+    "",
+)
+assert _V10_CLAIM_NEXT != _CLAIM_NEXT
+
+
 async def _enqueue(store: PostgresStore, *specs: tuple[str, str, int, str | None]) -> None:
     for did, tid, priority, tenant in specs:
         await store.enqueue(
@@ -140,14 +150,10 @@ async def test_the_call_is_set_based_and_falls_back_only_when_a_candidate_was_re
     dsn = await pg_databases.clone()
     store = await open_test_store(dsn)
     try:
-        await _enqueue(
-            store,
-            ("d1", "t1", 0, None),
-            ("d2", "t2", 0, None),
-            ("d3", "t2", 0, None),
-            ("d4", "t3", 0, None),
-            ("d5", "t4", 0, None),
-        )
+        await _enqueue(store, ("d1", "t1", 0, None), ("d2", "t2", 0, None))
+        # a second pending dispatch of t2: a resume (a start would wait queued)
+        await store.enqueue(Dispatch(dispatch_id="d3", thread_id="t2", kind="resume"))
+        await _enqueue(store, ("d4", "t3", 0, None), ("d5", "t4", 0, None))
     finally:
         await store.close()
     async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
@@ -231,7 +237,7 @@ async def test_a_version_10_process_keeps_its_lease_call_across_migration_0011(
             await conn.execute(
                 f"SELECT old.enqueue('d{i}', 't{i}', 'start', '{{}}', 0, NULL, 5, NULL, NULL)"
             )
-        lease_call = render(_CLAIM_NEXT, conn, "old")
+        lease_call = render(_V10_CLAIM_NEXT, conn, "old")
         first = await (await conn.execute(lease_call, ("old-w", 60.0, 1))).fetchall()
         store = await open_test_store(dsn, schema="old")  # migrates to 11
         try:

@@ -202,7 +202,7 @@ LAYERS = {
     "background": 0,
     "backoff": 0,
     "store": 1,
-    "testkit": 1,
+    "testkit": 2,  # its time-travel cases run the runtime over the store (decision 0036)
     "runtime": 2,
     "providers": 3,
     "agent": 4,

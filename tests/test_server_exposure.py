@@ -58,7 +58,8 @@ async def _observed(store: Store) -> Any:
 
 def _fill(path: str) -> str:
     dispatch = "d-q" if path.startswith("/v1/quarantine") else "d-p"
-    return path.replace("{thread_id}", "t-1").replace("{dispatch_id}", dispatch)
+    filled = path.replace("{thread_id}", "t-1").replace("{dispatch_id}", dispatch)
+    return filled.replace("{message_id}", "m-1")
 
 
 @pytest.mark.asyncio
@@ -71,6 +72,13 @@ async def test_no_state_changing_route_takes_a_cross_origin_request(
     async with running_api(store, tokens=tokens) as api:
         routes = state_changing_routes(api.app)
         assert len(routes) >= 8  # runs, resume, cancel, messages, stream, quarantine x3
+        travel = {
+            ("POST", "/v1/threads/{thread_id}/state"),
+            ("POST", "/v1/threads/{thread_id}/fork"),
+            ("POST", "/v1/threads/{thread_id}/regenerate"),
+            ("POST", "/v1/threads/{thread_id}/messages/{message_id}/edit"),
+        }
+        assert travel <= set(routes)  # time travel's writes are refused like the others
         before = await _observed(store)
         client = api.client(OPERATOR if tokens else None)
         form = {"Content-Type": "application/x-www-form-urlencoded"}

@@ -27,6 +27,12 @@ ROUTES = {
     ("get", "/v1/threads/{thread_id}/stream"),
     ("post", "/v1/threads/{thread_id}/runs/stream"),
     ("get", "/v1/threads/{thread_id}/checkpoints"),
+    ("get", "/v1/threads/{thread_id}/history"),
+    ("get", "/v1/threads/{thread_id}/checkpoints/{checkpoint_id}"),
+    ("post", "/v1/threads/{thread_id}/state"),
+    ("post", "/v1/threads/{thread_id}/fork"),
+    ("post", "/v1/threads/{thread_id}/regenerate"),
+    ("post", "/v1/threads/{thread_id}/messages/{message_id}/edit"),
     ("get", "/v1/whoami"),
     ("get", "/v1/targets"),
     ("post", "/v1/threads/{thread_id}/runs"),
@@ -68,6 +74,9 @@ async def test_openapi_documents_every_route_model_and_problem() -> None:
         assert model in components
     for model in ("EventPage", "RunPage", "DispatchPage", "Inspection", "WorkerList", "Problem"):
         assert model in components
+    for model in ("HistoryPage", "CheckpointDetail", "UpdateState", "ForkThread", "EditMessage"):
+        assert model in components
+    assert "from_checkpoint" in components["SubmitRun"]["properties"]
     assert "HTTPValidationError" not in components
     assert doc["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
     assert components["SubmitRun"]["additionalProperties"] is False

@@ -51,6 +51,7 @@ async def test_submit_answers_202_with_the_ids_and_persists_a_dispatch(api: Api)
         "status": "pending",
         "message_id": None,
         "not_before": None,
+        "queued_behind": None,
     }
     assert r.headers["location"] == f"/v1/dispatches/{key}"
     d = await api.store.get_dispatch(key)

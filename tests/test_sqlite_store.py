@@ -147,6 +147,9 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (4, "0004_worker_stops"),
         (5, "0005_run_segments"),
         (6, "0006_listed_threads"),
+        (7, "0007_branches"),
+        (8, "0008_busy_threads"),
+        (9, "0009_schedules"),
     ]
     later = ManualClock()
     later.advance(3600)
@@ -169,7 +172,7 @@ async def test_a_database_from_a_newer_wakeful_is_refused_untouched(tmp_path: Pa
         await open_store(sqlite_url(db))
     message = str(refused.value)
     assert "99" in message and "newer" in message and "Upgrade wakeful" in message
-    assert [row[0] for row in _schema_rows(db)] == [1, 2, 3, 4, 5, 6, 99]
+    assert [row[0] for row in _schema_rows(db)] == [1, 2, 3, 4, 5, 6, 7, 99]
 
 
 @case
@@ -181,6 +184,55 @@ async def test_a_foreign_database_is_refused(tmp_path: Path) -> None:
     raw.close()
     with pytest.raises(UnsupportedStore, match="not a wakeful store"):
         await open_store(sqlite_url(db))
+
+
+@case
+async def test_schema_7_queues_the_runs_waiting_behind_another_of_their_thread(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "v6.db"
+    url = sqlite_url(db)
+    raw = sqlite3.connect(db, isolation_level=None)
+    try:
+        migrate(raw, url, shipped()[:6], 1)
+        columns = "dispatch_id, thread_id, kind, payload, priority, available_at, "
+        columns += "max_attempts, status, attempts, created_at, updated_at"
+        for i, (thread, kind, status) in enumerate(
+            [
+                ("t1", "start", "pending"),
+                ("t1", "start", "pending"),
+                ("t1", "message", "pending"),
+                ("t2", "start", "awaiting"),
+                ("t2", "resume", "pending"),
+                ("t2", "start", "pending"),
+                ("t3", "start", "pending"),
+            ]
+        ):
+            raw.execute(
+                f"INSERT INTO dispatches ({columns}) VALUES (?, ?, ?, 'null', 0, 1, 5, ?, 0, 1, 1)",
+                (f"d-{i}", thread, kind, status),
+            )
+    finally:
+        raw.close()
+    async with open_store(url, clock=ManualClock()) as store:
+        listed = {d.dispatch_id: d for d in await store.list_dispatches()}
+        got = {k: (d.status, d.queued_behind) for k, d in listed.items()}
+        assert got == {
+            "d-0": ("pending", None),
+            "d-1": ("queued", "d-0"),
+            "d-2": ("queued", "d-1"),
+            "d-3": ("awaiting", None),
+            "d-4": ("pending", None),
+            "d-5": ("queued", "d-4"),
+            "d-6": ("pending", None),
+        }
+        [lease] = await store.claim_next("w", 30, thread_id="t1")
+        await store.settle("d-0", lease.claim.token, Done())
+        assert [d.dispatch_id for d in await store.list_dispatches(status="pending")] == [
+            "d-1",
+            "d-4",
+            "d-6",
+        ]
 
 
 def test_an_older_database_is_migrated_in_one_transaction(tmp_path: Path) -> None:

@@ -56,7 +56,9 @@ from wakeful.errors import (
 )
 from wakeful.records import (
     Awaiting,
+    Branch,
     Checkpoint,
+    CheckpointEntry,
     Claim,
     Commit,
     Dispatch,
@@ -110,6 +112,14 @@ if TYPE_CHECKING:
         Runtime,
         Send,
     )
+    from wakeful.runtime.history import (
+        CheckpointView,
+        HistoryEntry,
+        checkpoint_at,
+        fork,
+        history,
+        messages_at,
+    )
 
 __version__ = "0.1.0"
 
@@ -122,6 +132,12 @@ _LAZY: dict[str, str] = {
     "RunOutcome": "wakeful.runtime",
     "Runtime": "wakeful.runtime",
     "Send": "wakeful.runtime",
+    "CheckpointView": "wakeful.runtime.history",
+    "HistoryEntry": "wakeful.runtime.history",
+    "checkpoint_at": "wakeful.runtime.history",
+    "fork": "wakeful.runtime.history",
+    "history": "wakeful.runtime.history",
+    "messages_at": "wakeful.runtime.history",
     "Agent": "wakeful.agent",
     "Client": "wakeful.client",
     "SyncClient": "wakeful.client",
@@ -166,7 +182,10 @@ __all__ = [
     "Agent",
     "AgentReply",
     "Awaiting",
+    "Branch",
     "Checkpoint",
+    "CheckpointEntry",
+    "CheckpointView",
     "CheckpointWriteFailed",
     "Claim",
     "ClaimPolicy",
@@ -188,6 +207,7 @@ __all__ = [
     "HandOutcomeUnknown",
     "HandRejected",
     "HandUnavailable",
+    "HistoryEntry",
     "InboxMessage",
     "InvalidCommit",
     "InvalidInput",
@@ -249,7 +269,11 @@ __all__ = [
     "WorkerSuperseded",
     "__version__",
     "cancel",
+    "checkpoint_at",
     "fire_due",
+    "fork",
+    "history",
+    "messages_at",
     "open_store",
     "resume",
     "schedule",

@@ -48,11 +48,25 @@ class ThreadBusy(WakefulError):
         holder: str | None,
         checkpoint_id: str | None,
         expires_at: Any = None,
+        *,
+        run_id: str | None = None,
+        dispatch_id: str | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.holder = holder
         self.checkpoint_id = checkpoint_id
         self.expires_at = expires_at
+        self.run_id = run_id
+        """The busy run (a submission refused with ``if_busy="reject"``), when known."""
+        self.dispatch_id = dispatch_id
+        """The dispatch holding the thread's run slot (``if_busy="reject"``)."""
+        if dispatch_id is not None:
+            run = f"run {run_id!r} (dispatch {dispatch_id!r})" if run_id else repr(dispatch_id)
+            super().__init__(
+                f"thread {thread_id!r} is busy with {run}; nothing was stored: submit again "
+                f"once it finishes, or with if_busy='enqueue' to wait for it"
+            )
+            return
         who = f"holder {holder!r}" if holder is not None else "another claimant"
         at = f" (latest checkpoint {checkpoint_id!r})" if checkpoint_id else ""
         super().__init__(

@@ -15,17 +15,29 @@ from typing import Any, Literal, TypeAlias
 import msgspec
 
 RunStatus: TypeAlias = Literal[
-    "running", "suspended", "completed", "failed", "cancelled", "indeterminate"
+    "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
 ]
+"""``interrupted``: ended by a newer submission with ``if_busy="interrupt"`` (what it
+committed stays; event ``run.interrupted`` names the interrupting run)."""
 RUN_STATUSES: frozenset[str] = frozenset(
-    ("running", "suspended", "completed", "failed", "cancelled", "indeterminate")
+    ("running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted")
 )
-TERMINAL_STATUSES: frozenset[str] = frozenset(("completed", "failed", "cancelled", "indeterminate"))
+TERMINAL_STATUSES: frozenset[str] = frozenset(
+    ("completed", "failed", "cancelled", "indeterminate", "interrupted")
+)
 
 Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 DispatchKind: TypeAlias = Literal["start", "resume", "cancel", "message"]
-DispatchStatus: TypeAlias = Literal["pending", "leased", "awaiting", "done", "quarantined"]
+DispatchStatus: TypeAlias = Literal[
+    "queued", "pending", "leased", "awaiting", "done", "quarantined"
+]
+"""``queued``: a run's dispatch waiting for its thread's run slot (the thread is busy with
+an unfinished run); it becomes ``pending`` when the slot frees (see ``Dispatch``)."""
+
+IfBusy: TypeAlias = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
+"""What a new run does when its thread is busy (``Dispatch.if_busy``, docs/busy-threads.md)."""
+IF_BUSY: frozenset[str] = frozenset(("enqueue", "reject", "interrupt", "rollback", "coalesce"))
 
 FORMAT_VERSION = 1
 
@@ -150,6 +162,50 @@ class Commit(msgspec.Struct, frozen=True, kw_only=True):
     step: retention a caller chooses for itself (a LangGraph saver's ``prune`` and
     ``delete_for_runs``). Each must be in the history and none may be the latest after
     this commit."""
+    branch_from: str | None = None
+    """Branch the thread: the commit's new ``checkpoint`` continues from this earlier
+    checkpoint of the history (its ``parent`` must name it) instead of the latest (naming
+    the latest is allowed too: it only narrows the message view to ``branch_messages``). The
+    checkpoints after it stay readable as an abandoned branch; the thread's head moves to a
+    new branch (``ThreadStore.branches``) whose message view is the first
+    ``branch_messages`` messages of the fork point's view, then this commit's messages and
+    every later one. Nothing committed is removed."""
+    branch_messages: int = 0
+    """With ``branch_from``: how many messages of the fork point's branch view the new branch
+    keeps (the message count as of the fork point: the runtime records it in each checkpoint
+    as ``metadata["messages"]``)."""
+
+
+class Branch(msgspec.Struct, frozen=True, kw_only=True):
+    """One branch of a thread's history, created by a commit with ``Commit.branch_from``.
+    Branch 0 is the thread's original line and has no record; branches are numbered 1, 2, 3
+    ... in the order they were made, and the newest is always the thread's head.
+
+    ``parent``: the branch the fork point is on. ``fork_point``: the checkpoint it continues
+    from. ``old_head``: the latest checkpoint before it (the abandoned branch's end).
+    ``checkpoint_id``: its first checkpoint (the branching commit's). ``messages``: how many
+    messages of the parent branch's view it keeps; ``message_start``: where its own messages
+    begin in the thread's append order (every message ever committed, counted from 0)."""
+
+    number: int
+    parent: int
+    fork_point: str
+    old_head: str | None
+    checkpoint_id: str
+    messages: int
+    message_start: int
+    at: datetime
+
+
+class CheckpointEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One checkpoint of a thread's history as ``ThreadStore.history`` reads it: the
+    checkpoint, when it was committed, the branch it was committed on, and ``order``, a
+    number that increases with commit order within the thread (what ``before`` pages by)."""
+
+    checkpoint: Checkpoint
+    committed_at: datetime
+    branch: int
+    order: int
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -175,6 +231,9 @@ class ThreadSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     message_count: int
     last_seq: int = 0
     event_floor: int = 1
+    branch: int = 0
+    """The head's branch: 0 until a commit branched the thread (``Commit.branch_from``).
+    ``message_count`` counts the head branch's message view."""
 
     @property
     def tenant_bound(self) -> bool:
@@ -252,7 +311,19 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     ``tenant``: the tenant the work is submitted for. Enqueueing it fixes the thread's tenant
     if nothing fixed it yet, and is refused with ``TenantMismatch`` on a thread of another
     tenant (see ``DispatchQueue.enqueue``). ``None``: the work names no tenant (the store's
-    internal dispatches, a cancel, single-tenant use)."""
+    internal dispatches, a cancel, single-tenant use).
+
+    Busy threads: each thread has one run slot. A ``start`` or ``message`` dispatch takes it
+    when enqueued on a thread that is not busy (``pending``); otherwise it waits ``queued``
+    behind the dispatch named by ``queued_behind`` and is admitted (``pending``) in enqueue
+    order when the slot frees: its holder settles ``done``, is cancelled or is purged. A
+    suspended run (``awaiting``) keeps the slot and its ``resume`` inherits it; a ``cancel``
+    holds it until it settles. ``if_busy`` says what a submission does when the thread is
+    busy: ``enqueue`` (wait), ``reject`` (``ThreadBusy``, nothing stored), ``interrupt``
+    (wait, and the busy run is fenced through ``cancel``; the run it interrupts ends
+    ``interrupted``), ``rollback`` (not yet supported: ``InvalidInput``) or ``coalesce``
+    (consecutive waiting ``coalesce`` submissions are admitted as one run: the first one,
+    whose ``coalesced`` names the others; they settle ``done`` with ``answered_by`` naming it)."""
 
     dispatch_id: str
     thread_id: str
@@ -271,6 +342,14 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     created_at: datetime | None = None
     updated_at: datetime | None = None
     tenant: str | None = None
+    if_busy: IfBusy = "enqueue"
+    queued_behind: str | None = None
+    """The dispatch this one waited behind when it was enqueued ``queued`` (set by the store)."""
+    coalesced: tuple[str, ...] = ()
+    """The ``coalesce`` submissions this admitted dispatch answers besides itself, in enqueue
+    order (set by the store)."""
+    answered_by: str | None = None
+    """The dispatch whose run answered this coalesced submission (set by the store)."""
 
     @property
     def exhausted(self) -> bool:

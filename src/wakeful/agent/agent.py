@@ -26,6 +26,7 @@ from wakeful.records import Event, Message
 from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime, Send
 from wakeful.runtime.events import LiveEvent
 from wakeful.runtime.handle import RunHandle
+from wakeful.runtime.history import committed_at, last_user_count, message_position
 from wakeful.runtime.results import RunOutcome
 
 INDETERMINATE = (
@@ -329,6 +330,66 @@ class Agent:
     ) -> AgentReply:
         """Continue a run whose process died (after its claim expired)."""
         handle = await runtime.recover(thread_id, self.graph, tenant=tenant)
+        return _reply(await handle.result())
+
+    async def regenerate(
+        self,
+        runtime: Runtime,
+        thread_id: str,
+        *,
+        tenant: str | None = None,
+        durability: str | None = None,
+    ) -> AgentReply:
+        """Answer the thread's last user message again: a run replayed from the checkpoint
+        that committed it (before the assistant's answer). The thread branches there; the
+        previous answer stays readable on the abandoned branch (docs/time-travel.md).
+        Refused with ``ThreadBusy`` while a run holds the thread."""
+        index = await last_user_count(runtime.store, thread_id)
+        at = await committed_at(runtime.store, thread_id, index, tenant=tenant)
+        handle = await runtime.replay(
+            thread_id, self.graph, at, tenant=tenant, durability=durability
+        )
+        return _reply(await handle.result())
+
+    async def edit(
+        self,
+        runtime: Runtime,
+        thread_id: str,
+        message_id: str,
+        new_content: str,
+        *,
+        tenant: str | None = None,
+        durability: str | None = None,
+    ) -> AgentReply:
+        """Replace the user message ``message_id`` with ``new_content`` and run on from
+        there: the thread branches at the checkpoint that committed that message, keeping
+        only the messages before it, and the edited message (a new message, whose
+        ``metadata["edits"]`` names the one it replaces) starts a new run. Everything after
+        the original message stays readable on the abandoned branch."""
+        check_id("message_id", message_id)
+        index, original = await message_position(runtime.store, thread_id, message_id)
+        if original.role != "user":
+            raise InvalidInput("message_id", f"{message_id!r} is a {original.role} message")
+        at = await committed_at(runtime.store, thread_id, index + 1, tenant=tenant)
+        run_id = f"run-{uuid.uuid4().hex}"
+        user = Message(
+            id=f"m-{run_id}-u",
+            role="user",
+            content=new_content,
+            run_id=run_id,
+            metadata={"edits": message_id},
+        )
+        handle = await runtime.replay(
+            thread_id,
+            self.graph,
+            at,
+            {"calls": [], "turns": 0, "final": None, "stopped": None},
+            messages=(user,),
+            keep_messages=index,
+            run_id=run_id,
+            tenant=tenant,
+            durability=durability,
+        )
         return _reply(await handle.result())
 
     async def stream(

@@ -20,6 +20,7 @@ from wakeful.cli.quarantine import quarantine
 from wakeful.cli.run import run_command, submit_command
 from wakeful.cli.schedules import schedules
 from wakeful.cli.services import bench, demo, hand, relay, serve, worker
+from wakeful.cli.travel import threads_history  # noqa: F401  (adds the time-travel commands)
 from wakeful.cli.workflow import cancel_command, resume_command, send_command
 from wakeful.errors import WakefulError
 

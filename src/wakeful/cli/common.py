@@ -24,10 +24,12 @@ from rich.table import Table
 
 from wakeful.errors import (
     DispatchConflict,
+    GraphChanged,
     InvalidInput,
     InvalidState,
     NotFound,
     OperationConflict,
+    RunInProgress,
     StaleClaim,
     StoreRefused,
     StoreUnavailable,
@@ -58,6 +60,7 @@ UNCUT_COLUMNS = frozenset(
         "thread",
         "dispatch",
         "run",
+        "checkpoint",
         "worker",
         "holder",
         "incarnation",
@@ -120,7 +123,14 @@ def exit_code(exc: WakefulError) -> int:
     if isinstance(exc, NotFound):
         return EXIT_NOT_FOUND
     if isinstance(
-        exc, ThreadBusy | StaleClaim | InvalidState | DispatchConflict | OperationConflict
+        exc,
+        ThreadBusy
+        | StaleClaim
+        | InvalidState
+        | DispatchConflict
+        | OperationConflict
+        | RunInProgress
+        | GraphChanged,
     ):
         return EXIT_CONFLICT
     if isinstance(exc, StoreUnavailable):

@@ -42,7 +42,7 @@ from wakeful.cli.common import (
     store_url,
     verbose_option,
 )
-from wakeful.errors import NotFound
+from wakeful.errors import NotFound, ThreadBusy
 from wakeful.records import Event
 
 ENDINGS = {
@@ -91,6 +91,25 @@ def dispatch_options(fn: Any) -> Any:
     "--after", default=None, help="Run it after this delay (by the store's clock): 90, 10m, 1h30m."
 )
 @click.option("--at", "at_text", default=None, help="Run it at this instant: 2026-12-08T09:00Z.")
+@click.option(
+    "--from-checkpoint",
+    "from_checkpoint",
+    default=None,
+    metavar="CP",
+    help="Replay from this checkpoint of THREAD_ID (wakeful threads history); from an "
+    "earlier one the thread branches.",
+)
+@click.option(
+    "--if-busy",
+    "if_busy",
+    type=click.Choice(["enqueue", "reject", "interrupt", "coalesce", "rollback"]),
+    default="enqueue",
+    show_default=True,
+    help="When THREAD_ID is busy (a run is unfinished: running, queued or suspended): wait "
+    "behind it, refuse (exit 4, nothing stored), stop it (it ends interrupted) and run next, "
+    "or merge with the other coalesce submissions waiting into one run. rollback is not "
+    "supported yet (exit 6).",
+)
 @json_option
 @verbose_option
 @run_async
@@ -108,12 +127,19 @@ async def submit_command(
     app: str | None,
     after: str | None,
     at_text: str | None,
+    from_checkpoint: str | None,
+    if_busy: Any,
     as_json: bool,
     verbose: bool,
 ) -> None:
     """Enqueue a run of TARGET on THREAD_ID (MESSAGE, --input or --input-file) for the
     workers, and print one line with the dispatch and run ids (--verbose: the dispatch,
     --json: as JSON). Nothing runs here; with --after or --at, not before then.
+
+    With --from-checkpoint the run replays from that checkpoint (without input: its
+    frontier; with input: from the start on its state), for the thread's tenant; a
+    checkpoint the thread does not have is exit 3, a thread whose last run is running
+    exit 4.
 
     Warns on stderr (exit code 0) when TARGET is not in --app, or when no live worker is
     registered: the store does not know which targets workers serve, and the dispatch may be
@@ -128,6 +154,8 @@ async def submit_command(
     missing = None if app is None else _missing_target(app, target)
     url = store_url(store)
     async with store_at(url) as opened:
+        if from_checkpoint is not None:
+            tenant = await _replay_tenant(opened, thread_id, from_checkpoint, tenant)
         d = await submit(
             opened,
             thread_id,
@@ -139,12 +167,15 @@ async def submit_command(
             tenant=tenant,
             after=delay,
             at=at,
+            from_checkpoint=from_checkpoint,
+            if_busy=if_busy,
         )
         now = datetime.now(UTC)
         live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
-    show_dispatch(
-        d, as_json, f"submitted {d.dispatch_id} (run {d.payload['run_id']})", verbose=verbose
-    )
+    line = f"submitted {d.dispatch_id} (run {d.payload['run_id']})"
+    if d.status == "queued":
+        line += f", queued behind {d.queued_behind} (the thread is busy)"
+    show_dispatch(d, as_json, line, verbose=verbose)
     if missing is not None:
         stderr_line(f"warning: {missing}; a worker without it refuses dispatch {d.dispatch_id}")
     if not live:
@@ -152,6 +183,24 @@ async def submit_command(
             f"warning: no live worker in {describe_url(url)}: dispatch {d.dispatch_id} waits "
             f"until one starts (wakeful worker --app MODULE:ATTR, with target {target!r})"
         )
+
+
+async def _replay_tenant(
+    store: Any, thread_id: str, checkpoint_id: str, tenant: str | None
+) -> str | None:
+    """The tenant a replay is submitted for (the thread's, unless --tenant names it), after
+    checking that the checkpoint is there and the thread's last run is not running."""
+    from wakeful.cli.travel import owner_tenant
+    from wakeful.errors import RunInProgress
+    from wakeful.runtime.history import checkpoint_at
+
+    owner = await owner_tenant(store, thread_id)
+    chosen = tenant if tenant is not None else owner
+    await checkpoint_at(store, thread_id, checkpoint_id, tenant=chosen)
+    head = (await store.read(thread_id)).checkpoint
+    if head.status == "running":
+        raise RunInProgress(thread_id, head.run_id, head.status)
+    return chosen
 
 
 def _missing_target(app: str, target: str) -> str | None:
@@ -292,18 +341,32 @@ async def run_command(
         )
         running = asyncio.create_task(w.run(), name="worker")
         tasks: list[asyncio.Task[Any]] = [running]
+        latest = snap.checkpoint if snap is not None else None
+        suspended = latest is not None and latest.status == "suspended"
         try:
-            dispatch = await submit(
-                opened,
-                thread_id,
-                target,
-                value,
-                dispatch_id=dispatch_id,
-                priority=priority,
-                max_attempts=max_attempts,
-                tenant=tenant,
-                wake=wake,
-            )
+            try:
+                # A suspended run keeps the thread busy until it is resumed or cancelled:
+                # nothing would run here meanwhile, so refuse (atomically) rather than wait.
+                dispatch = await submit(
+                    opened,
+                    thread_id,
+                    target,
+                    value,
+                    dispatch_id=dispatch_id,
+                    priority=priority,
+                    max_attempts=max_attempts,
+                    tenant=tenant,
+                    wake=wake,
+                    if_busy="reject" if suspended else "enqueue",
+                )
+            except ThreadBusy as busy:
+                fail(
+                    f"thread {thread_id!r} is busy: its unfinished run {busy.run_id or ''} "
+                    f"(dispatch {busy.dispatch_id}) is suspended waiting for answers; nothing "
+                    f"was submitted: answer it (wakeful resume) or cancel it (wakeful cancel), "
+                    f"or queue behind it with wakeful submit",
+                    EXIT_CONFLICT,
+                )
             run_id = str(dispatch.payload["run_id"])
             runtime = await w.started()
             events = runtime.subscribe(thread_id, after)

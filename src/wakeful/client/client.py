@@ -80,9 +80,11 @@ class Client:
         json: Any = None,
         params: Mapping[str, Any] | None = None,
         idempotency_key: str | None = None,
+        retry: bool = True,
     ) -> Any:
         """Send one request and return the decoded answer (``None`` for 204); a problem
-        raises its exception. POSTs get an ``Idempotency-Key`` and are retried with it."""
+        raises its exception. POSTs get an ``Idempotency-Key`` and are retried with it;
+        ``retry=False`` sends once (a write the key does not deduplicate)."""
         headers: dict[str, str] = {}
         if method == "POST":
             headers["Idempotency-Key"] = idempotency_key or f"k-{uuid.uuid4().hex}"
@@ -98,7 +100,7 @@ class Client:
                 break
             except (httpx.TransportError, StoreUnavailable):
                 failures += 1
-                if failures >= REQUEST_RETRIES or (method not in ("GET", "POST")):
+                if failures >= REQUEST_RETRIES or not retry or method not in ("GET", "POST"):
                     raise
                 await asyncio.sleep(self.backoff.delay(failures))
         if response.status_code >= 400:
@@ -186,6 +188,52 @@ class Threads(_Group):
     ) -> Stream:
         return self.client.stream(thread_id, modes=modes, after=after, run_id=run_id)
 
+    async def history(self, thread_id: str, *, before: str | None = None, limit: int = 50) -> Any:
+        """``GET /v1/threads/{id}/history``: checkpoints newest first (``entries``: run,
+        step, nodes, status, parent, branch, ``current``, ``head``), the thread's
+        ``branches`` and ``next_before`` (pass it as ``before`` for older ones)."""
+        params = {"before": before, "limit": limit}
+        return await self.client.request("GET", f"/v1/threads/{thread_id}/history", params=params)
+
+    async def checkpoint(
+        self, thread_id: str, checkpoint_id: str, *, after: int = 0, limit: int = 100
+    ) -> Any:
+        """``GET /v1/threads/{id}/checkpoints/{cp}``: one checkpoint in full (``entry``,
+        ``state``, ``frontier``, ``metadata``) and the ``messages`` as of it (paged:
+        ``next_after``)."""
+        params = {"after": after, "limit": limit}
+        path = f"/v1/threads/{thread_id}/checkpoints/{checkpoint_id}"
+        return await self.client.request("GET", path, params=params)
+
+    async def update_state(
+        self,
+        thread_id: str,
+        values: Mapping[str, Any],
+        *,
+        as_node: str | None = None,
+        checkpoint_id: str | None = None,
+    ) -> Any:
+        """``POST /v1/threads/{id}/state``: commit a checkpoint whose state is ``values``
+        applied through the graph's reducers (as if ``as_node`` returned them), on the head
+        or on ``checkpoint_id`` (which branches); answers the new checkpoint. Sent once:
+        the write is not deduplicated, so a lost answer is not retried."""
+        body = {"values": dict(values), "as_node": as_node, "checkpoint_id": checkpoint_id}
+        return await self.client.request(
+            "POST", f"/v1/threads/{thread_id}/state", json=body, retry=False
+        )
+
+    async def fork(
+        self, thread_id: str, new_thread_id: str, *, checkpoint_id: str | None = None
+    ) -> Any:
+        """``POST /v1/threads/{id}/fork``: a new thread equal to this one as of
+        ``checkpoint_id`` (default: the head); answers the new thread. ``InvalidState`` when
+        ``new_thread_id`` already has history. Sent once (a retry after a lost answer would
+        find the fork made and be refused)."""
+        body = {"new_thread_id": new_thread_id, "checkpoint_id": checkpoint_id}
+        return await self.client.request(
+            "POST", f"/v1/threads/{thread_id}/fork", json=body, retry=False
+        )
+
 
 class Runs(_Group):
     async def create(
@@ -199,16 +247,23 @@ class Runs(_Group):
         idempotency_key: str | None = None,
         after: float | timedelta | None = None,
         at: datetime | None = None,
+        from_checkpoint: str | None = None,
+        if_busy: str | None = None,
     ) -> Any:
-        """``POST /v1/threads/{id}/runs``: the ``Accepted`` document (``run_id``...).
-        ``after`` (seconds or a ``timedelta``, by the store's clock) or ``at`` (an aware
-        datetime) delays the run; the answer's ``not_before`` says until when."""
-        body = {"target": target, "input": input, "priority": priority}
-        body["max_attempts"] = max_attempts
+        """``POST /v1/threads/{id}/runs``: the ``Accepted`` document (``run_id``, and
+        ``queued_behind`` while the thread is busy). ``after`` (seconds or a ``timedelta``,
+        by the store's clock) or ``at`` (an aware datetime) delays the run; the answer's
+        ``not_before`` says until when. ``from_checkpoint``: replay from that checkpoint of
+        the thread (time travel; from an earlier one the thread branches).
+        ``if_busy``: ``"enqueue"`` (the server's default), ``"reject"`` (``ThreadBusy`` naming
+        the busy ``run_id``), ``"interrupt"`` or ``"coalesce"`` (docs/busy-threads.md)."""
+        body = _run_body(target, input, priority, max_attempts, from_checkpoint)
         if after is not None:
             body["after"] = after.total_seconds() if isinstance(after, timedelta) else after
         if at is not None:
             body["at"] = at.isoformat()
+        if if_busy is not None:
+            body["if_busy"] = if_busy
         return await self.client.request(
             "POST", f"/v1/threads/{thread_id}/runs", json=body, idempotency_key=idempotency_key
         )
@@ -223,6 +278,7 @@ class Runs(_Group):
         priority: int = 0,
         max_attempts: int = 5,
         idempotency_key: str | None = None,
+        from_checkpoint: str | None = None,
     ) -> Stream:
         """``POST /v1/threads/{id}/runs/stream``: start a run and stream it until its end.
         The first frame (``metadata``) is the ``Accepted`` document. After a lost connection
@@ -230,8 +286,7 @@ class Runs(_Group):
         frame sends the POST again with the same ``Idempotency-Key`` (one run, whatever
         happens)."""
         key = idempotency_key or f"k-{uuid.uuid4().hex}"
-        body = {"target": target, "input": input, "priority": priority}
-        body["max_attempts"] = max_attempts
+        body = _run_body(target, input, priority, max_attempts, from_checkpoint)
         post_path = f"/v1/threads/{thread_id}/runs/stream"
         get_path = f"/v1/threads/{thread_id}/stream"
         params: dict[str, Any] = {"modes": ",".join(modes)}
@@ -276,6 +331,28 @@ class Runs(_Group):
             "POST", f"/v1/threads/{thread_id}/cancel", json={"reason": reason}
         )
 
+    async def regenerate(
+        self, thread_id: str, *, target: str | None = None, idempotency_key: str | None = None
+    ) -> Any:
+        """``POST /v1/threads/{id}/regenerate``: the thread's agent (or ``target``) answers
+        its last user message again, on a new branch."""
+        body = {"target": target} if target is not None else {}
+        return await self.client.request(
+            "POST",
+            f"/v1/threads/{thread_id}/regenerate",
+            json=body,
+            idempotency_key=idempotency_key,
+        )
+
+
+def _run_body(
+    target: str, input: Any, priority: int, max_attempts: int, from_checkpoint: str | None
+) -> dict[str, Any]:
+    body = {"target": target, "input": input, "priority": priority, "max_attempts": max_attempts}
+    if from_checkpoint is not None:
+        body["from_checkpoint"] = from_checkpoint
+    return body
+
 
 class Messages(_Group):
     async def send(
@@ -287,18 +364,42 @@ class Messages(_Group):
         target: str | None = None,
         correlation_id: str | None = None,
         idempotency_key: str | None = None,
+        if_busy: str | None = None,
     ) -> Any:
-        """``POST /v1/threads/{id}/messages``: deliver a message (once per ``message_id``)."""
+        """``POST /v1/threads/{id}/messages``: deliver a message (once per ``message_id``);
+        ``if_busy`` as ``runs.create`` takes it."""
         body = {
             "payload": payload,
             "message_id": message_id,
             "target": target,
             "correlation_id": correlation_id,
+            "if_busy": if_busy,
         }
         return await self.client.request(
             "POST",
             f"/v1/threads/{thread_id}/messages",
             json={k: v for k, v in body.items() if v is not None or k == "payload"},
+            idempotency_key=idempotency_key,
+        )
+
+    async def edit(
+        self,
+        thread_id: str,
+        message_id: str,
+        content: str,
+        *,
+        target: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Any:
+        """``POST /v1/threads/{id}/messages/{message_id}/edit``: run the thread's agent (or
+        ``target``) on from this user message with ``content`` instead, on a new branch."""
+        body: dict[str, Any] = {"content": content}
+        if target is not None:
+            body["target"] = target
+        return await self.client.request(
+            "POST",
+            f"/v1/threads/{thread_id}/messages/{message_id}/edit",
+            json=body,
             idempotency_key=idempotency_key,
         )
 

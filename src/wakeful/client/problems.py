@@ -14,6 +14,7 @@ from typing import Any
 
 from wakeful.errors import (
     DispatchConflict,
+    GraphChanged,
     InvalidInput,
     InvalidState,
     NotFound,
@@ -41,7 +42,11 @@ _BUILD: dict[str, tuple[type[WakefulError], Callable[[dict[str, Any]], dict[str,
     "not-found": (NotFound, lambda d: {"what": None, "ident": d.get("instance")}),
     "thread-busy": (
         ThreadBusy,
-        lambda d: {**_fields(d, "thread_id"), "holder": None, "checkpoint_id": None},
+        lambda d: {
+            **_fields(d, "thread_id", "run_id", "dispatch_id"),
+            "holder": None,
+            "checkpoint_id": None,
+        },
     ),
     "dispatch-conflict": (
         DispatchConflict,
@@ -57,6 +62,10 @@ _BUILD: dict[str, tuple[type[WakefulError], Callable[[dict[str, Any]], dict[str,
     "not-suspended": (NotSuspended, lambda d: {**_fields(d, "thread_id"), "status": None}),
     "run-in-progress": (RunInProgress, lambda d: _fields(d, "thread_id")),
     "invalid-state": (InvalidState, lambda d: _fields(d, "state")),
+    "graph-changed": (
+        GraphChanged,
+        lambda d: {**_fields(d, "thread_id"), "recorded": None, "current": None},
+    ),
     "replay-unavailable": (
         ReplayUnavailable,
         lambda d: _fields(d, "thread_id", "after_seq", "earliest_seq"),

@@ -104,6 +104,14 @@ class SyncClient:
     (``threads``, ``runs``, ``messages``, ``events``, ``dispatches``, ``workers``,
     ``schedules``, ``quarantine``) have ``Client``'s methods, blocking."""
 
+    threads: _SyncGroup
+    runs: _SyncGroup
+    messages: _SyncGroup
+    events: _SyncGroup
+    dispatches: _SyncGroup
+    workers: _SyncGroup
+    quarantine: _SyncGroup
+
     def __init__(
         self,
         base_url: str,

@@ -4,7 +4,7 @@
 the remote hand (``wakeful.fleet.hand``) are imported from their modules, so their
 dependencies load only when used."""
 
-from wakeful.fleet.client import cancel, resume, send_message, submit
+from wakeful.fleet.client import cancel, edit_message, regenerate, resume, send_message, submit
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RELAY_THREAD, RelayLoop
 from wakeful.fleet.wake import LocalWake, NoWake, Wake
@@ -21,6 +21,8 @@ __all__ = [
     "Worker",
     "WorkerStats",
     "cancel",
+    "edit_message",
+    "regenerate",
     "resume",
     "send_message",
     "submit",

@@ -11,7 +11,17 @@ from datetime import datetime
 from typing import Any
 
 from wakeful.errors import WakefulError
-from wakeful.records import Checkpoint, Dispatch, Done, Outcome, Settle, ThreadSnapshot
+from wakeful.records import (
+    Checkpoint,
+    Commit,
+    Dispatch,
+    Done,
+    EventDraft,
+    Message,
+    Outcome,
+    Settle,
+    ThreadSnapshot,
+)
 from wakeful.store.contract import Store
 
 UNFINISHED = ("running", "suspended")
@@ -25,11 +35,16 @@ def foreign_tenant(snap: ThreadSnapshot, tenant: str) -> bool:
 
 
 def terminal_checkpoint(
-    latest: Checkpoint | None, status: Any, ended_by: str, now: datetime
+    latest: Checkpoint | None,
+    status: Any,
+    ended_by: str,
+    now: datetime,
+    metadata: dict[str, Any] | None = None,
 ) -> Checkpoint | None:
     """The checkpoint that ends the thread's unfinished run with ``status`` (its state and
-    frontier kept, ``metadata["ended_by"]`` the event that ended it), or ``None`` when the
-    latest checkpoint's run is already finished (or there is none)."""
+    frontier kept, ``metadata`` merged into its own, ``metadata["ended_by"]`` the event that
+    ended it), or ``None`` when the latest checkpoint's run is already finished (or there is
+    none)."""
     if latest is None or latest.status not in UNFINISHED:
         return None
     ordinal = int(latest.metadata.get("ordinal", 0)) + 1
@@ -42,7 +57,7 @@ def terminal_checkpoint(
         created_at=now,
         tenant=latest.tenant,
         frontier=list(latest.frontier),
-        metadata={**latest.metadata, "ordinal": ordinal, "ended_by": ended_by},
+        metadata={**latest.metadata, **(metadata or {}), "ordinal": ordinal, "ended_by": ended_by},
     )
 
 
@@ -120,6 +135,34 @@ async def fenced_ending(store: Store, dispatch_id: str, otherwise: str) -> tuple
 
 def settle_done(dispatch_id: str | None) -> Settle | None:
     return None if dispatch_id is None else Settle(dispatch_id=dispatch_id, outcome=Done())
+
+
+def ending_commit(
+    token: int,
+    latest: Checkpoint | None,
+    status: Any,
+    event_type: str,
+    data: dict[str, Any],
+    now: datetime,
+    *,
+    operation_id: str | None = None,
+    settle: str | None = None,
+    messages: tuple[Message, ...] = (),
+    metadata: dict[str, Any] | None = None,
+) -> Commit:
+    """The commit that records a terminal ``status`` for the thread's unfinished run (if
+    ``latest`` is one: a checkpoint ``ended_by`` ``event_type``, ``metadata`` merged into
+    its own, with ``messages``) and the event, under claim ``token``. Idempotent by the
+    ending checkpoint's id, else by ``operation_id``; ``settle``: settled ``Done`` by it."""
+    checkpoint = terminal_checkpoint(latest, status, event_type, now, metadata)
+    return Commit(
+        token=token,
+        checkpoint=checkpoint,
+        events=(EventDraft(type=event_type, data=data, run_id=latest.run_id if latest else None),),
+        messages=messages if checkpoint else (),
+        operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
+        settle=settle_done(settle),
+    )
 
 
 def run_of(

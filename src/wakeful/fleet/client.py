@@ -18,8 +18,9 @@ from wakeful.errors import DispatchConflict, InvalidInput
 from wakeful.fleet.delays import not_before
 from wakeful.fleet.wake import Wake
 from wakeful.ids import check_id, check_optional_id
-from wakeful.records import Dispatch
-from wakeful.store.contract import DispatchQueue
+from wakeful.records import Dispatch, IfBusy
+from wakeful.runtime.history import committed_at, last_user_count, message_position
+from wakeful.store.contract import DispatchQueue, Store
 
 TRACE_FIELD = "trace"
 """The payload field with the submitter's W3C trace context (only while tracing is on):
@@ -94,6 +95,9 @@ async def submit(
     wake: Wake | None = None,
     after: float | timedelta | None = None,
     at: datetime | None = None,
+    from_checkpoint: str | None = None,
+    keep_messages: int | None = None,
+    if_busy: IfBusy = "enqueue",
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
@@ -101,14 +105,33 @@ async def submit(
 
     ``after`` (seconds or a ``timedelta``, measured by the store's clock) or ``at`` (a
     timezone-aware instant) delays the run: the dispatch is stored now and claimable from
-    then on (``Dispatch.available_at``); ``cancel`` before then and it never runs."""
+    then on (``Dispatch.available_at``); ``cancel`` before then and it never runs.
+    ``from_checkpoint``: replay from that earlier checkpoint of the thread instead
+    (``Runtime.replay``): the worker's run starts from its state, the messages as of it and
+    its frontier, or with ``input`` (not ``None``) from ``START`` on its state; from a
+    checkpoint other than the head the thread branches (docs/time-travel.md).
+    ``keep_messages``: with ``from_checkpoint``, keep only that many of the messages as of
+    it (``Runtime.replay``'s: what editing a message needs).
+    ``if_busy``: what to do when the thread is busy (a run of it is unfinished: running,
+    queued or suspended): ``"enqueue"`` waits (the dispatch is ``queued``, see its
+    ``queued_behind``), ``"reject"`` raises ``ThreadBusy`` naming the busy run and stores
+    nothing, ``"interrupt"`` waits while the busy run is stopped (it ends ``interrupted``),
+    ``"coalesce"`` merges with the other coalesce submissions waiting with it into one run
+    (docs/busy-threads.md). ``"rollback"`` is not supported yet (``InvalidInput``)."""
     check_id("target", target)
     check_optional_id("tenant", tenant)
+    check_optional_id("from_checkpoint", from_checkpoint)
+    if keep_messages is not None and (from_checkpoint is None or keep_messages < 0):
+        raise InvalidInput("keep_messages", "needs from_checkpoint and must be >= 0")
     dispatch_id = check_id("dispatch_id", dispatch_id or f"d-{uuid.uuid4().hex}")
     available_at = None
     if after is not None or at is not None:
         available_at = not_before(await _store_now(store, after), after, at)
     payload = {"target": target, "input": input, "run_id": f"run-{dispatch_id}", "tenant": tenant}
+    if from_checkpoint is not None:  # absent otherwise: earlier payloads stay the same
+        payload["from_checkpoint"] = from_checkpoint
+    if keep_messages is not None:
+        payload["keep_messages"] = keep_messages
     return await _enqueue(
         store,
         Dispatch(
@@ -120,6 +143,7 @@ async def submit(
             max_attempts=max_attempts,
             tenant=tenant,
             available_at=available_at,
+            if_busy=if_busy,
         ),
         wake,
     )
@@ -134,6 +158,65 @@ async def _store_now(store: DispatchQueue, after: object) -> datetime:
         raise InvalidInput("after", f"{type(store).__name__} has no store_now(); pass at=")
     now: datetime = await store_now()
     return now
+
+
+async def regenerate(
+    store: Store,
+    thread_id: str,
+    target: str,
+    *,
+    dispatch_id: str | None = None,
+    tenant: str | None = None,
+    wake: Wake | None = None,
+) -> Dispatch:
+    """Ask for the agent ``target`` to answer the thread's last user message again, from
+    the checkpoint that committed it (``Agent.regenerate`` through the fleet): a start
+    dispatch ``from_checkpoint`` that checkpoint. The thread branches when it runs."""
+    count = await last_user_count(store, thread_id)
+    at = await committed_at(store, thread_id, count, tenant=tenant)
+    return await submit(
+        store,
+        thread_id,
+        target,
+        dispatch_id=dispatch_id,
+        tenant=tenant,
+        wake=wake,
+        from_checkpoint=at,
+    )
+
+
+async def edit_message(
+    store: Store,
+    thread_id: str,
+    target: str,
+    message_id: str,
+    new_content: str,
+    *,
+    dispatch_id: str | None = None,
+    tenant: str | None = None,
+    wake: Wake | None = None,
+) -> Dispatch:
+    """Ask for the agent ``target`` to run on from an edited user message (``Agent.edit``
+    through the fleet): a start dispatch with ``new_content`` as input, ``from_checkpoint``
+    the checkpoint that committed ``message_id``, keeping only the messages before it.
+    ``InvalidInput`` for a message that is not the user's, ``NotFound`` for one the
+    thread's current messages do not have."""
+    check_id("message_id", message_id)
+    index, original = await message_position(store, thread_id, message_id)
+    if original.role != "user":
+        raise InvalidInput("message_id", f"{message_id!r} is a {original.role} message")
+    at = await committed_at(store, thread_id, index + 1, tenant=tenant)
+    return await submit(
+        store,
+        thread_id,
+        target,
+        new_content,
+        dispatch_id=dispatch_id,
+        tenant=tenant,
+        wake=wake,
+        from_checkpoint=at,
+        keep_messages=index,
+    )
 
 
 async def resume(
@@ -188,12 +271,14 @@ async def send_message(
     tenant: str | None = None,
     wake: Wake | None = None,
     dispatch_id: str | None = None,
+    if_busy: IfBusy = "enqueue",
 ) -> Dispatch:
     """Deliver a message from outside to ``thread_id``: it starts a run of the thread's
     graph (or ``target``, or the registry's default) with the message as input, once:
     ``message_id`` deduplicates (through the dispatch id ``ext-<message_id>``, or
     ``dispatch_id`` when given: the HTTP API scopes a tenant's message ids so). Runs send to
-    each other with ``ctx.send`` instead."""
+    each other with ``ctx.send`` instead. ``if_busy``: as ``submit`` takes it
+    (``"coalesce"``: three quick messages to a busy agent are answered by one turn)."""
     message_id = check_id("message_id", message_id or f"msg-{uuid.uuid4().hex}")
     check_optional_id("target", target)
     check_optional_id("correlation_id", correlation_id)
@@ -219,6 +304,7 @@ async def send_message(
             priority=priority,
             dedupe_key=dispatch_id,
             tenant=tenant,
+            if_busy=if_busy,
         ),
         wake,
     )

@@ -32,6 +32,26 @@ class Target:
         user = Message(id=f"m-{run_id}-u", role="user", content=content, run_id=run_id)
         return {"calls": [], "turns": 0, "final": None, "stopped": None}, (user,)
 
+    def prepare_coalesced(
+        self, inputs: Sequence[Any], run_id: str
+    ) -> tuple[dict[str, Any], Sequence[Message]]:
+        """``prepare`` for the inputs of several coalesced submissions answered by one run
+        (``if_busy="coalesce"``), in submit order: an agent gets one user message per input
+        (one model turn answers them all); a graph gets the inputs folded through its
+        state's reducers (``replace``: the last wins; ``append``: all, in order)."""
+        if len(inputs) == 1:
+            return self.prepare(inputs[0], run_id)
+        if self.agent is None:
+            merged: dict[str, Any] = {}
+            for input in inputs:
+                merged = self.graph.apply(merged, self.check_input(input))
+            return merged, ()
+        messages = []
+        for i, input in enumerate(inputs):
+            state, (user,) = self.prepare(input, run_id)
+            messages.append(msgspec.structs.replace(user, id=f"m-{run_id}-u{i}" if i else user.id))
+        return state, messages
+
     def check_input(self, input: Any) -> dict[str, Any]:
         """Refuse (``InvalidInput``) an input this target cannot take: for a graph, anything
         but ``None`` or an object of its state fields of their declared types; an agent

@@ -33,6 +33,7 @@ from wakeful.errors import (
 from wakeful.fleet.attempts import (
     UNFINISHED,
     Settled,
+    ending_commit,
     fenced_ending,
     foreign_tenant,
     log_end,
@@ -40,8 +41,8 @@ from wakeful.fleet.attempts import (
     next_step,
     run_of,
     settle_done,
-    terminal_checkpoint,
 )
+from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
@@ -49,6 +50,7 @@ from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
+from wakeful.fleet.replays import Start, replay_dispatch
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
 from wakeful.fleet.wakeups import wake
 from wakeful.ids import check_id
@@ -62,6 +64,7 @@ from wakeful.records import (
     Done,
     EventDraft,
     Lease,
+    Message,
     Outcome,
     RetentionPolicy,
     Retry,
@@ -394,28 +397,20 @@ class Worker:
                 extra={**log_fields(d), "outcome": "indeterminate", "reason": reason},
             )
             self._endings[d.dispatch_id] = f"indeterminate ({reason})"
+            data = {"dispatch_id": d.dispatch_id, "max_attempts": d.max_attempts}
             await self._terminate(
-                claim,
-                owned_run,
-                "indeterminate",
-                "run.indeterminate",
-                {"dispatch_id": d.dispatch_id, "max_attempts": d.max_attempts},
-                operation_id=f"{d.dispatch_id}:exhausted",
-                settle=d.dispatch_id,
-            )
+                claim, owned_run, "indeterminate", "run.indeterminate", data,
+                operation_id=f"{d.dispatch_id}:exhausted", settle=d.dispatch_id,
+            )  # fmt: skip
             return Settled(Done())
-        if d.kind == "cancel":
-            reason = str(payload.get("reason", "cancelled"))
-            self._endings[d.dispatch_id] = f"cancelled ({reason})"
+        if d.kind == "cancel":  # the run ends cancelled, or interrupted (if_busy="interrupt")
             unfinished = latest if latest is not None and latest.status in UNFINISHED else None
+            end = await cancel_ending(self.store, d.thread_id, unfinished, payload)
+            self._endings[d.dispatch_id] = end.log
             await self._terminate(
-                claim,
-                unfinished,
-                "cancelled",
-                "run.cancelled",
-                {"reason": reason},
-                settle=d.dispatch_id,
-            )
+                claim, unfinished, end.status, end.event, end.data,
+                settle=d.dispatch_id, messages=end.messages, metadata=end.metadata,
+            )  # fmt: skip
             return Settled(Done())
         if owned_run is not None:
             log.info(
@@ -430,7 +425,9 @@ class Worker:
             return await self._continue(d.dispatch_id, claim, owned_run, snap)
         if d.kind == "resume":
             return await self._resume(d.dispatch_id, claim, snap, payload, submitter)
-        return await self._start(d.dispatch_id, d.kind, claim, snap, payload, submitter)
+        return await self._start(
+            d.dispatch_id, d.kind, claim, snap, payload, submitter, d.coalesced
+        )
 
     async def _start(
         self,
@@ -440,6 +437,7 @@ class Worker:
         snap: ThreadSnapshot | None,
         payload: dict[str, Any],
         tenant: str | None,
+        coalesced: tuple[str, ...] = (),
     ) -> Outcome | Settled | RunHandle:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
@@ -453,7 +451,9 @@ class Worker:
             else:
                 target = self.registry.get(str(payload.get("target")))
                 input = payload.get("input")
-            state, messages = target.prepare(input, run_id)
+            # one run answers every submission coalesced into it, inputs in submit order
+            inputs = [input, *await coalesced_inputs(self.store, coalesced)]
+            state, messages = target.prepare_coalesced(inputs, run_id)
         except (NotFound, TypeError, ValueError) as refused:
             # an unknown target or an input the target cannot take: retrying cannot help
             await self._note(claim, "dispatch.refused", {"reason": str(refused)}, dispatch_id)
@@ -461,6 +461,11 @@ class Worker:
         relayed = kind == "message" and not payload.get("external")
         if relayed and snap is not None and snap.tenant_bound:
             tenant = snap.tenant  # relayed between threads: the target thread's tenant
+        if kind == "start" and "from_checkpoint" in payload:
+            start = Start(
+                dispatch_id, claim, snap, payload, target, state, messages, run_id, tenant
+            )
+            return await replay_dispatch(self._runtime, self._note, start)
         try:
             handle = await self._runtime.start(
                 claim.thread_id,
@@ -561,20 +566,18 @@ class Worker:
         data: dict[str, Any],
         operation_id: str | None = None,
         settle: str | None = None,
+        messages: tuple[Message, ...] = (),
+        metadata: dict[str, Any] | None = None,
     ) -> None:
         """Record a terminal status for the thread's unfinished run (if any) with an event
         for observers, under the lease's claim. With only an event to record, ``operation_id``
         makes a redelivered attempt return the first one's receipt instead of a second
-        event. ``settle``: the dispatch settled ``Done`` by the same commit."""
-        checkpoint = terminal_checkpoint(latest, status, event_type, self.clock.now())
-        run_id = latest.run_id if latest is not None else None
-        commit = Commit(
-            token=claim.token,
-            checkpoint=checkpoint,
-            events=(EventDraft(type=event_type, data=data, run_id=run_id),),
-            operation_id=f"{checkpoint.id}:end" if checkpoint else operation_id,
-            settle=settle_done(settle),
-        )
+        event. ``settle``: the dispatch settled ``Done`` by the same commit. ``messages``
+        and ``metadata`` (merged into the checkpoint's) go with the ending checkpoint."""
+        commit = ending_commit(
+            claim.token, latest, status, event_type, data, self.clock.now(),
+            operation_id=operation_id, settle=settle, messages=messages, metadata=metadata,
+        )  # fmt: skip
         await self._observe.calls(
             "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )

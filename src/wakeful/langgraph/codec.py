@@ -81,8 +81,12 @@ class ValueCodec:
             )
         return {"t": kind, "b": base64.b64encode(data).decode("ascii")}
 
-    def decode(self, stored: dict[str, Any], what: str) -> Any:
+    def decode(self, stored: dict[str, Any], what: str, *, fresh: bool = False) -> Any:
+        """The value ``stored`` holds. ``fresh``: ``stored`` is the caller's own copy (just
+        decoded from an index entry), so a plain JSON value is handed over as it is."""
         if "j" in stored:
+            if fresh:
+                return stored["j"]
             # A fresh copy: the caller may mutate what it gets; the cached record must not
             # change with it.
             return msgspec.json.decode(msgspec.json.encode(stored["j"]))

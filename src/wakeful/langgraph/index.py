@@ -4,7 +4,8 @@ Every saver mutation of a LangGraph thread (or several ``put``/``put_writes`` ca
 arrived together) is one wakeful commit that appends one wakeful checkpoint, a *record*, to
 the wakeful thread of the same id. A record's ``state`` is::
 
-    {"langgraph": 1, "thread": <LangGraph thread id>, "items": [...], "drop": [<record ids>]}
+    {"langgraph": 1, "thread": <LangGraph thread id>, "items": [...], "drop": [<record ids>],
+     "head": {<namespace>: <its newest checkpoint id>}}
 
 with items of two kinds: a checkpoint ``{"k": "c", "ns", "id", "parent", "checkpoint",
 "values", "metadata"}`` and a pending write ``{"k": "w", "ns", "cid", "task", "idx",
@@ -12,6 +13,13 @@ with items of two kinds: a checkpoint ``{"k": "c", "ns", "id", "parent", "checkp
 the same commit removed with ``Commit.drop_checkpoints`` (``prune`` and ``delete_for_runs``
 rewrite the survivors of dropped records into the new one), so an index folded up to an
 older record can catch up by reading only the records after it.
+
+``head`` (added by decision 0030; records written before it lack it and still fold) names
+each namespace's newest checkpoint once the record is applied: a cold read of the latest
+checkpoint folds only the records from the one holding that checkpoint to the newest
+(``catch_up``), not the thread's history, and an index keeps only the newest checkpoints
+(``ThreadIndex.trim``). Such an index is *partial* (``complete`` false): what needs the
+whole thread (``list``, a rewrite, an older checkpoint) folds it anew first.
 
 Folding is order-insensitive for the effective data: a checkpoint put twice keeps the later
 item; a pending write keeps the first item for a task's regular index and the later one for
@@ -31,6 +39,8 @@ from wakeful.store.contract import ThreadStore
 
 RECORD_FORMAT = 1
 PAGE = 100
+KEEP = 16
+"""How many checkpoints (the newest, with their writes) a trimmed index keeps."""
 
 CheckpointKey = tuple[str, str]
 """(checkpoint_ns, checkpoint_id)"""
@@ -42,8 +52,16 @@ def is_record(state: Any) -> bool:
     return isinstance(state, dict) and state.get("langgraph") == RECORD_FORMAT
 
 
-def record_state(thread_id: str, items: list[dict[str, Any]], drop: list[str]) -> dict[str, Any]:
-    return {"langgraph": RECORD_FORMAT, "thread": thread_id, "items": items, "drop": drop}
+def record_state(
+    thread_id: str, items: list[dict[str, Any]], drop: list[str], head: dict[str, str]
+) -> dict[str, Any]:
+    return {
+        "langgraph": RECORD_FORMAT,
+        "thread": thread_id,
+        "items": items,
+        "drop": drop,
+        "head": head,
+    }
 
 
 _encode = msgspec.json.Encoder().encode
@@ -96,7 +114,14 @@ class ThreadIndex:
     checkpoints: dict[CheckpointKey, Entry] = field(default_factory=dict)
     writes: dict[CheckpointKey, dict[WriteKey, Entry]] = field(default_factory=dict)
     latest: dict[str, str] = field(default_factory=dict)
-    """namespace -> its newest checkpoint id (LangGraph ids sort by creation time)."""
+    """namespace -> its newest checkpoint id (LangGraph ids sort by creation time), for
+    every namespace of the thread, even in a partial index."""
+    complete: bool = True
+    """The index holds every checkpoint and write of the thread; otherwise only the newest
+    checkpoints, each with all its writes (see the module doc)."""
+    floor: str = ""
+    """Checkpoints with ids from this one up, and their writes, are all in the index
+    (``""``: every one, the index is complete)."""
 
     def fold(self, record_id: str, state: Any) -> None:
         """Apply one record, newer than every record folded so far. The index keeps copies
@@ -119,6 +144,52 @@ class ThreadIndex:
                 wkey = (item["task"], item["idx"])
                 if wkey[1] < 0 or wkey not in slot:
                     slot[wkey] = Entry(_encode(item), record_id)
+        head = state.get("head")
+        if head is not None:  # authoritative, also for namespaces a partial index lacks
+            self.latest = dict(head)
+
+    def head_after(self, items: list[dict[str, Any]], drop: list[str]) -> dict[str, str]:
+        """``latest`` once a record of ``items`` dropping the records ``drop`` is folded
+        (a record's ``head``). A drop is computed on a complete index (rewrites are)."""
+        if drop:
+            dropped = set(drop)
+            latest: dict[str, str] = {}
+            for (ns, cid), entry in self.checkpoints.items():
+                if entry.record not in dropped and cid > latest.get(ns, ""):
+                    latest[ns] = cid
+        else:
+            latest = dict(self.latest)
+        for item in items:
+            if item["k"] == "c" and item["id"] > latest.get(item["ns"], ""):
+                latest[item["ns"]] = item["id"]
+        return latest
+
+    def trim(self, keep: int = KEEP) -> None:
+        """Keep only the newest ``keep`` checkpoints (and each namespace's newest), with
+        their writes, once the index holds twice as many: memory stays bounded however
+        long the thread's history grows. The index is then partial."""
+        if len(self.checkpoints) <= 2 * keep:
+            return
+        ordered = sorted(self.checkpoints, key=lambda k: k[1])
+        newest = set(ordered[-keep:])
+        newest.update(self.latest.items())
+        floor = ordered[-keep][1]
+        for key in [k for k in self.checkpoints if k not in newest]:
+            del self.checkpoints[key]
+        for key in [k for k in self.writes if k not in newest and k[1] < floor]:
+            del self.writes[key]
+        self.complete = False
+        self.floor = max(self.floor, floor)
+
+    def lacks(self, key: CheckpointKey) -> bool:
+        """True if the thread may hold writes of checkpoint ``key`` this index does not."""
+        return key[1] < self.floor and key not in self.checkpoints
+
+    def lacks_writes_of(self, arg: Any) -> bool:
+        """True for a ``put_writes`` append (``write_items``' ``arg``) to a checkpoint
+        older than this partial index holds: which of its writes are new is known only to
+        the whole thread's index."""
+        return isinstance(arg, tuple) and self.lacks((arg[0], arg[1]))
 
     def forget(self, records: set[str]) -> None:
         """Drop every entry held by one of ``records``."""
@@ -129,6 +200,8 @@ class ThreadIndex:
                 del slot[wkey]
             if not slot:
                 del self.writes[ckey]
+        if not self.complete:
+            return  # ``latest`` comes from the records' heads
         self.latest = {}
         for ns, cid in self.checkpoints:
             if cid > self.latest.get(ns, ""):
@@ -202,16 +275,61 @@ def item_key(item: dict[str, Any]) -> CheckpointKey:
     return (item["ns"], item["id"] if item["k"] == "c" else item["cid"])
 
 
+def _holds_checkpoint(state: Any, ns: str, cid: str) -> bool:
+    return any(i["k"] == "c" and i["ns"] == ns and i["id"] == cid for i in state["items"])
+
+
+async def _latest_only(store: ThreadStore, snap: ThreadSnapshot) -> ThreadIndex | None:
+    """A partial index of the records from the one holding the newest checkpoint of the
+    root namespace to the newest (``snap``'s), or ``None`` when the newest record has no
+    ``head`` (written before decision 0030) or the walk finds something unexpected."""
+    newest = snap.checkpoint
+    assert newest is not None
+    head = newest.state.get("head") if is_record(newest.state) else None
+    target = head.get("") if isinstance(head, dict) else None
+    if target is None:
+        return None
+    records = [newest]
+    found = _holds_checkpoint(newest.state, "", target)
+    before, limit = newest.id, 4  # a run's last few records, then pages growing to PAGE
+    while not found:
+        page = await store.checkpoints(snap.thread_id, before=before, limit=limit)
+        for record, _ in page:
+            if not is_record(record.state):
+                return None
+            records.append(record)
+            if _holds_checkpoint(record.state, "", target):
+                found = True
+                break
+        if found or len(page) < limit:
+            break
+        before, limit = page[-1][0].id, min(limit * 4, PAGE)
+    if not found:
+        return None
+    idx = ThreadIndex(complete=False, floor=target)
+    for record in reversed(records):
+        idx.fold(record.id, record.state)
+    idx.version = snap.version
+    return idx
+
+
 async def catch_up(
     store: ThreadStore,
     snap: ThreadSnapshot | None,
     cached: ThreadIndex | None,
+    *,
+    complete: bool = False,
 ) -> ThreadIndex:
     """The index of the thread ``snap`` was read from: ``cached`` advanced by the records
     committed after its latest one, or (when that record is gone: dropped by a rewrite, or
-    nothing was cached) folded anew from the whole history."""
+    nothing was cached) a partial index of the newest records (``complete`` false and the
+    newest record has a ``head``) or one folded anew from the whole history."""
     if snap is None or snap.checkpoint is None:
         return ThreadIndex(version=snap.version if snap else 0)
+    if cached is None and not complete:
+        partial = await _latest_only(store, snap)
+        if partial is not None:
+            return partial
     stop = cached.latest_record if cached is not None else None
     newer: list[Checkpoint] = []
     found = snap.checkpoint.id == stop

@@ -11,7 +11,10 @@ Fencing (``fencing=``): ``"auto"`` (default) claims a thread when a run starts a
 claim renewed while the thread is in use; ``"hold"`` writes only inside ``saver.hold``;
 ``"off"`` claims and releases inside every write (one atomic step), for a single process.
 In every mode a write prepared against a view of the thread another writer has changed since
-is refused with ``VersionConflict``: histories of two processes never interleave.
+is refused with ``VersionConflict``: histories of two processes never interleave; and a run
+started while another run of this process (another task or thread) is in the thread gets
+``ThreadBusy`` (``runs``). ``delete_for_runs``, ``copy_thread`` and ``prune`` live in
+``maintenance``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,6 @@ from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
 from wakeful.langgraph.holds import Holds, default_holder, not_held
 from wakeful.langgraph.index import (
     PAGE,
-    CheckpointKey,
     Entry,
     ThreadIndex,
     catch_up,
@@ -55,7 +57,8 @@ from wakeful.langgraph.index import (
     record_state,
     write_items,
 )
-from wakeful.langgraph.sync import SyncMethods
+from wakeful.langgraph.maintenance import Built, Maintenance
+from wakeful.langgraph.runs import RUN_MARKER, Owner, Runs, pregel_loop
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
 from wakeful.records import Claim, Commit
@@ -63,15 +66,10 @@ from wakeful.store import open_store
 from wakeful.store.contract import Store
 
 Fencing = Literal["auto", "hold", "off"]
-Built = tuple[list[dict[str, Any]], list[str]] | None
-"""What a write builds from the thread's index: the new record's items and the records it
-drops, or ``None`` for nothing to write."""
-RUN_MARKER = "__pregel_runtime"
-"""A configurable key LangGraph sets when a graph run (not an inspection) reads its thread."""
 LOCK_STRIPES = 256
 
 
-class WakefulSaver(SyncMethods):
+class WakefulSaver(Maintenance):
     """A LangGraph checkpointer with wakeful's guarantees: fenced writers, atomic fsynced
     commits, recovery after a crash. Use it as ``graph.compile(checkpointer=saver)``."""
 
@@ -108,6 +106,7 @@ class WakefulSaver(SyncMethods):
         self.holder = check_id("holder", holder or default_holder())
         self.codec = ValueCodec(self.serde, plain_json=plain_json, allow_pickle=allow_pickle)
         self._holds = Holds(store, ttl, renew_every, idle_release)
+        self._runs = Runs(self.holder, idle_release, cache_threads)
         self._appends = Appends(self._flush)
         self._build_writes = functools.partial(write_items, self.codec.encode)  # made once
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
@@ -211,20 +210,36 @@ class WakefulSaver(SyncMethods):
         (its later writes are refused until a new run starts or this is called)."""
         thread = self._bind(store_thread_id(thread_id))
         self._fenced.pop(thread, None)
+        self._runs.end(thread)
         await self._holds.release(thread)
 
     # ------------------------------------------------------------ async API
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        run = RUN_MARKER in config["configurable"]
+        return await self._get_tuple(config, asyncio.current_task(), run and pregel_loop(1))
+
+    async def _get_tuple(
+        self, config: RunnableConfig, owner: Owner, loop: Any
+    ) -> CheckpointTuple | None:
+        """``aget_tuple`` for a caller ``owner`` (the task of ``ainvoke``, the thread of a
+        synchronous ``invoke``): a graph run's first read starts the run (``runs``);
+        ``loop``: LangGraph's loop that made the read, if found."""
         conf = config["configurable"]
         thread = self._bind(store_thread_id(conf["thread_id"]))
-        if RUN_MARKER in conf:
-            await self._run_starts(conf["thread_id"], thread)
-        idx = await self._view(thread)
         ns = conf.get("checkpoint_ns", "")
+        if RUN_MARKER in conf:
+            await self._run_starts(conf["thread_id"], thread, (conf[RUN_MARKER], owner, loop), ns)
+        idx = await self._view(thread)
+        # ``latest`` names every namespace's newest checkpoint, even in a partial index
         checkpoint_id = get_checkpoint_id(config) or idx.latest.get(ns)
-        entry = idx.checkpoints.get((ns, checkpoint_id)) if checkpoint_id else None
-        if entry is None or idx.foreign:
+        if not checkpoint_id or idx.foreign:
+            return None
+        entry = idx.checkpoints.get((ns, checkpoint_id))
+        if entry is None and not idx.complete:  # an older checkpoint: fold the whole thread
+            idx = await self._complete(thread)
+            entry = idx.checkpoints.get((ns, checkpoint_id))
+        if entry is None:
             return None
         return self._tuple(conf["thread_id"], idx, entry)
 
@@ -288,6 +303,7 @@ class WakefulSaver(SyncMethods):
             "metadata": encode(meta, "checkpoint {!r} metadata", cid),
         }
         thread = self._bind(store_thread_id(lg_thread))
+        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER))
         await self._appends.add(thread, lg_thread, given, [item], meta.get("run_id"))
         return {
             "configurable": {
@@ -311,8 +327,10 @@ class WakefulSaver(SyncMethods):
             for i, (channel, value) in enumerate(writes)
         ]
         lg_thread = conf["thread_id"]
+        thread = self._bind(store_thread_id(lg_thread))
+        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER))
         await self._appends.add(
-            self._bind(store_thread_id(lg_thread)),
+            thread,
             lg_thread,
             self._build_writes,
             (ns, cid, task_id, task_path, encoded),
@@ -325,60 +343,36 @@ class WakefulSaver(SyncMethods):
             self._holds.forget(thread)
             self._cache.pop(thread, None)
             self._fenced.pop(thread, None)
+            self._runs.end(thread)
             await self.store.delete_thread(thread)
-
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """Remove the checkpoints whose metadata names one of ``run_ids`` (and their
-        writes) from every thread of the store. Reads every LangGraph thread once."""
-        runs = set(run_ids)
-        if not runs:
-            return
-
-        def of_runs(ix: ThreadIndex, key: CheckpointKey) -> bool:
-            return ix.checkpoints[key].metadata(self._metadata).get("run_id") in runs
-
-        async for lg_thread, idx in self._threads(None):
-            if any(of_runs(idx, key) for key in idx.checkpoints):
-                await self._rewrite(lg_thread, of_runs, orphans=False)
-
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """Copy every checkpoint and write of the source to the target in one commit."""
-        source = await self._view(self._bind(store_thread_id(source_thread_id)))
-        items = [] if source.foreign else source.items()
-        if items:
-            await self._write(target_thread_id, lambda idx: (items, []))
-
-    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """``keep_latest``: keep each namespace's newest checkpoint and its writes (one
-        commit per thread, which frees the storage of the rest); ``delete``: delete the
-        threads."""
-        if strategy not in ("keep_latest", "delete"):
-            raise InvalidInput("strategy", "must be 'keep_latest' or 'delete'")
-        for lg_thread in thread_ids:
-            if strategy == "delete":
-                await self.adelete_thread(lg_thread)
-                continue
-            await self._rewrite(
-                lg_thread, lambda ix, key: ix.latest.get(key[0]) != key[1], orphans=True
-            )
 
     # ------------------------------------------------------------ internals
 
-    async def _run_starts(self, lg_thread: str, thread: str) -> None:
-        """A graph run reads its thread first: claim it now (``auto``), before any node
-        runs, or refuse the run (``hold`` without a hold)."""
+    async def _run_starts(
+        self, lg_thread: str, thread: str, run: tuple[Any, Owner, Any], ns: str
+    ) -> None:
+        """A graph run reads its thread first: refuse it if another run of this process
+        occupies the thread (``ThreadBusy``), claim the thread now (``auto``), before any
+        node runs, or refuse the run (``hold`` without a hold). A subgraph's read (``ns``)
+        joins the run that occupies the thread. ``run``: its runtime, owner and loop."""
+        runtime, owner, loop = run
         async with self._lock(thread):
+            if ns:
+                self._runs.join(thread, runtime)
+            else:
+                self._runs.refuse_busy(thread, lg_thread, runtime, owner)
             self._fenced.pop(thread, None)
             hold = self._holds.get(thread)
-            if hold is not None and hold.lost is None:
-                return
-            self._holds.forget(thread)
-            if self.fencing == "hold":
-                raise not_held(lg_thread)
-            if self.fencing == "auto":
-                claim = await self.store.claim(thread, self.holder, self._holds.ttl)
-                self._holds.start(claim, explicit=False)
-                await self._claimed_view(thread, claim)
+            if hold is None or hold.lost is not None:
+                self._holds.forget(thread)
+                if self.fencing == "hold":
+                    raise not_held(lg_thread)
+                if self.fencing == "auto":
+                    claim = await self.store.claim(thread, self.holder, self._holds.ttl)
+                    self._holds.start(claim, explicit=False)
+                    await self._claimed_view(thread, claim)
+            if not ns:
+                self._runs.start(thread, runtime, owner, loop)
 
     async def _claimed_view(self, thread: str, claim: Claim) -> ThreadIndex:
         """The thread's index right after this saver claimed it. Tokens are positive and
@@ -427,10 +421,19 @@ class WakefulSaver(SyncMethods):
             return cached
         return self._remember(thread, await catch_up(self.store, snap, cached))
 
+    async def _complete(self, thread: str) -> ThreadIndex:
+        """``_view``, holding every checkpoint and write of the thread (a partial index is
+        folded anew from the whole history, and stays cached until a write trims it)."""
+        idx = await self._view(thread)
+        if idx.complete:
+            return idx
+        snap = await self.store.read(thread)
+        return self._remember(thread, await catch_up(self.store, snap, None, complete=True))
+
     async def _threads(self, lg_thread: str | None) -> AsyncIterator[tuple[str, ThreadIndex]]:
         """(LangGraph thread id, index) of one thread, or of every LangGraph thread."""
         if lg_thread is not None:
-            idx = await self._view(self._bind(store_thread_id(lg_thread)))
+            idx = await self._complete(self._bind(store_thread_id(lg_thread)))
             if not idx.foreign and not idx.is_empty():
                 yield lg_thread, idx
             return
@@ -438,7 +441,7 @@ class WakefulSaver(SyncMethods):
         while True:
             page = await self.store.list_threads(after=after, limit=PAGE)
             for summary in page:
-                idx = await self._view(self._bind(summary.thread_id))
+                idx = await self._complete(self._bind(summary.thread_id))
                 if not idx.foreign and not idx.is_empty() and idx.thread_id is not None:
                     yield idx.thread_id, idx
             if len(page) < PAGE:
@@ -456,6 +459,8 @@ class WakefulSaver(SyncMethods):
         try:
             appends = take(thread, batch)
             idx = await self._writable(thread, lg_thread)
+            if not idx.complete and any(idx.lacks_writes_of(a.arg) for a in appends):
+                idx = await self._complete(thread)
             items: list[dict[str, Any]] = []
             answered: list[Append] = []
             run_id = None
@@ -484,6 +489,8 @@ class WakefulSaver(SyncMethods):
         thread = self._bind(store_thread_id(lg_thread))
         async with self._lock(thread):
             idx = await self._writable(thread, lg_thread)
+            if not idx.complete:
+                idx = await self._complete(thread)
             built = build(idx)
             if built is not None:
                 await self._commit_record(thread, lg_thread, idx, built[0], built[1], None)
@@ -524,7 +531,7 @@ class WakefulSaver(SyncMethods):
         also releases). The commit is built once with its token (no copy per commit)."""
         # The caller's objects: the store validates a detached copy before its first await,
         # and the index folds copies (``ThreadIndex.fold``).
-        state = record_state(lg_thread, items, drop)
+        state = record_state(lg_thread, items, drop, idx.head_after(items, drop))
         record = Record(
             id=f"lgr-{os.urandom(16).hex()}",  # 128 random bits, as uuid4 (cheaper)
             parent=idx.latest_record,
@@ -562,18 +569,6 @@ class WakefulSaver(SyncMethods):
             self._fenced[thread] = exc
             raise
         idx.fold(record.id, state)
+        idx.trim()
         idx.version = receipt.version
         self._remember(thread, idx)
-
-    async def _rewrite(
-        self,
-        lg_thread: str,
-        remove: Callable[[ThreadIndex, CheckpointKey], bool],
-        *,
-        orphans: bool,
-    ) -> None:
-        """Remove the checkpoints ``remove`` picks (with their writes; with ``orphans``,
-        also writes whose checkpoint was never put): one commit drops every record holding
-        any of them and re-adds those records' surviving items."""
-        await self._view(self._bind(store_thread_id(lg_thread)))
-        await self._write(lg_thread, lambda idx: idx.without(remove, orphans=orphans))

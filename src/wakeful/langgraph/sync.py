@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -22,6 +23,7 @@ from langgraph.checkpoint.base import (
 )
 
 from wakeful.langgraph.bridge import call_on
+from wakeful.langgraph.runs import RUN_MARKER, pregel_loop
 
 
 class SyncMethods(BaseCheckpointSaver[str]):
@@ -30,8 +32,16 @@ class SyncMethods(BaseCheckpointSaver[str]):
 
     _loop: asyncio.AbstractEventLoop | None
 
+    async def _get_tuple(
+        self, config: RunnableConfig, owner: Any, loop: Any
+    ) -> CheckpointTuple | None:
+        raise NotImplementedError
+
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        return call_on(self._loop, self.aget_tuple(config))
+        # the calling thread, not the loop's task for this call, is what runs the graph
+        run = RUN_MARKER in config["configurable"]
+        owner, loop = threading.current_thread(), run and pregel_loop(1)
+        return call_on(self._loop, self._get_tuple(config, owner, loop))
 
     def list(
         self,

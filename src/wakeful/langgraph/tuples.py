@@ -17,18 +17,23 @@ def checkpoint_tuple(
     """The checkpoint ``entry`` with its values decoded and its pending writes in the order
     live execution applies them (``writes_sort_key``). ``metadata(item)``: the decoded
     metadata of the checkpoint item."""
-    item = entry.item
+    item = entry.item  # a fresh copy: its values need no copying again (``fresh``)
     ns, cid = item["ns"], item["id"]
-    checkpoint = codec.decode(item["checkpoint"], f"checkpoint {cid!r}")
+    checkpoint = codec.decode(item["checkpoint"], f"checkpoint {cid!r}", fresh=True)
     checkpoint["channel_values"] = {
-        k: codec.decode(v, f"checkpoint {cid!r} channel {k!r}") for k, v in item["values"].items()
+        k: codec.decode(v, f"checkpoint {cid!r} channel {k!r}", fresh=True)
+        for k, v in item["values"].items()
     }
     ordered = sorted(
         (e.item for e in idx.writes.get((ns, cid), {}).values()),
         key=lambda w: writes_sort_key(w["path"], w["task"], w["idx"]),
     )
     pending = [
-        (w["task"], w["channel"], codec.decode(w["value"], f"write of task {w['task']!r}"))
+        (
+            w["task"],
+            w["channel"],
+            codec.decode(w["value"], f"write of task {w['task']!r}", fresh=True),
+        )
         for w in ordered
     ]
 

@@ -15,15 +15,25 @@ from wakeful.runtime.graph import (
     replace,
 )
 from wakeful.runtime.handle import RunHandle
+from wakeful.runtime.history import (
+    CheckpointView,
+    HistoryEntry,
+    checkpoint_at,
+    fork,
+    history,
+    messages_at,
+)
 from wakeful.runtime.results import RunOutcome
 from wakeful.runtime.runtime import Runtime
 
 __all__ = [
     "END",
     "START",
+    "CheckpointView",
     "ClaimPolicy",
     "CompiledGraph",
     "Graph",
+    "HistoryEntry",
     "LiveEvent",
     "NodeContext",
     "RetryPolicy",
@@ -33,5 +43,9 @@ __all__ = [
     "Send",
     "Ticket",
     "append",
+    "checkpoint_at",
+    "fork",
+    "history",
+    "messages_at",
     "replace",
 ]

@@ -51,9 +51,9 @@ from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.events import LiveHub
 from wakeful.runtime.graph import CompiledGraph, TaskSpec, call_node
-from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries
+from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries, successor
 from wakeful.runtime.sleeps import asleep_until, sleep_ending, sleep_metadata, suspension_event
-from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span, traced_metadata
+from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
@@ -93,6 +93,9 @@ class Execution:
     """``checkpoint`` is a new run's first, committed by this attempt (``NodeContext.fresh``)."""
     history_seed: list[Message] | None = None
     """The thread's messages as of ``checkpoint`` if known (``history()`` then reads none)."""
+    message_count: int | None = None
+    """How many messages the thread's view has now (default: as ``checkpoint`` records in
+    ``metadata["messages"]``); each checkpoint this run commits records its count."""
     status: str = "running"
     yield_requested: bool = False
     fence: BaseException | None = None
@@ -107,6 +110,8 @@ class Execution:
 
     def __post_init__(self) -> None:
         self._entry = self.checkpoint.id
+        if self.message_count is None:
+            self.message_count = int(self.checkpoint.metadata.get("messages", 0))
         # the claim is held: only this run's own commits add messages (``_recorded``)
         self._history = None if self.history_seed is None else list(self.history_seed)
         self._writer = make_writer(
@@ -146,6 +151,8 @@ class Execution:
         return list(self._history)
 
     def _recorded(self, messages: tuple[Message, ...]) -> None:
+        assert self.message_count is not None
+        self.message_count += len(messages)
         if self._history is not None:
             self._history.extend(messages)
 
@@ -288,11 +295,11 @@ class Execution:
             await self._end("failed", "run.failed", {"error": error})
             raise RunFailed(self.thread_id, self.run_id, error) from exc
         status: RunStatus = "running" if tasks else "completed"
+        messages = tuple(m for r in results for m in r.messages)
         nxt = self._next_checkpoint(
-            cp, status, state, frontier_entries(step + 1, tasks), step=step + 1
+            cp, status, state, frontier_entries(step + 1, tasks), len(messages), step=step + 1
         )
         carried = tuple(e for r in results for e in r.events)
-        messages = tuple(m for r in results for m in r.messages)
         outbox = tuple(o for r in results for o in r.outbox)
         callbacks = tuple(c for r in results for c in r.callbacks)
         if not tasks:
@@ -476,22 +483,19 @@ class Execution:
     # ---------------------------------------------------------------- commits
 
     def _next_checkpoint(
-        self, cp: Checkpoint, status: RunStatus, state: Any, frontier: list[Any], **meta: Any
+        self,
+        cp: Checkpoint,
+        status: RunStatus,
+        state: Any,
+        frontier: list[Any],
+        added: int = 0,
+        **meta: Any,
     ) -> Checkpoint:
-        ordinal = int(cp.metadata.get("ordinal", 0)) + 1
-        metadata = {**cp.metadata, "ordinal": ordinal, "answers": {}, "tickets": [], **meta}
-        if self.trace:
-            metadata = traced_metadata(metadata, self.trace)
-        return Checkpoint(
-            id=f"{self.run_id}-c{ordinal}",
-            parent=cp.id,
-            run_id=self.run_id,
-            status=status,
-            state=state,
-            created_at=self.clock.now(),
-            tenant=cp.tenant,
-            frontier=frontier,
-            metadata=metadata,
+        """The checkpoint after ``cp``, whose commit appends ``added`` messages."""
+        assert self.message_count is not None
+        now = self.clock.now()
+        return successor(
+            cp, status, state, frontier, self.message_count + added, now, self.trace, meta
         )
 
     def _commit(

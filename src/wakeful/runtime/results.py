@@ -10,9 +10,10 @@ from typing import Any
 
 import msgspec
 
-from wakeful.records import EventDraft, Message, OutboxEntry, RunStatus
+from wakeful.records import Checkpoint, EventDraft, Message, OutboxEntry, RunStatus
 from wakeful.runtime.context import Ticket
 from wakeful.runtime.graph import TaskSpec
+from wakeful.runtime.spans import traced_metadata
 
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,6 +49,45 @@ class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
             f"RunOutcome(status={self.status!r}, thread_id={self.thread_id!r}, "
             f"run_id={self.run_id!r}, state={shape}{waits})"
         )
+
+
+def successor(
+    cp: Checkpoint,
+    status: RunStatus,
+    state: Any,
+    frontier: list[Any],
+    messages: int,
+    now: datetime,
+    trace: dict[str, str],
+    meta: dict[str, Any],
+) -> Checkpoint:
+    """The run's checkpoint after ``cp``. Its metadata records the message count as of it
+    (``messages``) and the nodes whose tasks produced it (``cp``'s frontier): time travel
+    reads both (docs/time-travel.md)."""
+    ordinal = int(cp.metadata.get("ordinal", 0)) + 1
+    metadata = {
+        **cp.metadata,
+        "ordinal": ordinal,
+        "answers": {},
+        "tickets": [],
+        "source": "loop",
+        "nodes": list(dict.fromkeys(str(e["node"]) for e in cp.frontier)),
+        "messages": messages,
+        **meta,
+    }
+    if trace:
+        metadata = traced_metadata(metadata, trace)
+    return Checkpoint(
+        id=f"{cp.run_id}-c{ordinal}",
+        parent=cp.id,
+        run_id=cp.run_id,
+        status=status,
+        state=state,
+        created_at=now,
+        tenant=cp.tenant,
+        frontier=frontier,
+        metadata=metadata,
+    )
 
 
 def frontier_entries(step: int, tasks: list[TaskSpec]) -> list[dict[str, Any]]:

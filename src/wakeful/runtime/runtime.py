@@ -35,14 +35,15 @@ from wakeful.records import (
     PendingWrite,
     ThreadSnapshot,
 )
+from wakeful.runtime import travel
+from wakeful.runtime.admission import Admission
 from wakeful.runtime.alarms import alarm
 from wakeful.runtime.claims import ClaimPolicy, Sleep
 from wakeful.runtime.durability import DURABILITIES, commit_retrying
 from wakeful.runtime.events import LiveEvent, LiveHub, subscribe
-from wakeful.runtime.graph import START, CompiledGraph
+from wakeful.runtime.graph import CompiledGraph
 from wakeful.runtime.handle import RunHandle
 from wakeful.runtime.loop import Execution
-from wakeful.runtime.results import frontier_entries
 from wakeful.runtime.spans import begin_run, link_crashed, store_calls, traced_metadata
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike
@@ -57,86 +58,6 @@ _Resumption = tuple[Checkpoint, Checkpoint, tuple[PendingWrite, ...]]
 
 ADMISSION_ATTEMPTS = 5
 """How often ``start`` re-reads a thread that changed between its read and its claim."""
-
-
-class _Admission:
-    """A new run's first checkpoint and commit, built from the thread as read."""
-
-    def __init__(
-        self,
-        graph: CompiledGraph,
-        input: Mapping[str, Any] | None,
-        durability: str,
-        tenant: str | None,
-        run_id: str,
-        messages: Sequence[Message],
-        consume: Sequence[str],
-        metadata: Mapping[str, Any] | None = None,
-    ) -> None:
-        self.graph = graph
-        self.input = dict(input or {})
-        self.durability = durability
-        self.tenant = tenant
-        self.run_id = run_id
-        self.messages = tuple(messages)
-        self.consume = tuple(consume)
-        self.metadata = dict(metadata or {})
-        self.trace: dict[str, str] = {}
-        """The admitting attempt's trace context, recorded in the first checkpoint."""
-        self.history: list[Message] | None = None
-        """After ``build``: the thread's conversation once the first commit is applied, if
-        the thread as read had no messages (then it is exactly ``messages``), else None."""
-
-    def build(
-        self, thread_id: str, snap: ThreadSnapshot | None, clock: Clock, token: int = 0
-    ) -> tuple[Checkpoint, Commit]:
-        """Raises ``RunInProgress`` while the thread's last run is unfinished. The commit is
-        under ``token`` (0 for ``claim_and_commit``, whose claim supplies it)."""
-        latest = snap.checkpoint if snap is not None else None
-        if latest is not None and latest.status in ("running", "suspended"):
-            raise RunInProgress(thread_id, latest.run_id, latest.status)
-        empty = snap is None or snap.message_count == 0
-        # as the store returns them (JSON values), so the known history equals a read's
-        self.history = list(_as_stored(self.messages)) if empty else None
-        graph = self.graph
-        state = graph.apply(dict(latest.state or {}) if latest else {}, dict(self.input))
-        tasks = graph.next_tasks(START, state)
-        first = Checkpoint(
-            id=f"{self.run_id}-c0",
-            parent=latest.id if latest is not None else None,
-            run_id=self.run_id,
-            status="running",
-            state=state,
-            created_at=clock.now(),
-            tenant=self.tenant,
-            frontier=frontier_entries(0, tasks),
-            metadata=traced_metadata(
-                {
-                    **self.metadata,
-                    "step": 0,
-                    "ordinal": 0,
-                    "graph": graph.name,
-                    "fingerprint": graph.fingerprint,
-                    "durability": self.durability,
-                },
-                self.trace,
-            ),
-        )
-        event = EventDraft(
-            type="run.started",
-            data={"graph": graph.name},
-            run_id=self.run_id,
-            checkpoint_id=first.id,
-        )
-        commit = Commit(
-            token=token,
-            checkpoint=first,
-            events=(event,),
-            messages=self.messages,
-            consume=self.consume,
-            operation_id=first.id,
-        )
-        return first, commit
 
 
 class Runtime:
@@ -214,8 +135,11 @@ class Runtime:
         dispatch_id: str | None = None,
         attempt: SpanLike = NO_SPAN,
         recovered_at: str | None = None,
-        admission: _Admission | None = None,
+        admission: Admission | None = None,
         trace: dict[str, str] | None = None,
+        *,
+        admitted: bool = False,
+        message_count: int | None = None,
     ) -> RunHandle:
         """``admission``: the run is new, admitted by this attempt (``start``). ``trace``:
         the attempt's context as already injected (default: injected here). The run's task
@@ -243,8 +167,9 @@ class Runtime:
                 calls=store_calls(self.store, self.metrics),
                 metrics=self.metrics,
                 recovered_at=recovered_at,
-                admitted=admission is not None,
+                admitted=admitted or admission is not None,
                 history_seed=admission.history if admission is not None else None,
+                message_count=message_count,
             ),
             then=alarm(self, graph) if release else None,  # a worker's lease wakes its runs
         )
@@ -287,9 +212,7 @@ class Runtime:
             raise InvalidInput("durability", f"must be one of {DURABILITIES}")
         run_id = check_id("run_id", run_id) if run_id else f"run-{uuid.uuid4().hex}"
         check_optional_id("dispatch_id", dispatch_id)
-        admission = _Admission(
-            graph, input, durability, tenant, run_id, messages, consume, metadata
-        )
+        admission = Admission(graph, input, durability, tenant, run_id, messages, consume, metadata)
         attempt = begin_run("start", thread_id, graph.name, run_id)
         admission.trace = telemetry.inject(attempt) if attempt is not NO_SPAN else {}
         try:
@@ -366,6 +289,7 @@ class Runtime:
             dispatch_id,
             attempt,
             recovered_at=latest.id,
+            message_count=snap.message_count,
         )
 
     async def _recovery(
@@ -497,6 +421,7 @@ class Runtime:
                     "ordinal": ordinal,
                     "answers": merged,
                     "tickets": [],
+                    "messages": snap.message_count,
                     **({"resumed_by": resumed_by} if resumed_by else {}),
                 },
                 trace,
@@ -563,6 +488,72 @@ class Runtime:
         calls = store_calls(self.store, self.metrics)
         await commit_retrying(self.store, thread_id, commit, calls)
 
+    async def replay(
+        self,
+        thread_id: str,
+        graph: CompiledGraph,
+        checkpoint_id: str,
+        input: Mapping[str, Any] | None = None,
+        *,
+        messages: Sequence[Message] = (),
+        keep_messages: int | None = None,
+        durability: str | None = None,
+        tenant: str | None = None,
+        run_id: str | None = None,
+        allow_graph_change: bool = False,
+        claim: Claim | None = None,
+        snapshot: ThreadSnapshot | None = None,
+        dispatch_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> RunHandle:
+        """Start a new run from the earlier checkpoint ``checkpoint_id`` (time travel): its
+        state, the messages as of it and its frontier; from a checkpoint that is not the
+        head it branches the thread, keeping the abandoned checkpoints readable. Refused
+        with ``ThreadBusy`` while a run is live. See ``wakeful.runtime.travel.replay``."""
+        return await travel.replay(
+            self,
+            thread_id,
+            graph,
+            checkpoint_id,
+            input,
+            messages=messages,
+            keep_messages=keep_messages,
+            durability=durability,
+            tenant=tenant,
+            run_id=run_id,
+            allow_graph_change=allow_graph_change,
+            claim=claim,
+            snapshot=snapshot,
+            dispatch_id=dispatch_id,
+            metadata=metadata,
+        )
+
+    async def update_state(
+        self,
+        thread_id: str,
+        graph: CompiledGraph,
+        values: Mapping[str, Any],
+        *,
+        as_node: str | None = None,
+        checkpoint_id: str | None = None,
+        tenant: str | None = None,
+        allow_graph_change: bool = False,
+    ) -> Checkpoint:
+        """Commit a checkpoint whose state is ``values`` applied through the reducers to the
+        head's (or ``checkpoint_id``'s, which branches) state, as if ``as_node`` had
+        returned them. Refused with ``ThreadBusy`` while a run is live. See
+        ``wakeful.runtime.travel.update_state``."""
+        return await travel.update_state(
+            self,
+            thread_id,
+            graph,
+            values,
+            as_node=as_node,
+            checkpoint_id=checkpoint_id,
+            tenant=tenant,
+            allow_graph_change=allow_graph_change,
+        )
+
     async def delete_thread(self, thread_id: str, *, tenant: str | None = None) -> None:
         """Delete the thread and everything in it; refused with ``ThreadBusy`` while a run
         holds it."""
@@ -583,14 +574,6 @@ class Runtime:
         recorded = latest.metadata.get("fingerprint")
         if recorded != graph.fingerprint and not allow:
             raise GraphChanged(thread_id, recorded, graph.fingerprint)
-
-
-_MESSAGES = msgspec.json.Decoder(tuple[Message, ...])
-
-
-def _as_stored(messages: tuple[Message, ...]) -> tuple[Message, ...]:
-    """``messages`` as a read returns them once committed: their JSON values decoded."""
-    return _MESSAGES.decode(msgspec.json.encode(messages)) if messages else ()
 
 
 def _check_tenant(thread_id: str, snap: ThreadSnapshot | None, tenant: str | None) -> None:

@@ -34,6 +34,7 @@ from wakeful.server.routes import (
     session,
     stream,
     threads,
+    travel,
 )
 from wakeful.store.contract import Store
 
@@ -197,6 +198,7 @@ def create_app(
     for router in (
         runs.router,
         threads.router,
+        travel.router,
         events.router,
         stream.router,
         operators.router,

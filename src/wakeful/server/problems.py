@@ -3,7 +3,7 @@
 | error | status |
 | --- | --- |
 | ``NotFound``, ``TenantMismatch`` (reported exactly like a missing thread) | 404 |
-| ``ThreadBusy``, ``InvalidState``, ``DispatchConflict``, ``OperationConflict``, ``VersionConflict``, ``StaleClaim``, ``RunInProgress``, ``NotSuspended``, ``UnknownTicket``, ``WorkerSuperseded``, ``ScheduleContended`` | 409 |
+| ``ThreadBusy``, ``InvalidState``, ``DispatchConflict``, ``OperationConflict``, ``VersionConflict``, ``StaleClaim``, ``RunInProgress``, ``NotSuspended``, ``UnknownTicket``, ``WorkerSuperseded``, ``ScheduleContended``, ``GraphChanged`` | 409 |
 | ``ReplayUnavailable`` | 410 (with ``earliest_seq``) |
 | ``InvalidInput``, request validation | 422 (with ``field``) |
 | ``StoreUnavailable``, ``StoreClosed`` | 503 (with ``Retry-After``) |
@@ -28,6 +28,7 @@ from starlette.routing import Match
 
 from wakeful.errors import (
     DispatchConflict,
+    GraphChanged,
     InvalidInput,
     InvalidState,
     NotFound,
@@ -96,7 +97,10 @@ def _phrase(status: int) -> str:
 
 def _conflict(exc: WakefulError) -> tuple[str, str, dict[str, Any]]:
     if isinstance(exc, ThreadBusy):
-        return "thread-busy", "Thread busy", {"thread_id": exc.thread_id}
+        busy: dict[str, Any] = {"thread_id": exc.thread_id}
+        if exc.dispatch_id is not None:  # a submission with if_busy="reject"
+            busy.update(run_id=exc.run_id, dispatch_id=exc.dispatch_id)
+        return "thread-busy", "Thread busy", busy
     if isinstance(exc, DispatchConflict):
         return "dispatch-conflict", "Idempotency conflict", {"dispatch_id": exc.dispatch_id}
     if isinstance(exc, OperationConflict):
@@ -111,6 +115,8 @@ def _conflict(exc: WakefulError) -> tuple[str, str, dict[str, Any]]:
         return "run-in-progress", "Run in progress", {"thread_id": exc.thread_id}
     if isinstance(exc, InvalidState):
         return "invalid-state", "Invalid state", {"state": exc.state}
+    if isinstance(exc, GraphChanged):
+        return "graph-changed", "Graph changed", {"thread_id": exc.thread_id}
     return "conflict", "Conflict", {}
 
 
@@ -125,6 +131,7 @@ _CONFLICTS = (
     NotSuspended,
     WorkerSuperseded,
     ScheduleContended,
+    GraphChanged,
 )
 
 

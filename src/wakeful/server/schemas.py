@@ -40,8 +40,13 @@ MAX_DELAY_SECONDS = 100 * 366 * 86400.0
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID)]
 Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_KEY)]
 
-RunStatus = Literal["running", "suspended", "completed", "failed", "cancelled", "indeterminate"]
-DispatchStatus = Literal["pending", "leased", "awaiting", "done", "quarantined"]
+RunStatus = Literal[
+    "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
+]
+DispatchStatus = Literal["queued", "pending", "leased", "awaiting", "done", "quarantined"]
+IfBusy = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
+SubmittedIfBusy = Literal["enqueue", "reject", "interrupt", "coalesce"]
+"""What a request may ask for: ``rollback`` joins once the store supports it (issue 37)."""
 DispatchKind = Literal["start", "resume", "cancel", "message"]
 
 
@@ -78,6 +83,20 @@ class SubmitRun(_Request):
         description="Run it at this instant, with its offset, in the years 1900-2099 (not "
         "with after); an instant in the past runs at once.",
         json_schema_extra={"pattern": AT_PATTERN},
+    )
+    from_checkpoint: Id | None = Field(
+        default=None,
+        description="Replay from this checkpoint of the thread (time travel): the run starts "
+        "from its state, messages and frontier (with ``input``: from START on its state); "
+        "from an earlier checkpoint the thread branches.",
+    )
+    if_busy: SubmittedIfBusy = Field(
+        default="enqueue",
+        description="When the thread is busy (a run is unfinished: running, queued or "
+        "suspended): 'enqueue' waits (202, status 'queued', queued_behind), 'reject' refuses "
+        "(409 thread-busy naming run_id, nothing stored), 'interrupt' stops the busy run (it "
+        "ends 'interrupted') and runs next, 'coalesce' merges with the other coalesce "
+        "submissions waiting with it into one run. ('rollback' is not supported yet.)",
     )
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
@@ -130,6 +149,51 @@ class SendMessage(_Request):
     )
     target: Id | None = Field(default=None, description="The agent or graph to run it with.")
     correlation_id: Id | None = None
+    if_busy: SubmittedIfBusy = Field(
+        default="enqueue",
+        description="When the thread is busy (a run is unfinished: running, queued or "
+        "suspended): 'enqueue' waits (202, status 'queued', queued_behind), 'reject' refuses "
+        "(409 thread-busy naming run_id, nothing stored), 'interrupt' stops the busy run (it "
+        "ends 'interrupted') and runs next, 'coalesce' merges with the other coalesce "
+        "submissions waiting with it into one run. ('rollback' is not supported yet.)",
+    )
+
+
+class UpdateState(_Request):
+    """Commit a new checkpoint whose state is ``values`` applied through the graph's
+    reducers (``Runtime.update_state``)."""
+
+    values: dict[str, Any] = Field(description="State fields, as a node would return them.")
+    as_node: Id | None = Field(
+        default=None,
+        description="As if this node had returned ``values``: the next step routes from it.",
+    )
+    checkpoint_id: Id | None = Field(
+        default=None,
+        description="The checkpoint to edit (default: the head); an earlier one branches.",
+    )
+
+
+class ForkThread(_Request):
+    """Copy the thread as of a checkpoint into a new thread (``wakeful.fork``)."""
+
+    new_thread_id: Id = Field(description="The new thread's id (it must have no history).")
+    checkpoint_id: Id | None = Field(
+        default=None, description="The checkpoint to copy (default: the head)."
+    )
+
+
+class EditMessage(_Request):
+    """Run the thread's agent on from an edited user message (``fleet.edit_message``)."""
+
+    content: str = Field(max_length=100_000, description="The new text of the message.")
+    target: Id | None = Field(default=None, description="The agent to run (default: the thread's).")
+
+
+class Regenerate(_Request):
+    """Answer the thread's last user message again (``fleet.regenerate``)."""
+
+    target: Id | None = Field(default=None, description="The agent to run (default: the thread's).")
 
 
 # --------------------------------------------------------------------------- views
@@ -146,6 +210,11 @@ class Accepted(BaseModel):
     message_id: str | None = None
     not_before: datetime | None = Field(
         default=None, description="When the work becomes claimable (the store's clock)."
+    )
+    queued_behind: str | None = Field(
+        None,
+        description="Status 'queued': the thread is busy (a run is unfinished: running, "
+        "queued or suspended on a ticket) and this work waits behind that dispatch.",
     )
 
 
@@ -271,6 +340,61 @@ class CheckpointPage(BaseModel):
     )
 
 
+class HistoryEntryView(_View):
+    """One checkpoint of the history (``wakeful.HistoryEntry``)."""
+
+    checkpoint_id: str
+    parent: str | None
+    run_id: str
+    status: RunStatus
+    step: int | None = Field(description="The superstep it ended.")
+    nodes: list[str] = Field(description="The nodes whose tasks produced it.")
+    source: str | None = Field(
+        description="How it came to be: input, loop, replay, update or fork."
+    )
+    branch: int = Field(description="The branch it was committed on (0: the original line).")
+    current: bool = Field(description="On the head's line (false: an abandoned branch).")
+    head: bool = Field(description="The thread's latest checkpoint.")
+    created_at: datetime = Field(description="When it was committed.")
+    messages: int | None = Field(description="The message count as of it (null: unknown).")
+
+
+class BranchView(_View):
+    """Where a branch came from (``wakeful.records.Branch``)."""
+
+    number: int
+    parent: int = Field(description="The branch its fork point is on.")
+    fork_point: str = Field(description="The checkpoint it continues from.")
+    old_head: str | None = Field(description="The head it left (the abandoned line's end).")
+    checkpoint_id: str = Field(description="Its first checkpoint.")
+    messages: int = Field(description="How many messages of the parent's view it kept.")
+    at: datetime
+
+
+class HistoryPage(BaseModel):
+    entries: list[HistoryEntryView] = Field(description="Checkpoints, newest first.")
+    branches: list[BranchView] = Field(
+        description="The thread's branches, branch 1 first (the last is the head's)."
+    )
+    next_before: str | None = Field(
+        description="Pass as ``before`` for older checkpoints; null at the end."
+    )
+
+
+class CheckpointDetail(BaseModel):
+    """One checkpoint in full, with the messages as of it."""
+
+    entry: HistoryEntryView
+    state: Any = None
+    frontier: list[Any] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    messages: list[MessageView] = Field(description="The messages as of it (a page).")
+    next_after: int | None = Field(
+        description="Pass as ``after`` for more messages; null when all were read (or the "
+        "count as of it is unknown)."
+    )
+
+
 class TargetView(_View):
     name: str
     kind: Literal["agent", "graph"] = Field(
@@ -320,6 +444,16 @@ class DispatchView(_View):
     last_error: str | None
     created_at: datetime | None
     updated_at: datetime | None
+    if_busy: IfBusy = Field("enqueue", description="What the submission does on a busy thread.")
+    queued_behind: str | None = Field(
+        None, description="The dispatch it waited behind when enqueued 'queued'."
+    )
+    coalesced: list[str] = Field(
+        default_factory=list, description="The coalesced submissions its run answers too."
+    )
+    answered_by: str | None = Field(
+        None, description="The dispatch whose run answered this coalesced submission."
+    )
 
 
 class DispatchPage(BaseModel):

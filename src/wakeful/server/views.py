@@ -61,6 +61,7 @@ def accepted(d: Dispatch, run_id: str | None, message_id: str | None = None) -> 
         run_id=run_id,
         message_id=message_id,
         not_before=not_before(d),
+        queued_behind=d.queued_behind,
     )
 
 

@@ -23,7 +23,9 @@ from datetime import datetime
 from typing import Protocol, runtime_checkable
 
 from wakeful.records import (
+    Branch,
     Checkpoint,
+    CheckpointEntry,
     Claim,
     Commit,
     Dispatch,
@@ -90,7 +92,10 @@ class ThreadStore(Protocol):
         2. a recorded ``operation_id``: the same payload (everything but the token) returns
            the original receipt and changes nothing; another payload is ``OperationConflict``;
         3. ``expected_version`` not the thread's version, or ``checkpoint.parent`` not the
-           latest checkpoint id: ``VersionConflict``;
+           latest checkpoint id: ``VersionConflict``; with ``branch_from`` (whose shape
+           ``checkpoint.parent == branch_from`` is input validation), the parent must instead
+           be a checkpoint of the history and ``branch_messages`` at most the length of
+           the fork point's branch view, else ``InvalidCommit`` (judged with step 4);
         4. writes naming any checkpoint but the one latest after this commit, a duplicate
            task write, a message id already on the thread, a checkpoint id used before,
            consuming an id not in the inbox: ``InvalidCommit``; a checkpoint whose tenant
@@ -100,11 +105,12 @@ class ThreadStore(Protocol):
            as ``settle`` checks it.
 
         Then everything applies: a new checkpoint replaces the latest and drops its pending
-        writes; events get the next contiguous numbers (never reused, not after a refusal,
-        a compaction or a restart); messages append in order; outbox entries are staged;
-        consumed inbox entries are removed; the version increases by one. A thread whose
-        tenant nothing fixed yet gets it from its first applied commit (its checkpoint's
-        tenant, else none); a fixed tenant never changes. Last,
+        writes (a branching one also records a new ``Branch``, which becomes the head: see
+        ``Commit.branch_from``); events get the next contiguous numbers (never reused, not
+        after a refusal, a compaction or a restart); messages append in order; outbox
+        entries are staged; consumed inbox entries are removed; the version increases by
+        one. A thread whose tenant nothing fixed yet gets it from its first applied commit
+        (its checkpoint's tenant, else none); a fixed tenant never changes. Last,
         ``settle`` settles the dispatch as ``settle`` would (ending the claim), and
         ``release`` ends the claim as ``release`` would: both in the same atomic step."""
         ...
@@ -144,7 +150,35 @@ class ThreadStore(Protocol):
 
     async def messages(self, thread_id: str, after: int = 0, limit: int = 100) -> list[Message]:
         """Messages in order, skipping the first ``after`` (``after`` is a count, so pass the
-        number already read); at most ``limit``."""
+        number already read); at most ``limit``. After a branch (``Commit.branch_from``),
+        the head branch's view: ``branch_messages`` of the head's number."""
+        ...
+
+    async def branch_messages(
+        self, thread_id: str, branch: int, after: int = 0, limit: int = 100
+    ) -> list[Message]:
+        """The message view of branch ``branch`` (0: the thread's original line), paged as
+        ``messages`` pages. An abandoned branch's view stays readable: nothing a branch
+        leaves behind is removed. ``NotFound`` for a branch the thread does not have; ``[]``
+        for an unknown thread. Costs one index range per branch between ``branch`` and 0."""
+        ...
+
+    async def branches(self, thread_id: str) -> list[Branch]:
+        """The thread's branch records, branch 1 first (``[]`` until a commit branched it);
+        the last one is the head's."""
+        ...
+
+    async def history(
+        self, thread_id: str, before: str | None = None, limit: int = 50
+    ) -> list[CheckpointEntry]:
+        """``checkpoints`` with each checkpoint's branch and commit order: newest first,
+        below checkpoint id ``before`` when given (``[]`` for an unknown ``before``). One
+        index range per page, whatever the length of the history."""
+        ...
+
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointEntry | None:
+        """One checkpoint of the history by id, or ``None`` (never committed, dropped, pruned,
+        or the thread deleted)."""
         ...
 
     async def events_after(
@@ -273,9 +307,10 @@ class DispatchQueue(Protocol):
         ...
 
     async def queue_depths(self, limit: int = 10_000) -> dict[DispatchStatus, int]:
-        """How many dispatches are ``pending``, ``leased``, ``awaiting`` and ``quarantined``
-        (the four keys, always), each counted up to ``limit``: a count equal to ``limit``
-        means "at least". The cost is bounded by ``limit`` per status, not by the queue."""
+        """How many dispatches are ``queued``, ``pending``, ``leased``, ``awaiting`` and
+        ``quarantined`` (the five keys, always), each counted up to ``limit``: a count equal
+        to ``limit`` means "at least". The cost is bounded by ``limit`` per status, not by
+        the queue."""
         ...
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:

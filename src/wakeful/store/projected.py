@@ -26,7 +26,9 @@ from wakeful.errors import (
 )
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
+    Branch,
     Checkpoint,
+    CheckpointEntry,
     Claim,
     Commit,
     Event,
@@ -38,6 +40,7 @@ from wakeful.records import (
     ThreadSnapshot,
     ThreadSummary,
 )
+from wakeful.store.branching import branch_of, page_ranges, view_length, view_segments
 from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.projected_core import (
     check_thread_tenant,
@@ -182,7 +185,9 @@ class ProjectedStore(ProjectedQueue, ProjectedSchedules):
         if commit.expected_version is not None and commit.expected_version != t.version:
             raise VersionConflict(thread_id, commit.expected_version, t.version)
         latest = latest_checkpoint_id(t)
-        if commit.checkpoint is not None and commit.checkpoint.parent != latest:
+        if commit.branch_from is not None:
+            _check_branch(t, commit.branch_from, commit.branch_messages)
+        elif commit.checkpoint is not None and commit.checkpoint.parent != latest:
             raise VersionConflict(thread_id, commit.checkpoint.parent, latest, "parent checkpoint")
         # 4. consistency with the thread
         _check_commit_against(t, commit)
@@ -232,7 +237,45 @@ class ProjectedStore(ProjectedQueue, ProjectedSchedules):
         after = check_count("after", after, maximum=2**62)
         limit = check_count("limit", limit, minimum=1)
         t = self._open().threads.get(thread_id)
-        return [] if t is None else t.messages[after : after + limit]
+        if t is None:
+            return []
+        if not t.branches:
+            return t.messages[after : after + limit]
+        return _view_page(t, len(t.branches), after, limit)
+
+    async def branch_messages(
+        self, thread_id: str, branch: int, after: int = 0, limit: int = 100
+    ) -> list[Message]:
+        check_id("thread_id", thread_id)
+        branch = check_count("branch", branch, maximum=2**62)
+        after = check_count("after", after, maximum=2**62)
+        limit = check_count("limit", limit, minimum=1)
+        t = self._open().threads.get(thread_id)
+        return [] if t is None else _view_page(t, branch, after, limit)
+
+    async def branches(self, thread_id: str) -> list[Branch]:
+        check_id("thread_id", thread_id)
+        t = self._open().threads.get(thread_id)
+        return [] if t is None else list(t.branches)
+
+    async def history(
+        self, thread_id: str, before: str | None = None, limit: int = 50
+    ) -> list[CheckpointEntry]:
+        check_id("thread_id", thread_id)
+        check_optional_id("before", before)
+        limit = check_count("limit", limit, minimum=1)
+        t = self._open().threads.get(thread_id)
+        if t is None:
+            return []
+        end = _history_end(t, before)
+        return [_entry(t, i) for i in range(end - 1, max(end - limit, 0) - 1, -1)]
+
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointEntry | None:
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_id", checkpoint_id)
+        t = self._open().threads.get(thread_id)
+        at = None if t is None else t.index_of(checkpoint_id)
+        return None if t is None or at is None else _entry(t, at)
 
     async def events_after(
         self, thread_id: str, after_seq: int = 0, limit: int = 100
@@ -299,11 +342,8 @@ class ProjectedStore(ProjectedQueue, ProjectedSchedules):
         t = self._open().threads.get(thread_id)
         if t is None:
             return []
-        history = list(reversed(t.history))
-        if before is not None:
-            ids = [cp.id for cp, _ in history]
-            history = history[ids.index(before) + 1 :] if before in ids else []
-        return history[:limit]
+        end = _history_end(t, before)
+        return t.history[max(end - limit, 0) : end][::-1]
 
     async def runs(
         self, thread_id: str, before: str | None = None, limit: int = 20
@@ -314,11 +354,7 @@ class ProjectedStore(ProjectedQueue, ProjectedSchedules):
         t = self._open().threads.get(thread_id)
         if t is None:
             return []
-        end = len(t.history)
-        if before is not None:
-            end = next((i for i, (cp, _) in enumerate(t.history) if cp.id == before), -1)
-            if end < 0:
-                return []
+        end = _history_end(t, before)
         return run_segments(t.history[:end], limit)
 
     # ------------------------------------------------------------ maintenance
@@ -393,6 +429,52 @@ def _applied(t: ThreadState | None, operation_id: str | None, digest: str) -> Re
     return recorded[1] if recorded is not None and recorded[0] == digest else None
 
 
+def _history_end(t: ThreadState, before: str | None) -> int:
+    """Where a page of history below ``before`` ends in ``t.history`` (0 for an unknown
+    ``before``: an empty page)."""
+    if before is None:
+        return len(t.history)
+    at = t.index_of(before)
+    return 0 if at is None else at
+
+
+def _entry(t: ThreadState, at: int) -> CheckpointEntry:
+    cp, committed_at = t.history[at]
+    order = t.orders[at]
+    return CheckpointEntry(
+        checkpoint=cp,
+        committed_at=committed_at,
+        branch=branch_of(t.branch_orders, order),
+        order=order,
+    )
+
+
+def _view_page(t: ThreadState, branch: int, after: int, limit: int) -> list[Message]:
+    found: list[Message] = []
+    for first, count in page_ranges(view_segments(t.branches, branch), after, limit):
+        assert count is not None
+        found += t.messages[first : first + count]
+    return found
+
+
+def _check_branch(t: ThreadState, fork_point: str, messages: int) -> None:
+    """Step 3 of a branching commit: the fork point is in the history and the branch keeps
+    no more messages than the fork point's branch view has."""
+    if fork_point not in t.cp_order:
+        raise InvalidCommit(
+            t.thread_id,
+            f"branch_from names checkpoint {fork_point!r}, which is not in the thread's "
+            "history (never committed, dropped or pruned)",
+        )
+    shown = view_length(view_segments(t.branches, t.branch_at(fork_point)), len(t.messages))
+    if messages > shown:
+        raise InvalidCommit(
+            t.thread_id,
+            f"branch_messages {messages} is more than the {shown} messages of the fork "
+            f"point's branch",
+        )
+
+
 def _check_commit_against(t: ThreadState, commit: Commit) -> None:
     tid = t.thread_id
     resulting = commit.checkpoint.id if commit.checkpoint is not None else latest_checkpoint_id(t)
@@ -441,7 +523,7 @@ def _summary(t: ThreadState) -> ThreadSummary:
         version=t.version,
         checkpoint_id=latest.id if latest else None,
         status=latest.status if latest else None,
-        message_count=len(t.messages),
+        message_count=t.message_count,
         last_seq=t.next_seq - 1,
         updated_at=t.updated_at,
     )

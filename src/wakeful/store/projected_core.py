@@ -105,9 +105,10 @@ def snapshot_of(t: ThreadState) -> ThreadSnapshot:
         writes=tuple(t.writes.values()),
         claim=t.claim,
         tenant=t.tenant,
-        message_count=len(t.messages),
+        message_count=t.message_count,
         last_seq=t.next_seq - 1,
         event_floor=t.floor,
+        branch=len(t.branches),
     )
 
 

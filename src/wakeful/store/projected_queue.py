@@ -15,6 +15,7 @@ from wakeful.errors import (
     InvalidState,
     NotFound,
     StaleClaim,
+    ThreadBusy,
     WorkerSuperseded,
 )
 from wakeful.ids import check_count, check_id, check_seconds
@@ -53,13 +54,16 @@ from wakeful.store.projection import (
     settled_record,
 )
 from wakeful.store.validate import (
-    QUEUE_DEPTH_STATUSES,
-    check_depth_limit,
-    check_dispatch,
-    check_listing,
     check_outcome,
     check_text,
     check_token,
+)
+from wakeful.store.validate_queue import (
+    QUEUE_DEPTH_STATUSES,
+    RUN_KINDS,
+    check_depth_limit,
+    check_dispatch,
+    check_listing,
     same_request,
 )
 
@@ -93,8 +97,14 @@ class ProjectedQueue(ProjectedCore):
             last_error=None,
             created_at=now,
             updated_at=now,
+            queued_behind=None,
+            coalesced=(),
+            answered_by=None,
         )
-        await self._record(Enqueued(stored))
+        fence = None
+        if d.kind in RUN_KINDS:
+            stored, fence = _admission(state, stored, now)
+        await self._record(Enqueued(stored, fence))
         return stored
 
     async def claim_next(
@@ -242,7 +252,7 @@ class ProjectedQueue(ProjectedCore):
             raise InvalidState(
                 "dispatch", dispatch_id, d.status, "only quarantined or done work can be purged"
             )
-        await self._record(Purged(dispatch_id))
+        await self._record(Purged(dispatch_id, self._now()))
 
     def _dispatch(self, dispatch_id: str) -> tuple[State, Dispatch]:
         check_id("dispatch_id", dispatch_id)
@@ -336,6 +346,7 @@ class ProjectedQueue(ProjectedCore):
                     created_at=now,
                     updated_at=now,
                 )
+                dispatch, _ = _admission(state, dispatch, now)
             await self._record(Delivered(stage_seq, entry.target_thread, message, dispatch))
             self._fault("relay.after_append")
             await self._record(Unstaged(stage_seq))
@@ -354,18 +365,68 @@ def message_dispatch_id(target_thread: str, message_id: str) -> str:
     return f"msg-{digest}"
 
 
-def cancel_intent(thread_id: str, reason: str, now: datetime) -> Dispatch:
-    """The ``cancel`` dispatch that ``cancel`` persists (every store builds it here)."""
+def cancel_intent(
+    thread_id: str, reason: str, now: datetime, interrupted_by: str | None = None
+) -> Dispatch:
+    """The ``cancel`` dispatch that ``cancel`` persists (every store builds it here); with
+    ``interrupted_by``, the one an ``if_busy="interrupt"`` submission makes: its claimant
+    ends the busy run ``interrupted`` rather than ``cancelled``."""
+    payload: dict[str, str] = {"reason": reason}
+    if interrupted_by is not None:
+        payload["interrupted_by"] = interrupted_by
     return Dispatch(
         dispatch_id=f"cancel-{uuid.uuid4().hex}",
         thread_id=thread_id,
         kind="cancel",
-        payload={"reason": reason},
+        payload=payload,
         priority=CANCEL_PRIORITY,
         available_at=now,
         created_at=now,
         updated_at=now,
     )
+
+
+def _admission(state: State, d: Dispatch, now: datetime) -> tuple[Dispatch, Cancelled | None]:
+    """``d`` as a busy thread takes it (``queued`` behind the last in line, or pending on a
+    free thread), with the cancellation that ``interrupt`` makes of the busy run. ``reject``
+    on a busy thread is ``ThreadBusy`` naming the slot's holder."""
+    holder = state.slot_holder(d.thread_id)
+    waiting = state.queued.get(d.thread_id)
+    if holder is None and not waiting:
+        return d, None
+    if holder is not None:
+        busy = holder
+    else:
+        assert waiting  # (checked above)
+        busy = state.dispatches[waiting[0]]
+    if d.if_busy == "reject":
+        raise ThreadBusy(
+            d.thread_id, busy.holder, None, run_id=run_id_of(busy), dispatch_id=busy.dispatch_id
+        )
+    behind = waiting[-1] if waiting else busy.dispatch_id
+    queued = msgspec.structs.replace(d, status="queued", queued_behind=behind)
+    fence = None
+    if d.if_busy == "interrupt" and holder is not None and holder.kind != "cancel":
+        reason = interrupt_reason(d.dispatch_id)
+        intent = cancel_intent(d.thread_id, reason, now, interrupted_by=d.dispatch_id)
+        epoch = state.epochs.get(d.thread_id, 0) + 1
+        fence = Cancelled(d.thread_id, reason, epoch, intent, now)
+    return queued, fence
+
+
+def run_id_of(d: Dispatch) -> str | None:
+    """The run a ``start`` or ``message`` dispatch starts: as its payload names it, else
+    ``run-<dispatch_id>`` (as the worker names it); ``None`` for other kinds."""
+    if d.kind not in RUN_KINDS:
+        return None
+    payload = d.payload if isinstance(d.payload, dict) else {}
+    named = payload.get("run_id")
+    return named if isinstance(named, str) else f"run-{d.dispatch_id}"
+
+
+def interrupt_reason(dispatch_id: str) -> str:
+    """The cancellation reason of a run interrupted by the submission ``dispatch_id``."""
+    return f"interrupted by {dispatch_id}"
 
 
 def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:

@@ -1,6 +1,7 @@
-"""The in-memory projection of a whole store, and the mutation records that change it.
+"""The in-memory projection of a whole store.
 
-Every accepted mutation is one ``Mutation`` record. ``State.apply`` is deterministic: the
+Every accepted mutation is one ``Mutation`` record (``wakeful.store.mutations``, re-exported
+here). ``State.apply`` is deterministic: the
 same records applied in the same order give the same state, so the memory store applies
 records directly and the file store replays its log through the same code. Records carry
 every value decided when they were planned (tokens, times, ids); ``apply`` never reads a
@@ -18,9 +19,9 @@ import msgspec
 
 from wakeful.records import (
     Awaiting,
+    Branch,
     Checkpoint,
     Claim,
-    Commit,
     Dispatch,
     Event,
     InboxMessage,
@@ -30,166 +31,88 @@ from wakeful.records import (
     PendingWrite,
     PruneReport,
     Receipt,
-    RetentionPolicy,
     Retry,
     Schedule,
     WorkerInfo,
 )
+from wakeful.store.branching import branch_of, view_length, view_segments
 
-# ------------------------------------------------------------------ mutation records
-
-
-class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
-    claim: Claim
-    tenant: str | None = None
-    """The tenant the claimant named: fixes the thread's tenant if nothing did yet."""
-
-
-class Renewed(msgspec.Struct, frozen=True, tag="renewed"):
-    thread_id: str
-    token: int
-    expires_at: datetime
-
-
-class Released(msgspec.Struct, frozen=True, tag="released"):
-    thread_id: str
-    token: int
-
-
-class Committed(msgspec.Struct, frozen=True, tag="committed"):
-    thread_id: str
-    commit: Commit
-    receipt: Receipt
-    payload_hash: str
-    at: datetime
-    claim: Claim | None = None
-    """Granted just before the commit applied (``claim_and_commit``)."""
-    settled: Settled | None = None
-    """The settle the commit carried, resolved at commit time."""
-
-
-class Compacted(msgspec.Struct, frozen=True, tag="compacted"):
-    thread_id: str
-    floor: int
-
-
-class Deleted(msgspec.Struct, frozen=True, tag="deleted"):
-    thread_id: str
-    epoch: int
-
-
-class Pruned(msgspec.Struct, frozen=True, tag="pruned"):
-    policy: RetentionPolicy
-    at: datetime
-
-
-class Enqueued(msgspec.Struct, frozen=True, tag="enqueued"):
-    dispatch: Dispatch
-
-
-class LeaseGrant(msgspec.Struct, frozen=True):
-    dispatch_id: str
-    claim: Claim
-
-
-class Leased(msgspec.Struct, frozen=True, tag="leased"):
-    grants: tuple[LeaseGrant, ...]
-    at: datetime
-
-
-class Settled(msgspec.Struct, frozen=True, tag="settled"):
-    dispatch_id: str
-    token: int
-    status: str
-    available_at: datetime | None
-    error: str | None
-    at: datetime
-
-
-class Cancelled(msgspec.Struct, frozen=True, tag="cancelled"):
-    thread_id: str
-    reason: str
-    epoch: int
-    dispatch: Dispatch
-    at: datetime
-
-
-class Quarantined(msgspec.Struct, frozen=True, tag="quarantined"):
-    dispatch_id: str
-    at: datetime
-
-
-class Requeued(msgspec.Struct, frozen=True, tag="requeued"):
-    dispatch_id: str
-    at: datetime
-
-
-class Purged(msgspec.Struct, frozen=True, tag="purged"):
-    dispatch_id: str
-
-
-class WorkerRegistered(msgspec.Struct, frozen=True, tag="worker_registered"):
-    worker: WorkerInfo
-
-
-class WorkerBeat(msgspec.Struct, frozen=True, tag="worker_beat"):
-    worker_id: str
-    at: datetime
-
-
-class WorkerRetired(msgspec.Struct, frozen=True, tag="worker_retired"):
-    worker_id: str
-    at: datetime
-
-
-class Delivered(msgspec.Struct, frozen=True, tag="delivered"):
-    """A staged outbox entry appended to its target's inbox (``message`` is ``None`` when it
-    was delivered before) and its ``message`` dispatch enqueued (``None`` when one exists)."""
-
-    stage_seq: int
-    target_thread: str
-    message: InboxMessage | None
-    dispatch: Dispatch | None
-
-
-class Unstaged(msgspec.Struct, frozen=True, tag="unstaged"):
-    stage_seq: int
-
-
-class SchedulePut(msgspec.Struct, frozen=True, tag="schedule_put"):
-    schedule: Schedule  # as stored: its revision and times already decided
-
-
-class ScheduleDeleted(msgspec.Struct, frozen=True, tag="schedule_deleted"):
-    name: str
-
-
-Mutation = (
-    Claimed
-    | Renewed
-    | Released
-    | Committed
-    | Compacted
-    | Deleted
-    | Pruned
-    | Enqueued
-    | Leased
-    | Settled
-    | Cancelled
-    | Quarantined
-    | Requeued
-    | Purged
-    | WorkerRegistered
-    | WorkerBeat
-    | WorkerRetired
-    | Delivered
-    | Unstaged
-    | SchedulePut
-    | ScheduleDeleted
+# re-exported: the records were defined here, and callers import them from here
+from wakeful.store.mutations import (
+    Cancelled as Cancelled,
 )
-
+from wakeful.store.mutations import (
+    Claimed as Claimed,
+)
+from wakeful.store.mutations import (
+    Committed as Committed,
+)
+from wakeful.store.mutations import (
+    Compacted as Compacted,
+)
+from wakeful.store.mutations import (
+    Deleted as Deleted,
+)
+from wakeful.store.mutations import (
+    Delivered as Delivered,
+)
+from wakeful.store.mutations import (
+    Enqueued as Enqueued,
+)
+from wakeful.store.mutations import (
+    Leased as Leased,
+)
+from wakeful.store.mutations import (
+    LeaseGrant as LeaseGrant,
+)
+from wakeful.store.mutations import (
+    Mutation as Mutation,
+)
+from wakeful.store.mutations import (
+    Pruned as Pruned,
+)
+from wakeful.store.mutations import (
+    Purged as Purged,
+)
+from wakeful.store.mutations import (
+    Quarantined as Quarantined,
+)
+from wakeful.store.mutations import (
+    Released as Released,
+)
+from wakeful.store.mutations import (
+    Renewed as Renewed,
+)
+from wakeful.store.mutations import (
+    Requeued as Requeued,
+)
+from wakeful.store.mutations import (
+    ScheduleDeleted as ScheduleDeleted,
+)
+from wakeful.store.mutations import (
+    SchedulePut as SchedulePut,
+)
+from wakeful.store.mutations import (
+    Settled as Settled,
+)
+from wakeful.store.mutations import (
+    Unstaged as Unstaged,
+)
+from wakeful.store.mutations import (
+    WorkerBeat as WorkerBeat,
+)
+from wakeful.store.mutations import (
+    WorkerRegistered as WorkerRegistered,
+)
+from wakeful.store.mutations import (
+    WorkerRetired as WorkerRetired,
+)
+from wakeful.store.projected_retention import prune_state
 
 # ------------------------------------------------------------------------ state
+
+SLOT_HOLDING = frozenset(("pending", "leased", "awaiting", "quarantined"))
+"""Statuses in which a dispatch holds its thread's run slot (``Dispatch``)."""
 
 CLAIMABLE = frozenset(("pending", "leased"))
 """Statuses ``claim_next`` may lease from (pending once due, leased once the lease lapsed)."""
@@ -220,10 +143,47 @@ class ThreadState:
     delivered: set[str] = field(default_factory=set)
     inbox_revision: int = 0
     updated_at: datetime | None = None
+    orders: list[int] = field(default_factory=list)
+    """Parallel to ``history``: each checkpoint's commit order (the thread version of the
+    commit that added it), increasing, so a page of history is a bisection away."""
+    cp_order: dict[str, int] = field(default_factory=dict)
+    """Derived from ``history`` and ``orders``: checkpoint id -> commit order."""
+    branches: list[Branch] = field(default_factory=list)
+    branch_orders: list[int] = field(default_factory=list)
+    """Parallel to ``branches``: the commit order of each branch's first checkpoint."""
 
     @property
     def latest(self) -> Checkpoint | None:
         return self.history[-1][0] if self.history else None
+
+    @property
+    def message_count(self) -> int:
+        """How many messages the head branch's view shows."""
+        if not self.branches:
+            return len(self.messages)
+        return view_length(view_segments(self.branches, len(self.branches)), len(self.messages))
+
+    def index_of(self, checkpoint_id: str) -> int | None:
+        """The position of ``checkpoint_id`` in ``history``, or None."""
+        order = self.cp_order.get(checkpoint_id)
+        if order is None:
+            return None
+        return bisect.bisect_left(self.orders, order)
+
+    def branch_at(self, checkpoint_id: str) -> int:
+        """The branch a checkpoint of the history was committed on."""
+        return branch_of(self.branch_orders, self.cp_order[checkpoint_id])
+
+    def keep_history(self, keep: list[tuple[Checkpoint, datetime]]) -> None:
+        """Keep only ``keep`` (a subsequence of ``history``), with its orders."""
+        kept = {cp.id for cp, _ in keep}
+        pairs = zip(self.history, self.orders, strict=True)
+        self.orders = [o for (cp, _), o in pairs if cp.id in kept]
+        for cp, _ in self.history:
+            if cp.id not in kept:
+                self.cp_order.pop(cp.id, None)
+                self.checkpoint_ids.discard(cp.id)
+        self.history = keep
 
     @property
     def next_seq(self) -> int:
@@ -267,11 +227,24 @@ class State:
     claimable: list[tuple[int, int, str]] = field(default_factory=list)
     """Derived (never persisted): the pending and leased dispatches in claim order, as
     ``(-priority, enqueue order, dispatch_id)``, so ``claim_next`` never sorts the queue."""
+    slots: dict[str, set[str]] = field(default_factory=dict)
+    """Derived: per thread, the dispatches holding its run slot (``SLOT_HOLDING``)."""
+    queued: dict[str, list[str]] = field(default_factory=dict)
+    """Derived: per thread, its ``queued`` dispatches in enqueue order."""
 
     def __post_init__(self) -> None:
         self.claimable = sorted(
             self._claim_key(d) for d in self.dispatches.values() if d.status in CLAIMABLE
         )
+        for d in sorted(self.dispatches.values(), key=lambda d: self.dispatch_order[d.dispatch_id]):
+            self._index_slot(None, d)
+
+    def slot_holder(self, thread_id: str) -> Dispatch | None:
+        """The earliest dispatch holding the thread's run slot, if any."""
+        held = self.slots.get(thread_id)
+        if not held:
+            return None
+        return self.dispatches[min(held, key=self.dispatch_order.__getitem__)]
 
     def _claim_key(self, d: Dispatch) -> tuple[int, int, str]:
         return (-d.priority, self.dispatch_order[d.dispatch_id], d.dispatch_id)
@@ -320,8 +293,10 @@ class State:
                 for seq in [s for s, e in self.outbox.items() if e.source_thread == tid]:
                     del self.outbox[seq]
             case Pruned(policy=policy, at=at):
-                return self.prune(policy, at)
-            case Enqueued(dispatch=d):
+                return prune_state(self, policy, at)
+            case Enqueued(dispatch=d, fence=fence):
+                if fence is not None:
+                    self.apply(fence)
                 if d.kind == "resume":
                     self._retire_awaiting(d.thread_id, d.created_at)
                 self.dispatch_seq += 1
@@ -385,8 +360,10 @@ class State:
                         updated_at=at,
                     )
                 )
-            case Purged(dispatch_id=did):
+            case Purged(dispatch_id=did, at=at):
+                tid = self.dispatches[did].thread_id
                 self._drop_dispatch(did)
+                self._admit(tid, at)
             case WorkerRegistered(worker=worker):
                 self.workers[worker.worker_id] = worker
             case WorkerBeat(worker_id=wid, at=at):
@@ -416,14 +393,30 @@ class State:
             # a first commit without a checkpoint leaves an unbound thread's tenant None,
             # which its version (then > 0) fixes
             t.bind(commit.checkpoint.tenant)
+        if commit.branch_from is not None:
+            assert commit.checkpoint is not None
+            t.branches.append(
+                Branch(
+                    number=len(t.branches) + 1,
+                    parent=t.branch_at(commit.branch_from),
+                    fork_point=commit.branch_from,
+                    old_head=t.latest.id if t.latest is not None else None,
+                    checkpoint_id=commit.checkpoint.id,
+                    messages=commit.branch_messages,
+                    message_start=len(t.messages),
+                    at=at,
+                )
+            )
+            t.branch_orders.append(receipt.version)
         if commit.checkpoint is not None:
             t.history.append((commit.checkpoint, at))
+            t.orders.append(receipt.version)
+            t.cp_order[commit.checkpoint.id] = receipt.version
             t.checkpoint_ids.add(commit.checkpoint.id)
             t.writes = {}
         if commit.drop_checkpoints:
             dropped = set(commit.drop_checkpoints)
-            t.history = [entry for entry in t.history if entry[0].id not in dropped]
-            t.checkpoint_ids -= dropped
+            t.keep_history([entry for entry in t.history if entry[0].id not in dropped])
         for write in commit.writes:
             t.writes[write.task_id] = write
         for seq, draft in zip(receipt.events, commit.events, strict=True):
@@ -476,6 +469,39 @@ class State:
                 updated_at=record.at,
             )
         self._put_dispatch(d)
+        if record.status == "done":
+            self._admit(d.thread_id, record.at)
+
+    def _admit(self, thread_id: str, at: datetime | None) -> None:
+        """Give a freed run slot to the thread's first queued dispatch. A ``coalesce`` one
+        takes the consecutive ``coalesce`` dispatches of its kind queued behind it into its
+        run: they settle ``done`` naming it."""
+        waiting = self.queued.get(thread_id)
+        if not waiting or self.slots.get(thread_id):
+            return
+        head = self.dispatches[waiting[0]]
+        merged: list[Dispatch] = []
+        if head.if_busy == "coalesce":
+            for did in waiting[1:]:
+                d = self.dispatches[did]
+                if d.if_busy != "coalesce" or d.kind != head.kind:
+                    break
+                merged.append(d)
+        for d in merged:
+            self._put_dispatch(
+                msgspec.structs.replace(
+                    d, status="done", answered_by=head.dispatch_id, updated_at=at
+                )
+            )
+        self._put_dispatch(
+            msgspec.structs.replace(
+                head,
+                status="pending",
+                available_at=at if at is not None else head.available_at,
+                coalesced=tuple(d.dispatch_id for d in merged),
+                updated_at=at,
+            )
+        )
 
     def _retire_awaiting(self, thread_id: str, at: datetime | None) -> None:
         """A resume takes over from the dispatches parked while the run waited for input."""
@@ -484,8 +510,29 @@ class State:
             if d.status == "awaiting":
                 self._put_dispatch(msgspec.structs.replace(d, status="done", updated_at=at))
 
+    def _index_slot(self, before: Dispatch | None, d: Dispatch | None) -> None:
+        """Keep ``slots`` and ``queued`` as ``before`` becomes ``d`` (``None``: absent)."""
+        if before is not None and (d is None or d.status != before.status):
+            if before.status in SLOT_HOLDING:
+                held = self.slots[before.thread_id]
+                held.discard(before.dispatch_id)
+                if not held:
+                    del self.slots[before.thread_id]
+            elif before.status == "queued":
+                waiting = self.queued[before.thread_id]
+                waiting.remove(before.dispatch_id)
+                if not waiting:
+                    del self.queued[before.thread_id]
+        if d is not None and (before is None or d.status != before.status):
+            if d.status in SLOT_HOLDING:
+                self.slots.setdefault(d.thread_id, set()).add(d.dispatch_id)
+            elif d.status == "queued":
+                # enqueued last (queued only by enqueue), so appending keeps enqueue order
+                self.queued.setdefault(d.thread_id, []).append(d.dispatch_id)
+
     def _put_dispatch(self, d: Dispatch) -> None:
         before = self.dispatches.get(d.dispatch_id)
+        self._index_slot(before, d)
         was = before is not None and before.status in CLAIMABLE
         if d.status in CLAIMABLE and not was:
             bisect.insort(self.claimable, self._claim_key(d))
@@ -508,6 +555,7 @@ class State:
 
     def _drop_dispatch(self, dispatch_id: str) -> None:
         d = self.dispatches.pop(dispatch_id)
+        self._index_slot(d, None)
         if d.status in CLAIMABLE:
             self._unclaimable(d)
         self.dispatch_order.pop(dispatch_id, None)
@@ -518,64 +566,6 @@ class State:
             open_ids.discard(dispatch_id)
             if not open_ids:
                 del self.open_by_thread[d.thread_id]
-
-    # -------------------------------------------------------------- retention
-
-    def prune(self, policy: RetentionPolicy, now: datetime) -> PruneReport:
-        """Apply ``policy`` at time ``now``; deterministic, so replay gives the same result."""
-        checkpoints = events = receipts = dispatches = 0
-        for t in self.threads.values():
-            removable = len(t.history) - 1
-            drop = 0
-            if policy.keep_checkpoints is not None:
-                drop = max(drop, len(t.history) - max(policy.keep_checkpoints, 1))
-            if policy.checkpoint_max_age is not None:
-                cutoff = now - timedelta(seconds=policy.checkpoint_max_age)
-                aged = 0
-                while aged < removable and t.history[aged][1] < cutoff:
-                    aged += 1
-                drop = max(drop, aged)
-            drop = min(drop, max(removable, 0))
-            for checkpoint, _ in t.history[:drop]:
-                t.checkpoint_ids.discard(checkpoint.id)
-            del t.history[:drop]
-            checkpoints += drop
-
-            floor = t.floor
-            if policy.keep_events is not None:
-                floor = max(floor, t.next_seq - max(policy.keep_events, 0))
-            if policy.event_max_age is not None:
-                cutoff = now - timedelta(seconds=policy.event_max_age)
-                aged_floor = t.floor
-                for event in t.events:
-                    if event.at >= cutoff:
-                        break
-                    aged_floor = event.seq + 1
-                floor = max(floor, aged_floor)
-            if floor > t.floor:
-                events += floor - t.floor
-                self.apply(Compacted(t.thread_id, floor))
-
-            if policy.receipt_max_age is not None:
-                cutoff = now - timedelta(seconds=policy.receipt_max_age)
-                old = [op for op, (_, _, at) in t.receipts.items() if at < cutoff]
-                for op in old:
-                    del t.receipts[op]
-                receipts += len(old)
-
-        if policy.settled_dispatch_max_age is not None:
-            cutoff = now - timedelta(seconds=policy.settled_dispatch_max_age)
-            old_ids = [
-                d.dispatch_id
-                for d in self.dispatches.values()
-                if d.status == "done" and d.updated_at is not None and d.updated_at < cutoff
-            ]
-            for did in old_ids:
-                self._drop_dispatch(did)
-            dispatches = len(old_ids)
-        return PruneReport(
-            checkpoints=checkpoints, events=events, receipts=receipts, dispatches=dispatches
-        )
 
 
 def settled_record(dispatch: Dispatch, token: int, outcome: Outcome, now: datetime) -> Settled:

@@ -29,18 +29,11 @@ from wakeful.ids import (
     check_optional_id,
     check_seconds,
 )
-from wakeful.records import (
-    Awaiting,
-    Commit,
-    Dispatch,
-    DispatchStatus,
-    Done,
-    RetentionPolicy,
-    Retry,
-    StreamCheckpoint,
-)
+from wakeful.records import Awaiting, Commit, Done, RetentionPolicy, Retry, StreamCheckpoint
 
-_HASHED = tuple(name for name in Commit.__struct_fields__ if name != "drop_checkpoints")
+_OPTIONAL_HASHED = ("drop_checkpoints", "branch_from", "branch_messages")
+"""Fields hashed only when set: a commit without them hashes as before they existed."""
+_HASHED = tuple(name for name in Commit.__struct_fields__ if name not in _OPTIONAL_HASHED)
 
 
 def payload_hash(commit: Commit) -> str:
@@ -53,6 +46,9 @@ def payload_hash(commit: Commit) -> str:
     fields["token"] = 0
     if commit.drop_checkpoints:
         fields["drop_checkpoints"] = commit.drop_checkpoints
+    if commit.branch_from is not None:
+        fields["branch_from"] = commit.branch_from
+        fields["branch_messages"] = commit.branch_messages
     return hashlib.sha256(msgspec.json.encode(fields, order="sorted")).hexdigest()
 
 
@@ -334,7 +330,30 @@ def encode_commit(thread_id: str, commit: Commit) -> EncodedCommit:
             check_id("drop_checkpoints", checkpoint_id)
         if len(set(copy.drop_checkpoints)) != len(copy.drop_checkpoints):
             raise InvalidInput("drop_checkpoints", "names a checkpoint more than once")
+    _check_branch(copy)
     return EncodedCommit(copy, body)
+
+
+def _check_branch(commit: Commit) -> None:
+    """A branching commit's shape: a new checkpoint whose parent is ``branch_from``."""
+    if commit.branch_from is None:
+        if commit.branch_messages != 0:
+            raise InvalidInput("branch_messages", "is only meaningful with branch_from")
+        return
+    check_id("branch_from", commit.branch_from)
+    if commit.branch_messages < 0 or commit.branch_messages > 2**62:
+        raise InvalidInput("branch_messages", "must be a count >= 0")
+    cp = commit.checkpoint
+    if cp is None:
+        raise InvalidInput("branch_from", "needs a new checkpoint to start the branch with")
+    if cp.parent != commit.branch_from:
+        raise InvalidInput(
+            "branch_from",
+            f"names {commit.branch_from!r} but the new checkpoint's parent is {cp.parent!r}: "
+            "a branch's first checkpoint continues from its fork point",
+        )
+    if commit.branch_from in commit.drop_checkpoints:
+        raise InvalidInput("drop_checkpoints", "cannot drop the fork point of the branch")
 
 
 def check_commit(thread_id: str, commit: Commit) -> Commit:
@@ -402,24 +421,6 @@ def check_outcome(outcome: object) -> tuple[str, float, str | None]:
     if isinstance(outcome, Awaiting):
         return "awaiting", 0.0, None
     raise InvalidInput("outcome", "must be Done(), Awaiting() or Retry(delay, error)")
-
-
-def check_dispatch(dispatch: Dispatch) -> Dispatch:
-    if not isinstance(dispatch, Dispatch):
-        raise InvalidInput("dispatch", f"must be a Dispatch, got {type(dispatch).__name__}")
-    check_json("payload", dispatch.payload)
-    copy = json_roundtrip("dispatch", dispatch, Dispatch, MAX_DISPATCH_BYTES)
-    check_id("dispatch_id", copy.dispatch_id)
-    check_id("thread_id", copy.thread_id)
-    check_optional_id("dedupe_key", copy.dedupe_key)
-    check_optional_id("tenant", copy.tenant)
-    if copy.max_attempts < 1:
-        raise InvalidInput("max_attempts", "must be at least 1")
-    if not -(2**31) <= copy.priority < 2**31:
-        raise InvalidInput("priority", "must fit in 32 bits")
-    if copy.available_at is not None:
-        check_aware("available_at", copy.available_at)
-    return copy
 
 
 def _stream_values(checkpoint: StreamCheckpoint) -> Iterator[tuple[str, Any]]:
@@ -509,17 +510,6 @@ def canonical(value: Any) -> bytes:
     return msgspec.json.encode(value, order="sorted")
 
 
-def same_request(a: Dispatch, b: Dispatch) -> bool:
-    """The contract's notion of an identical enqueue: thread, kind, dedupe key, tenant and
-    the payload as JSON (key order ignored)."""
-    return (a.thread_id, a.kind, a.dedupe_key, a.tenant) == (
-        b.thread_id,
-        b.kind,
-        b.dedupe_key,
-        b.tenant,
-    ) and canonical(a.payload) == canonical(b.payload)
-
-
 def check_token(token: object) -> int:
     """A claim token: a non-negative integer."""
     if isinstance(token, bool) or not isinstance(token, int) or token < 0:
@@ -546,27 +536,3 @@ def check_policy(policy: object) -> RetentionPolicy:
         if value is not None:
             check_count(name, value, maximum=2**62)
     return policy
-
-
-DISPATCH_STATUSES = frozenset(("pending", "leased", "awaiting", "done", "quarantined"))
-
-
-def check_listing(
-    status: object, thread_id: object, after: object, limit: object, tenant: object = None
-) -> int:
-    """The arguments of ``list_dispatches``; returns the page size."""
-    if status is not None and status not in DISPATCH_STATUSES:
-        raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
-    check_optional_id("thread_id", thread_id)
-    check_optional_id("tenant", tenant)
-    check_optional_id("after", after)
-    return check_count("limit", limit, minimum=1)
-
-
-QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
-"""The statuses ``queue_depths`` counts: open work (``done`` is history)."""
-
-
-def check_depth_limit(limit: object) -> int:
-    """The argument of ``queue_depths``."""
-    return check_count("limit", limit, minimum=1, maximum=2**31 - 1)

@@ -16,11 +16,14 @@ durable store, and declare ``capabilities`` (see ``CAPABILITIES``). See docs/tes
 
 from __future__ import annotations
 
+from wakeful.testkit.branch_cases import BranchCases
+from wakeful.testkit.busy_cases import BusyCases
 from wakeful.testkit.claim_cases import ClaimCases
 from wakeful.testkit.commit_cases import CommitCases
 from wakeful.testkit.drop_cases import DropCases
 from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
+from wakeful.testkit.history_cases import HistoryCases
 from wakeful.testkit.listing_cases import ListingCases
 from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.operation_cases import OperationCases
@@ -41,7 +44,10 @@ class StatefulCases(Harness):
 
 
 class StoreConformance(
+    BusyCases,
     CommitCases,
+    BranchCases,
+    HistoryCases,
     ClaimCases,
     DropCases,
     FoldCases,
@@ -60,11 +66,14 @@ class StoreConformance(
 
 __all__ = [
     "CAPABILITIES",
+    "BranchCases",
+    "BusyCases",
     "ClaimCases",
     "CommitCases",
     "DropCases",
     "FoldCases",
     "Harness",
+    "HistoryCases",
     "Kit",
     "ListingCases",
     "MessagingCases",

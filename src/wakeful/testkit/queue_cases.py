@@ -117,7 +117,10 @@ class QueueCases(Harness):
     async def test_a_claim_for_one_thread_leaves_every_other_thread_alone(self, kit: Kit) -> None:
         await kit.store.enqueue(kit.dispatch("t-other", dispatch_id="d-other", priority=9))
         await kit.store.enqueue(kit.dispatch("t-mine", dispatch_id="d-low"))
-        await kit.store.enqueue(kit.dispatch("t-mine", dispatch_id="d-high", priority=2))
+        # a resume is not queued behind the thread's run (it continues a suspended one)
+        await kit.store.enqueue(
+            kit.dispatch("t-mine", dispatch_id="d-high", kind="resume", priority=2)
+        )
         leases = await kit.store.claim_next("worker-a", 30, limit=5, thread_id="t-mine")
         assert [x.dispatch.dispatch_id for x in leases] == ["d-high"], "one lease per thread"
         [lease] = leases

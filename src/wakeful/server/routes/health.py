@@ -20,7 +20,13 @@ router = APIRouter(tags=["health"])
 log = logging.getLogger("wakeful.server")
 
 READY_TIMEOUT = 5.0
-QUEUE_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
+QUEUE_STATUSES: tuple[DispatchStatus, ...] = (
+    "queued",
+    "pending",
+    "leased",
+    "awaiting",
+    "quarantined",
+)
 
 
 @router.get("/healthz")

@@ -16,6 +16,7 @@ from wakeful.fleet import client
 from wakeful.fleet.registry import Target
 from wakeful.ids import new_id
 from wakeful.records import Dispatch, RunSegment
+from wakeful.runtime.history import checkpoint_at
 from wakeful.server.access import (
     CallerDep,
     DispatchFilter,
@@ -29,6 +30,7 @@ from wakeful.server.access import (
     writable_thread,
 )
 from wakeful.server.routes.params import IdempotencyKey, ThreadId
+from wakeful.server.routes.travel import refuse_running
 from wakeful.server.schemas import (
     ID_PATTERN,
     MAX_ID,
@@ -100,6 +102,24 @@ def _location(response: Response, d: Dispatch) -> None:
     response.headers["Location"] = f"/v1/dispatches/{d.dispatch_id}"
 
 
+async def _check_replay(
+    state: ServerState,
+    thread_id: str,
+    owner: Owner | None,
+    checkpoint_id: str,
+    dispatch_id: str | None,
+) -> None:
+    """A replay names a checkpoint the thread has (404 otherwise) and is refused while the
+    thread's last run is running (409), now rather than when a worker gets to it. A retry
+    of a stored dispatch is judged by the store (same body, same dispatch)."""
+    if owner is None or not owner.committed:
+        raise NotFound("thread", thread_id)
+    if dispatch_id is not None and await state.store.get_dispatch(dispatch_id) is not None:
+        return
+    await checkpoint_at(state.store, thread_id, checkpoint_id, tenant=owner.tenant)
+    refuse_running(owner)
+
+
 @router.post("/threads/{thread_id}/runs", status_code=202, responses=errors(404, 409, 413, 422))
 async def submit_run(
     thread_id: ThreadId,
@@ -119,6 +139,8 @@ async def submit_run(
     dispatch_id = await keyed_dispatch_id(
         state.store, caller, idempotency_key, field="Idempotency-Key"
     )
+    if body.from_checkpoint is not None:
+        await _check_replay(state, thread_id, owner, body.from_checkpoint, dispatch_id)
     d = await client.submit(
         state.store,
         thread_id,
@@ -131,6 +153,8 @@ async def submit_run(
         wake=state.wake,
         after=body.after,
         at=body.at,
+        from_checkpoint=body.from_checkpoint,
+        if_busy=body.if_busy,
     )
     if (d.priority, d.max_attempts) != (body.priority, body.max_attempts):
         raise DispatchConflict(d.dispatch_id, d.dispatch_id, "Idempotency-Key")
@@ -240,6 +264,7 @@ async def _send(
         tenant=tenant,
         wake=state.wake,
         dispatch_id=dispatch_id,
+        if_busy=body.if_busy,
     )
 
 

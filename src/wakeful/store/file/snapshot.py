@@ -18,6 +18,7 @@ import msgspec
 
 from wakeful.errors import CorruptStore
 from wakeful.records import (
+    Branch,
     Checkpoint,
     Claim,
     Dispatch,
@@ -60,6 +61,11 @@ class _Thread(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     delivered: list[str]
     inbox_revision: int
     updated_at: datetime | None
+    orders: list[int] | None = None
+    """Each checkpoint's commit order (``None`` in a snapshot older than branches: then
+    the positions, which order the same way)."""
+    branches: list[Branch] = []
+    branch_orders: list[int] = []
 
 
 class _Staged(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -146,10 +152,14 @@ def _thread_doc(t: ThreadState) -> _Thread:
         delivered=sorted(t.delivered),
         inbox_revision=t.inbox_revision,
         updated_at=t.updated_at,
+        orders=t.orders,
+        branches=t.branches,
+        branch_orders=t.branch_orders,
     )
 
 
 def _thread_state(doc: _Thread) -> ThreadState:
+    orders = doc.orders if doc.orders is not None else list(range(1, len(doc.history) + 1))
     return ThreadState(
         thread_id=doc.thread_id,
         version=doc.version,
@@ -167,6 +177,10 @@ def _thread_state(doc: _Thread) -> ThreadState:
         delivered=set(doc.delivered),
         inbox_revision=doc.inbox_revision,
         updated_at=doc.updated_at,
+        orders=orders,
+        cp_order={cp.id: o for (cp, _), o in zip(doc.history, orders, strict=True)},
+        branches=doc.branches,
+        branch_orders=doc.branch_orders,
     )
 
 

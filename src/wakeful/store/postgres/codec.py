@@ -39,7 +39,8 @@ _ANY = msgspec.json.Decoder()
 
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
-    "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant"
+    "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
+    "if_busy, queued_behind, coalesced, answered_by"
 )
 """The columns ``dispatch`` reads, in its order."""
 DISPATCH_WIDTH = len(DISPATCH_COLUMNS.split(","))
@@ -70,6 +71,7 @@ def snapshot(
     floor: int,
     checkpoint: str | None,
     writes: list[str],
+    branch: int = 0,
 ) -> ThreadSnapshot:
     """A thread read from its row, its latest checkpoint's body and its writes' bodies."""
     return ThreadSnapshot(
@@ -82,6 +84,7 @@ def snapshot(
         message_count=message_count,
         last_seq=next_seq - 1,
         event_floor=floor,
+        branch=branch,
     )
 
 
@@ -119,6 +122,10 @@ def dispatch(row: tuple[Any, ...]) -> Dispatch:
         created_at=utc(row[14]),
         updated_at=utc(row[15]),
         tenant=row[16],
+        if_busy=row[17],
+        queued_behind=row[18],
+        coalesced=tuple(row[19]),
+        answered_by=row[20],
     )
 
 

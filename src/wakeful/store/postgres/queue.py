@@ -28,17 +28,22 @@ from wakeful.store.postgres import codec
 from wakeful.store.postgres.codec import DISPATCH_COLUMNS, DISPATCH_WIDTH
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
 from wakeful.store.validate import (
+    check_outcome,
+    check_text,
+    check_token,
+)
+from wakeful.store.validate_queue import (
     QUEUE_DEPTH_STATUSES,
     check_depth_limit,
     check_dispatch,
     check_listing,
-    check_outcome,
-    check_text,
-    check_token,
     same_request,
 )
 
-_ENQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
+_ENQUEUE = (
+    f"SELECT {DISPATCH_COLUMNS} "
+    f"FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 _LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMNS.split(","))
 # The dispatches leased, each with its thread as read right after the grants.
 _CLAIM_NEXT = f"""
@@ -93,7 +98,7 @@ UPDATE @schema@.dispatches x
 RETURNING {", ".join(f"x.{c.strip()}" for c in DISPATCH_COLUMNS.split(","))}
 """
 _LEASED_THREAD = """
-SELECT t.version, t.tenant, t.message_count, t.next_seq, t.event_floor, c.body,
+SELECT t.version, t.tenant, t.message_count + t.message_offset, t.next_seq, t.event_floor, c.body,
        ARRAY(SELECT w.body FROM @schema@.writes w WHERE w.thread_id = t.thread_id
               ORDER BY w.version, w.idx)
   FROM @schema@.threads t
@@ -143,6 +148,11 @@ class QueueOps:
             d.max_attempts,
             d.dedupe_key,
             d.tenant,
+            d.if_busy,
+            # the cancel intent an "interrupt" makes of the busy run, if it makes one
+            f"cancel-{uuid.uuid4().hex}" if d.if_busy == "interrupt" else None,
+            CANCEL_PRIORITY,
+            _CANCEL_BUDGET,
         )
         for _ in range(3):
             row = await self._db.fetchone(_ENQUEUE, params)

@@ -20,7 +20,9 @@ from typing import Any, TypeVar
 from wakeful.errors import InvalidCommit, ReplayUnavailable, StaleClaim, StoreUnavailable
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
+    Branch,
     Checkpoint,
+    CheckpointEntry,
     Claim,
     Commit,
     Event,
@@ -33,6 +35,7 @@ from wakeful.records import (
     ThreadSummary,
 )
 from wakeful.store.postgres import codec
+from wakeful.store.postgres.branches import Branching
 from wakeful.store.postgres.codec import TextArray
 from wakeful.store.postgres.connection import Conn, Database, big, no_nul, utc
 from wakeful.store.postgres.group import GroupCommit
@@ -72,10 +75,10 @@ SELECT o_token, o_expires, o_replayed, o_version, o_checkpoint, o_first_seq, o_e
   FROM @schema@.claim_and_commit(%b, %b, %b::float8, {_COMMIT_ARGS})
 """
 _READ = """
-SELECT t.version, t.tenant, t.claim_holder, t.claim_token, t.claim_expires, t.message_count,
-       t.next_seq, t.event_floor, c.body,
+SELECT t.version, t.tenant, t.claim_holder, t.claim_token, t.claim_expires,
+       t.message_count + t.message_offset, t.next_seq, t.event_floor, c.body,
        ARRAY(SELECT w.body FROM @schema@.writes w WHERE w.thread_id = t.thread_id
-              ORDER BY w.version, w.idx)
+              ORDER BY w.version, w.idx), t.branch
   FROM @schema@.threads t
   LEFT JOIN @schema@.checkpoints c
     ON c.thread_id = t.thread_id AND c.checkpoint_id = t.latest_checkpoint
@@ -85,9 +88,6 @@ SELECT t.version, t.tenant, t.claim_holder, t.claim_token, t.claim_expires, t.me
 _OPERATION = """
 SELECT payload_hash, version, checkpoint_id, first_seq, event_count
   FROM @schema@.receipts WHERE thread_id = %s AND operation_id = %s
-"""
-_MESSAGES = """
-SELECT body FROM @schema@.messages WHERE thread_id = %s AND pos >= %s ORDER BY pos LIMIT %s
 """
 # One statement: the floor and the page come from the same snapshot.
 _EVENTS = """
@@ -102,8 +102,8 @@ SELECT t.event_floor, e.seq, e.at, e.body
 """
 # Through a function that leaves the planner only index plans in page order (migration 0005).
 _LIST = """
-SELECT thread_id, tenant, version, latest_checkpoint, status, message_count, next_seq - 1,
-       updated_at
+SELECT thread_id, tenant, version, latest_checkpoint, status, message_count + message_offset,
+       next_seq - 1, updated_at
   FROM @schema@.list_threads(%s, %s, %s)
 """
 _HISTORY = """
@@ -228,6 +228,21 @@ def _commit_params(encoded: EncodedCommit) -> tuple[object, ...]:
     )
 
 
+_Branch = tuple[int, str, int, str]
+"""A branching commit as ``Branching.commit`` takes it: where the checkpoint's parent is in
+the call's parameters, the fork point, the kept message count and the new checkpoint id."""
+
+
+def _branch_of(encoded: EncodedCommit, before: int) -> _Branch | None:
+    """``_Branch`` of a checked commit whose call puts ``before`` parameters ahead of
+    ``_commit_params`` (whose fifth is the checkpoint's parent)."""
+    commit = encoded.commit
+    if commit.branch_from is None:
+        return None
+    assert commit.checkpoint is not None
+    return before + 4, commit.branch_from, commit.branch_messages, commit.checkpoint.id
+
+
 def _receipt(
     thread_id: str,
     operation_id: str | None,
@@ -284,10 +299,11 @@ class ThreadOps:
         # While the commit waits its turn (a thousand runs ending together queue theirs in
         # the group), only its parameters are held: not the checked copy and its JSON.
         operation_id, drops = encoded.commit.operation_id, encoded.commit.drop_checkpoints
+        branch = _branch_of(encoded, 2)
         del encoded, commit
         try:
             replayed, version, checkpoint_id, first, count = await self._write(
-                COMMIT, params, thread_id, drops
+                COMMIT, params, thread_id, drops, branch
             )
         except StaleClaim as exc:
             if operation_id is None:
@@ -305,8 +321,9 @@ class ThreadOps:
         ttl, encoded = encode_claim_and_commit(thread_id, holder, ttl, commit)
         params = (thread_id, holder, ttl, *_commit_params(encoded))
         operation_id, drops = encoded.commit.operation_id, encoded.commit.drop_checkpoints
+        branch = _branch_of(encoded, 3)
         del encoded, commit
-        row = await self._write(_CLAIM_AND_COMMIT, params, thread_id, drops)
+        row = await self._write(_CLAIM_AND_COMMIT, params, thread_id, drops, branch)
         token, expires, replayed, version, checkpoint_id, first, count = row
         if count and not replayed:
             self._notifier.notify(thread_id)
@@ -330,14 +347,20 @@ class ThreadOps:
         return StaleClaim(thread_id, exc.token, exc.current, applied)
 
     async def _write(
-        self, template: str, params: tuple[object, ...], thread_id: str, drops: Sequence[str]
+        self,
+        template: str,
+        params: tuple[object, ...],
+        thread_id: str,
+        drops: Sequence[str],
+        branch: _Branch | None = None,
     ) -> Any:
-        """One commit function call; with ``drop_checkpoints``, in one transaction with the
-        deletion of those checkpoints (a refusal rolls both back). That transaction takes
-        three round trips while it holds the thread's row lock, so it is bounded
+        """One commit function call; with ``drop_checkpoints`` or ``branch_from``, in one
+        transaction with the deletion of those checkpoints and the branch's own writes
+        (``Branching.commit``; a refusal rolls everything back). That transaction takes
+        a few round trips while it holds the thread's row lock, so it is bounded
         (``Database.transaction``): a client paused in it loses it after the store's
         ``idle_in_transaction_timeout``, and a claim waiting behind it goes through."""
-        if not drops:
+        if not drops and branch is None:
             if template is COMMIT:
                 return await self._group.commit(params)
             return await self._db.fetchone(template, params)
@@ -346,10 +369,13 @@ class ThreadOps:
 
         async def op(conn: Conn) -> Any:
             async with self._db.transaction(conn):
-                row = await (await conn.execute(query, params)).fetchone()
+                if branch is None:
+                    row = await (await conn.execute(query, params)).fetchone()
+                else:
+                    row = await Branching(self._db).commit(conn, thread_id, query, params, *branch)
                 assert row is not None
                 replayed, latest = row[-5], row[-3]
-                if not replayed:
+                if not replayed and drops:
                     found = {r[0] for r in await (await conn.execute(present, names)).fetchall()}
                     for dropped in drops:
                         if dropped == latest or dropped not in found:
@@ -381,8 +407,33 @@ class ThreadOps:
         check_id("thread_id", thread_id)
         after = check_count("after", after, maximum=2**62)
         limit = check_count("limit", limit, minimum=1)
-        rows = await self._db.fetchall(_MESSAGES, (thread_id, after, limit), idempotent=True)
-        return [codec.MESSAGE.decode(body) for (body,) in rows]
+        return await Branching(self._db).view(thread_id, None, after, limit)
+
+    async def branch_messages(
+        self, thread_id: str, branch: int, after: int = 0, limit: int = 100
+    ) -> list[Message]:
+        check_id("thread_id", thread_id)
+        branch = check_count("branch", branch, maximum=2**62)
+        after = check_count("after", after, maximum=2**62)
+        limit = check_count("limit", limit, minimum=1)
+        return await Branching(self._db).view(thread_id, branch, after, limit)
+
+    async def branches(self, thread_id: str) -> list[Branch]:
+        check_id("thread_id", thread_id)
+        return await Branching(self._db).branches(thread_id)
+
+    async def history(
+        self, thread_id: str, before: str | None = None, limit: int = 50
+    ) -> list[CheckpointEntry]:
+        check_id("thread_id", thread_id)
+        check_optional_id("before", before)
+        limit = check_count("limit", limit, minimum=1)
+        return await Branching(self._db).history(thread_id, before, limit)
+
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointEntry | None:
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_id", checkpoint_id)
+        return await Branching(self._db).get(thread_id, checkpoint_id)
 
     async def events_after(
         self, thread_id: str, after_seq: int = 0, limit: int = 100

@@ -147,7 +147,14 @@ def refused(code: str, raw_detail: str | None) -> WakefulError | None:
                 int(detail.get("current", 0)),
             )
         case "WK010":
-            return ThreadBusy(tid, detail.get("holder"), detail.get("checkpoint_id"), _time(detail))
+            return ThreadBusy(
+                tid,
+                detail.get("holder"),
+                detail.get("checkpoint_id"),
+                _time(detail),
+                run_id=detail.get("run_id"),
+                dispatch_id=detail.get("dispatch_id"),
+            )
     return None
 
 

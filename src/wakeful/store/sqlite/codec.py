@@ -62,7 +62,8 @@ def claim_of(thread_id: str, holder: str | None, token: int | None, expires: int
 
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
-    "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant"
+    "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
+    "if_busy, queued_behind, coalesced, answered_by"
 )
 """The columns ``dispatch_of`` reads, in its order."""
 
@@ -86,6 +87,10 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         created_at,
         updated_at,
         tenant,
+        if_busy,
+        queued_behind,
+        coalesced,
+        answered_by,
     ) = row
     return Dispatch(
         dispatch_id=dispatch_id,
@@ -105,4 +110,8 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         created_at=from_us(created_at),
         updated_at=from_us(updated_at),
         tenant=tenant,
+        if_busy=if_busy,
+        queued_behind=queued_behind,
+        coalesced=tuple(loads(coalesced)) if coalesced else (),
+        answered_by=answered_by,
     )

@@ -14,6 +14,7 @@ from datetime import datetime
 from wakeful.records import Dispatch, InboxMessage, StreamCheckpoint
 from wakeful.store.projected import message_dispatch_id
 from wakeful.store.sqlite import queue
+from wakeful.store.sqlite.admission import admission
 from wakeful.store.sqlite.codec import OUTBOX_ENTRY, STREAM_CHECKPOINT, dumps
 from wakeful.store.validate import EncodedStreamCheckpoint, discards
 
@@ -62,19 +63,19 @@ def relay_one(conn: sqlite3.Connection, now: datetime, after_stage: int) -> int 
             (target, entry.message_id),
         )
     dispatch_id = message_dispatch_id(target, entry.message_id)
-    queue.insert(
-        conn,
-        Dispatch(
-            dispatch_id=dispatch_id,
-            thread_id=target,
-            kind="message",
-            payload={"message_id": entry.message_id},
-            dedupe_key=dispatch_id,
-            available_at=now,
-            created_at=now,
-            updated_at=now,
-        ),
+    dispatch = Dispatch(
+        dispatch_id=dispatch_id,
+        thread_id=target,
+        kind="message",
+        payload={"message_id": entry.message_id},
+        dedupe_key=dispatch_id,
+        available_at=now,
+        created_at=now,
+        updated_at=now,
     )
+    if queue.get(conn, dispatch_id) is None:
+        dispatch, _ = admission(conn, now, dispatch)  # "enqueue": never a cancel
+        queue.insert(conn, dispatch)
     conn.execute("DELETE FROM outbox WHERE stage_seq = ?", (stage_seq,))
     return int(stage_seq)
 

@@ -27,8 +27,9 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
-from wakeful.store.projected import cancel_intent
+from wakeful.store.projected_queue import cancel_intent
 from wakeful.store.sqlite import reads
+from wakeful.store.sqlite.admission import admission, admit
 from wakeful.store.sqlite.claims import (
     advance_epoch,
     current_token,
@@ -38,7 +39,14 @@ from wakeful.store.sqlite.claims import (
 )
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
-from wakeful.store.validate import QUEUE_DEPTH_STATUSES, check_outcome, same_request
+from wakeful.store.validate import (
+    check_outcome,
+)
+from wakeful.store.validate_queue import (
+    QUEUE_DEPTH_STATUSES,
+    RUN_KINDS,
+    same_request,
+)
 
 _BY_ID = f"SELECT {DISPATCH_COLUMNS} FROM dispatches WHERE dispatch_id = ?"
 
@@ -61,7 +69,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
     assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
     conn.execute(
         f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT DO NOTHING",
+        f"VALUES ({', '.join('?' * 21)}) ON CONFLICT DO NOTHING",
         (
             d.dispatch_id,
             d.thread_id,
@@ -80,6 +88,10 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             to_us(d.created_at),
             to_us(d.updated_at),
             d.tenant,
+            d.if_busy,
+            d.queued_behind,
+            dumps(list(d.coalesced)) if d.coalesced else None,
+            d.answered_by,
         ),
     )
 
@@ -109,7 +121,14 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         created_at=now,
         updated_at=now,
         tenant=d.tenant,
+        if_busy=d.if_busy,
     )
+    intent = None
+    if stored.kind in RUN_KINDS:
+        stored, intent = admission(conn, now, stored)
+    if intent is not None:
+        # the cancellation first: it holds the slot when the busy run's rows retire
+        retire_for(conn, now, intent)
     insert(conn, stored)
     bind_tenant(conn, stored.thread_id, stored.tenant)
     if stored.kind == "resume":
@@ -267,6 +286,8 @@ def settle_lease(
             f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
             (status, to_us(now), dispatch_id),
         ).fetchone()
+        if status == "done":
+            admit(conn, str(row[1]), now)  # the run slot it held is free
     return row
 
 
@@ -278,20 +299,28 @@ def cancel(conn: sqlite3.Connection, now: datetime, thread_id: str, reason: str)
     ).fetchone()
     if row is not None:
         return dispatch_of(row)
-    at = to_us(now)
+    intent = cancel_intent(thread_id, reason, now)
+    retire_for(conn, now, intent)
+    return intent
+
+
+def retire_for(conn: sqlite3.Connection, now: datetime, intent: Dispatch) -> None:
+    """Persist the cancel ``intent`` and act on it: retire the thread's other open
+    dispatches (not the queued ones: the intent holds the run slot, so none is admitted
+    until it settles), advance the epoch and end the claim."""
+    thread_id, reason = intent.thread_id, intent.payload["reason"]
+    insert(conn, intent)
     conn.execute(
         "UPDATE dispatches SET status = 'done', lease_until = NULL, last_error = ?, "
-        "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting')",
-        (f"cancelled: {reason}", at, thread_id),
-    )
+        "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting') "
+        "AND dispatch_id <> ?",
+        (f"cancelled: {reason}", to_us(now), thread_id, intent.dispatch_id),
+    )  # (nothing is admitted: the intent holds the run slot until it settles)
     advance_epoch(conn, thread_id)
     conn.execute(
         "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?",
         (thread_id,),
     )
-    intent = cancel_intent(thread_id, reason, now)
-    insert(conn, intent)
-    return intent
 
 
 def quarantine(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispatch:
@@ -333,13 +362,15 @@ def requeue(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispat
     return dispatch_of(row)
 
 
-def purge(conn: sqlite3.Connection, dispatch_id: str) -> None:
+def purge(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> None:
     d = _existing(conn, dispatch_id)
     if d.status not in ("quarantined", "done"):
         raise InvalidState(
             "dispatch", dispatch_id, d.status, "only quarantined or done work can be purged"
         )
     conn.execute("DELETE FROM dispatches WHERE dispatch_id = ?", (dispatch_id,))
+    if d.status == "quarantined":
+        admit(conn, d.thread_id, now)  # it held its thread's run slot
 
 
 # Each filter combination has an index holding its rows in enqueue order (seq is the rowid,

@@ -11,7 +11,6 @@ from wakeful.records import (
     Checkpoint,
     Event,
     InboxMessage,
-    Message,
     Receipt,
     RunSegment,
     ThreadSnapshot,
@@ -21,7 +20,6 @@ from wakeful.store.segments import join_adjacent
 from wakeful.store.sqlite.codec import (
     CHECKPOINT,
     INBOX_MESSAGE,
-    MESSAGE,
     PENDING_WRITE,
     RECEIPT,
     claim_of,
@@ -33,12 +31,13 @@ from wakeful.store.sqlite.codec import (
 def read(conn: sqlite3.Connection, thread_id: str) -> ThreadSnapshot | None:
     row = conn.execute(
         "SELECT version, tenant, holder, token, expires_at, latest_pos, latest_id, next_seq, "
-        "floor, message_count FROM threads WHERE thread_id = ?",
+        "floor, message_count + message_offset, branch FROM threads WHERE thread_id = ?",
         (thread_id,),
     ).fetchone()
     if row is None:
         return None
-    version, tenant, holder, token, expires, latest_pos, latest_id, next_seq, floor, count = row
+    version, tenant, holder, token, expires, latest_pos, latest_id, next_seq, floor = row[:9]
+    count, branch = row[9:]
     checkpoint = None
     if latest_id is not None:
         body = conn.execute(
@@ -62,6 +61,7 @@ def read(conn: sqlite3.Connection, thread_id: str) -> ThreadSnapshot | None:
         message_count=count,
         last_seq=next_seq - 1,
         event_floor=floor,
+        branch=branch,
     )
 
 
@@ -71,16 +71,6 @@ def operation(conn: sqlite3.Connection, thread_id: str, operation_id: str) -> Re
         (thread_id, operation_id),
     ).fetchone()
     return None if row is None else RECEIPT.decode(row[0])
-
-
-def messages(conn: sqlite3.Connection, thread_id: str, after: int, limit: int) -> list[Message]:
-    return [
-        MESSAGE.decode(body)
-        for (body,) in conn.execute(
-            "SELECT body FROM messages WHERE thread_id = ? AND pos >= ? ORDER BY pos LIMIT ?",
-            (thread_id, after, limit),
-        )
-    ]
 
 
 def events_after(
@@ -116,7 +106,8 @@ def list_threads(
     # ``listed`` (migration 0006) is ``version > 0`` set once per thread, which the listing
     # indexes filter on so that commits do not rewrite their entries.
     sql = (
-        "SELECT thread_id, tenant, version, latest_id, latest_status, message_count, "
+        "SELECT thread_id, tenant, version, latest_id, latest_status, "
+        "message_count + message_offset, "
         "next_seq, updated_at FROM threads WHERE listed = 1"
     )
     params: list[object] = []

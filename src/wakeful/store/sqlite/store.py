@@ -25,7 +25,9 @@ from wakeful.errors import (
 )
 from wakeful.ids import check_count, check_id, check_optional_id, check_seconds
 from wakeful.records import (
+    Branch,
     Checkpoint,
+    CheckpointEntry,
     Claim,
     Commit,
     Dispatch,
@@ -47,21 +49,23 @@ from wakeful.records import (
 )
 from wakeful.store import streamputs
 from wakeful.store.kinds import DISPATCH_KINDS
-from wakeful.store.sqlite import messaging, queue, reads, retention, threads
+from wakeful.store.sqlite import branches, messaging, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
 from wakeful.store.sqlite.schedules import SqliteSchedules
 from wakeful.store.sqlite.waiting import Watcher
 from wakeful.store.validate import (
-    check_depth_limit,
     check_discard,
-    check_dispatch,
-    check_listing,
     check_outcome,
     check_policy,
     check_text,
     check_token,
     encode_claim_and_commit,
     encode_commit,
+)
+from wakeful.store.validate_queue import (
+    check_depth_limit,
+    check_dispatch,
+    check_listing,
 )
 
 T = TypeVar("T")
@@ -179,7 +183,33 @@ class SqliteStore(SqliteSchedules):
         check_id("thread_id", thread_id)
         after = check_count("after", after, maximum=2**62)
         limit = check_count("limit", limit, minimum=1)
-        return await self._read(lambda c: reads.messages(c, thread_id, after, limit))
+        return await self._read(lambda c: branches.view(c, thread_id, None, after, limit))
+
+    async def branch_messages(
+        self, thread_id: str, branch: int, after: int = 0, limit: int = 100
+    ) -> list[Message]:
+        check_id("thread_id", thread_id)
+        branch = check_count("branch", branch, maximum=2**62)
+        after = check_count("after", after, maximum=2**62)
+        limit = check_count("limit", limit, minimum=1)
+        return await self._read(lambda c: branches.view(c, thread_id, branch, after, limit))
+
+    async def branches(self, thread_id: str) -> list[Branch]:
+        check_id("thread_id", thread_id)
+        return await self._read(lambda c: branches.load(c, thread_id)[0])
+
+    async def history(
+        self, thread_id: str, before: str | None = None, limit: int = 50
+    ) -> list[CheckpointEntry]:
+        check_id("thread_id", thread_id)
+        check_optional_id("before", before)
+        limit = check_count("limit", limit, minimum=1)
+        return await self._read(lambda c: branches.history(c, thread_id, before, limit))
+
+    async def get_checkpoint(self, thread_id: str, checkpoint_id: str) -> CheckpointEntry | None:
+        check_id("thread_id", thread_id)
+        check_id("checkpoint_id", checkpoint_id)
+        return await self._read(lambda c: branches.get(c, thread_id, checkpoint_id))
 
     async def events_after(
         self, thread_id: str, after_seq: int = 0, limit: int = 100
@@ -334,7 +364,7 @@ class SqliteStore(SqliteSchedules):
 
     async def purge(self, dispatch_id: str) -> None:
         check_id("dispatch_id", dispatch_id)
-        await self._write(lambda c, _: queue.purge(c, dispatch_id))
+        await self._write(lambda c, now: queue.purge(c, now, dispatch_id))
 
     # ------------------------------------------------------------ workers
 

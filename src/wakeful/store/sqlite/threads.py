@@ -22,7 +22,7 @@ from wakeful.errors import (
 )
 from wakeful.records import Checkpoint, Claim, Commit, Receipt
 from wakeful.store.segments import graph_of
-from wakeful.store.sqlite import queue
+from wakeful.store.sqlite import branches, queue
 from wakeful.store.sqlite.claims import advance_epoch, end_claim, grant_claim
 from wakeful.store.sqlite.codec import RECEIPT, dumps, from_us, to_us
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
@@ -207,7 +207,10 @@ def _apply(
     # 3. the view the commit was prepared against
     if c.expected_version is not None and c.expected_version != version:
         raise VersionConflict(thread_id, c.expected_version, version)
-    if c.checkpoint is not None and c.checkpoint.parent != latest:
+    fork = None
+    if c.branch_from is not None:
+        fork = branches.check(conn, thread_id, c, message_count)
+    elif c.checkpoint is not None and c.checkpoint.parent != latest:
         raise VersionConflict(thread_id, c.checkpoint.parent, latest, "parent checkpoint")
     # 4. consistency with the thread
     _check_consistency(conn, thread_id, c, version, tenant, latest, used is not None)
@@ -321,6 +324,8 @@ def _apply(
             thread_id,
         ),
     )
+    if fork is not None:
+        branches.record(conn, thread_id, c, fork, latest, message_count, latest_pos, at)
     return receipt
 
 
@@ -458,6 +463,7 @@ _THREAD_TABLES = (
     "pending_writes",
     "events",
     "messages",
+    "branches",
     "receipts",
     "inbox",
     "delivered",

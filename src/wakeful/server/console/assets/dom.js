@@ -104,3 +104,42 @@ export function confirmAction(question, action = "Confirm", keep = "Go back") {
     dialog.showModal();
   });
 }
+
+// An in-page form (a modal <dialog>) asking for a few values: resolves to an object of the
+// fields' values when the user submits, or null when they go back. A check(values) that
+// returns a message keeps the dialog open and shows it.
+export function askDialog({ title, note, fields, action = "Save", keep = "Go back", check, id }) {
+  return new Promise((resolve) => {
+    const inputs = fields.map((f) =>
+      f.multiline
+        ? h("textarea", { name: f.name, rows: f.rows || 10, placeholder: f.placeholder, "aria-label": f.label }, f.value ?? "")
+        : h("input", { name: f.name, value: f.value ?? "", placeholder: f.placeholder, "aria-label": f.label, autocomplete: "off" }),
+    );
+    const problem = h("p", { class: "error", "data-testid": "ask-error" });
+    const ok = h("button", { value: "ok", class: "approve", "data-testid": "ask-ok" }, action);
+    const form = h(
+      "form",
+      { method: "dialog" },
+      fields.map((f, i) => h("label", { class: "field" }, h("span", {}, f.label), inputs[i])),
+      problem,
+      h("div", { class: "buttons" }, h("button", { value: "keep", class: "secondary", formnovalidate: true }, keep), ok),
+    );
+    const dialog = h("dialog", { class: "confirm ask", id, "data-testid": "ask" }, h("h3", {}, title), note ? h("p", { class: "muted" }, note) : null, form);
+    const values = () => Object.fromEntries(fields.map((f, i) => [f.name, inputs[i].value]));
+    form.addEventListener("input", () => (problem.textContent = "")); // the message was about the old text
+    form.addEventListener("submit", (event) => {
+      if (event.submitter !== ok) return;
+      const message = check ? check(values()) : null;
+      if (message) {
+        event.preventDefault();
+        problem.textContent = message;
+      }
+    });
+    dialog.addEventListener("close", () => {
+      resolve(dialog.returnValue === "ok" ? values() : null);
+      dialog.remove();
+    });
+    document.body.append(dialog);
+    dialog.showModal();
+  });
+}

@@ -20,12 +20,25 @@ export function markChip(mark) {
   return h("span", { class: `mark m-${mark.kind.replace(/[^A-Za-z0-9]/g, "")}`, title: mark.title }, mark.kind);
 }
 
-export function renderMessages(node, messages, live) {
-  const items = messages.map((m) =>
+// actions (optional): { edit(message), regenerate() }: "Edit" on each user message,
+// "Regenerate" on the last answer (the API refuses them on a thread that is not an agent's).
+export function renderMessages(node, messages, live, actions) {
+  let lastAnswer = -1;
+  messages.forEach((m, i) => {
+    if (m.role === "assistant") lastAnswer = i;
+  });
+  const buttons = (m, i) => {
+    if (!actions || live.size) return null;
+    if (m.role === "user") return h("span", { class: "msg-actions" }, h("button", { class: "link", "data-action": "edit-message", onclick: () => actions.edit(m) }, "Edit"));
+    if (i === lastAnswer) return h("span", { class: "msg-actions" }, h("button", { class: "link", "data-action": "regenerate", onclick: () => actions.regenerate() }, "Regenerate"));
+    return null;
+  };
+  const items = messages.map((m, i) =>
     h(
       "div",
       { class: `msg r-${m.role}`, "data-message": m.id },
-      h("div", { class: "who" }, m.role, m.metadata && m.metadata.recoveries && m.metadata.recoveries.length ? m.metadata.recoveries.map((k) => markChip({ kind: k, title: "stream recovery" })) : null),
+      buttons(m, i),
+      h("div", { class: "who" }, m.role, m.metadata && m.metadata.edits ? h("span", { class: "muted", title: `edits ${m.metadata.edits}` }, " (edited)") : null, m.metadata && m.metadata.recoveries && m.metadata.recoveries.length ? m.metadata.recoveries.map((k) => markChip({ kind: k, title: "stream recovery" })) : null),
       h("div", { class: "text" }, contentText(m.content)),
       (m.tool_calls || []).map((c) => h("div", { class: "tool" }, `→ ${c.name || c.function?.name || "tool"}(${short(c.arguments ?? c.function?.arguments ?? "", 200)})`)),
     ),

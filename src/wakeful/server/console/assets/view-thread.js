@@ -1,16 +1,18 @@
 // A thread: header and actions, open tickets, the conversation with the reply streaming
-// live, runs with their recoveries, the live event timeline, checkpoints and diffs.
+// live (edit a user message, regenerate the last answer), runs with their recoveries, the
+// live event timeline, the history with its branches (time travel), checkpoints and diffs.
 
 import { ApiError, enc, get, post } from "./api.js";
-import { ago, badge, clear, confirmAction, h, json, time } from "./dom.js";
+import { ago, askDialog, badge, clear, confirmAction, h, json, time } from "./dom.js";
 import { follow } from "./sse.js";
 import { marksOf, rawRow, renderCheckpoints, renderMessages, renderRuns, timelineRow } from "./thread-parts.js";
+import { historyPanel } from "./view-history.js";
 
 const TIMELINE_BACKLOG = 200;
 const TIMELINE_MAX = 500;
 const MESSAGE_PAGES = 20;
 
-export function threadView(main, threadId, { showError }) {
+export function threadView(main, threadId, { showError, navigate }) {
   const base = `/v1/threads/${enc(threadId)}`;
   const parts = {
     header: h("div", { class: "thread-head", id: "thread-head" }),
@@ -19,6 +21,7 @@ export function threadView(main, threadId, { showError }) {
     runs: h("div", { id: "runs-panel" }),
     timeline: h("ol", { class: "timeline", id: "timeline", reversed: true }),
     checkpoints: h("div", { id: "checkpoints" }),
+    history: h("div", { id: "history-panel" }),
     link: h("span", { class: "link-state", id: "live-state" }, "connecting…"),
   };
   clear(
@@ -32,6 +35,7 @@ export function threadView(main, threadId, { showError }) {
       h("section", {}, h("h2", {}, "Events ", parts.link), parts.timeline),
     ),
     h("section", {}, h("h2", {}, "Runs"), parts.runs),
+    h("section", {}, h("h2", {}, "History"), parts.history),
     h("section", {}, h("h2", {}, "Checkpoints"), parts.checkpoints),
   );
 
@@ -52,8 +56,39 @@ export function threadView(main, threadId, { showError }) {
   let stream = null;
   let timer = null;
 
+  const history = historyPanel(parts.history, threadId, { showError, navigate, changed: () => soon() });
+  const messageActions = { edit: editMessage, regenerate };
+
   function drawConversation() {
-    renderMessages(parts.conversation, state.messages, state.live);
+    renderMessages(parts.conversation, state.messages, state.live, messageActions);
+  }
+
+  async function editMessage(message) {
+    try {
+      const answer = await askDialog({
+        id: "edit-message-dialog",
+        title: "Edit this message and run on",
+        note: "The thread branches before this message; the run answers the edited text. The previous answers stay readable in the history.",
+        fields: [{ name: "content", label: "message", value: typeof message.content === "string" ? message.content : JSON.stringify(message.content), multiline: true, rows: 5 }],
+        action: "Send edited",
+        check: (v) => (v.content.trim() ? null : "The message is empty."),
+      });
+      if (!answer) return;
+      await post(`${base}/messages/${enc(message.id)}/edit`, { content: answer.content });
+      soon();
+    } catch (error) {
+      showError(error);
+    }
+  }
+
+  async function regenerate() {
+    try {
+      if (!(await confirmAction("Answer the last user message again? The current answer stays readable on an abandoned branch.", "Regenerate", "Go back"))) return;
+      await post(`${base}/regenerate`, {});
+      soon();
+    } catch (error) {
+      showError(error);
+    }
   }
 
   function drawHeader() {
@@ -167,6 +202,7 @@ export function threadView(main, threadId, { showError }) {
       drawConversation();
       renderRuns(parts.runs, state.runs, state.marks, state.dispatches);
       renderCheckpoints(parts.checkpoints, state.checkpoints, state.picked, pick);
+      if (thread.version > 0) await history.refresh();
     } catch (error) {
       if (!closed) showError(error);
     }
@@ -212,7 +248,7 @@ export function threadView(main, threadId, { showError }) {
     parts.timeline.prepend(row);
     while (parts.timeline.children.length > TIMELINE_MAX) parts.timeline.lastChild.remove();
     if (!known) return;
-    if (/^run\.(completed|failed|cancelled|suspended|indeterminate)$/.test(event.type)) {
+    if (/^run\.(completed|failed|cancelled|suspended|indeterminate|interrupted)$/.test(event.type)) {
       for (const [key, m] of state.live) if (m.run_id === event.run_id) state.live.delete(key);
     }
     soon();

@@ -4,7 +4,7 @@ import { enc, get } from "./api.js";
 import { ago, badge, clear, h, table } from "./dom.js";
 import { newRunForm } from "./submit-form.js";
 
-const STATUSES = ["", "running", "suspended", "completed", "failed", "cancelled", "indeterminate"];
+const STATUSES = ["", "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"];
 const PAGE = 50;
 
 export function threadsView(main, params, { showError, navigate }) {

@@ -1,0 +1,202 @@
+"""The mutation records of the memory and file stores: every accepted mutation is one
+``Mutation`` record, which ``wakeful.store.projection.State.apply`` applies and the file store
+writes to its log. Records carry every value decided when they were planned (tokens, times,
+ids)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+
+from wakeful.records import (
+    Claim,
+    Commit,
+    Dispatch,
+    InboxMessage,
+    Receipt,
+    RetentionPolicy,
+    Schedule,
+    WorkerInfo,
+)
+
+
+class Claimed(msgspec.Struct, frozen=True, tag="claimed"):
+    claim: Claim
+    tenant: str | None = None
+    """The tenant the claimant named: fixes the thread's tenant if nothing did yet."""
+
+
+class Renewed(msgspec.Struct, frozen=True, tag="renewed"):
+    thread_id: str
+    token: int
+    expires_at: datetime
+
+
+class Released(msgspec.Struct, frozen=True, tag="released"):
+    thread_id: str
+    token: int
+
+
+class Committed(msgspec.Struct, frozen=True, tag="committed"):
+    thread_id: str
+    commit: Commit
+    receipt: Receipt
+    payload_hash: str
+    at: datetime
+    claim: Claim | None = None
+    """Granted just before the commit applied (``claim_and_commit``)."""
+    settled: Settled | None = None
+    """The settle the commit carried, resolved at commit time."""
+
+
+class Compacted(msgspec.Struct, frozen=True, tag="compacted"):
+    thread_id: str
+    floor: int
+
+
+class Deleted(msgspec.Struct, frozen=True, tag="deleted"):
+    thread_id: str
+    epoch: int
+
+
+class Pruned(msgspec.Struct, frozen=True, tag="pruned"):
+    policy: RetentionPolicy
+    at: datetime
+
+
+class Enqueued(msgspec.Struct, frozen=True, tag="enqueued"):
+    dispatch: Dispatch
+    fence: Cancelled | None = None
+    """``if_busy="interrupt"``: the cancellation of the busy run, applied first in the same
+    atomic step."""
+
+
+class LeaseGrant(msgspec.Struct, frozen=True):
+    dispatch_id: str
+    claim: Claim
+
+
+class Leased(msgspec.Struct, frozen=True, tag="leased"):
+    grants: tuple[LeaseGrant, ...]
+    at: datetime
+
+
+class Settled(msgspec.Struct, frozen=True, tag="settled"):
+    dispatch_id: str
+    token: int
+    status: str
+    available_at: datetime | None
+    error: str | None
+    at: datetime
+
+
+class Cancelled(msgspec.Struct, frozen=True, tag="cancelled"):
+    thread_id: str
+    reason: str
+    epoch: int
+    dispatch: Dispatch
+    at: datetime
+
+
+class Quarantined(msgspec.Struct, frozen=True, tag="quarantined"):
+    dispatch_id: str
+    at: datetime
+
+
+class Requeued(msgspec.Struct, frozen=True, tag="requeued"):
+    dispatch_id: str
+    at: datetime
+
+
+class Purged(msgspec.Struct, frozen=True, tag="purged"):
+    dispatch_id: str
+    at: datetime | None = None
+    """When it was purged: the time of the admission it may make (a quarantined dispatch
+    held its thread's run slot)."""
+
+
+class WorkerRegistered(msgspec.Struct, frozen=True, tag="worker_registered"):
+    worker: WorkerInfo
+
+
+class WorkerBeat(msgspec.Struct, frozen=True, tag="worker_beat"):
+    worker_id: str
+    at: datetime
+
+
+class WorkerRetired(msgspec.Struct, frozen=True, tag="worker_retired"):
+    worker_id: str
+    at: datetime
+
+
+class Delivered(msgspec.Struct, frozen=True, tag="delivered"):
+    """A staged outbox entry appended to its target's inbox (``message`` is ``None`` when it
+    was delivered before) and its ``message`` dispatch enqueued (``None`` when one exists)."""
+
+    stage_seq: int
+    target_thread: str
+    message: InboxMessage | None
+    dispatch: Dispatch | None
+
+
+class Unstaged(msgspec.Struct, frozen=True, tag="unstaged"):
+    stage_seq: int
+
+
+class SchedulePut(msgspec.Struct, frozen=True, tag="schedule_put"):
+    schedule: Schedule  # as stored: its revision and times already decided
+
+
+class ScheduleDeleted(msgspec.Struct, frozen=True, tag="schedule_deleted"):
+    name: str
+
+
+Mutation = (
+    Claimed
+    | Renewed
+    | Released
+    | Committed
+    | Compacted
+    | Deleted
+    | Pruned
+    | Enqueued
+    | Leased
+    | Settled
+    | Cancelled
+    | Quarantined
+    | Requeued
+    | Purged
+    | WorkerRegistered
+    | WorkerBeat
+    | WorkerRetired
+    | Delivered
+    | Unstaged
+    | SchedulePut
+    | ScheduleDeleted
+)
+
+
+__all__ = [
+    "Cancelled",
+    "Claimed",
+    "Committed",
+    "Compacted",
+    "Deleted",
+    "Delivered",
+    "Enqueued",
+    "LeaseGrant",
+    "Leased",
+    "Mutation",
+    "Pruned",
+    "Purged",
+    "Quarantined",
+    "Released",
+    "Renewed",
+    "Requeued",
+    "Settled",
+    "Unstaged",
+    "WorkerBeat",
+    "WorkerRegistered",
+    "WorkerRetired",
+]

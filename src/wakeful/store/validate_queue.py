@@ -1,0 +1,96 @@
+"""Input validation of the dispatch queue's arguments at the store boundary, shared by every
+backend (``wakeful.store.validate`` holds the rest and the JSON rules these use)."""
+
+from __future__ import annotations
+
+from wakeful.errors import InvalidInput
+from wakeful.ids import check_aware, check_count, check_id, check_optional_id
+from wakeful.records import IF_BUSY, Dispatch, DispatchStatus
+from wakeful.store.validate import (
+    MAX_DISPATCH_BYTES,
+    canonical,
+    check_json,
+    json_roundtrip,
+)
+
+
+def check_dispatch(dispatch: Dispatch) -> Dispatch:
+    if not isinstance(dispatch, Dispatch):
+        raise InvalidInput("dispatch", f"must be a Dispatch, got {type(dispatch).__name__}")
+    check_json("payload", dispatch.payload)
+    copy = json_roundtrip("dispatch", dispatch, Dispatch, MAX_DISPATCH_BYTES)
+    check_id("dispatch_id", copy.dispatch_id)
+    check_id("thread_id", copy.thread_id)
+    check_optional_id("dedupe_key", copy.dedupe_key)
+    check_optional_id("tenant", copy.tenant)
+    if copy.max_attempts < 1:
+        raise InvalidInput("max_attempts", "must be at least 1")
+    check_if_busy(copy)
+    if not -(2**31) <= copy.priority < 2**31:
+        raise InvalidInput("priority", "must fit in 32 bits")
+    if copy.available_at is not None:
+        check_aware("available_at", copy.available_at)
+    return copy
+
+
+def check_if_busy(d: Dispatch) -> None:
+    """``if_busy`` is a known policy the store can honour for ``d``'s kind. Only a run's
+    dispatch (``start``, ``message``) takes a policy; ``rollback`` needs the branch commit
+    of issue 37 and is refused until it exists."""
+    if d.if_busy not in IF_BUSY:
+        raise InvalidInput("if_busy", f"must be one of {sorted(IF_BUSY)}")
+    if d.if_busy == "rollback":
+        raise InvalidInput(
+            "if_busy",
+            "'rollback' is not yet supported (it needs the thread branch commit of issue 37); "
+            "use 'interrupt' to stop the busy run and keep what it committed",
+        )
+    if d.if_busy != "enqueue" and d.kind not in RUN_KINDS:
+        raise InvalidInput("if_busy", f"applies to {sorted(RUN_KINDS)} dispatches only")
+
+
+RUN_KINDS = frozenset(("start", "message"))
+"""The dispatch kinds that start a run and so wait for their thread's run slot."""
+SLOT_HOLDING = ("pending", "leased", "awaiting", "quarantined")
+"""The statuses in which a dispatch (of any kind) holds its thread's run slot."""
+
+
+def same_request(a: Dispatch, b: Dispatch) -> bool:
+    """The contract's notion of an identical enqueue: thread, kind, dedupe key, tenant and
+    the payload as JSON (key order ignored)."""
+    return (a.thread_id, a.kind, a.dedupe_key, a.tenant) == (
+        b.thread_id,
+        b.kind,
+        b.dedupe_key,
+        b.tenant,
+    ) and canonical(a.payload) == canonical(b.payload)
+
+
+DISPATCH_STATUSES = frozenset(("queued", "pending", "leased", "awaiting", "done", "quarantined"))
+
+
+def check_listing(
+    status: object, thread_id: object, after: object, limit: object, tenant: object = None
+) -> int:
+    """The arguments of ``list_dispatches``; returns the page size."""
+    if status is not None and status not in DISPATCH_STATUSES:
+        raise InvalidInput("status", f"must be one of {sorted(DISPATCH_STATUSES)}")
+    check_optional_id("thread_id", thread_id)
+    check_optional_id("tenant", tenant)
+    check_optional_id("after", after)
+    return check_count("limit", limit, minimum=1)
+
+
+QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = (
+    "queued",
+    "pending",
+    "leased",
+    "awaiting",
+    "quarantined",
+)
+"""The statuses ``queue_depths`` counts: open work (``done`` is history)."""
+
+
+def check_depth_limit(limit: object) -> int:
+    """The argument of ``queue_depths``."""
+    return check_count("limit", limit, minimum=1, maximum=2**31 - 1)
