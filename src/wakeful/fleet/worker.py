@@ -46,9 +46,10 @@ from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
+from wakeful.fleet.inputs import message_input
 from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver
-from wakeful.fleet.registry import Registry, Target
+from wakeful.fleet.registry import Registry
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
@@ -445,7 +446,9 @@ class Worker:
         consume: tuple[str, ...] = ()
         try:
             if kind == "message":
-                target, input, consume = await self._message_input(claim, latest, payload)
+                target, input, consume = await message_input(
+                    self.store, self.registry, claim.thread_id, latest, payload
+                )
                 if target is None:
                     return Done()  # already consumed by an earlier delivery
             else:
@@ -486,19 +489,6 @@ class Worker:
             await self._note(claim, "dispatch.refused", {"reason": str(busy)}, dispatch_id)
             return Settled(Done())
         return handle
-
-    async def _message_input(
-        self, claim: Claim, latest: Checkpoint | None, payload: dict[str, Any]
-    ) -> tuple[Target | None, Any, tuple[str, ...]]:
-        named = payload.get("target")
-        target = self.registry.get(str(named)) if named else self.registry.for_checkpoint(latest)
-        if payload.get("external"):
-            return target, payload.get("payload"), ()
-        message_id = str(payload.get("message_id"))
-        waiting = {m.message_id: m for m in await self.store.inbox(claim.thread_id)}
-        if message_id not in waiting:
-            return None, None, ()
-        return target, waiting[message_id].payload, (message_id,)
 
     async def _resume(
         self,
