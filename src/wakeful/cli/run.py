@@ -312,6 +312,7 @@ async def run_command(
     Exit codes: 0 completed or suspended; 1 failed, cancelled or indeterminate; 3 unknown
     target; 4 refused by the worker; 6 invalid input."""
     from wakeful.fleet import LocalWake, Worker, submit
+    from wakeful.runtime.sleeps import wake_at
 
     value = read_input(message, input_json, input_file)
     registry = load_registry(app)
@@ -342,7 +343,9 @@ async def run_command(
         running = asyncio.create_task(w.run(), name="worker")
         tasks: list[asyncio.Task[Any]] = [running]
         latest = snap.checkpoint if snap is not None else None
-        suspended = latest is not None and latest.status == "suspended"
+        # a run asleep wakes by itself (continued here first, once due): wait behind it
+        asleep = wake_at(latest) is not None
+        suspended = latest is not None and latest.status == "suspended" and not asleep
         try:
             try:
                 # A suspended run keeps the thread busy until it is resumed or cancelled:
