@@ -19,6 +19,7 @@ from wakeful.errors import InvalidInput
 from wakeful.fleet import LocalWake, Registry, Worker, cancel, submit
 from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, append
 from wakeful.runtime.alarms import wake_due
+from wakeful.runtime.sleeps import wake_at
 from wakeful.store.memory import MemoryStore
 
 POLICY = ClaimPolicy(ttl=30, renew_every=10)
@@ -303,3 +304,34 @@ async def test_a_restarted_process_wakes_a_due_sleep_of_an_embedded_run() -> Non
     assert outcome.status == "completed" and outcome.state == {"log": ["before", "woke", "after"]}
     assert await wake_due(second, "t1", graph) is None
     assert calls == {"before": 1, "nap": 2, "woke": 1, "after": 1}
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_slept_then_waits_for_an_answer_is_not_asleep() -> None:
+    """The checkpoints after a sleep carry its metadata on (``sleeps`` counts them), but a
+    later suspension on a question is not a sleep: nothing may show or wake it as one."""
+    clock = ManualClock()
+    store = MemoryStore(clock)
+
+    async def sleep(seconds: float) -> None:
+        clock.advance(seconds)
+
+    async def nap(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        await ctx.sleep(timedelta(seconds=90))
+        return {"log": ["woke"]}
+
+    async def ask(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        return {"log": [str(ctx.interrupt("go on?"))]}
+
+    g = Graph(State, name="nap-then-ask")
+    g.node("nap", nap)
+    g.node("ask", ask)
+    g.edge(START, "nap")
+    g.edge("nap", "ask")
+    runtime = Runtime(store, POLICY, clock, sleep=sleep)
+    outcome = await (await runtime.start("t1", g.compile(), {"log": []})).result()
+    assert outcome.status == "suspended" and outcome.wake_at is None
+    snap = await store.read("t1")
+    assert snap is not None and snap.checkpoint is not None
+    assert snap.checkpoint.metadata["sleeps"] == 1  # the sleep before the question
+    assert wake_at(snap.checkpoint) is None

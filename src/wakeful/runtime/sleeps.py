@@ -58,8 +58,14 @@ def sleep_ending(wake_at: datetime | None, now: datetime) -> Awaiting | Retry:
 
 
 def wake_at(cp: Checkpoint | None) -> datetime | None:
-    """When the suspended run of ``cp`` wakes, or ``None`` if it is not asleep."""
+    """When the suspended run of ``cp`` wakes, or ``None`` if it is not asleep (suspended
+    on a ticket other than a sleep's: ``wake_at`` stays in the metadata after a sleep)."""
     if cp is None or cp.status != "suspended":
+        return None
+    tickets = cp.metadata.get("tickets")
+    if not tickets or any(
+        not isinstance(t, dict) or t.get("schema") != SLEEP_SCHEMA for t in tickets
+    ):
         return None
     raw = cp.metadata.get("wake_at")
     return datetime.fromisoformat(raw) if isinstance(raw, str) else None
