@@ -335,3 +335,33 @@ async def test_a_run_that_slept_then_waits_for_an_answer_is_not_asleep() -> None
     assert snap is not None and snap.checkpoint is not None
     assert snap.checkpoint.metadata["sleeps"] == 1  # the sleep before the question
     assert wake_at(snap.checkpoint) is None
+
+
+@pytest.mark.asyncio
+async def test_a_sleeping_run_keeps_its_thread_busy(env: Env) -> None:
+    """Busy threads (issue 36): a run asleep is unfinished, so a submission waits behind it
+    (runs after it wakes and ends) and ``if_busy="interrupt"`` ends it interrupted."""
+    env.worker("w1")
+    await submit(env.store, "t1", "sleepy", {}, dispatch_id="d1", wake=env.wake)
+    await _asleep(env, "t1")
+    behind = await submit(env.store, "t1", "sleepy", {}, dispatch_id="d2", wake=env.wake)
+    assert behind.status == "queued" and behind.queued_behind == "d1"
+    await asyncio.sleep(0.2)  # ten polls: d2 is not claimable while d1's run sleeps
+    assert [r.run_id for r in await env.store.runs("t1")] == ["run-d1"]
+    env.clock.advance(3600)
+
+    async def both_asleep_in_turn() -> bool:
+        runs = {r.run_id: r.status for r in await env.store.runs("t1")}
+        return runs.get("run-d1") == "completed" and runs.get("run-d2") == "suspended"
+
+    await eventually(both_asleep_in_turn)
+    await submit(
+        env.store, "t1", "sleepy", {}, dispatch_id="d3", wake=env.wake, if_busy="interrupt"
+    )
+
+    async def interrupted() -> bool:
+        runs = {r.run_id: r.status for r in await env.store.runs("t1")}
+        return runs.get("run-d2") == "interrupted" and runs.get("run-d3") == "suspended"
+
+    await eventually(interrupted)
+    assert env.calls["before"] == 3 and env.calls["woke"] == 1 and env.calls["after"] == 1
