@@ -73,6 +73,14 @@ async def test_delays_are_validated(api: Api) -> None:
 async def test_a_sleeping_run_shows_sleeping_with_its_wake_time(api: Api) -> None:
     claim = await api.store.claim("t1", "rt", 30, tenant="alpha")
     wake = START + timedelta(days=3)
+    # what ctx.sleep records: its ticket, and the wake time
+    sleep_ticket = {
+        "id": "s0-t0-s1",
+        "task_id": "s0-t0",
+        "node": "nap",
+        "question": {"sleep_until": wake.isoformat()},
+        "schema": "wakeful.sleep",
+    }
     cp = Checkpoint(
         id="run-1-c1",
         parent=None,
@@ -81,7 +89,7 @@ async def test_a_sleeping_run_shows_sleeping_with_its_wake_time(api: Api) -> Non
         state={},
         created_at=START,
         tenant="alpha",
-        metadata={"wake_at": wake.isoformat(), "tickets": []},
+        metadata={"wake_at": wake.isoformat(), "tickets": [sleep_ticket]},
     )
     await api.store.commit("t1", Commit(token=claim.token, checkpoint=cp, release=True))
     view = (await api.client(ALPHA).get("/v1/threads/t1")).json()
