@@ -107,7 +107,13 @@ async def schedules_show(name: str, store: str | None, as_json: bool) -> None:
     show_default=True,
     help="Ticks missed while nothing fired.",
 )
-@click.option("--max-catch-up", default=10, show_default=True, type=click.IntRange(1, 10_000))
+@click.option(
+    "--max-catch-up",
+    default=10,
+    show_default=True,
+    type=click.IntRange(1, 10_000),
+    help="With --catch-up all: fire at most this many of the missed ticks (the latest).",
+)
 @click.option("--input", "input_json", default=None, help="Each run's input, as JSON.")
 @click.option("--tenant", default=None, help="The tenant the runs are submitted for.")
 @click.option("--paused", is_flag=True, help="Create it paused.")
