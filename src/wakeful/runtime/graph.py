@@ -147,11 +147,33 @@ class Graph:
         self.nodes: dict[str, NodeSpec] = {}
         self.edges: list[tuple[str, str]] = []
         self.routers: dict[str, tuple[Router, tuple[str, ...] | None]] = {}
+        self.subgraphs: dict[str, CompiledGraph] = {}
 
-    def node(self, name: str, fn: NodeFn, *, retry: RetryPolicy | None = None) -> Graph:
+    def node(
+        self,
+        name: str,
+        fn: NodeFn | CompiledGraph,
+        *,
+        retry: RetryPolicy | None = None,
+        input: Any = None,
+        output: Any = None,
+    ) -> Graph:
+        """Add a node: a function of ``(state[, ctx])`` returning updates, or a compiled graph
+        (a subgraph, run inside this graph's run: see docs/runtime.md "Subgraphs").
+        ``input``/``output`` (subgraphs only): a mapping of this graph's field -> the
+        subgraph's field, or a callable, for states that do not share field names."""
         check_id("node name", name)
         if name in self.nodes:
             raise GraphInvalid([f"node {name!r} is defined twice"])
+        if isinstance(fn, CompiledGraph):
+            from wakeful.runtime.subgraph import make_subgraph  # it builds on this module
+
+            sub = make_subgraph(name, fn, self.channels, input, output)
+            self.nodes[name] = NodeSpec(name, sub, retry, True, True)
+            self.subgraphs[name] = fn
+            return self
+        if input is not None or output is not None:
+            raise GraphInvalid([f"node {name!r}: input= and output= are for subgraph nodes"])
         params = [
             p
             for p in inspect.signature(fn).parameters.values()
@@ -232,6 +254,8 @@ class Graph:
                 (s, sorted(t) if t is not None else None) for s, (_, t) in self.routers.items()
             ),
         }
+        if self.subgraphs:  # a subgraph's change changes its parent's fingerprint
+            shape["subgraphs"] = sorted((k, g.fingerprint) for k, g in self.subgraphs.items())
         return hashlib.sha256(msgspec.json.encode(shape)).hexdigest()[:16]
 
 
@@ -293,6 +317,26 @@ class CompiledGraph:
         for key, value in updates.items():
             new[key] = self.graph.channels[key](new.get(key), value)
         return new
+
+    def barrier(
+        self, state: Any, results: list[tuple[str, Mapping[str, Any] | None]]
+    ) -> tuple[dict[str, Any], list[TaskSpec]]:
+        """A superstep's barrier: each finished task's ``(node, updates)`` applied in frontier
+        order through the reducers, then what runs next (a node triggered by several
+        predecessors once, each ``Send`` once)."""
+        new = dict(state or {})
+        for _, updates in results:
+            new = self.apply(new, updates or {})
+        tasks: list[TaskSpec] = []
+        triggered: set[str] = set()
+        for node, _ in results:
+            for task in self.next_tasks(node, new):
+                if task.sent:
+                    tasks.append(task)
+                elif task.node not in triggered:
+                    triggered.add(task.node)
+                    tasks.append(task)
+        return new, tasks
 
     def next_tasks(self, source: str, state: dict[str, Any]) -> list[TaskSpec]:
         """What runs after ``source`` (or after ``START``) given the state at the barrier."""

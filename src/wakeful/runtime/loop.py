@@ -49,7 +49,7 @@ from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.events import LiveHub
-from wakeful.runtime.graph import CompiledGraph, TaskSpec, call_node
+from wakeful.runtime.graph import CompiledGraph, call_node
 from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries, successor
 from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span
 from wakeful.store.contract import ThreadStore
@@ -154,28 +154,44 @@ class Execution:
         if self._history is not None:
             self._history.extend(messages)
 
-    async def commit_mark(self, task_id: str, node: str, name: str) -> None:
-        if self.durability == "exit":
-            raise InvalidInput("durability", "a task mark needs sync or async durability")
+    async def commit_writes(
+        self,
+        writes: tuple[PendingWrite, ...],
+        events: tuple[EventDraft, ...] = (),
+        messages: tuple[Message, ...] = (),
+        outbox: tuple[OutboxEntry, ...] = (),
+        now: bool = False,
+    ) -> None:
+        """Commit writes against the current checkpoint (a mark, a subgraph's progress):
+        through the durability mode's writer, or synchronously (``now``)."""
         cp = self.checkpoint
-        mark_id = f"{task_id}.mark.{name}"
-        write = PendingWrite(checkpoint_id=cp.id, task_id=mark_id, node=node, value={"mark": name})
-        event = EventDraft(
-            type="task.marked", data={"mark": name}, run_id=self.run_id, task_id=task_id
+        commit = Commit(
+            token=self.claim.token,
+            writes=writes,
+            events=events,
+            messages=messages,
+            outbox=outbox,
+            operation_id=f"{cp.id}:{writes[0].task_id}",
         )
         try:
-            await self._writer.commit_now(
-                Commit(
-                    token=self.claim.token,
-                    writes=(write,),
-                    events=(event,),
-                    operation_id=f"{cp.id}:{mark_id}",
-                )
-            )
+            await (self._writer.commit_now(commit) if now else self._writer.submit(commit))
         except Exception as exc:
             self._fenced(exc)
             raise
-        self.writes[mark_id] = write
+        self._recorded(messages)
+        self.writes.update((w.task_id, w) for w in writes)
+
+    async def commit_mark(self, task_id: str, node: str, name: str) -> None:
+        if self.durability == "exit":
+            raise InvalidInput("durability", "a task mark needs sync or async durability")
+        mark_id = f"{task_id}.mark.{name}"
+        write = PendingWrite(
+            checkpoint_id=self.checkpoint.id, task_id=mark_id, node=node, value={"mark": name}
+        )
+        event = EventDraft(
+            type="task.marked", data={"mark": name}, run_id=self.run_id, task_id=task_id
+        )
+        await self.commit_writes((write,), (event,), now=True)
 
     def has_mark(self, task_id: str, name: str) -> bool:
         return f"{task_id}.mark.{name}" in self.writes
@@ -273,7 +289,7 @@ class Execution:
             raise RunFailed(self.thread_id, self.run_id, error)
         results = await self._run_frontier(cp, step, traced)
         self._check()
-        tickets = tuple(r.ticket for r in results if r.ticket is not None)
+        tickets = tuple(t for r in results for t in r.tickets)
         if tickets:
             return await self._suspend(cp, results, tickets)
         failed = [r for r in results if r.error is not None]
@@ -287,7 +303,9 @@ class Execution:
             await self._end("failed", "run.failed", {"error": error})
             raise RunFailed(self.thread_id, self.run_id, error)
         try:
-            state, tasks = self._barrier(cp, results)
+            state, tasks = self.graph.barrier(
+                cp.state, [(r.entry["node"], r.updates) for r in results]
+            )
         except Exception as exc:
             error = f"barrier of step {step} failed: {exc}"
             await self._end("failed", "run.failed", {"error": error})
@@ -381,6 +399,7 @@ class Execution:
                 wants_live=wants_live,
                 services=self,
                 arg=entry.get("arg"),
+                sent=bool(entry.get("sent")),
                 progress=self.progress,
                 recovered=cp.id == self.recovered_at,
                 fresh=self.admitted or cp.id != self._entry,
@@ -389,7 +408,7 @@ class Execution:
                 updates = await call_node(spec, entry, cp.state, ctx)
                 break
             except Interrupt as interrupt:
-                return TaskResult(entry, ticket=interrupt.ticket)
+                return TaskResult(entry, tickets=interrupt.tickets, carry=interrupt.carry)
             except Exception as exc:
                 retry = spec.retry
                 if (
@@ -457,25 +476,6 @@ class Execution:
                 await callback()
             except Exception as exc:
                 log.warning("an after-commit callback of %s failed: %s", self.thread_id, exc)
-
-    # ---------------------------------------------------------------- barrier
-
-    def _barrier(
-        self, cp: Checkpoint, results: list[TaskResult]
-    ) -> tuple[dict[str, Any], list[TaskSpec]]:
-        state = dict(cp.state or {})
-        for result in results:
-            state = self.graph.apply(state, result.updates or {})
-        tasks: list[TaskSpec] = []
-        triggered: set[str] = set()
-        for result in results:
-            for task in self.graph.next_tasks(result.entry["node"], state):
-                if task.sent:
-                    tasks.append(task)
-                elif task.node not in triggered:
-                    triggered.add(task.node)
-                    tasks.append(task)
-        return state, tasks
 
     # ---------------------------------------------------------------- commits
 
@@ -565,6 +565,8 @@ class Execution:
             )
             for r in results
             if r.updates is not None
+        ) + tuple(  # a subgraph's progress, so that resuming continues inside it
+            msgspec.structs.replace(w, checkpoint_id=suspended.id) for r in results for w in r.carry
         )
         event = EventDraft(
             type="run.suspended",

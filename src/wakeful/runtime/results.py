@@ -10,7 +10,14 @@ from typing import Any
 
 import msgspec
 
-from wakeful.records import Checkpoint, EventDraft, Message, OutboxEntry, RunStatus
+from wakeful.records import (
+    Checkpoint,
+    EventDraft,
+    Message,
+    OutboxEntry,
+    PendingWrite,
+    RunStatus,
+)
 from wakeful.runtime.context import Ticket
 from wakeful.runtime.graph import TaskSpec
 from wakeful.runtime.spans import traced_metadata
@@ -98,7 +105,9 @@ def frontier_entries(step: int, tasks: list[TaskSpec]) -> list[dict[str, Any]]:
 class TaskResult:
     entry: dict[str, Any]
     updates: dict[str, Any] | None = None
-    ticket: Ticket | None = None
+    tickets: tuple[Ticket, ...] = ()
+    carry: tuple[PendingWrite, ...] = ()
+    """Writes the suspended checkpoint carries for this interrupted task (a subgraph's)."""
     error: str | None = None
     transient: bool = False
     """The error is retryable (a ``WakefulError`` with ``retryable``): do not fail the run."""
