@@ -14,7 +14,7 @@ import pytest
 from tests.runtime_support import eventually, kill_when_ready, store_url
 from tests.subgraph_child import Inner, Outer, build
 from wakeful import ManualClock, open_store
-from wakeful.errors import GraphInvalid
+from wakeful.errors import CheckpointWriteFailed, GraphInvalid
 from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, Send, append
 from wakeful.store.memory import MemoryStore
 
@@ -261,3 +261,33 @@ async def test_durability_modes_decide_when_the_subgraphs_snapshots_are_stored(
     gate.set()
     outcome = await handle.result()
     assert outcome.status == "completed" and outcome.state["report"] == "write"
+
+
+@pytest.mark.asyncio
+async def test_a_recovered_subgraph_does_not_offer_an_answer_its_completed_step_consumed() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    gate, hanging = asyncio.Event(), asyncio.Event()
+    attempts = {"first": True}
+
+    async def ask(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        if state.get("notes") and attempts["first"]:
+            hanging.set()
+            await gate.wait()  # the first attempt dies here, in the child's second step
+        return {"notes": [str(ctx.interrupt(len(state.get("notes", []))))]}
+
+    loop = Graph(Inner, name="loop").node("ask", ask).edge(START, "ask")
+    loop.conditional_edge("ask", lambda s: "ask" if len(s["notes"]) < 2 else "__end__")
+    graph = Graph(Outer).node("r", loop.compile()).edge(START, "r").compile()
+    first = Runtime(store, holder="first")
+    await (await first.start("t", graph, {"topic": "x"})).result()
+    abandoned = await first.resume("t", graph, {"r/ask-i1": "one"})
+    await asyncio.wait_for(hanging.wait(), 10)
+    attempts["first"] = False
+    clock.advance(31)  # the first attempt's claim lapses
+    recovered = await (await Runtime(store, holder="second").recover("t", graph)).result()
+    assert recovered.status == "suspended", "the answer to the first question is not reused"
+    assert [t.id for t in recovered.tickets] == ["r/ask-i1"] and recovered.tickets[0].question == 1
+    gate.set()
+    with pytest.raises(CheckpointWriteFailed):  # the abandoned attempt records nothing more
+        await abandoned.result()
