@@ -13,7 +13,7 @@ import pytest
 
 from tests.runtime_support import eventually, kill_when_ready, store_url
 from tests.subgraph_child import Inner, Outer, build
-from wakeful import ManualClock, open_store
+from wakeful import ManualClock, history, open_store
 from wakeful.errors import CheckpointWriteFailed, GraphInvalid
 from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, Send, append
 from wakeful.store.memory import MemoryStore
@@ -164,6 +164,16 @@ async def test_an_interrupt_in_a_subgraph_inside_a_subgraph_names_the_whole_path
     done = await (await runtime.resume("t", graph, {"outer/deep/ask-i1": 7})).result()
     assert done.status == "completed" and done.state["report"] == "a/answer:7"
     assert calls == ["a", "ask", "ask", "b"]
+    # the history shows the nesting: the checkpoint the subgraph node produced says what ran
+    entries = await history(runtime.store, "t")
+    produced = [e for e in entries if e.subgraphs]
+    assert [(e.nodes, e.status) for e in produced] == [(["outer"], "completed")]
+    assert [e.subgraphs for e in produced] == [
+        {
+            "outer": {"graph": "middle", "steps": [["deep"], ["tail"]]},
+            "outer/deep": {"graph": "deep", "steps": [["a"], ["ask"], ["b"]]},
+        }
+    ]
 
 
 @pytest.mark.asyncio

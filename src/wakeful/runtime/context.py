@@ -3,16 +3,20 @@ interrupts, and event emission."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from wakeful.records import Checkpoint, EventDraft, Message, OutboxEntry, PendingWrite
 from wakeful.runtime.claims import Progress, Sleep
 from wakeful.store.contract import ThreadStore
+
+if TYPE_CHECKING:
+    from wakeful.runtime.graph import NodeSpec
 
 
 class Ticket(msgspec.Struct, frozen=True, kw_only=True):
@@ -127,6 +131,10 @@ class NodeContext:
         self.messages: list[Message] = []
         self.outbox: list[OutboxEntry] = []
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
+        self.subgraphs: dict[str, Any] = {}
+        """Filled by a subgraph node: what ran inside it, by node path (``{"research":
+        {"graph": ..., "steps": [[nodes], ...]}}``), recorded in the next checkpoint's
+        ``metadata["subgraphs"]``."""
 
     @property
     def idempotency_key(self) -> str:
@@ -264,3 +272,22 @@ class NodeContext:
     def emit_live(self, type: str, data: Any = None) -> None:
         """A live event for this process's subscribers only; never stored."""
         self._emit_live(type, data)
+
+
+async def call_node(spec: NodeSpec, entry: dict[str, Any], state: Any, ctx: NodeContext) -> Any:
+    """Call a node with its input (the state, or the ``Send`` argument) and validate what it
+    returns: a dict of JSON-encodable updates, or ``None``."""
+    value = entry.get("arg") if entry.get("sent") else dict(state or {})
+    args = (value, ctx) if spec.takes_ctx else (value,)
+    if spec.is_async:
+        updates = await spec.fn(*args)
+    else:
+        updates = await asyncio.to_thread(spec.fn, *args)
+    if updates is None:
+        return {}
+    if not isinstance(updates, dict):
+        raise TypeError(f"returned {type(updates).__name__}; return a dict of updates or None")
+    try:
+        return msgspec.json.decode(msgspec.json.encode(updates))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"returned updates that are not JSON: {exc}") from exc

@@ -3,7 +3,6 @@ fan-out with ``Send``, validation and a structural fingerprint."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import inspect
 import typing
@@ -18,7 +17,7 @@ from wakeful.errors import GraphInvalid, InvalidInput
 from wakeful.ids import check_id
 
 if TYPE_CHECKING:
-    from wakeful.runtime.context import NodeContext
+    pass
 
 START = "__start__"
 END = "__end__"
@@ -69,25 +68,6 @@ class NodeSpec:
     retry: RetryPolicy | None
     takes_ctx: bool
     is_async: bool
-
-
-async def call_node(spec: NodeSpec, entry: dict[str, Any], state: Any, ctx: NodeContext) -> Any:
-    """Call a node with its input (the state, or the ``Send`` argument) and validate what it
-    returns: a dict of JSON-encodable updates, or ``None``."""
-    value = entry.get("arg") if entry.get("sent") else dict(state or {})
-    args = (value, ctx) if spec.takes_ctx else (value,)
-    if spec.is_async:
-        updates = await spec.fn(*args)
-    else:
-        updates = await asyncio.to_thread(spec.fn, *args)
-    if updates is None:
-        return {}
-    if not isinstance(updates, dict):
-        raise TypeError(f"returned {type(updates).__name__}; return a dict of updates or None")
-    try:
-        return msgspec.json.decode(msgspec.json.encode(updates))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"returned updates that are not JSON: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -317,6 +297,10 @@ class CompiledGraph:
         for key, value in updates.items():
             new[key] = self.graph.channels[key](new.get(key), value)
         return new
+
+    def start_tasks(self, state: dict[str, Any]) -> list[TaskSpec]:
+        """What a run of this graph starts with, given its first state."""
+        return self.next_tasks(START, state)
 
     def barrier(
         self, state: Any, results: list[tuple[str, Mapping[str, Any] | None]]

@@ -22,7 +22,6 @@ import msgspec
 from wakeful.clock import Clock
 from wakeful.errors import (
     CheckpointWriteFailed,
-    InvalidInput,
     RunCancelled,
     RunFailed,
     RunInterrupted,
@@ -46,12 +45,20 @@ from wakeful.records import (
     Settle,
 )
 from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
-from wakeful.runtime.context import Interrupt, NodeContext, Ticket
+from wakeful.runtime.context import Interrupt, NodeContext, Ticket, call_node
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.events import LiveHub
-from wakeful.runtime.graph import CompiledGraph, call_node
-from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries, successor
+from wakeful.runtime.graph import CompiledGraph
+from wakeful.runtime.results import (
+    RunOutcome,
+    TaskResult,
+    frontier_entries,
+    reused,
+    successor,
+    task_value,
+)
 from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span
+from wakeful.runtime.taskwrites import TaskWrites
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
@@ -62,7 +69,7 @@ HISTORY_PAGE = 1000
 
 
 @dataclass(slots=True)  # its ~30 fields would need a 1.6 KB dict per run
-class Execution:
+class Execution(TaskWrites):
     store: ThreadStore
     graph: CompiledGraph
     thread_id: str
@@ -153,48 +160,6 @@ class Execution:
         self.message_count += len(messages)
         if self._history is not None:
             self._history.extend(messages)
-
-    async def commit_writes(
-        self,
-        writes: tuple[PendingWrite, ...],
-        events: tuple[EventDraft, ...] = (),
-        messages: tuple[Message, ...] = (),
-        outbox: tuple[OutboxEntry, ...] = (),
-        now: bool = False,
-    ) -> None:
-        """Commit writes against the current checkpoint (a mark, a subgraph's progress):
-        through the durability mode's writer, or synchronously (``now``)."""
-        cp = self.checkpoint
-        commit = Commit(
-            token=self.claim.token,
-            writes=writes,
-            events=events,
-            messages=messages,
-            outbox=outbox,
-            operation_id=f"{cp.id}:{writes[0].task_id}",
-        )
-        try:
-            await (self._writer.commit_now(commit) if now else self._writer.submit(commit))
-        except Exception as exc:
-            self._fenced(exc)
-            raise
-        self._recorded(messages)
-        self.writes.update((w.task_id, w) for w in writes)
-
-    async def commit_mark(self, task_id: str, node: str, name: str) -> None:
-        if self.durability == "exit":
-            raise InvalidInput("durability", "a task mark needs sync or async durability")
-        mark_id = f"{task_id}.mark.{name}"
-        write = PendingWrite(
-            checkpoint_id=self.checkpoint.id, task_id=mark_id, node=node, value={"mark": name}
-        )
-        event = EventDraft(
-            type="task.marked", data={"mark": name}, run_id=self.run_id, task_id=task_id
-        )
-        await self.commit_writes((write,), (event,), now=True)
-
-    def has_mark(self, task_id: str, name: str) -> bool:
-        return f"{task_id}.mark.{name}" in self.writes
 
     def _fenced(self, cause: BaseException) -> None:
         if self.fence is None:
@@ -312,8 +277,15 @@ class Execution:
             raise RunFailed(self.thread_id, self.run_id, error) from exc
         status: RunStatus = "running" if tasks else "completed"
         messages = tuple(m for r in results for m in r.messages)
+        nested = {path: ran for r in results for path, ran in r.subgraphs.items()}
         nxt = self._next_checkpoint(
-            cp, status, state, frontier_entries(step + 1, tasks), len(messages), step=step + 1
+            cp,
+            status,
+            state,
+            frontier_entries(step + 1, tasks),
+            len(messages),
+            step=step + 1,
+            subgraphs=nested,
         )
         carried = tuple(e for r in results for e in r.events)
         outbox = tuple(o for r in results for o in r.outbox)
@@ -361,7 +333,7 @@ class Execution:
             if recorded is not None:
                 if traced:
                     reused_task(entry, step)
-                return TaskResult(entry, updates=recorded.value.get("updates") or {})
+                return reused(entry, recorded)
             async with limit:
                 if not traced:
                     return await self._run_task(cp, step, entry, answers)
@@ -444,9 +416,11 @@ class Execution:
                 messages=messages,
                 outbox=outbox,
                 callbacks=callbacks,
+                subgraphs=ctx.subgraphs,
             )
+        result = TaskResult(entry, updates=updates, subgraphs=ctx.subgraphs)
         write = PendingWrite(
-            checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value={"updates": updates}
+            checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value=task_value(result)
         )
         try:
             await self._writer.submit(
@@ -461,10 +435,10 @@ class Execution:
             )
         except Exception as exc:
             self._fenced(exc)
-            return TaskResult(entry, updates=updates)
+            return result
         self._recorded(messages)
         await self._run_callbacks(callbacks)
-        return TaskResult(entry, updates=updates)
+        return result
 
     async def _run_callbacks(self, callbacks: tuple[Callable[[], Awaitable[None]], ...]) -> None:
         if not callbacks:
@@ -561,7 +535,7 @@ class Execution:
                 checkpoint_id=suspended.id,
                 task_id=r.entry["id"],
                 node=r.entry["node"],
-                value={"updates": r.updates},
+                value=task_value(r),
             )
             for r in results
             if r.updates is not None

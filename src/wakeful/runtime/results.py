@@ -4,9 +4,9 @@ returns to the superstep (``TaskResult``); ``frontier_entries`` names a superste
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -19,8 +19,10 @@ from wakeful.records import (
     RunStatus,
 )
 from wakeful.runtime.context import Ticket
-from wakeful.runtime.graph import TaskSpec
 from wakeful.runtime.spans import traced_metadata
+
+if TYPE_CHECKING:
+    from wakeful.runtime.graph import TaskSpec
 
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,17 +69,18 @@ def successor(
 ) -> Checkpoint:
     """The run's checkpoint after ``cp``. Its metadata records the message count as of it
     (``messages``) and the nodes whose tasks produced it (``cp``'s frontier): time travel
-    reads both (docs/time-travel.md)."""
+    reads both (docs/time-travel.md). ``meta["subgraphs"]``, when not empty, records what
+    ran inside the subgraph nodes of that superstep, by node path."""
     ordinal = int(cp.metadata.get("ordinal", 0)) + 1
     metadata = {
-        **cp.metadata,
+        **{k: v for k, v in cp.metadata.items() if k != "subgraphs"},
         "ordinal": ordinal,
         "answers": {},
         "tickets": [],
         "source": "loop",
         "nodes": list(dict.fromkeys(str(e["node"]) for e in cp.frontier)),
         "messages": messages,
-        **meta,
+        **{k: v for k, v in meta.items() if k != "subgraphs" or v},
     }
     if trace:
         metadata = traced_metadata(metadata, trace)
@@ -116,6 +119,23 @@ class TaskResult:
     messages: tuple[Message, ...] = ()
     outbox: tuple[OutboxEntry, ...] = ()
     callbacks: tuple[Callable[[], Awaitable[None]], ...] = ()
+    subgraphs: dict[str, Any] = field(default_factory=dict)
+    """For a subgraph node: what ran inside it, by node path (checkpoint metadata)."""
+
+
+def task_value(result: TaskResult) -> dict[str, Any]:
+    """A finished task's pending write value: its updates (and its subgraphs' record)."""
+    if result.subgraphs:
+        return {"updates": result.updates, "subgraphs": result.subgraphs}
+    return {"updates": result.updates}
+
+
+def reused(entry: dict[str, Any], write: PendingWrite) -> TaskResult:
+    """The result of a task an earlier attempt finished, from its pending write."""
+    value = write.value
+    return TaskResult(
+        entry, updates=value.get("updates") or {}, subgraphs=value.get("subgraphs") or {}
+    )
 
 
 __all__ = ["RunOutcome", "TaskResult", "frontier_entries"]

@@ -22,13 +22,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wakeful.errors import GraphInvalid
 from wakeful.records import EventDraft, PendingWrite
-from wakeful.runtime.context import Interrupt, NodeContext
-from wakeful.runtime.graph import START, CompiledGraph, Reducer, call_node
-from wakeful.runtime.results import TaskResult, frontier_entries
+from wakeful.runtime.context import Interrupt, NodeContext, call_node
+from wakeful.runtime.results import TaskResult, frontier_entries, reused, task_value
+
+if TYPE_CHECKING:  # the graph module builds subgraph nodes with this one
+    from wakeful.runtime.graph import CompiledGraph, Reducer
 
 SNAPSHOT = "subgraph"
 """The key of a snapshot write's value."""
@@ -127,9 +129,11 @@ class ChildRun:
         """The child run to its end (its final state); raises ``Interrupt`` to suspend."""
         cp = self.services.checkpoint
         self.snapshot = self._latest()
+        steps: list[list[str]] = []  # the nodes of each child superstep, for the metadata
+        nested: dict[str, Any] = {}  # what ran in subgraphs inside this one
         if self.snapshot is None:
             state = self.graph.apply({}, self.graph.check_input(input))
-            step, frontier, used = 0, frontier_entries(0, self.graph.next_tasks(START, state)), None
+            step, frontier, used = 0, frontier_entries(0, self.graph.start_tasks(state)), None
         else:
             snap = self.snapshot.value[SNAPSHOT]
             state, step, frontier, used = (
@@ -138,6 +142,7 @@ class ChildRun:
                 snap["frontier"],
                 snap["used"],
             )
+            steps, nested = snap["steps"], snap["nested"]
         answers = {} if used == cp.id else dict(cp.metadata.get("answers", {}))
         first = True
         while frontier:
@@ -155,6 +160,8 @@ class ChildRun:
             step, answers, first = step + 1, {}, False
             frontier = frontier_entries(step, tasks)
             nodes = list(dict.fromkeys(str(r.entry["node"]) for r in results))
+            steps = [*steps, nodes]
+            nested = {**nested, **{k: v for r in results for k, v in r.subgraphs.items()}}
             done = EventDraft(
                 type="subgraph.step.completed",
                 data={
@@ -171,6 +178,8 @@ class ChildRun:
             outbox = tuple(o for r in results for o in r.outbox)
             self.ctx.committed_callbacks.extend(c for r in results for c in r.callbacks)
             if not frontier:  # the last superstep goes with the node's result
+                self.ctx.subgraphs.update({self.path: {"graph": self.graph.name, "steps": steps}})
+                self.ctx.subgraphs.update(nested)
                 self.ctx.events.extend(events)
                 self.ctx.messages.extend(messages)
                 self.ctx.outbox.extend(outbox)
@@ -184,7 +193,8 @@ class ChildRun:
                         "path": self.path,
                         "graph": self.graph.name,
                         "step": step,
-                        "nodes": nodes,
+                        "steps": steps,
+                        "nested": nested,
                         "state": state,
                         "frontier": frontier,
                         "used": cp.id,
@@ -220,7 +230,7 @@ class ChildRun:
         async def one(entry: dict[str, Any]) -> TaskResult:
             recorded = self.services.writes.get(f"{self.ns}:{entry['id']}")
             if recorded is not None:
-                return TaskResult(entry, updates=recorded.value.get("updates") or {})
+                return reused(entry, recorded)
             async with limit:
                 return await self._task(step, entry, state, answers, first, len(frontier) == 1)
 
@@ -282,6 +292,7 @@ class ChildRun:
             messages=tuple(ctx.messages),
             outbox=tuple(ctx.outbox),
             callbacks=tuple(ctx.committed_callbacks),
+            subgraphs=ctx.subgraphs,
         )
         if single:  # the snapshot commit follows at once and carries it
             return result
@@ -289,7 +300,9 @@ class ChildRun:
             checkpoint_id=self.services.checkpoint.id,
             task_id=task_id,
             node=spec.name,
-            value={"updates": updates},
+            value=task_value(result),
         )
         await self.services.commit_writes((write,), events, result.messages, result.outbox)
-        return TaskResult(entry, updates=updates, callbacks=result.callbacks)
+        return TaskResult(
+            entry, updates=updates, callbacks=result.callbacks, subgraphs=ctx.subgraphs
+        )
