@@ -14,7 +14,7 @@ import pytest
 from tests.runtime_support import eventually, kill_when_ready, store_url
 from tests.subgraph_child import Inner, Outer, build
 from wakeful import ManualClock, history, open_store
-from wakeful.errors import CheckpointWriteFailed, GraphInvalid
+from wakeful.errors import CheckpointWriteFailed, GraphInvalid, RunFailed
 from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, Send, append
 from wakeful.store.memory import MemoryStore
 
@@ -301,3 +301,73 @@ async def test_a_recovered_subgraph_does_not_offer_an_answer_its_completed_step_
     gate.set()
     with pytest.raises(CheckpointWriteFailed):  # the abandoned attempt records nothing more
         await abandoned.result()
+
+
+def parallel_child(calls: list[str], block: asyncio.Event | None, ask: bool) -> Any:
+    """A subgraph whose first superstep runs ``a`` and ``b`` in parallel: ``b`` waits on
+    ``block`` (when given) or asks a question (``ask``)."""
+
+    async def a(state: dict[str, Any]) -> dict[str, Any]:
+        calls.append("a")
+        return {"notes": ["a"]}
+
+    async def b(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        calls.append("b")
+        if block is not None:
+            await block.wait()
+        answer = ctx.interrupt("b?") if ask else "-"
+        return {"notes": [f"b{answer}"]}
+
+    g = Graph(Inner, name="par").node("a", a).node("b", b)
+    g.node("join", lambda s: {"report": ",".join(sorted(s["notes"]))})
+    g.edge(START, "a").edge(START, "b").edge("a", "join").edge("b", "join")
+    return Graph(Outer).node("r", g.compile()).edge(START, "r").compile()
+
+
+@pytest.mark.asyncio
+async def test_a_finished_task_of_a_parallel_child_superstep_is_reused_after_a_crash() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    calls: list[str] = []
+    block = asyncio.Event()
+    abandoned = await Runtime(store, holder="first").start(
+        "t", parallel_child(calls, block, ask=False), {"topic": "x"}
+    )
+
+    async def a_written() -> bool:
+        snap = await store.read("t")
+        return snap is not None and [w.task_id for w in snap.writes] == ["s0-t0:r:s0-t0"]
+
+    await eventually(a_written)  # a's result is committed under its namespaced task id
+    clock.advance(31)  # the first attempt's claim lapses while b hangs
+    graph = parallel_child(calls, None, ask=False)
+    outcome = await (await Runtime(store, holder="second").recover("t", graph)).result()
+    assert outcome.state["report"] == "a,b-"
+    assert calls == ["a", "b", "b"], "a finished before the crash and was not run again"
+    block.set()
+    with pytest.raises(CheckpointWriteFailed):
+        await abandoned.result()
+
+
+@pytest.mark.asyncio
+async def test_a_suspension_keeps_the_finished_siblings_of_an_interrupted_child_task() -> None:
+    calls: list[str] = []
+    graph = parallel_child(calls, None, ask=True)
+    runtime = Runtime(MemoryStore(ManualClock()))
+    suspended = await (await runtime.start("t", graph, {"topic": "x"})).result()
+    assert [t.id for t in suspended.tickets] == ["r/b-i1"]
+    done = await (await runtime.resume("t", graph, {"r/b-i1": "!"})).result()
+    assert done.state["report"] == "a,b!"
+    assert calls == ["a", "b", "b"]
+
+
+@pytest.mark.asyncio
+async def test_a_failing_child_node_fails_the_run_naming_the_subgraph_node() -> None:
+    def broken(state: dict[str, Any]) -> dict[str, Any]:
+        raise ValueError("no sources")
+
+    sub = Graph(Inner, name="r").node("search", broken).edge(START, "search").compile()
+    graph = Graph(Outer).node("research", sub).edge(START, "research").compile()
+    handle = await Runtime(MemoryStore(ManualClock())).start("t", graph, {"topic": "x"})
+    with pytest.raises(RunFailed, match="node 'research' failed: ValueError: no sources"):
+        await handle.result()
