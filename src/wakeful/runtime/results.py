@@ -73,15 +73,17 @@ def successor(
     ran inside the subgraph nodes of that superstep, by node path."""
     ordinal = int(cp.metadata.get("ordinal", 0)) + 1
     metadata = {
-        **{k: v for k, v in cp.metadata.items() if k != "subgraphs"},
+        **cp.metadata,
         "ordinal": ordinal,
         "answers": {},
         "tickets": [],
         "source": "loop",
         "nodes": list(dict.fromkeys(str(e["node"]) for e in cp.frontier)),
         "messages": messages,
-        **{k: v for k, v in meta.items() if k != "subgraphs" or v},
+        **meta,
     }
+    if not meta.get("subgraphs"):  # a record of its own superstep only, never inherited
+        metadata.pop("subgraphs", None)
     if trace:
         metadata = traced_metadata(metadata, trace)
     return Checkpoint(
