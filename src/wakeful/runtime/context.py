@@ -3,19 +3,23 @@ interrupts, and event emission."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import InvalidInput
-from wakeful.records import EventDraft, Message, OutboxEntry
-from wakeful.runtime.claims import Progress
+from wakeful.records import Checkpoint, EventDraft, Message, OutboxEntry, PendingWrite
+from wakeful.runtime.claims import Progress, Sleep
 from wakeful.store.contract import ThreadStore
+
+if TYPE_CHECKING:
+    from wakeful.runtime.graph import NodeSpec
 
 
 class Ticket(msgspec.Struct, frozen=True, kw_only=True):
@@ -30,11 +34,15 @@ class Ticket(msgspec.Struct, frozen=True, kw_only=True):
 
 class Interrupt(Exception):
     """Raised inside a node by ``ctx.interrupt`` when its ticket has no answer yet. The task
-    stops; the run suspends at the barrier."""
+    stops; the run suspends at the barrier. A subgraph node raises one for all the tickets
+    of its child superstep, with the pending writes (its progress) that the suspended
+    checkpoint must carry so that the resumed run continues inside the subgraph."""
 
-    def __init__(self, ticket: Ticket) -> None:
+    def __init__(self, ticket: Ticket, *more: Ticket, carry: tuple[PendingWrite, ...] = ()) -> None:
         self.ticket = ticket
-        super().__init__(f"interrupted: ticket {ticket.id}")
+        self.tickets = (ticket, *more)
+        self.carry = carry
+        super().__init__(f"interrupted: tickets {[t.id for t in self.tickets]}")
 
 
 SLEEP_SCHEMA = "wakeful.sleep"
@@ -60,8 +68,22 @@ class TaskServices(Protocol):
     """What the execution offers a running task."""
 
     store: ThreadStore
+    checkpoint: Checkpoint
+    writes: dict[str, PendingWrite]
+
+    @property
+    def sleep(self) -> Sleep: ...
 
     async def history(self) -> list[Message]: ...
+
+    async def commit_writes(
+        self,
+        writes: tuple[PendingWrite, ...],
+        events: tuple[EventDraft, ...] = (),
+        messages: tuple[Message, ...] = (),
+        outbox: tuple[OutboxEntry, ...] = (),
+        now: bool = False,
+    ) -> None: ...
 
     async def commit_mark(self, task_id: str, node: str, name: str) -> None: ...
 
@@ -89,6 +111,8 @@ class NodeContext:
         fresh: bool = False,
         wants_live: Callable[[str], bool] | None = None,
         clock: Clock | None = None,
+        sent: bool = False,
+        path: str | None = None,
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -107,6 +131,12 @@ class NodeContext:
         attempt committed (a new run's first, or one after a barrier), not to the one a
         recovery or a resume continues from. So there is nothing of an earlier attempt to
         look for (a stream checkpoint of the agent's model turn)."""
+        self.sent = sent
+        """The task was started by a ``Send`` (so its node may run more than once in the
+        superstep)."""
+        self.path = path
+        """For a task inside a subgraph: its node path (``research/plan``), which names its
+        tickets; ``None`` at the top level (tickets are named by the task id)."""
         self._answers = answers
         self._interrupts = 0
         self._sleeps = 0
@@ -119,6 +149,10 @@ class NodeContext:
         self.messages: list[Message] = []
         self.outbox: list[OutboxEntry] = []
         self.committed_callbacks: list[Callable[[], Awaitable[None]]] = []
+        self.subgraphs: dict[str, Any] = {}
+        """Filled by a subgraph node: what ran inside it, by node path (``{"research":
+        {"graph": ..., "steps": [[nodes], ...]}}``), recorded in the next checkpoint's
+        ``metadata["subgraphs"]``."""
 
     @property
     def idempotency_key(self) -> str:
@@ -183,7 +217,7 @@ class NodeContext:
         """Suspend the run with a ticket asking ``question``; returns the answer once the run
         is resumed with one. Tasks that finished in the same superstep are not run again."""
         self._interrupts += 1
-        ticket_id = f"{self.task_id}-i{self._interrupts}"
+        ticket_id = f"{self.path or self.task_id}-i{self._interrupts}"
         if ticket_id in self._answers:
             return self._answers[ticket_id]
         raise Interrupt(
@@ -211,7 +245,7 @@ class NodeContext:
         if not isinstance(when, datetime) or when.utcoffset() is None:
             raise InvalidInput("when", "must be a timezone-aware datetime")
         self._sleeps += 1
-        ticket_id = f"{self.task_id}-s{self._sleeps}"
+        ticket_id = f"{self.path or self.task_id}-s{self._sleeps}"
         if ticket_id in self._answers:
             return
         question = {"sleep_until": when.isoformat()}
@@ -224,6 +258,46 @@ class NodeContext:
                 schema=SLEEP_SCHEMA,
             )
         )
+
+    def child(
+        self,
+        *,
+        task_id: str,
+        node: str,
+        path: str,
+        answers: dict[str, Any],
+        arg: Any,
+        sent: bool,
+        first: bool,
+    ) -> NodeContext:
+        """The context of a task inside a subgraph this task runs: the same run, claim and
+        services, a namespaced task id and a node path. ``first``: the task belongs to the
+        subgraph's superstep this attempt continues from (so an earlier attempt may have
+        started it); later ones are fresh."""
+        return NodeContext(
+            thread_id=self.thread_id,
+            run_id=self.run_id,
+            step=self.step,
+            task_id=task_id,
+            node=node,
+            fencing_token=self.fencing_token,
+            answers=answers,
+            emit_live=self._emit_live,
+            services=self._services,
+            arg=arg,
+            progress=self._progress,
+            recovered=self.recovered and first,
+            fresh=self.fresh or not first,
+            wants_live=self._wants_live,
+            sent=sent,
+            path=path,
+            clock=self._clock,
+        )
+
+    @property
+    def services(self) -> TaskServices:
+        """What the execution offers this task (a subgraph commits its progress through it)."""
+        return self._services
 
     def emit(self, type: str, data: Any = None) -> None:
         """A durable event, committed with this task's result (numbered by the store)."""
@@ -250,3 +324,22 @@ class NodeContext:
     def emit_live(self, type: str, data: Any = None) -> None:
         """A live event for this process's subscribers only; never stored."""
         self._emit_live(type, data)
+
+
+async def call_node(spec: NodeSpec, entry: dict[str, Any], state: Any, ctx: NodeContext) -> Any:
+    """Call a node with its input (the state, or the ``Send`` argument) and validate what it
+    returns: a dict of JSON-encodable updates, or ``None``."""
+    value = entry.get("arg") if entry.get("sent") else dict(state or {})
+    args = (value, ctx) if spec.takes_ctx else (value,)
+    if spec.is_async:
+        updates = await spec.fn(*args)
+    else:
+        updates = await asyncio.to_thread(spec.fn, *args)
+    if updates is None:
+        return {}
+    if not isinstance(updates, dict):
+        raise TypeError(f"returned {type(updates).__name__}; return a dict of updates or None")
+    try:
+        return msgspec.json.decode(msgspec.json.encode(updates))
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"returned updates that are not JSON: {exc}") from exc

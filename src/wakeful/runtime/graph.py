@@ -3,7 +3,6 @@ fan-out with ``Send``, validation and a structural fingerprint."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import inspect
 import typing
@@ -18,7 +17,7 @@ from wakeful.errors import GraphInvalid, InvalidInput
 from wakeful.ids import check_id
 
 if TYPE_CHECKING:
-    from wakeful.runtime.context import NodeContext
+    pass
 
 START = "__start__"
 END = "__end__"
@@ -69,25 +68,6 @@ class NodeSpec:
     retry: RetryPolicy | None
     takes_ctx: bool
     is_async: bool
-
-
-async def call_node(spec: NodeSpec, entry: dict[str, Any], state: Any, ctx: NodeContext) -> Any:
-    """Call a node with its input (the state, or the ``Send`` argument) and validate what it
-    returns: a dict of JSON-encodable updates, or ``None``."""
-    value = entry.get("arg") if entry.get("sent") else dict(state or {})
-    args = (value, ctx) if spec.takes_ctx else (value,)
-    if spec.is_async:
-        updates = await spec.fn(*args)
-    else:
-        updates = await asyncio.to_thread(spec.fn, *args)
-    if updates is None:
-        return {}
-    if not isinstance(updates, dict):
-        raise TypeError(f"returned {type(updates).__name__}; return a dict of updates or None")
-    try:
-        return msgspec.json.decode(msgspec.json.encode(updates))
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"returned updates that are not JSON: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -147,11 +127,33 @@ class Graph:
         self.nodes: dict[str, NodeSpec] = {}
         self.edges: list[tuple[str, str]] = []
         self.routers: dict[str, tuple[Router, tuple[str, ...] | None]] = {}
+        self.subgraphs: dict[str, CompiledGraph] = {}
 
-    def node(self, name: str, fn: NodeFn, *, retry: RetryPolicy | None = None) -> Graph:
+    def node(
+        self,
+        name: str,
+        fn: NodeFn | CompiledGraph,
+        *,
+        retry: RetryPolicy | None = None,
+        input: Any = None,
+        output: Any = None,
+    ) -> Graph:
+        """Add a node: a function of ``(state[, ctx])`` returning updates, or a compiled graph
+        (a subgraph, run inside this graph's run: see docs/runtime.md "Subgraphs").
+        ``input``/``output`` (subgraphs only): a mapping of this graph's field -> the
+        subgraph's field, or a callable, for states that do not share field names."""
         check_id("node name", name)
         if name in self.nodes:
             raise GraphInvalid([f"node {name!r} is defined twice"])
+        if isinstance(fn, CompiledGraph):
+            from wakeful.runtime.subgraph import make_subgraph  # it builds on this module
+
+            sub = make_subgraph(name, fn, self.channels, input, output)
+            self.nodes[name] = NodeSpec(name, sub, retry, True, True)
+            self.subgraphs[name] = fn
+            return self
+        if input is not None or output is not None:
+            raise GraphInvalid([f"node {name!r}: input= and output= are for subgraph nodes"])
         params = [
             p
             for p in inspect.signature(fn).parameters.values()
@@ -232,6 +234,8 @@ class Graph:
                 (s, sorted(t) if t is not None else None) for s, (_, t) in self.routers.items()
             ),
         }
+        if self.subgraphs:  # a subgraph's change changes its parent's fingerprint
+            shape["subgraphs"] = sorted((k, g.fingerprint) for k, g in self.subgraphs.items())
         return hashlib.sha256(msgspec.json.encode(shape)).hexdigest()[:16]
 
 
@@ -293,6 +297,30 @@ class CompiledGraph:
         for key, value in updates.items():
             new[key] = self.graph.channels[key](new.get(key), value)
         return new
+
+    def start_tasks(self, state: dict[str, Any]) -> list[TaskSpec]:
+        """What a run of this graph starts with, given its first state."""
+        return self.next_tasks(START, state)
+
+    def barrier(
+        self, state: Any, results: list[tuple[str, Mapping[str, Any] | None]]
+    ) -> tuple[dict[str, Any], list[TaskSpec]]:
+        """A superstep's barrier: each finished task's ``(node, updates)`` applied in frontier
+        order through the reducers, then what runs next (a node triggered by several
+        predecessors once, each ``Send`` once)."""
+        new = dict(state or {})
+        for _, updates in results:
+            new = self.apply(new, updates or {})
+        tasks: list[TaskSpec] = []
+        triggered: set[str] = set()
+        for node, _ in results:
+            for task in self.next_tasks(node, new):
+                if task.sent:
+                    tasks.append(task)
+                elif task.node not in triggered:
+                    triggered.add(task.node)
+                    tasks.append(task)
+        return new, tasks
 
     def next_tasks(self, source: str, state: dict[str, Any]) -> list[TaskSpec]:
         """What runs after ``source`` (or after ``START``) given the state at the barrier."""

@@ -48,7 +48,10 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
     ``branch``: the branch it was committed on (0: the original line); ``current``: it is
     on the head's line (the head, or an ancestor of it), else on an abandoned branch;
     ``head``: it is the thread's latest checkpoint; ``messages``: the message count as of it
-    (``None`` when it was committed without one, by an older wakeful or a LangGraph saver)."""
+    (``None`` when it was committed without one, by an older wakeful or a LangGraph saver);
+    ``subgraphs``: what ran inside the subgraph nodes that produced it, by node path
+    (``{"research": {"graph": "research", "steps": [["plan"], ["search"]]}}``; a subgraph
+    inside it has its own entry, ``research/deep``)."""
 
     checkpoint_id: str
     parent: str | None
@@ -62,6 +65,7 @@ class HistoryEntry(msgspec.Struct, frozen=True, kw_only=True):
     head: bool
     created_at: datetime
     messages: int | None
+    subgraphs: dict[str, Any] = {}
 
 
 class CheckpointView(msgspec.Struct, frozen=True, kw_only=True):
@@ -132,6 +136,7 @@ def _summary(
         head=snap.checkpoint is not None and snap.checkpoint.id == cp.id,
         created_at=entry.committed_at,
         messages=count,
+        subgraphs=dict(meta.get("subgraphs") or {}),
     )
 
 

@@ -22,7 +22,6 @@ import msgspec
 from wakeful.clock import Clock
 from wakeful.errors import (
     CheckpointWriteFailed,
-    InvalidInput,
     RunCancelled,
     RunFailed,
     RunInterrupted,
@@ -47,13 +46,21 @@ from wakeful.records import (
     Settle,
 )
 from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
-from wakeful.runtime.context import Interrupt, NodeContext, Ticket
+from wakeful.runtime.context import Interrupt, NodeContext, Ticket, call_node
 from wakeful.runtime.durability import Writer, make_writer
 from wakeful.runtime.events import LiveHub
-from wakeful.runtime.graph import CompiledGraph, TaskSpec, call_node
-from wakeful.runtime.results import RunOutcome, TaskResult, frontier_entries, successor
+from wakeful.runtime.graph import CompiledGraph
+from wakeful.runtime.results import (
+    RunOutcome,
+    TaskResult,
+    frontier_entries,
+    reused,
+    successor,
+    task_value,
+)
 from wakeful.runtime.sleeps import asleep_until, sleep_ending, sleep_metadata, suspension_event
 from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span
+from wakeful.runtime.taskwrites import TaskWrites
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
@@ -64,7 +71,7 @@ HISTORY_PAGE = 1000
 
 
 @dataclass(slots=True)  # its ~30 fields would need a 1.6 KB dict per run
-class Execution:
+class Execution(TaskWrites):
     store: ThreadStore
     graph: CompiledGraph
     thread_id: str
@@ -155,32 +162,6 @@ class Execution:
         self.message_count += len(messages)
         if self._history is not None:
             self._history.extend(messages)
-
-    async def commit_mark(self, task_id: str, node: str, name: str) -> None:
-        if self.durability == "exit":
-            raise InvalidInput("durability", "a task mark needs sync or async durability")
-        cp = self.checkpoint
-        mark_id = f"{task_id}.mark.{name}"
-        write = PendingWrite(checkpoint_id=cp.id, task_id=mark_id, node=node, value={"mark": name})
-        event = EventDraft(
-            type="task.marked", data={"mark": name}, run_id=self.run_id, task_id=task_id
-        )
-        try:
-            await self._writer.commit_now(
-                Commit(
-                    token=self.claim.token,
-                    writes=(write,),
-                    events=(event,),
-                    operation_id=f"{cp.id}:{mark_id}",
-                )
-            )
-        except Exception as exc:
-            self._fenced(exc)
-            raise
-        self.writes[mark_id] = write
-
-    def has_mark(self, task_id: str, name: str) -> bool:
-        return f"{task_id}.mark.{name}" in self.writes
 
     def _fenced(self, cause: BaseException) -> None:
         if self.fence is None:
@@ -275,7 +256,7 @@ class Execution:
             raise RunFailed(self.thread_id, self.run_id, error)
         results = await self._run_frontier(cp, step, traced)
         self._check()
-        tickets = tuple(r.ticket for r in results if r.ticket is not None)
+        tickets = tuple(t for r in results for t in r.tickets)
         if tickets:
             return await self._suspend(cp, results, tickets)
         failed = [r for r in results if r.error is not None]
@@ -289,15 +270,24 @@ class Execution:
             await self._end("failed", "run.failed", {"error": error})
             raise RunFailed(self.thread_id, self.run_id, error)
         try:
-            state, tasks = self._barrier(cp, results)
+            state, tasks = self.graph.barrier(
+                cp.state, [(r.entry["node"], r.updates) for r in results]
+            )
         except Exception as exc:
             error = f"barrier of step {step} failed: {exc}"
             await self._end("failed", "run.failed", {"error": error})
             raise RunFailed(self.thread_id, self.run_id, error) from exc
         status: RunStatus = "running" if tasks else "completed"
         messages = tuple(m for r in results for m in r.messages)
+        nested = {path: ran for r in results for path, ran in r.subgraphs.items()}
         nxt = self._next_checkpoint(
-            cp, status, state, frontier_entries(step + 1, tasks), len(messages), step=step + 1
+            cp,
+            status,
+            state,
+            frontier_entries(step + 1, tasks),
+            len(messages),
+            step=step + 1,
+            subgraphs=nested,
         )
         carried = tuple(e for r in results for e in r.events)
         outbox = tuple(o for r in results for o in r.outbox)
@@ -345,7 +335,7 @@ class Execution:
             if recorded is not None:
                 if traced:
                     reused_task(entry, step)
-                return TaskResult(entry, updates=recorded.value.get("updates") or {})
+                return reused(entry, recorded)
             async with limit:
                 if not traced:
                     return await self._run_task(cp, step, entry, answers)
@@ -384,6 +374,7 @@ class Execution:
                 clock=self.clock,
                 services=self,
                 arg=entry.get("arg"),
+                sent=bool(entry.get("sent")),
                 progress=self.progress,
                 recovered=cp.id == self.recovered_at,
                 fresh=self.admitted or cp.id != self._entry,
@@ -392,7 +383,7 @@ class Execution:
                 updates = await call_node(spec, entry, cp.state, ctx)
                 break
             except Interrupt as interrupt:
-                return TaskResult(entry, ticket=interrupt.ticket)
+                return TaskResult(entry, tickets=interrupt.tickets, carry=interrupt.carry)
             except Exception as exc:
                 retry = spec.retry
                 if (
@@ -428,9 +419,11 @@ class Execution:
                 messages=messages,
                 outbox=outbox,
                 callbacks=callbacks,
+                subgraphs=ctx.subgraphs,
             )
+        result = TaskResult(entry, updates=updates, subgraphs=ctx.subgraphs)
         write = PendingWrite(
-            checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value={"updates": updates}
+            checkpoint_id=cp.id, task_id=entry["id"], node=spec.name, value=task_value(result)
         )
         try:
             await self._writer.submit(
@@ -445,10 +438,10 @@ class Execution:
             )
         except Exception as exc:
             self._fenced(exc)
-            return TaskResult(entry, updates=updates)
+            return result
         self._recorded(messages)
         await self._run_callbacks(callbacks)
-        return TaskResult(entry, updates=updates)
+        return result
 
     async def _run_callbacks(self, callbacks: tuple[Callable[[], Awaitable[None]], ...]) -> None:
         if not callbacks:
@@ -460,25 +453,6 @@ class Execution:
                 await callback()
             except Exception as exc:
                 log.warning("an after-commit callback of %s failed: %s", self.thread_id, exc)
-
-    # ---------------------------------------------------------------- barrier
-
-    def _barrier(
-        self, cp: Checkpoint, results: list[TaskResult]
-    ) -> tuple[dict[str, Any], list[TaskSpec]]:
-        state = dict(cp.state or {})
-        for result in results:
-            state = self.graph.apply(state, result.updates or {})
-        tasks: list[TaskSpec] = []
-        triggered: set[str] = set()
-        for result in results:
-            for task in self.graph.next_tasks(result.entry["node"], state):
-                if task.sent:
-                    tasks.append(task)
-                elif task.node not in triggered:
-                    triggered.add(task.node)
-                    tasks.append(task)
-        return state, tasks
 
     # ---------------------------------------------------------------- commits
 
@@ -566,10 +540,12 @@ class Execution:
                 checkpoint_id=suspended.id,
                 task_id=r.entry["id"],
                 node=r.entry["node"],
-                value={"updates": r.updates},
+                value=task_value(r),
             )
             for r in results
             if r.updates is not None
+        ) + tuple(  # a subgraph's progress, so that resuming continues inside it
+            msgspec.structs.replace(w, checkpoint_id=suspended.id) for r in results for w in r.carry
         )
         event = suspension_event(self.run_id, tickets, wake_at)
         ending = sleep_ending(wake_at, self.clock.now()) if self.settle_dispatch else Awaiting()

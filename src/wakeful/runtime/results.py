@@ -4,16 +4,25 @@ returns to the superstep (``TaskResult``); ``frontier_entries`` names a superste
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from wakeful.records import Checkpoint, EventDraft, Message, OutboxEntry, RunStatus
+from wakeful.records import (
+    Checkpoint,
+    EventDraft,
+    Message,
+    OutboxEntry,
+    PendingWrite,
+    RunStatus,
+)
 from wakeful.runtime.context import Ticket
-from wakeful.runtime.graph import TaskSpec
 from wakeful.runtime.spans import traced_metadata
+
+if TYPE_CHECKING:
+    from wakeful.runtime.graph import TaskSpec
 
 
 class RunOutcome(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,7 +72,8 @@ def successor(
 ) -> Checkpoint:
     """The run's checkpoint after ``cp``. Its metadata records the message count as of it
     (``messages``) and the nodes whose tasks produced it (``cp``'s frontier): time travel
-    reads both (docs/time-travel.md)."""
+    reads both (docs/time-travel.md). ``meta["subgraphs"]``, when not empty, records what
+    ran inside the subgraph nodes of that superstep, by node path."""
     ordinal = int(cp.metadata.get("ordinal", 0)) + 1
     metadata = {
         **cp.metadata,
@@ -75,6 +85,8 @@ def successor(
         "messages": messages,
         **meta,
     }
+    if not meta.get("subgraphs"):  # a record of its own superstep only, never inherited
+        metadata.pop("subgraphs", None)
     if trace:
         metadata = traced_metadata(metadata, trace)
     return Checkpoint(
@@ -101,7 +113,9 @@ def frontier_entries(step: int, tasks: list[TaskSpec]) -> list[dict[str, Any]]:
 class TaskResult:
     entry: dict[str, Any]
     updates: dict[str, Any] | None = None
-    ticket: Ticket | None = None
+    tickets: tuple[Ticket, ...] = ()
+    carry: tuple[PendingWrite, ...] = ()
+    """Writes the suspended checkpoint carries for this interrupted task (a subgraph's)."""
     error: str | None = None
     transient: bool = False
     """The error is retryable (a ``WakefulError`` with ``retryable``): do not fail the run."""
@@ -110,6 +124,23 @@ class TaskResult:
     messages: tuple[Message, ...] = ()
     outbox: tuple[OutboxEntry, ...] = ()
     callbacks: tuple[Callable[[], Awaitable[None]], ...] = ()
+    subgraphs: dict[str, Any] = field(default_factory=dict)
+    """For a subgraph node: what ran inside it, by node path (checkpoint metadata)."""
+
+
+def task_value(result: TaskResult) -> dict[str, Any]:
+    """A finished task's pending write value: its updates (and its subgraphs' record)."""
+    if result.subgraphs:
+        return {"updates": result.updates, "subgraphs": result.subgraphs}
+    return {"updates": result.updates}
+
+
+def reused(entry: dict[str, Any], write: PendingWrite) -> TaskResult:
+    """The result of a task an earlier attempt finished, from its pending write."""
+    value = write.value
+    return TaskResult(
+        entry, updates=value.get("updates") or {}, subgraphs=value.get("subgraphs") or {}
+    )
 
 
 __all__ = ["RunOutcome", "TaskResult", "frontier_entries"]

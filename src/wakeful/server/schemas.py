@@ -357,6 +357,11 @@ class HistoryEntryView(_View):
     head: bool = Field(description="The thread's latest checkpoint.")
     created_at: datetime = Field(description="When it was committed.")
     messages: int | None = Field(description="The message count as of it (null: unknown).")
+    subgraphs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="What ran inside the subgraph nodes that produced it, by node path: "
+        "the subgraph's name and the nodes of each of its supersteps.",
+    )
 
 
 class BranchView(_View):
