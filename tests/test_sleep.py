@@ -365,3 +365,28 @@ async def test_a_sleeping_run_keeps_its_thread_busy(env: Env) -> None:
 
     await eventually(interrupted)
     assert env.calls["before"] == 3 and env.calls["woke"] == 1 and env.calls["after"] == 1
+
+
+@pytest.mark.asyncio
+async def test_a_sleep_inside_a_subgraph_sleeps_the_run_and_wakes_inside_it() -> None:
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    slept: list[float] = []
+    calls: dict[str, int] = {}
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(seconds)
+
+    inner = sleepy_graph(calls, seconds=60)
+    g = Graph(State, name="outer").node("inner", inner).edge(START, "inner")
+    runtime = Runtime(store, POLICY, clock, sleep=sleep)
+    outcome = await (await runtime.start("t1", g.compile(), {"log": []})).result()
+    assert outcome.status == "completed"
+    assert outcome.state == {"log": ["before", "woke", "after"]}
+    assert slept == [60.0]
+    # the wake-up continued inside the subgraph: its first node did not run again
+    assert calls == {"before": 1, "nap": 2, "woke": 1, "after": 1}
+    events = await store.events_after("t1")
+    asleep = [e for e in events if e.type == "run.sleeping"]
+    assert [e.data["tickets"] for e in asleep] == [["inner/nap-s1"]]
