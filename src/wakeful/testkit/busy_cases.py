@@ -169,6 +169,36 @@ class BusyCases(Harness):
         assert (await _only_lease(kit)).dispatch.dispatch_id == "d-2"
 
     @case
+    async def test_rollback_fences_the_busy_run_with_an_intent_that_asks_for_the_rollback(
+        self, kit: Kit
+    ) -> None:
+        await kit.store.enqueue(_run(kit, "t1", "d-1"))
+        busy = await _only_lease(kit)
+        new = await kit.store.enqueue(_run(kit, "t1", "d-2", "rollback"))
+        assert (new.status, new.queued_behind, new.if_busy) == ("queued", "d-1", "rollback")
+        with pytest.raises(StaleClaim):
+            await kit.store.renew("t1", busy.claim.token, 30)
+        old = await kit.store.get_dispatch("d-1")
+        assert old is not None and old.status == "done"
+        assert old.last_error == "cancelled: rolled back by d-2"
+        lease = await _only_lease(kit)
+        assert lease.dispatch.kind == "cancel"
+        assert lease.dispatch.payload == {
+            "reason": "rolled back by d-2",
+            "interrupted_by": "d-2",
+            "rollback": True,
+        }
+        assert await _status(kit, "d-2") == "queued", "the rollback holds the slot"
+        await kit.store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
+        assert (await _only_lease(kit)).dispatch.dispatch_id == "d-2"
+
+    @case
+    async def test_rollback_on_an_idle_thread_fences_nothing(self, kit: Kit) -> None:
+        d = await kit.store.enqueue(_run(kit, "t1", "d-1", "rollback"))
+        assert (d.status, d.if_busy) == ("pending", "rollback")
+        assert [x.kind for x in await kit.store.list_dispatches(thread_id="t1")] == ["start"]
+
+    @case
     async def test_interrupt_on_an_idle_thread_fences_nothing(self, kit: Kit) -> None:
         d = await kit.store.enqueue(_run(kit, "t1", "d-1", "interrupt"))
         assert d.status == "pending"
@@ -227,8 +257,6 @@ class BusyCases(Harness):
 
     @case
     async def test_policies_a_store_cannot_honour_are_refused(self, kit: Kit) -> None:
-        with pytest.raises(InvalidInput, match="not yet supported"):
-            await kit.store.enqueue(_run(kit, "t1", "d-1", "rollback"))
         resume = msgspec.structs.replace(
             kit.dispatch("t1", dispatch_id="r-1", kind="resume"), if_busy="reject"
         )
