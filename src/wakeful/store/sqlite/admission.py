@@ -16,8 +16,8 @@ import msgspec
 from wakeful.errors import ThreadBusy
 from wakeful.records import Dispatch
 from wakeful.store.projected_queue import fencing_intent, run_id_of
-from wakeful.store.validate_queue import FENCING
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, to_us
+from wakeful.store.validate_queue import FENCING
 
 _HOLDER = (
     f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
@@ -39,8 +39,9 @@ def admission(
 ) -> tuple[Dispatch, Dispatch | None]:
     """A run's dispatch ``d`` as its thread takes it (inside the writer's transaction, so
     decided atomically): pending on a free thread, else ``queued`` behind the last in line,
-    with the cancel intent an ``interrupt`` or ``rollback`` makes of the busy run. ``reject`` on a busy
-    thread is ``ThreadBusy`` naming the slot's holder, and nothing is written."""
+    with the cancel intent an ``interrupt`` or ``rollback`` makes of the busy run.
+    ``reject`` on a busy thread is ``ThreadBusy`` naming the slot's holder, and nothing is
+    written."""
     row = conn.execute(_HOLDER, (d.thread_id,)).fetchone()
     holder = None if row is None else dispatch_of(row)
     last = conn.execute(_LAST_QUEUED, (d.thread_id,)).fetchone()
