@@ -161,3 +161,32 @@ async def test_rollback_of_a_run_on_an_empty_thread_empties_it_and_names_a_start
         ("assistant", "Fresh start."),
     ]
     assert [m.content for m in model.requests[1].messages] == ["start over"]
+
+
+async def test_rollback_of_a_replay_returns_to_the_head_it_branched_from(env: Env) -> None:
+    """A run started ``from_checkpoint`` began with a branch: "before it started" is the
+    head that branch left, not its fork point."""
+    env.worker("w1")
+    await submit(env.store, "t1", "echo", {"log": ["zero"]}, dispatch_id="d0", wake=env.wake)
+    await dispatch_status(env, "d0", "done")
+    before = await env.store.read("t1")
+    assert before is not None and before.checkpoint is not None
+    fork = next(
+        cp.id for cp, _ in await env.store.checkpoints("t1") if cp.state == {"log": ["zero", "a"]}
+    )
+    env.gates["b"] = asyncio.Event()
+    await submit(env.store, "t1", "echo", None, dispatch_id="d1", wake=env.wake,
+                 from_checkpoint=fork)  # fmt: skip
+    await eventually(lambda: env.calls.get("b") == 2)  # the replay waits in "b"
+    await submit(env.store, "t1", "echo", {"log": ["two"]}, dispatch_id="d2", wake=env.wake,
+                 if_busy="rollback")  # fmt: skip
+    await eventually(lambda: _events(env, "t1", "run.rolled_back"))
+    env.gates.pop("b").set()  # d2 runs "b" too
+    await dispatch_status(env, "d2", "done")
+    [event] = await _events(env, "t1", "run.rolled_back")
+    assert event.data["returned_to"] == before.checkpoint.id
+    branches = await env.store.branches("t1")
+    assert [b.fork_point for b in branches] == [fork, before.checkpoint.id]
+    snap = await env.store.read("t1")
+    assert snap is not None and snap.checkpoint is not None
+    assert snap.checkpoint.state == {"log": ["zero", "a", "b", "two", "a", "b"]}
