@@ -183,6 +183,7 @@ class Agent:
     async def _tool(self, call: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         name = str(call.get("name"))
         outcome, content = await self._execute(name, call, ctx)
+        tool = self.tools.get(name)
         ctx.append_message(
             Message(
                 id=f"m-{ctx.idempotency_key}-r",
@@ -190,7 +191,12 @@ class Agent:
                 content=content,
                 tool_call_id=str(call.get("id")),
                 run_id=ctx.run_id,
-                metadata={"tool": name, "outcome": outcome},
+                # the replay policy too: what an operator compensating a rollback needs
+                metadata={
+                    "tool": name,
+                    "outcome": outcome,
+                    "replay": tool.replay if tool is not None else None,
+                },
             )
         )
         ctx.emit_live("tool.finished", {"call_id": call.get("id"), "outcome": outcome})
