@@ -46,6 +46,7 @@ from wakeful.store.file.root import Compaction, Loaded, load_root
 from wakeful.store.file.snapshot import encode_state
 from wakeful.store.file.stream import FileStreamCheckpoints
 from wakeful.store.memory import InjectedCrash
+from wakeful.store.buckets import ProcessBuckets
 from wakeful.store.projected import ProjectedStore
 from wakeful.store.projection import Committed, Mutation, State
 
@@ -71,7 +72,7 @@ class LogStats:
     log_size: int
 
 
-class FileStore(ProjectedStore):
+class FileStore(ProjectedStore, ProcessBuckets):
     """A store in one directory, owned by one opener at a time. Open it with
     ``open_store("file:///abs/dir")``. ``crash_at(point)`` arms a one-shot injected crash
     for tests: ``relay.after_append``, ``log.after_write``, ``log.after_fsync`` and every
