@@ -28,6 +28,8 @@ import msgspec
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
 
+EPSILON = 1e-6
+"""A level this close below a need is enough (refill arithmetic in floating point)."""
 MAX_LIMIT_WAIT = 5.0
 """A waiting call re-checks its bucket at least this often (seconds): the bucket is
 shared, so a prediction can change (a 429 elsewhere, a changed limit)."""
@@ -172,20 +174,19 @@ def take(
     otherwise the state (refilled, nothing taken) and the seconds until the grant could
     happen (the block's end, or the refill of the larger shortfall). A need larger than the
     bucket waits for a full bucket and then takes it all and more (the level goes negative)."""
-    if state is None:
-        state = fresh(limit, now)
+    state = fresh(limit, now) if state is None else _configured(state, limit)
     if now < state.blocked:
-        return _configured(state, limit), state.blocked - now
+        return state, state.blocked - now
     level_r, level_t = state.levels(now)
-    state = replace(_configured(state, limit), requests=level_r, tokens=level_t, stamp=now)
+    state = replace(state, requests=level_r, tokens=level_t, stamp=now)
     wait = 0.0
     if limit.requests_per_minute is not None:
         need = min(float(requests), limit.request_capacity)
-        if level_r < need:
+        if level_r < need - EPSILON:
             wait = max(wait, (need - level_r) * 60 / limit.requests_per_minute)
     if limit.tokens_per_minute is not None:
         need = min(float(tokens), limit.token_capacity)
-        if level_t < need:
+        if level_t < need - EPSILON:
             wait = max(wait, (need - level_t) * 60 / limit.tokens_per_minute)
     if wait > 0:
         return state, wait
@@ -204,14 +205,17 @@ def reconcile(state: BucketState, tokens: int) -> BucketState:
 
 def block(state: BucketState | None, seconds: float, now: float) -> BucketState:
     """Block the key until ``now + seconds`` (never earlier than a block already set) and
-    drain it: after the block the bucket refills from empty, so the fleet resumes at the
-    configured rate rather than in a burst."""
+    drain it (a debt stays): after the block the bucket refills from empty, so the fleet
+    resumes at the configured rate rather than in a burst."""
     until = max(now + seconds, state.blocked if state is not None else 0.0)
     if state is None:
         return BucketState(None, None, 1.0, 0.0, 0.0, now, until)
-    level_r, level_t = state.levels(now)
     return replace(
-        state, requests=min(level_r, 0.0), tokens=min(level_t, 0.0), stamp=now, blocked=until
+        state,
+        requests=min(state.requests, 0.0),
+        tokens=min(state.tokens, 0.0),
+        stamp=now,
+        blocked=until,
     )
 
 

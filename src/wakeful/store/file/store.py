@@ -37,6 +37,7 @@ from typing import TypeVar
 
 from wakeful.clock import Clock
 from wakeful.errors import StoreUnavailable
+from wakeful.store.buckets import ProcessBuckets
 from wakeful.store.diskfull import full_disk
 from wakeful.store.file.chain import encode_committed, encode_mutation
 from wakeful.store.file.codec import STREAM_DIR
@@ -46,7 +47,6 @@ from wakeful.store.file.root import Compaction, Loaded, load_root
 from wakeful.store.file.snapshot import encode_state
 from wakeful.store.file.stream import FileStreamCheckpoints
 from wakeful.store.memory import InjectedCrash
-from wakeful.store.buckets import ProcessBuckets
 from wakeful.store.projected import ProjectedStore
 from wakeful.store.projection import Committed, Mutation, State
 
