@@ -60,8 +60,14 @@ class RefusingServer(ChatServer):
         return super()._next()
 
 
-async def _blocked(store: RateLimitStore, key: str) -> bool:
-    return any(b.key == key and b.blocked_until is not None for b in await store.limit_buckets())
+async def _until_blocked(store: Store, seconds: float) -> None:
+    """Poll until ``KEY`` reads blocked, for at most ``seconds``."""
+    assert isinstance(store, RateLimitStore)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if any(b.key == KEY and b.blocked_until for b in await store.limit_buckets()):
+            return
+        await asyncio.sleep(0.01)
 
 
 @pytest.mark.asyncio
@@ -94,9 +100,7 @@ async def _fleet_backs_off_together(first: Store, second: Store) -> None:
             one = asyncio.create_task(agents[0].run(runtimes[0], "t-0", "hi"))
             # the second worker starts once the first one's 429 is recorded in the store (or
             # after a second without it: then its requests show that nothing held it back)
-            deadline = time.monotonic() + 1.0
-            while not await _blocked(second, KEY) and time.monotonic() < deadline:  # type: ignore[arg-type]
-                await asyncio.sleep(0.01)
+            await _until_blocked(second, 1.0)
             others = [
                 asyncio.create_task(agents[1].run(runtimes[1], f"t-{i}", "hi")) for i in (1, 2)
             ]
@@ -155,8 +159,6 @@ async def test_a_run_waiting_for_its_limit_keeps_its_claim_and_says_what_it_wait
     assert reply.text == "done"
     seen = [live.get_nowait() for _ in range(live.qsize())]
     waits = [e.data for e in seen if isinstance(e, LiveEvent) and e.type == "waiting_for_limit"]
-    assert reply.text == "done"
-    waits = [e.data for e in seen if e.type == "waiting_for_limit"]
     assert waits and waits[0]["key"] == KEY and 0 < waits[0]["seconds"] <= 1.2
 
 
