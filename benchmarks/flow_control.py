@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -106,10 +107,8 @@ async def _child(store_url: str, base_url: str, rpm: float, seconds: float, runs
                 n += 1
                 await agent.run(runtime, f"{prefix}-{lane}-{n}", "hi")
 
-        try:
+        with contextlib.suppress(TimeoutError):  # runs still waiting for the bucket at the end
             await asyncio.wait_for(asyncio.gather(*(loop(i) for i in range(runs))), seconds + 30)
-        except TimeoutError:
-            pass  # the runs still waiting for the bucket at the end
         await model.aclose()
 
 
@@ -170,7 +169,8 @@ def main(argv: list[str] | None = None) -> list[Result]:
     rounds_argument(parser, default=1)
     args = parser.parse_args(argv if argv is not None else [])
     if args.child:
-        asyncio.run(_child(*args.child, args.rpm, args.seconds, args.runs))
+        store_url, base_url = args.child
+        asyncio.run(_child(store_url, base_url, args.rpm, args.seconds, args.runs))
         return []
     return run(args)
 
