@@ -8,7 +8,8 @@ each keep ``--runs`` agent runs going on threads of their own, every model call 
 same key, for ``--seconds`` plus a margin. Measured: the requests the server saw in the
 ``--seconds`` window starting at the first one, against the budget ``rpm * seconds / 60``
 (target 1.0 +- 5 %; the bucket's one second of burst adds 2 requests to a 60 s window at 120
-rpm, +1.7 %).
+rpm, +1.7 %). Then the cost of a limit that is never reached: agent runs per second in this
+process with and without it (target >= 0.9x), ``--overhead-runs`` runs per sample.
 """
 
 from __future__ import annotations
@@ -112,6 +113,33 @@ async def _child(store_url: str, base_url: str, rpm: float, seconds: float, runs
         await model.aclose()
 
 
+async def _throughput(store_url: str, base_url: str, limited: bool, runs: int) -> float:
+    """Agent runs per second, 8 at a time, with a limit that is never reached or none."""
+    from wakeful import open_store
+    from wakeful.agent import Agent
+    from wakeful.limits import RateLimit
+    from wakeful.providers import OpenAIChat
+    from wakeful.runtime import Runtime
+
+    roomy = RateLimit(key=KEY, requests_per_minute=1e7, tokens_per_minute=1e10)
+    async with open_store(store_url) as store:
+        model = OpenAIChat("bench", base_url=base_url, limits=[roomy] if limited else None)
+        agent = Agent("bench", model)
+        runtime = Runtime(store)
+        tag = "on" if limited else "off"
+        queue = list(range(runs))
+
+        async def lane() -> None:
+            while queue:
+                await agent.run(runtime, f"{tag}-{queue.pop()}-{time.monotonic_ns()}", "hi")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(8)))
+        elapsed = time.perf_counter() - started
+        await model.aclose()
+    return runs / elapsed
+
+
 def _round(dsn: str, rpm: float, seconds: float, runs: int) -> float:
     """Requests the provider saw in the first ``seconds`` of traffic."""
     provider = Provider()
@@ -154,7 +182,37 @@ def run(args: argparse.Namespace) -> list[Result]:
     )
     low = min(samples) / budget if budget else 0.0
     print(f"  lowest round: {low:.3f} of budget (must be >= 0.95)")
+    if args.overhead_runs:
+        _overhead(args, out)
     return out.results
+
+
+def _overhead(args: argparse.Namespace, out: Collector) -> None:
+    """Agent runs per second with a limit configured but never reached, against none: one
+    take and one reconcile per model call (two statements on PostgreSQL)."""
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    db = Database(args.dsn, "wakeful_bench_flow_overhead").create()
+    provider = Provider()
+    try:
+        for r in range(max(args.rounds, 3)):
+            for limited in (r % 2 == 0, r % 2 != 0):  # alternate which goes first
+                rate = asyncio.run(
+                    _throughput(db.dsn, provider.base_url, limited, args.overhead_runs)
+                )
+                rates[limited].append(rate)
+                print(f"  round {r + 1}: limits {'on ' if limited else 'off'} {rate:6.1f} runs/s")
+    finally:
+        provider.close()
+        db.drop()
+    out.add(
+        "agent runs/s, a limit configured but not reached",
+        rates[True],
+        "runs/s",
+        anchor="no limit",
+        anchor_samples=rates[False],
+        target=0.9,
+        note=f"{args.overhead_runs} runs of one model call, 8 at a time, PostgreSQL",
+    )
 
 
 def main(argv: list[str] | None = None) -> list[Result]:
@@ -163,6 +221,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--rpm", type=float, default=120.0)
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=4, help="concurrent runs per worker")
+    parser.add_argument(
+        "--overhead-runs", type=int, default=300, help="runs per overhead sample (0: skip)"
+    )
     parser.add_argument(
         "--child", nargs=2, metavar=("STORE_URL", "BASE_URL"), help=argparse.SUPPRESS
     )
