@@ -1,6 +1,7 @@
 """Rate-limit buckets on PostgreSQL (``RateLimitStore``): one row per key, each change one
 statement judged by the server's clock (``take_limit()`` of migration 0016 locks the row and
-writes it back in the same call)."""
+writes it back in the same call). Takes and reconciles commit without waiting for the WAL
+flush (soft state on a hot row: see the migration); a block waits for it."""
 
 from __future__ import annotations
 
@@ -14,11 +15,7 @@ from wakeful.store.buckets import listed, seconds
 from wakeful.store.postgres.connection import Database, utc
 
 _TAKE = "SELECT @schema@.take_limit(%s, %s, %s, %s, %s, %s)"
-_RECONCILE = """
-UPDATE @schema@.limit_buckets
-   SET tokens = least(greatest(1, tpm * burst / 60), tokens - %s)
- WHERE key = %s AND tpm IS NOT NULL
-"""
+_RECONCILE = "SELECT @schema@.reconcile_limit(%s, %s)"
 # A block drains the bucket (a debt stays) and never moves an existing block earlier.
 _BLOCK = """
 INSERT INTO @schema@.limit_buckets AS b (key, burst, requests, tokens, stamp, blocked)
@@ -56,7 +53,7 @@ class LimitOps:
 
     async def reconcile_limit(self, key: str, tokens: int) -> None:
         check_id("limit key", key)
-        await self._db.execute(_RECONCILE, (limits.check_delta(tokens), key))
+        await self._db.execute(_RECONCILE, (key, limits.check_delta(tokens)))
 
     async def block_limit(self, key: str, seconds: float) -> None:
         check_id("limit key", key)

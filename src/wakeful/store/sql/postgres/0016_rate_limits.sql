@@ -4,7 +4,7 @@
 -- stamp, and the end of a provider's block (NULL: never blocked). Refilling starts at
 -- greatest(stamp, blocked). Every change is one statement: take_limit() locks the key's row
 -- (created full on first use) and writes it back in the same call; reconcile and block are
--- single UPDATE / upsert statements. Time is store_now(), the server's. The arithmetic is
+-- one statement each. Time is store_now(), the server's. The arithmetic is
 -- wakeful.limits.take / reconcile / block (and its EPSILON): keep them in step.
 --
 -- Migration: a new table and function; nothing existing changes.
@@ -19,6 +19,12 @@ CREATE TABLE @schema@.limit_buckets (
     stamp timestamptz NOT NULL,
     blocked timestamptz
 );
+
+-- Buckets are soft state: a take or a reconcile commits without waiting for the WAL flush
+-- (set_config(..., true) lasts to the end of the caller's transaction), since losing the last
+-- few of them in a server crash only lets a few calls more through, which the provider still
+-- limits; the row is hot (every call of every worker on the key takes from it), and a flush
+-- per call would serialise the fleet on the disk. A block (a 429) keeps the default.
 
 -- Seconds until the take could succeed; 0 when it was granted (and taken).
 CREATE FUNCTION @schema@.take_limit(
@@ -38,6 +44,7 @@ DECLARE
     need double precision;
     wait double precision := 0;
 BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
     INSERT INTO @schema@.limit_buckets (key, rpm, tpm, burst, requests, tokens, stamp)
     VALUES (p_key, p_rpm, p_tpm, p_burst, cap_r, cap_t, n)
     ON CONFLICT (key) DO NOTHING;
@@ -70,5 +77,16 @@ BEGIN
        SET rpm = p_rpm, tpm = p_tpm, burst = p_burst, requests = lr, tokens = lt, stamp = n
      WHERE key = p_key;
     RETURN wait;
+END
+$$;
+
+-- Pay p_tokens more (negative: give back, never above a full bucket).
+CREATE FUNCTION @schema@.reconcile_limit(p_key text, p_tokens double precision)
+RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM set_config('synchronous_commit', 'off', true);
+    UPDATE @schema@.limit_buckets
+       SET tokens = least(greatest(1, tpm * burst / 60), tokens - p_tokens)
+     WHERE key = p_key AND tpm IS NOT NULL;
 END
 $$;
