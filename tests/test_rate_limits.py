@@ -18,10 +18,10 @@ from tests.postgres_support import Databases, open_test_store
 from tests.provider_server import Reply, openai_text
 from wakeful import ManualClock, open_store
 from wakeful.agent import Agent
-from wakeful.agent.limiting import CallLimits, estimate_tokens
-from wakeful.errors import UnsupportedStore
+from wakeful.agent.limiting import CallLimits, estimate_tokens, limits_of
+from wakeful.errors import InvalidInput, UnsupportedStore
 from wakeful.limits import RateLimit
-from wakeful.providers import ModelRequest, OpenAIChat, Scripted
+from wakeful.providers import AnthropicMessages, ModelRequest, OpenAIChat, Scripted
 from wakeful.providers.http import error_from_response, reset_from_headers
 from wakeful.records import Message
 from wakeful.runtime import ClaimPolicy, Runtime
@@ -200,3 +200,24 @@ def test_the_rate_limit_headers_of_openai_and_anthropic_give_the_reset() -> None
     assert error_from_response(refused).retry_after == 3.0
     failed = httpx.Response(503, headers={"x-ratelimit-reset-requests": "3s"}, request=request)
     assert error_from_response(failed).retry_after is None
+
+
+def test_limits_are_validated_where_they_are_configured() -> None:
+    with pytest.raises(InvalidInput, match="requests_per_minute"):
+        RateLimit(key=KEY, requests_per_minute=0)
+    with pytest.raises(InvalidInput, match="limit key"):
+        RateLimit(key="no spaces")
+    with pytest.raises(InvalidInput, match="burst_seconds"):
+        RateLimit(key=KEY, burst_seconds=float("nan"))
+    limit = RateLimit(key=KEY, tokens_per_minute=600)
+    assert AnthropicMessages("m", limits=limit).limits == (limit,)
+    assert OpenAIChat("m").limits == ()
+    with pytest.raises(InvalidInput, match="names a key twice"):
+        OpenAIChat("m", limits=[limit, limit])
+    with pytest.raises(InvalidInput, match="RateLimit"):
+        Agent("a", Scripted.replies("x"), limits=["openai"])  # type: ignore[list-item]
+    # a key on both the agent and its provider is taken once, with the provider's rates
+    other = RateLimit(key=KEY, requests_per_minute=1)
+    assert limits_of(OpenAIChat("m", limits=limit), Agent("a", Scripted([]), limits=other)) == (
+        limit,
+    )
