@@ -33,6 +33,7 @@ TABLE_TIMES = {
     "outbox": ("at",),
     "workers": ("registered_at", "last_heartbeat"),
     "stream_checkpoints": ("updated_at",),
+    "limit_buckets": ("stamp", "blocked"),
 }
 """Every stored time, per table: what ``advance_store_clock`` moves back."""
 

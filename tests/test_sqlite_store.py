@@ -149,6 +149,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (6, "0006_listed_threads"),
         (7, "0007_branches"),
         (8, "0008_busy_threads"),
+        (9, "0009_rate_limits"),
     ]
     later = ManualClock()
     later.advance(3600)
