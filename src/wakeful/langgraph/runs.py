@@ -142,12 +142,17 @@ class Runs:
             current.runtimes.append(runtime)
 
     def check(self, thread: str, lg_thread: str, runtime: Any) -> None:
-        """Refuse (``StaleClaim``) a write of a run that is not ``thread``'s current run.
-        Writes outside a run (no runtime: ``update_state``, direct saver calls) pass."""
-        if runtime is None:
-            return
+        """Refuse (``StaleClaim``) a write of a run that is not ``thread``'s current run,
+        and (``ThreadBusy``) a write outside any run (no runtime: ``update_state``, direct
+        saver calls) while a live run occupies the thread: it would branch the thread, or
+        add to its history, under that run (another process is refused by the claim)."""
         current = self._runs.get(thread)
         if current is None:
+            return
+        if runtime is None:
+            # Every write of a run carries its runtime; ``None`` is never the run's owner.
+            if self._occupies(current, None):
+                raise ThreadBusy(lg_thread, self.holder, None)
             return
         if not current.has(runtime):
             raise RunDisplaced(lg_thread)
