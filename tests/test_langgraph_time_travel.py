@@ -20,7 +20,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.types import Command, StateSnapshot, interrupt
 
-from tests.langgraph_support import fan_out, url_for
+from tests.langgraph_support import State, fan_out, url_for
 from tests.postgres_support import Databases
 from wakeful import open_store
 from wakeful.errors import ThreadBusy
@@ -231,3 +231,45 @@ async def test_an_edit_while_another_task_of_the_process_runs_the_thread_is_busy
         # the run ended: the edit forks, and a replay from the fork runs on
         fork = await graph.aupdate_state(first.config, {"log": ["edit"]})
         assert (await graph.ainvoke(None, fork))["log"] == ["A", "edit", "a", "b", "c"]
+
+
+def nested_graph() -> StateGraph[Any]:
+    """a -> child (a subgraph: i1 -> i2) -> z."""
+    sub = StateGraph(State)
+    sub.add_node("i1", lambda state: {"log": ["i1"]})
+    sub.add_node("i2", lambda state: {"log": ["i2"]})
+    sub.add_edge(START, "i1")
+    sub.add_edge("i1", "i2")
+    sub.add_edge("i2", END)
+    builder = StateGraph(State)
+    builder.add_node("a", lambda state: {"log": ["a"]})
+    builder.add_node("child", sub.compile())
+    builder.add_node("z", lambda state: {"log": ["z"]})
+    builder.add_edge(START, "a")
+    builder.add_edge("a", "child")
+    builder.add_edge("child", "z")
+    builder.add_edge("z", END)
+    return builder
+
+
+async def _subgraph_replays(saver: BaseCheckpointSaver[Any]) -> dict[str, Any]:
+    """Replay and edit a checkpoint whose next node is a subgraph: LangGraph's replay has
+    the subgraph read its namespace with ``list`` (``before`` the replayed checkpoint)."""
+    graph = nested_graph().compile(checkpointer=saver)
+    seen: dict[str, Any] = {"run": await graph.ainvoke({"log": []}, CONFIG)}
+    history = [s async for s in graph.aget_state_history(CONFIG)]
+    before_child = next(s for s in history if s.next == ("child",))
+    seen["replayed"] = await graph.ainvoke(None, before_child.config)
+    fork = await graph.aupdate_state(before_child.config, {"log": ["edit"]})
+    seen["edited"] = await graph.ainvoke(None, fork)
+    seen["history"] = _history([s async for s in graph.aget_state_history(CONFIG)])
+    return seen
+
+
+@pytest.mark.asyncio
+async def test_replaying_into_a_subgraph_gives_what_in_memory_saver_gives(url: str) -> None:
+    expected = await _subgraph_replays(InMemorySaver())
+    # (the subgraph returns the whole shared state, which the parent's reducer appends)
+    assert expected["edited"] == {"log": ["a", "edit", "a", "edit", "i1", "i2", "z"]}
+    async with WakefulSaver.from_url(url) as saver:
+        assert await _subgraph_replays(saver) == expected

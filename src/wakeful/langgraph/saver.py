@@ -253,6 +253,13 @@ class WakefulSaver(Maintenance):
     ) -> AsyncIterator[CheckpointTuple]:
         conf = config["configurable"] if config else {}
         ns = conf.get("checkpoint_ns")
+        if ns and RUN_MARKER in conf:
+            # A subgraph's first read of a replay (LangGraph's ``ReplayState``) is a
+            # ``list`` of its namespace, not a ``get_tuple``: it joins the run all the same,
+            # or its writes would be refused as another run's.
+            lg_thread = conf["thread_id"]
+            run = (conf[RUN_MARKER], asyncio.current_task(), None)
+            await self._run_starts(lg_thread, self._bind(store_thread_id(lg_thread)), run, ns)
         only_id = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         left = limit
