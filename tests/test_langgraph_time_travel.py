@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import operator
+import threading
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
@@ -273,3 +274,60 @@ async def test_replaying_into_a_subgraph_gives_what_in_memory_saver_gives(url: s
     assert expected["edited"] == {"log": ["a", "edit", "a", "edit", "i1", "i2", "z"]}
     async with WakefulSaver.from_url(url) as saver:
         assert await _subgraph_replays(saver) == expected
+
+
+@pytest.mark.asyncio
+async def test_an_edit_by_the_task_whose_run_ended_is_not_refused_without_the_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If a LangGraph version hides its loop, a run ends only by the other rules (its owner
+    ends, idles, or starts another run): the task that ran it may still edit its thread,
+    and a synchronous caller's thread likewise."""
+    monkeypatch.setattr("wakeful.langgraph.saver.pregel_loop", lambda depth: None)
+    monkeypatch.setattr("wakeful.langgraph.sync.pregel_loop", lambda depth: None)
+    async with WakefulSaver.from_url("memory://") as saver:
+        graph = fan_out(tmp_path / "calls").compile(checkpointer=saver)
+        await graph.ainvoke({"log": []}, CONFIG)
+        first = [s async for s in graph.aget_state_history(CONFIG)][-2]
+        fork = await graph.aupdate_state(first.config, {"log": ["edit"]})
+        assert (await graph.aget_state(CONFIG)).config == (await graph.aget_state(fork)).config
+    with WakefulSaver.from_url_sync(f"sqlite:///{tmp_path / 'store.db'}") as saver:
+        graph = nested_graph().compile(checkpointer=saver)
+        graph.invoke({"log": []}, CONFIG)
+        first = list(graph.get_state_history(CONFIG))[-2]
+        fork = graph.update_state(first.config, {"log": ["edit"]})
+        assert graph.get_state(CONFIG).config == graph.get_state(fork).config
+
+
+def test_a_synchronous_edit_while_another_thread_runs_the_thread_is_busy(tmp_path: Path) -> None:
+    inside, go_on = threading.Event(), threading.Event()
+
+    def blocking(state: State) -> dict[str, Any]:
+        inside.set()
+        assert go_on.wait(10)
+        return {"log": ["x"]}
+
+    builder = StateGraph(State)
+    builder.add_node("x", blocking)
+    builder.add_edge(START, "x")
+    builder.add_edge("x", END)
+    with WakefulSaver.from_url_sync(f"sqlite:///{tmp_path / 'store.db'}") as saver:
+        graph = builder.compile(checkpointer=saver)
+        results: list[Any] = []
+
+        def run() -> None:
+            results.append(graph.invoke({"log": []}, CONFIG, durability="sync"))
+
+        worker = threading.Thread(target=run)
+        worker.start()
+        assert inside.wait(10)  # the checkpoints before ``x`` are stored (``sync``)
+        start = list(graph.get_state_history(CONFIG))[-1]
+        with pytest.raises(ThreadBusy):
+            graph.update_state(start.config, {"log": ["edit"]})
+        go_on.set()
+        worker.join(10)
+        assert results == [{"log": ["x"]}]
+        sources = [(s.metadata or {}).get("source") for s in graph.get_state_history(CONFIG)]
+        assert sources == ["loop", "loop", "input"], "the refused edit stored something"
+        fork = graph.update_state(start.config, {"log": ["edit"]})  # the run ended
+        assert graph.get_state(CONFIG).config == graph.get_state(fork).config

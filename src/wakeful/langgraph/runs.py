@@ -141,17 +141,17 @@ class Runs:
         if current is not None and not current.has(runtime):
             current.runtimes.append(runtime)
 
-    def check(self, thread: str, lg_thread: str, runtime: Any) -> None:
+    def check(self, thread: str, lg_thread: str, runtime: Any, caller: Owner) -> None:
         """Refuse (``StaleClaim``) a write of a run that is not ``thread``'s current run,
         and (``ThreadBusy``) a write outside any run (no runtime: ``update_state``, direct
-        saver calls) while a live run occupies the thread: it would branch the thread, or
-        add to its history, under that run (another process is refused by the claim)."""
+        saver calls) while a live run of another owner than ``caller`` (the writing task
+        or thread) occupies the thread: it would branch the thread, or add to its
+        history, under that run (another process is refused by the claim)."""
         current = self._runs.get(thread)
         if current is None:
             return
         if runtime is None:
-            # Every write of a run carries its runtime; ``None`` is never the run's owner.
-            if self._occupies(current, None):
+            if self._occupies(current, caller):
                 raise ThreadBusy(lg_thread, self.holder, None)
             return
         if not current.has(runtime):

@@ -288,6 +288,18 @@ class WakefulSaver(Maintenance):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        return await self._put(config, checkpoint, metadata, asyncio.current_task())
+
+    async def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        caller: Owner,
+    ) -> RunnableConfig:
+        """``aput`` for a ``caller`` (the task of ``aput``, the thread of a synchronous
+        ``put``): a write outside a run is refused while another's run occupies the
+        thread (``Runs.check``)."""
         conf = config["configurable"]
         lg_thread, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
         body: dict[str, Any] = dict(checkpoint)
@@ -310,7 +322,7 @@ class WakefulSaver(Maintenance):
             "metadata": encode(meta, "checkpoint {!r} metadata", cid),
         }
         thread = self._bind(store_thread_id(lg_thread))
-        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER))
+        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER), caller)
         await self._appends.add(thread, lg_thread, given, [item], meta.get("run_id"))
         return {
             "configurable": {
@@ -327,6 +339,17 @@ class WakefulSaver(Maintenance):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        await self._put_writes(config, writes, task_id, task_path, asyncio.current_task())
+
+    async def _put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+        caller: Owner,
+    ) -> None:
+        """``aput_writes`` for a ``caller`` (as ``_put``)."""
         conf = config["configurable"]
         ns, cid = conf.get("checkpoint_ns", ""), conf["checkpoint_id"]
         encoded = [
@@ -335,7 +358,7 @@ class WakefulSaver(Maintenance):
         ]
         lg_thread = conf["thread_id"]
         thread = self._bind(store_thread_id(lg_thread))
-        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER))
+        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER), caller)
         await self._appends.add(
             thread,
             lg_thread,
