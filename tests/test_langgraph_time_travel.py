@@ -23,8 +23,8 @@ from langgraph.types import Command, StateSnapshot, interrupt
 
 from tests.langgraph_support import State, fan_out, url_for
 from tests.postgres_support import Databases
-from wakeful import open_store
-from wakeful.errors import ThreadBusy
+from wakeful import ManualClock, open_store
+from wakeful.errors import StaleClaim, ThreadBusy
 from wakeful.langgraph import WakefulSaver
 
 pytest_plugins = ["tests.postgres_fixtures"]
@@ -331,3 +331,69 @@ def test_a_synchronous_edit_while_another_thread_runs_the_thread_is_busy(tmp_pat
         assert sources == ["loop", "loop", "input"], "the refused edit stored something"
         fork = graph.update_state(start.config, {"log": ["edit"]})  # the run ended
         assert graph.get_state(CONFIG).config == graph.get_state(fork).config
+
+
+class FenceProbe(WakefulSaver):
+    """Sets ``fenced`` when one of its writes is refused as stale."""
+
+    fenced: asyncio.Event
+
+    async def aput_writes(
+        self, config: Any, writes: Any, task_id: str, task_path: str = ""
+    ) -> None:
+        try:
+            await super().aput_writes(config, writes, task_id, task_path)
+        except StaleClaim:
+            self.fenced.set()
+            raise
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("replay", [False, True])
+async def test_a_taken_over_run_stays_fenced_when_a_subgraph_starts_after(replay: bool) -> None:
+    """``a`` stalls past the lease and another process takes the thread over (and lets it
+    go); ``a``'s write is refused. The subgraph in ``child``, started after that, must not
+    claim the thread again for the fenced run: nothing lands after the takeover. With
+    ``replay`` the run replays the thread's first checkpoint (the subgraph's first read is
+    then a ``list``)."""
+    clock = ManualClock()
+    stall = {"now": not replay}
+    after_takeover: list[int] = []
+    async with open_store("memory://", clock=clock) as store:
+        first = FenceProbe(store, holder="first", ttl=5, renew_every=4)
+        first.fenced = asyncio.Event()
+        second = WakefulSaver(store, holder="second")
+        sub = nested_graph().compile()
+
+        async def a(state: State) -> dict[str, Any]:
+            if stall["now"]:
+                clock.advance(6)  # ``first`` stalled past its lease
+                async with second.hold("travel"):  # taken over, then let go
+                    pass
+                snap = await store.read("travel")
+                after_takeover.append(snap.version if snap else 0)
+            return {"log": ["a"]}
+
+        async def child(state: State) -> dict[str, Any]:
+            if stall["now"]:
+                await asyncio.wait_for(first.fenced.wait(), 10)
+            return {"log": (await sub.ainvoke({"log": []}))["log"]}
+
+        builder = StateGraph(State)
+        builder.add_node("a", a)
+        builder.add_node("child", child)
+        builder.add_edge(START, "a")
+        builder.add_edge(START, "child")
+        builder.add_edge("a", END)
+        builder.add_edge("child", END)
+        graph = builder.compile(checkpointer=first)
+        config = CONFIG
+        if replay:
+            await graph.ainvoke({"log": []}, CONFIG)
+            config = [s async for s in graph.aget_state_history(CONFIG)][-1].config
+            stall["now"] = True
+        with pytest.raises(StaleClaim):
+            await graph.ainvoke(None if replay else {"log": []}, config)
+        snap = await store.read("travel")
+        assert snap is not None and [snap.version] == after_takeover, "the fenced run wrote"
+        await second.aclose()

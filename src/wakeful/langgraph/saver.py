@@ -388,10 +388,11 @@ class WakefulSaver(Maintenance):
         runtime, owner, loop = run
         async with self._lock(thread):
             if ns:
+                self._refuse_fenced(thread)
                 self._runs.join(thread, runtime)
             else:
                 self._runs.refuse_busy(thread, lg_thread, runtime, owner)
-            self._fenced.pop(thread, None)
+                self._fenced.pop(thread, None)
             hold = self._holds.get(thread)
             if hold is None or hold.lost is not None:
                 self._holds.forget(thread)
@@ -403,6 +404,18 @@ class WakefulSaver(Maintenance):
                     await self._claimed_view(thread, claim)
             if not ns:
                 self._runs.start(thread, runtime, owner, loop)
+
+    def _refuse_fenced(self, thread: str) -> None:
+        """Raise the refusal of a run whose claim was taken over or whose write was refused
+        (every later write of it gets it, and so does a subgraph starting in it: claiming
+        the thread again would let the fenced run write on). A new run (a root read) or
+        ``release`` ends the fenced state."""
+        hold = self._holds.get(thread)
+        if hold is not None and hold.lost is not None:
+            self._holds.forget(thread)
+            self._fenced[thread] = hold.lost
+        if thread in self._fenced:
+            raise self._fenced[thread]
 
     async def _claimed_view(self, thread: str, claim: Claim) -> ThreadIndex:
         """The thread's index right after this saver claimed it. Tokens are positive and
@@ -528,13 +541,8 @@ class WakefulSaver(Maintenance):
     async def _writable(self, thread: str, lg_thread: str) -> ThreadIndex:
         """The index a write builds on, or the refusal every write of the thread gets now
         (a fenced run, ``hold`` mode without a hold, a foreign thread). Under the lock."""
-        hold = self._holds.get(thread)
-        if hold is not None and hold.lost is not None:
-            self._holds.forget(thread)
-            self._fenced[thread] = hold.lost
-        if thread in self._fenced:
-            raise self._fenced[thread]
-        if self.fencing == "hold" and hold is None:
+        self._refuse_fenced(thread)
+        if self.fencing == "hold" and self._holds.get(thread) is None:
             raise not_held(lg_thread)
         cached = self._cache.get(thread)
         idx = cached if cached is not None else await self._view(thread)
