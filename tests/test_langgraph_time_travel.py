@@ -2,8 +2,9 @@
 how-to flow (run a graph, ``get_state_history``, pick an earlier checkpoint,
 ``update_state`` on it -> a fork, ``invoke(None, config_with_checkpoint_id)`` replays from
 it) gives what ``InMemorySaver`` gives (states, next nodes, history order, parent links), on
-every store, each step from a saver that has nothing cached (another process's view); and a
-branch is never made under a live run of the thread (``ThreadBusy``)."""
+every store, each step from a saver that has nothing cached (another process's view), also
+when the replay enters a subgraph; a branch is never made under a live run of the thread
+(``ThreadBusy``), and a run fenced by a takeover stays fenced (decision 0040)."""
 
 from __future__ import annotations
 
@@ -195,6 +196,7 @@ async def test_a_replay_or_an_edit_while_another_process_runs_the_thread_is_busy
                 await replica.aupdate_state(first.config, {"log": ["edit"]})
             after = await store.read("travel")
             assert before and after and after.version == before.version, "something was stored"
+            assert sorted((tmp_path / "calls").read_text().split()) == ["a", "b", "c"]
         await running.aclose()
         fork = await replica.aupdate_state(first.config, {"log": ["edit"]})
         assert (await replica.aget_state(CONFIG)).config == (await replica.aget_state(fork)).config
