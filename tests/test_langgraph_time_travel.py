@@ -36,7 +36,9 @@ LOOPS = 20
 reads of older checkpoints and writes forking from them take the whole-history path."""
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+@pytest.fixture(
+    params=["memory", "file", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     pg: Databases | None = None
     if request.param == "postgres":
