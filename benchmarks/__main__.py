@@ -60,8 +60,12 @@ PLAN = (
     # it building the million (SQLite 46 s, PostgreSQL 140-190 s with 10M events).
     Module("scale_paths", 900, postgres=True),
     Module("live_stream", 180, postgres=True),
+    # issue 36: interrupt/rollback to the new run running, SQLite and PostgreSQL, wakes on
+    Module("busy_threads", 150, ("--n", "40"), postgres=True),
     Module("langgraph_saver", 240, ("--runs", "120"), postgres=True),
     Module("console", 240),
+    # Issue 39: two workers against one 120 rpm key for 60 s (mostly waiting).
+    Module("flow_control", 150, postgres=True),
     # Issue 24's experiment: its targets at N = 1000 with its 18.1 s streams; N = 100 and
     # 5,000 (every run ended exactly once) with 6 s streams. One round: waiting, mostly.
     Module(

@@ -34,6 +34,7 @@ TABLE_TIMES = {
     "workers": ("registered_at", "last_heartbeat"),
     "stream_checkpoints": ("updated_at",),
     "schedules": ("next_fire_at", "created_at", "updated_at"),
+    "limit_buckets": ("stamp", "blocked"),
 }
 """Every stored time, per table: what ``advance_store_clock`` moves back."""
 

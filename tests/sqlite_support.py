@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
+from wakeful.limits import LimitBucket, RateLimit
 from wakeful.records import (
     Branch,
     Checkpoint,
@@ -38,7 +39,7 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
-from wakeful.store.contract import Store, StreamCheckpointStore
+from wakeful.store.contract import RateLimitStore, Store, StreamCheckpointStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -98,6 +99,23 @@ class Alternating:
         self, thread_id: str, holder: str, ttl: float, tenant: str | None = None
     ) -> Claim:
         return await self.next().claim(thread_id, holder, ttl, tenant)
+
+    def _limits(self) -> RateLimitStore:
+        store = self.next()
+        assert isinstance(store, RateLimitStore)
+        return store
+
+    async def take_limit(self, limit: RateLimit, requests: int, tokens: int) -> float:
+        return await self._limits().take_limit(limit, requests, tokens)
+
+    async def reconcile_limit(self, key: str, tokens: int) -> None:
+        await self._limits().reconcile_limit(key, tokens)
+
+    async def block_limit(self, key: str, seconds: float) -> None:
+        await self._limits().block_limit(key, seconds)
+
+    async def limit_buckets(self) -> list[LimitBucket]:
+        return await self._limits().limit_buckets()
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
         return await self.next().renew(thread_id, token, ttl)

@@ -22,6 +22,7 @@ from wakeful import ManualClock, open_store
 from wakeful.errors import StaleClaim, ThreadBusy
 from wakeful.records import Awaiting, Dispatch, Done
 from wakeful.store.contract import Store
+from wakeful.store.validate_queue import FENCING
 
 T = TypeVar("T")
 TTL = 30.0
@@ -89,7 +90,7 @@ def _machine(kind: str) -> type[RuleBasedStateMachine]:
                 self.loop.close()
                 self.folder.cleanup()
 
-        @rule(policy=st.sampled_from(["enqueue", "reject", "interrupt", "coalesce"]))
+        @rule(policy=st.sampled_from(["enqueue", "reject", "interrupt", "rollback", "coalesce"]))
         def submit(self, policy: Any) -> None:
             self.count += 1
             name = f"s-{self.count:03d}"
@@ -105,7 +106,7 @@ def _machine(kind: str) -> type[RuleBasedStateMachine]:
             model.subs[name] = Sub(policy, "queued" if busy else "pending")
             model.order.append(name)
             assert stored.status == model.subs[name].status
-            if busy and policy == "interrupt" and not model.cancel_pending and model.holders():
+            if busy and policy in FENCING and not model.cancel_pending and model.holders():
                 for other in model.holders():
                     model.subs[other].status = "done"
                 model.cancel_pending = True

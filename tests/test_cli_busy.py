@@ -1,6 +1,6 @@
 """``wakeful submit --if-busy`` (issue 36): a busy thread queues the submission and says
 behind what; ``reject`` is one ``error:`` line and exit 4 (busy, the CLI's conflict code),
-with nothing stored."""
+with nothing stored; ``rollback`` queues and fences the busy run with a rollback intent."""
 
 from __future__ import annotations
 
@@ -33,11 +33,22 @@ def test_submit_if_busy(tmp_path: Path) -> None:
     assert refused.returncode == 4, refused.stderr
     line = error_line(refused)
     assert "busy with run 'run-d-1' (dispatch 'd-1')" in line and "if_busy='enqueue'" in line
-    rollback = cli("submit", "t-1", "greeter", "no", "--if-busy", "rollback", store=url)
-    assert rollback.returncode == 6 and "not yet supported" in error_line(rollback)
+    rollback = cli("submit", "t-1", "greeter", "undo", "--if-busy", "rollback", "--dispatch-id",
+                   "d-r", "--json", store=url)  # fmt: skip
+    assert rollback.returncode == 0, rollback.stderr
+    assert (json.loads(rollback.stdout)["status"], json.loads(rollback.stdout)["if_busy"]) == (
+        "queued",
+        "rollback",
+    )
 
-    async def stored() -> list[str]:
+    async def stored() -> list[tuple[str, str, object]]:
         async with open_store(url) as store:
-            return [d.dispatch_id for d in await store.list_dispatches(thread_id="t-1")]
+            return [
+                (d.dispatch_id, d.kind, d.payload)
+                for d in await store.list_dispatches(thread_id="t-1", limit=100)
+            ]
 
-    assert "d-x" not in asyncio.run(stored())
+    rows = asyncio.run(stored())
+    assert "d-x" not in [dispatch_id for dispatch_id, _, _ in rows]
+    [intent] = [payload for _, kind, payload in rows if kind == "cancel"]
+    assert intent == {"reason": "rolled back by d-r", "interrupted_by": "d-r", "rollback": True}

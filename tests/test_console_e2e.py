@@ -495,3 +495,69 @@ def test_edit_a_user_message_in_the_conversation(page: Any, rig: Fleet) -> None:
     assert page.locator(".msg.r-assistant").count() == 1
     page.wait_for_selector("#history li.abandoned")  # the first answer, still readable
     shoot(page, "thread-edit")
+
+
+def test_the_thread_shows_queued_and_coalesced_submissions(page: Any, rig: Fleet) -> None:
+    for w in rig.workers:  # the submissions must stay as the store left them
+        if w.poll() is None:
+            w.send_signal(signal.SIGTERM)
+            w.wait(timeout=30)
+    with_store(rig, busy_thread)
+    sign_in(page, rig, ALPHA)
+    assert page.input_value("#new-if-busy") == "enqueue"  # the default
+    page.fill("#new-thread", "console-busy")
+    page.fill("#new-target", "chat")
+    page.wait_for_selector("#new-input[data-kind=agent]")
+    page.fill("#new-input", "and one more thing")
+    page.select_option("#new-if-busy", "coalesce")
+    page.click("#new-run button[type=submit]")
+    page.wait_for_url(re.compile(r"#/threads/console-busy$"))
+    waiting = page.locator("#waiting")
+    waiting.wait_for()
+    queued = waiting.locator("tr:has(.s-queued)")
+    queued.wait_for()
+    assert queued.locator(".waiting-what").inner_text() == "waits behind cb-c1"
+    assert "coalesce" in queued.inner_text()
+    for name in ("cb-c2", "cb-c3"):
+        row = waiting.locator(f"tr[data-dispatch='{name}']")
+        assert row.locator(".waiting-what").inner_text() == (
+            "coalesced: answered by run-cb-c1 (cb-c1)"
+        )
+        assert "coalesce" in row.inner_text()
+    head = waiting.locator("tr[data-dispatch='cb-c1'] .waiting-what")
+    assert head.inner_text() == "its run run-cb-c1 also answers cb-c2, cb-c3"
+    assert waiting.locator("tr[data-dispatch='cb-1']").count() == 0, "it ran: not waiting"
+    shoot(page, "thread-waiting")
+    with_store(rig, drain_busy_thread)
+
+
+def _busy_dispatch(dispatch_id: str, if_busy: Any) -> Any:
+    from wakeful.records import Dispatch
+
+    return Dispatch(
+        dispatch_id=dispatch_id, thread_id="console-busy", kind="start", tenant="alpha",
+        payload={"target": "chat", "input": "hi", "run_id": f"run-{dispatch_id}"},
+        if_busy=if_busy,
+    )  # fmt: skip
+
+
+async def busy_thread(store: Any) -> None:
+    """Thread ``console-busy``: a run that ends while three ``coalesce`` submissions wait,
+    so the first of them runs for all three (and holds the thread)."""
+    from wakeful.records import Done
+
+    await commit_events(store, "console-busy", [("note", {"n": 1})])
+    await store.enqueue(_busy_dispatch("cb-1", "enqueue"))
+    for name in ("cb-c1", "cb-c2", "cb-c3"):
+        await store.enqueue(_busy_dispatch(name, "coalesce"))
+    [lease] = await store.claim_next("seeder", 30, thread_id="console-busy")
+    await store.settle("cb-1", lease.claim.token, Done())
+
+
+async def drain_busy_thread(store: Any) -> None:
+    """Settle what ``busy_thread`` left open, so no later worker runs it."""
+    from wakeful.records import Done
+
+    for _ in range(2):  # cb-c1, then the form's submission (admitted when cb-c1 settles)
+        [lease] = await store.claim_next("cleaner", 30, thread_id="console-busy")
+        await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())

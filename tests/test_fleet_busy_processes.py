@@ -2,7 +2,8 @@
 model (a loopback OpenAI-compatible server) stalls mid-stream; a second submission with
 ``if_busy="interrupt"`` ends the first run ``interrupted`` with its partial reply committed
 once, and the second run completes. Second variant: the worker holding the first run is
-SIGKILLed right after the interrupt (during the hand-over): same outcome."""
+SIGKILLed right after the interrupt (during the hand-over): same outcome. And
+``if_busy="rollback"`` with that SIGKILL: the first run is undone once."""
 
 from __future__ import annotations
 
@@ -101,6 +102,71 @@ async def test_interrupt_mid_stream_across_worker_processes(
             history = [cp for cp, _ in await store.checkpoints("chat", limit=100)]
             assert next(cp.status for cp in history if cp.run_id == "run-d-1") == "interrupted"
             assert history[0].run_id == "run-d-2" and history[0].status == "completed"
+        finally:
+            await store.close()
+            for child in children.values():
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            model.close()
+            for child in children.values():
+                try:
+                    child.communicate(timeout=20)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.communicate()
+
+
+async def test_rollback_mid_stream_with_the_holder_sigkilled(
+    pg_databases: Databases, tmp_path: Path
+) -> None:
+    """``rollback`` across worker processes, the first run's worker SIGKILLed during the
+    hand-over: the first run is undone once (one ``run.rolled_back``, its partial reply not
+    kept), the thread is back to empty, and the second run completes once on it."""
+    dsn = await pg_databases.clone()
+    with ProviderServer() as model:
+        model.push(
+            Reply(events=openai_text("Once ", "upon ", "a "), stall_after=4),
+            Reply(events=openai_text("Hello again.")),
+        )
+        children = {name: _spawn(dsn, model.url, name, tmp_path) for name in ("w-1", "w-2")}
+        store = await open_store(dsn)
+        try:
+            await _until(lambda: all((tmp_path / f"{n}.up").exists() for n in children), "up")
+            await submit(store, "chat", "writer", "Tell me a story", dispatch_id="d-1")
+
+            async def streaming() -> bool:
+                turn = await store.stream_checkpoints.get("run-d-1")
+                return turn is not None and turn.partial_text == "Once upon a "
+
+            await _until(streaming, "the first run to stream its partial reply")
+            snap = await store.read("chat")
+            assert snap is not None and snap.claim is not None
+            holder = snap.claim.holder.split(".")[0]
+            await submit(
+                store, "chat", "writer", "Forget it, say hello", dispatch_id="d-2",
+                if_busy="rollback",
+            )  # fmt: skip
+            os.kill(children[holder].pid, signal.SIGKILL)
+
+            async def second_done() -> bool:
+                d = await store.get_dispatch("d-2")
+                return d is not None and d.status == "done"
+
+            await _until(second_done, "the rolling-back run to complete")
+            events = await store.events_after("chat", 0, 1000)
+            assert [(e.type, e.run_id) for e in events if e.type.startswith("run.")] == [
+                ("run.started", "run-d-1"),
+                ("run.rolled_back", "run-d-1"),
+                ("run.started", "run-d-2"),
+                ("run.completed", "run-d-2"),
+            ]
+            messages = await store.messages("chat", 0, 100)
+            assert [(m.role, m.content) for m in messages] == [
+                ("user", "Forget it, say hello"),
+                ("assistant", "Hello again."),
+            ]
+            [branch] = await store.branches("chat")
+            assert branch.fork_point == "run-d-1-c0" and branch.messages == 0
         finally:
             await store.close()
             for child in children.values():

@@ -328,7 +328,8 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # function that fills a checkpoint's run segment columns; 0009 commit_each (version 6's
     # commit_many, which the set-based one falls back to); 0013 checkpoint_page (a page of a
     # thread's history); 0014 busy threads: enqueue with a policy beside the old signature,
-    # and its helpers (the admission trigger's function)
+    # and its helpers (the admission trigger's function); 0016 take_limit and
+    # reconcile_limit (rate limits)
     assert {name for name, _, _ in version_6 - version_5} == {
         "commit_many",
         "retire_worker",
@@ -339,4 +340,6 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
         "slot_ahead",
         "admit_next",
         "fence_thread",
+        "take_limit",
+        "reconcile_limit",
     }

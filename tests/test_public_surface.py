@@ -194,6 +194,7 @@ LAYERS = {
     # DESIGN.md section 2: each layer imports only the layers below it (or its own).
     "errors": 0,
     "records": 0,
+    "limits": 0,  # RateLimit and the bucket arithmetic: records the stores keep (issue 39)
     "clock": 0,
     "ids": 0,
     "metrics": 0,

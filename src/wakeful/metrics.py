@@ -304,6 +304,18 @@ class Metrics:
         ("tool", "outcome"),
         buckets=SLOW,
     )
+    limit_waits = _WorkerMetric(
+        Counter,
+        "wakeful_limit_waits_total",
+        "Model calls that waited for their rate-limit bucket, by key.",
+        ("key",),
+    )
+    limit_blocks = _WorkerMetric(
+        Counter,
+        "wakeful_limit_blocks_total",
+        "Provider rate-limit refusals (429) that blocked a key for the fleet, by key.",
+        ("key",),
+    )
     running = _WorkerMetric(
         LiveGauge,
         "wakeful_worker_running_dispatches",

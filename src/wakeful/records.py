@@ -321,7 +321,8 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     holds it until it settles. ``if_busy`` says what a submission does when the thread is
     busy: ``enqueue`` (wait), ``reject`` (``ThreadBusy``, nothing stored), ``interrupt``
     (wait, and the busy run is fenced through ``cancel``; the run it interrupts ends
-    ``interrupted``), ``rollback`` (not yet supported: ``InvalidInput``) or ``coalesce``
+    ``interrupted``), ``rollback`` (as ``interrupt``; the run's ending also branches the
+    thread back to where it was before the run started) or ``coalesce``
     (consecutive waiting ``coalesce`` submissions are admitted as one run: the first one,
     whose ``coalesced`` names the others; they settle ``done`` with ``answered_by`` naming it)."""
 

@@ -15,11 +15,13 @@ from typing import Any, TypedDict
 
 import msgspec
 
+from wakeful.agent.limiting import CallLimits, limits_of
 from wakeful.agent.observe import ToolObserver
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery
 from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext
 from wakeful.errors import InvalidInput, OutcomeUnknown
 from wakeful.ids import check_id
+from wakeful.limits import RateLimit, check_limits
 from wakeful.metrics import Metrics
 from wakeful.providers.base import ModelRequest, Provider
 from wakeful.records import Event, Message
@@ -73,7 +75,9 @@ class AgentReply(msgspec.Struct, frozen=True, kw_only=True):
 
 class Agent:
     """``Agent(name, model, instructions, tools, max_steps)``; ``max_steps`` bounds the model
-    turns of one run."""
+    turns of one run. ``limits``: rate limits (``wakeful.limits.RateLimit``) every model call
+    of the agent takes from, with those of its provider; they need a store that keeps
+    rate-limit buckets."""
 
     def __init__(
         self,
@@ -85,6 +89,7 @@ class Agent:
         *,
         stream_policy: StreamPolicy | None = None,
         sleep: Any = asyncio.sleep,
+        limits: RateLimit | Sequence[RateLimit] | None = None,
     ) -> None:
         self.name = check_id("agent name", name)
         self.model = model
@@ -97,6 +102,9 @@ class Agent:
         self.max_steps = max_steps
         self.stream_policy = stream_policy or StreamPolicy()
         self.sleep = sleep
+        self.limits = check_limits(limits)
+        """Rate limits every model call of this agent takes from (``wakeful.limits``),
+        besides those configured on its provider."""
         self.counters: dict[str, int] = {}
         self.metrics: Metrics | None = None
         """Set (by a worker, or by you) to record model, tool and stream-checkpoint
@@ -146,6 +154,14 @@ class Agent:
             metrics=self.metrics,
             message_id=message_id,
             resume=not ctx.fresh,
+            limits=CallLimits.for_store(
+                limits_of(self.model, self),
+                ctx.store,
+                self.sleep,
+                live=ctx.emit_live,
+                metrics=self.metrics,
+                run_id=ctx.run_id,
+            ),
         )
         turn = await recovery.turn(request)
         ctx.append_message(
@@ -183,6 +199,7 @@ class Agent:
     async def _tool(self, call: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         name = str(call.get("name"))
         outcome, content = await self._execute(name, call, ctx)
+        tool = self.tools.get(name)
         ctx.append_message(
             Message(
                 id=f"m-{ctx.idempotency_key}-r",
@@ -190,7 +207,12 @@ class Agent:
                 content=content,
                 tool_call_id=str(call.get("id")),
                 run_id=ctx.run_id,
-                metadata={"tool": name, "outcome": outcome},
+                # the replay policy too: what an operator compensating a rollback needs
+                metadata={
+                    "tool": name,
+                    "outcome": outcome,
+                    "replay": tool.replay if tool is not None else None,
+                },
             )
         )
         ctx.emit_live("tool.finished", {"call_id": call.get("id"), "outcome": outcome})

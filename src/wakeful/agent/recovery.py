@@ -46,6 +46,7 @@ from wakeful.store.contract import StreamCheckpointStore
 from wakeful.store.validate import discards
 
 if TYPE_CHECKING:
+    from wakeful.agent.limiting import CallLimits
     from wakeful.metrics import Metrics
 
 log = logging.getLogger("wakeful.agent")
@@ -188,6 +189,8 @@ class StreamRecovery:
     live_wanted: Callable[[str], bool] | None = None
     """Whether a live event of a type would reach anybody now (``NodeContext.wants_live``):
     deltas nobody would receive are not built. ``None``: always build them."""
+    limits: CallLimits | None = None
+    """The rate limits each call of the turn takes from before it is sent (``limiting``)."""
     resume: bool = True
     """Look for a stream checkpoint to resume from at the turn's start. ``False`` for a
     turn no earlier attempt can have started (``NodeContext.fresh``): it has none, and the
@@ -231,12 +234,18 @@ class StreamRecovery:
             if plan == "R2":
                 return self._finish(acc, "tool_use", None, recoveries, complete_only=True)
             current = self._after_interruption(plan, acc, request)
+        gate = self.limits
         while True:
             try:
                 with self.waiting():
+                    estimate = 0 if gate is None else await gate.acquire(current)
                     end = await self._consume(current, acc, attempts)
+                if gate is not None:
+                    await gate.settle(estimate, end.usage)
                 return self._finish(acc, end.stop_reason, end.usage, recoveries)
             except ProviderError as error:
+                if gate is not None:
+                    await gate.refused(error)
                 if not error.retryable:
                     raise
                 attempts += 1

@@ -14,6 +14,7 @@ from wakeful.cli.admin import migrate, prune, status
 from wakeful.cli.common import as_failure, usage_failure
 from wakeful.cli.inspect import dispatches, threads, workers
 from wakeful.cli.langgraph import langgraph
+from wakeful.cli.limits import limits
 from wakeful.cli.logs import logging_options
 from wakeful.cli.providers import providers
 from wakeful.cli.quarantine import quarantine
@@ -81,6 +82,7 @@ for command in (
     quarantine,
     schedules,
     workers,
+    limits,
     providers,
     langgraph,
 ):

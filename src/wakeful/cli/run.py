@@ -107,8 +107,9 @@ def dispatch_options(fn: Any) -> Any:
     show_default=True,
     help="When THREAD_ID is busy (a run is unfinished: running, queued or suspended): wait "
     "behind it, refuse (exit 4, nothing stored), stop it (it ends interrupted) and run next, "
-    "or merge with the other coalesce submissions waiting into one run. rollback is not "
-    "supported yet (exit 6).",
+    "stop it and undo what it committed (rollback: the thread returns to where it was before "
+    "it started) and run next, or merge with the other coalesce submissions waiting into one "
+    "run.",
 )
 @json_option
 @verbose_option

@@ -256,7 +256,8 @@ class Runs(_Group):
         ``not_before`` says until when. ``from_checkpoint``: replay from that checkpoint of
         the thread (time travel; from an earlier one the thread branches).
         ``if_busy``: ``"enqueue"`` (the server's default), ``"reject"`` (``ThreadBusy`` naming
-        the busy ``run_id``), ``"interrupt"`` or ``"coalesce"`` (docs/busy-threads.md)."""
+        the busy ``run_id``), ``"interrupt"``, ``"rollback"`` or ``"coalesce"``
+        (docs/busy-threads.md)."""
         body = _run_body(target, input, priority, max_attempts, from_checkpoint)
         if after is not None:
             body["after"] = after.total_seconds() if isinstance(after, timedelta) else after

@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
 
-from wakeful.errors import StreamCheckpointError
-from wakeful.records import Checkpoint, Message
+from wakeful.errors import InvalidState, StreamCheckpointError
+from wakeful.fleet.attempts import ending_commit, settle_done
+from wakeful.fleet.rollback import (
+    RollbackPoint,
+    rollback_commit,
+    rollback_point,
+    undone_tool_calls,
+)
+from wakeful.records import Checkpoint, Commit, Message
 from wakeful.store.contract import Store
+
+if TYPE_CHECKING:
+    from wakeful.fleet.registry import Registry
 
 log = logging.getLogger("wakeful.fleet")
 
@@ -63,30 +74,68 @@ async def interruption(
 @dataclass(frozen=True)
 class CancelEnding:
     """How a claimed ``cancel`` dispatch ends the thread's unfinished run: ``cancelled``,
-    or ``interrupted`` when an ``if_busy="interrupt"`` submission asked for it."""
+    or ``interrupted`` when an ``if_busy="interrupt"`` submission asked for it, or
+    ``interrupted`` and rolled back (``rollback``: where to) for ``if_busy="rollback"``."""
 
     status: str
     event: str
     data: dict[str, Any]
     metadata: dict[str, Any] | None = None
     messages: tuple[Message, ...] = ()
+    rollback: RollbackPoint | None = None
 
     @property
     def log(self) -> str:
         return f"{self.status} ({self.data.get('reason')})"
 
+    def commit(
+        self, token: int, unfinished: Checkpoint | None, now: datetime, settle: str
+    ) -> Commit:
+        """The ending commit under claim ``token``, settling dispatch ``settle`` ``Done``."""
+        if self.rollback is not None and unfinished is not None:
+            return rollback_commit(
+                token, unfinished, self.rollback, self.data, now, settle_done(settle)
+            )
+        return ending_commit(
+            token, unfinished, self.status, self.event, self.data, now,
+            settle=settle, messages=self.messages, metadata=self.metadata,
+        )  # fmt: skip
+
 
 async def cancel_ending(
-    store: Store, thread_id: str, unfinished: Checkpoint | None, payload: dict[str, Any]
+    store: Store,
+    thread_id: str,
+    unfinished: Checkpoint | None,
+    payload: dict[str, Any],
+    registry: Registry | None = None,
 ) -> CancelEnding:
     """What a cancel dispatch (``payload``) records for ``unfinished`` (the thread's
-    running or suspended run, or ``None``)."""
+    running or suspended run, or ``None``). ``registry``: the worker's, to name the replay
+    policy of a rolled-back run's tool calls recorded without it."""
     reason = str(payload.get("reason", "cancelled"))
     interrupter = interrupter_of(payload)
     if interrupter is None:
         return CancelEnding("cancelled", "run.cancelled", {"reason": reason})
     data, metadata, messages = await interruption(store, thread_id, unfinished, interrupter, reason)
-    return CancelEnding("interrupted", "run.interrupted", data, metadata, messages)
+    if payload.get("rollback") is not True:
+        return CancelEnding("interrupted", "run.interrupted", data, metadata, messages)
+    snap = await store.read(thread_id)
+    if unfinished is None or snap is None:
+        # nothing of the busy run was committed (it had not started): nothing to undo
+        return CancelEnding("interrupted", "run.rolled_back", {**data, "tool_calls": []})
+    data.pop("partial_reply", None)  # undone with the rest of the run
+    try:
+        point = await rollback_point(store, snap, unfinished)
+    except InvalidState as cannot:
+        log.warning("run %s is only interrupted, not rolled back: %s", unfinished.run_id, cannot)
+        data["not_rolled_back"] = str(cannot)
+        return CancelEnding("interrupted", "run.interrupted", data, metadata, messages)
+    data["tool_calls"] = await undone_tool_calls(
+        store, thread_id, unfinished, point.first_count, snap.writes, registry
+    )
+    data["returned_to"] = point.before
+    data["abandoned"] = unfinished.id
+    return CancelEnding("interrupted", "run.rolled_back", data, rollback=point)
 
 
 async def _partial_reply(store: Store, thread_id: str, run_id: str) -> Message | None:

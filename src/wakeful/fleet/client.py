@@ -116,8 +116,10 @@ async def submit(
     queued or suspended): ``"enqueue"`` waits (the dispatch is ``queued``, see its
     ``queued_behind``), ``"reject"`` raises ``ThreadBusy`` naming the busy run and stores
     nothing, ``"interrupt"`` waits while the busy run is stopped (it ends ``interrupted``),
-    ``"coalesce"`` merges with the other coalesce submissions waiting with it into one run
-    (docs/busy-threads.md). ``"rollback"`` is not supported yet (``InvalidInput``)."""
+    ``"rollback"`` waits while the busy run is stopped and undone (the thread returns to
+    where it was before that run started; ``run.rolled_back`` lists its tool calls that
+    took effect), ``"coalesce"`` merges with the other coalesce submissions waiting with it
+    into one run (docs/busy-threads.md)."""
     check_id("target", target)
     check_optional_id("tenant", tenant)
     check_optional_id("from_checkpoint", from_checkpoint)

@@ -404,14 +404,14 @@ class Worker:
                 operation_id=f"{d.dispatch_id}:exhausted", settle=d.dispatch_id,
             )  # fmt: skip
             return Settled(Done())
-        if d.kind == "cancel":  # the run ends cancelled, or interrupted (if_busy="interrupt")
+        if d.kind == "cancel":  # the run ends cancelled, or interrupted (and rolled back)
             unfinished = latest if latest is not None and latest.status in UNFINISHED else None
-            end = await cancel_ending(self.store, d.thread_id, unfinished, payload)
+            end = await cancel_ending(self.store, d.thread_id, unfinished, payload, self.registry)
             self._endings[d.dispatch_id] = end.log
-            await self._terminate(
-                claim, unfinished, end.status, end.event, end.data,
-                settle=d.dispatch_id, messages=end.messages, metadata=end.metadata,
-            )  # fmt: skip
+            ending = end.commit(claim.token, unfinished, self.clock.now(), d.dispatch_id)
+            await self._observe.calls(
+                "commit", lambda: self.store.commit(d.thread_id, ending), d.thread_id
+            )
             return Settled(Done())
         if owned_run is not None:
             log.info(

@@ -141,13 +141,18 @@ class Runs:
         if current is not None and not current.has(runtime):
             current.runtimes.append(runtime)
 
-    def check(self, thread: str, lg_thread: str, runtime: Any) -> None:
-        """Refuse (``StaleClaim``) a write of a run that is not ``thread``'s current run.
-        Writes outside a run (no runtime: ``update_state``, direct saver calls) pass."""
-        if runtime is None:
-            return
+    def check(self, thread: str, lg_thread: str, runtime: Any, caller: Owner) -> None:
+        """Refuse (``StaleClaim``) a write of a run that is not ``thread``'s current run,
+        and (``ThreadBusy``) a write outside any run (no runtime: ``update_state``, direct
+        saver calls) while a live run of another owner than ``caller`` (the writing task
+        or thread) occupies the thread: it would branch the thread, or add to its
+        history, under that run (another process is refused by the claim)."""
         current = self._runs.get(thread)
         if current is None:
+            return
+        if runtime is None:
+            if self._occupies(current, caller):
+                raise ThreadBusy(lg_thread, self.holder, None)
             return
         if not current.has(runtime):
             raise RunDisplaced(lg_thread)

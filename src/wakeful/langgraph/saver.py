@@ -45,8 +45,9 @@ from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
 from wakeful.errors import InvalidInput, InvalidState, StaleClaim, VersionConflict
 from wakeful.ids import check_id
 from wakeful.langgraph.appends import Append, Appends, Batch, fail
-from wakeful.langgraph.bridge import LoopThread, call_on
+from wakeful.langgraph.bridge import LoopThread
 from wakeful.langgraph.codec import ValueCodec, store_thread_id, valid_id
+from wakeful.langgraph.fencing import FencingAPI
 from wakeful.langgraph.holds import Holds, default_holder, not_held
 from wakeful.langgraph.index import (
     PAGE,
@@ -57,7 +58,7 @@ from wakeful.langgraph.index import (
     record_state,
     write_items,
 )
-from wakeful.langgraph.maintenance import Built, Maintenance
+from wakeful.langgraph.maintenance import Built
 from wakeful.langgraph.runs import RUN_MARKER, Owner, Runs, pregel_loop
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
@@ -69,7 +70,7 @@ Fencing = Literal["auto", "hold", "off"]
 LOCK_STRIPES = 256
 
 
-class WakefulSaver(Maintenance):
+class WakefulSaver(FencingAPI):
     """A LangGraph checkpointer with wakeful's guarantees: fenced writers, atomic fsynced
     commits, recovery after a crash. Use it as ``graph.compile(checkpointer=saver)``."""
 
@@ -166,53 +167,6 @@ class WakefulSaver(Maintenance):
         if self._owned_store:
             await self.store.close()
 
-    # ------------------------------------------------------------ fencing API
-
-    @asynccontextmanager
-    async def hold(self, thread_id: str) -> AsyncIterator[None]:
-        """Claim LangGraph thread ``thread_id`` for the block, renewed in the background,
-        released on exit. Raises ``ThreadBusy`` (naming the holder) if another live claim
-        holds it. Inside, a write after the claim was taken over raises ``StaleClaim`` and
-        writes nothing."""
-        thread = self._bind(store_thread_id(thread_id))
-        async with self._lock(thread):
-            current = self._holds.get(thread)
-            if current is not None and current.lost is None:
-                if current.explicit:
-                    raise InvalidState(
-                        "thread", thread_id, "held", "this saver already holds it in a block"
-                    )
-                current.explicit = True
-            else:
-                self._holds.forget(thread)
-                claim = await self.store.claim(thread, self.holder, self._holds.ttl)
-                self._holds.start(claim, explicit=True)
-                self._fenced.pop(thread, None)
-                await self._claimed_view(thread, claim)
-        try:
-            yield
-        finally:
-            await self._holds.release(thread)
-
-    @contextmanager
-    def hold_sync(self, thread_id: str) -> Iterator[None]:
-        """``hold`` for synchronous code."""
-        manager = self.hold(thread_id)
-        call_on(self._loop, manager.__aenter__())
-        try:
-            yield
-        finally:
-            call_on(self._loop, manager.__aexit__(None, None, None))
-
-    async def release(self, thread_id: str) -> None:
-        """Release this saver's claim on ``thread_id`` now (a no-op if it holds none), and
-        end the fenced state of a run refused with ``StaleClaim`` or ``VersionConflict``
-        (its later writes are refused until a new run starts or this is called)."""
-        thread = self._bind(store_thread_id(thread_id))
-        self._fenced.pop(thread, None)
-        self._runs.end(thread)
-        await self._holds.release(thread)
-
     # ------------------------------------------------------------ async API
 
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -253,6 +207,13 @@ class WakefulSaver(Maintenance):
     ) -> AsyncIterator[CheckpointTuple]:
         conf = config["configurable"] if config else {}
         ns = conf.get("checkpoint_ns")
+        if ns and RUN_MARKER in conf:
+            # A subgraph's first read of a replay (LangGraph's ``ReplayState``) is a
+            # ``list`` of its namespace, not a ``get_tuple``: it joins the run all the same,
+            # or its writes would be refused as another run's.
+            lg_thread = conf["thread_id"]
+            run = (conf[RUN_MARKER], asyncio.current_task(), None)
+            await self._run_starts(lg_thread, self._bind(store_thread_id(lg_thread)), run, ns)
         only_id = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         left = limit
@@ -281,6 +242,18 @@ class WakefulSaver(Maintenance):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
+        return await self._put(config, checkpoint, metadata, asyncio.current_task())
+
+    async def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        caller: Owner,
+    ) -> RunnableConfig:
+        """``aput`` for a ``caller`` (the task of ``aput``, the thread of a synchronous
+        ``put``): a write outside a run is refused while another's run occupies the
+        thread (``Runs.check``)."""
         conf = config["configurable"]
         lg_thread, ns = conf["thread_id"], conf.get("checkpoint_ns", "")
         body: dict[str, Any] = dict(checkpoint)
@@ -303,7 +276,7 @@ class WakefulSaver(Maintenance):
             "metadata": encode(meta, "checkpoint {!r} metadata", cid),
         }
         thread = self._bind(store_thread_id(lg_thread))
-        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER))
+        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER), caller)
         await self._appends.add(thread, lg_thread, given, [item], meta.get("run_id"))
         return {
             "configurable": {
@@ -320,6 +293,17 @@ class WakefulSaver(Maintenance):
         task_id: str,
         task_path: str = "",
     ) -> None:
+        await self._put_writes(config, writes, task_id, task_path, asyncio.current_task())
+
+    async def _put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+        caller: Owner,
+    ) -> None:
+        """``aput_writes`` for a ``caller`` (as ``_put``)."""
         conf = config["configurable"]
         ns, cid = conf.get("checkpoint_ns", ""), conf["checkpoint_id"]
         encoded = [
@@ -328,7 +312,7 @@ class WakefulSaver(Maintenance):
         ]
         lg_thread = conf["thread_id"]
         thread = self._bind(store_thread_id(lg_thread))
-        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER))
+        self._runs.check(thread, lg_thread, conf.get(RUN_MARKER), caller)
         await self._appends.add(
             thread,
             lg_thread,
@@ -358,10 +342,11 @@ class WakefulSaver(Maintenance):
         runtime, owner, loop = run
         async with self._lock(thread):
             if ns:
+                self._refuse_fenced(thread)
                 self._runs.join(thread, runtime)
             else:
                 self._runs.refuse_busy(thread, lg_thread, runtime, owner)
-            self._fenced.pop(thread, None)
+                self._fenced.pop(thread, None)
             hold = self._holds.get(thread)
             if hold is None or hold.lost is not None:
                 self._holds.forget(thread)
@@ -373,6 +358,18 @@ class WakefulSaver(Maintenance):
                     await self._claimed_view(thread, claim)
             if not ns:
                 self._runs.start(thread, runtime, owner, loop)
+
+    def _refuse_fenced(self, thread: str) -> None:
+        """Raise the refusal of a run whose claim was taken over or whose write was refused
+        (every later write of it gets it, and so does a subgraph starting in it: claiming
+        the thread again would let the fenced run write on). A new run (a root read) or
+        ``release`` ends the fenced state."""
+        hold = self._holds.get(thread)
+        if hold is not None and hold.lost is not None:
+            self._holds.forget(thread)
+            self._fenced[thread] = hold.lost
+        if thread in self._fenced:
+            raise self._fenced[thread]
 
     async def _claimed_view(self, thread: str, claim: Claim) -> ThreadIndex:
         """The thread's index right after this saver claimed it. Tokens are positive and
@@ -498,13 +495,8 @@ class WakefulSaver(Maintenance):
     async def _writable(self, thread: str, lg_thread: str) -> ThreadIndex:
         """The index a write builds on, or the refusal every write of the thread gets now
         (a fenced run, ``hold`` mode without a hold, a foreign thread). Under the lock."""
-        hold = self._holds.get(thread)
-        if hold is not None and hold.lost is not None:
-            self._holds.forget(thread)
-            self._fenced[thread] = hold.lost
-        if thread in self._fenced:
-            raise self._fenced[thread]
-        if self.fencing == "hold" and hold is None:
+        self._refuse_fenced(thread)
+        if self.fencing == "hold" and self._holds.get(thread) is None:
             raise not_held(lg_thread)
         cached = self._cache.get(thread)
         idx = cached if cached is not None else await self._view(thread)

@@ -37,6 +37,25 @@ class SyncMethods(BaseCheckpointSaver[str]):
     ) -> CheckpointTuple | None:
         raise NotImplementedError
 
+    async def _put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        caller: Any,
+    ) -> RunnableConfig:
+        raise NotImplementedError
+
+    async def _put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str,
+        caller: Any,
+    ) -> None:
+        raise NotImplementedError
+
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         # the calling thread, not the loop's task for this call, is what runs the graph
         run = RUN_MARKER in config["configurable"]
@@ -64,7 +83,9 @@ class SyncMethods(BaseCheckpointSaver[str]):
         metadata: CheckpointMetadata,
         new_versions: ChannelVersions,
     ) -> RunnableConfig:
-        return call_on(self._loop, self.aput(config, checkpoint, metadata, new_versions))
+        # the calling thread is the writer (for ``Runs.check``), not the loop's task
+        caller = threading.current_thread()
+        return call_on(self._loop, self._put(config, checkpoint, metadata, caller))
 
     def put_writes(
         self,
@@ -73,7 +94,8 @@ class SyncMethods(BaseCheckpointSaver[str]):
         task_id: str,
         task_path: str = "",
     ) -> None:
-        call_on(self._loop, self.aput_writes(config, writes, task_id, task_path))
+        caller = threading.current_thread()
+        call_on(self._loop, self._put_writes(config, writes, task_id, task_path, caller))
 
     def delete_thread(self, thread_id: str) -> None:
         call_on(self._loop, self.adelete_thread(thread_id))

@@ -4,12 +4,13 @@ no retries."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from typing import Any
 
 import httpx
 import msgspec
 
+from wakeful.limits import RateLimit, check_limits
 from wakeful.providers.base import (
     ModelRequest,
     ProviderError,
@@ -195,7 +196,9 @@ class AnthropicMessages(HTTPProvider):
     ``$ANTHROPIC_API_KEY``. ``version`` is the ``anthropic-version`` header. ``headers`` are
     added to every request (``anthropic-beta`` ...) and ``extra_body`` is merged into every
     body (``top_k``, ``metadata`` ...). ``client`` is borrowed and never closed; otherwise the
-    adapter owns one: use ``async with`` or ``aclose()``."""
+    adapter owns one: use ``async with`` or ``aclose()``. ``limits``: rate limits
+    (``wakeful.limits.RateLimit``) an agent's every call to this provider takes from, shared
+    by every worker on the store."""
 
     def __init__(
         self,
@@ -208,8 +211,10 @@ class AnthropicMessages(HTTPProvider):
         timeout: TimeoutLike | None = None,
         headers: Mapping[str, str] | None = None,
         extra_body: Mapping[str, Any] | None = None,
+        limits: RateLimit | Sequence[RateLimit] | None = None,
     ) -> None:
         super().__init__(client=client, timeout=timeout)
+        self.limits = check_limits(limits)
         self.model = model
         self.base_url = base_url.rstrip("/")
         self.version = version

@@ -14,7 +14,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Self
 
@@ -66,6 +66,60 @@ def retry_after_from_headers(
     if millis is not None and _NUMBER.fullmatch(millis.strip()):
         return float(millis.strip()) / 1000.0
     return parse_retry_after(headers.get("retry-after"), now=now)
+
+
+_DURATION = re.compile(r"(?:([0-9.]+)h)?(?:([0-9.]+)m(?!s))?(?:([0-9.]+)s)?(?:([0-9.]+)ms)?")
+_RESET_HEADERS: Final = (
+    *(
+        (f"x-ratelimit-reset-{r}", f"x-ratelimit-remaining-{r}", False)
+        for r in ("requests", "tokens")
+    ),
+    *(
+        (f"anthropic-ratelimit-{r}-reset", f"anthropic-ratelimit-{r}-remaining", True)
+        for r in ("requests", "tokens", "input-tokens", "output-tokens")
+    ),
+)
+"""(reset header, remaining header, whether the reset is a time rather than a duration)."""
+
+
+def _duration(value: str) -> float | None:
+    """OpenAI's reset durations: ``1s``, ``6m0s``, ``20ms``, ``1h2m3.5s``."""
+    match = _DURATION.fullmatch(value.strip())
+    if match is None or not any(match.groups()):
+        return None
+    h, m, s, ms = (float(g) if g else 0.0 for g in match.groups())
+    return h * 3600 + m * 60 + s + ms / 1000
+
+
+def _instant(value: str, now: float) -> float | None:
+    """Anthropic's reset times: RFC 3339 (``2026-12-07T19:40:36Z``)."""
+    try:
+        when = datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now)
+
+
+def reset_from_headers(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds until a rate limit resets, from the headers OpenAI
+    (``x-ratelimit-reset-requests``/``-tokens``: durations) and Anthropic
+    (``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset``: times) send:
+    the latest reset of the exhausted resources (``...-remaining: 0``), else of all given."""
+    at = time.time() if now is None else now
+    exhausted: list[float] = []
+    every: list[float] = []
+    for reset, remaining, is_time in _RESET_HEADERS:
+        raw = headers.get(reset)
+        seconds = None if raw is None else _instant(raw, at) if is_time else _duration(raw)
+        if seconds is None:
+            continue
+        every.append(seconds)
+        if (headers.get(remaining) or "").strip() == "0":
+            exhausted.append(seconds)
+    found = exhausted or every
+    return max(found) if found else None
 
 
 # ------------------------------------------------------------------------ classification
@@ -238,9 +292,17 @@ def error_from_response(response: httpx.Response) -> ProviderError:
             request_id=request_id_of(response.headers),
             secrets=header_secrets(sent),
         ),
-        retry_after=retry_after_from_headers(response.headers),
+        retry_after=_retry_after(status, response.headers),
         status=status,
     )
+
+
+def _retry_after(status: int, headers: Mapping[str, str]) -> float | None:
+    """The retry hint, and for a 429 without one the rate limits' reset."""
+    hint = retry_after_from_headers(headers)
+    if hint is None and status == 429:
+        return reset_from_headers(headers)
+    return hint
 
 
 def error_from_event(body: Any, *, request_id: str | None = None) -> ProviderError:

@@ -5,13 +5,14 @@ events. No SDK, no retries."""
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncGenerator, Mapping
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import httpx
 import msgspec
 
+from wakeful.limits import RateLimit, check_limits
 from wakeful.providers.base import (
     ModelRequest,
     ProviderError,
@@ -228,7 +229,9 @@ class OpenAIChat(HTTPProvider):
     (``top_p``, ``seed``, ``reasoning_effort`` ...). ``max_tokens_param`` names the limit
     field: ``"max_completion_tokens"`` for OpenAI's reasoning models. ``params`` are added to
     the URL's query (Azure's ``api-version``). ``client`` is borrowed
-    and never closed; otherwise the adapter owns one: use ``async with`` or ``aclose()``."""
+    and never closed; otherwise the adapter owns one: use ``async with`` or ``aclose()``.
+    ``limits``: rate limits (``wakeful.limits.RateLimit``) an agent's every call to this
+    provider takes from, shared by every worker on the store."""
 
     def __init__(
         self,
@@ -242,8 +245,10 @@ class OpenAIChat(HTTPProvider):
         extra_body: Mapping[str, Any] | None = None,
         max_tokens_param: str = "max_tokens",
         params: Mapping[str, str] | None = None,
+        limits: RateLimit | Sequence[RateLimit] | None = None,
     ) -> None:
         super().__init__(client=client, timeout=timeout)
+        self.limits = check_limits(limits)
         self._params = dict(params or {})
         self.model = model
         self.base_url = base_url.rstrip("/")

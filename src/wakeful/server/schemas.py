@@ -45,8 +45,8 @@ RunStatus = Literal[
 ]
 DispatchStatus = Literal["queued", "pending", "leased", "awaiting", "done", "quarantined"]
 IfBusy = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
-SubmittedIfBusy = Literal["enqueue", "reject", "interrupt", "coalesce"]
-"""What a request may ask for: ``rollback`` joins once the store supports it (issue 37)."""
+SubmittedIfBusy = IfBusy
+"""What a request may ask for: every policy (the name stays for callers that used it)."""
 DispatchKind = Literal["start", "resume", "cancel", "message"]
 
 
@@ -95,8 +95,10 @@ class SubmitRun(_Request):
         description="When the thread is busy (a run is unfinished: running, queued or "
         "suspended): 'enqueue' waits (202, status 'queued', queued_behind), 'reject' refuses "
         "(409 thread-busy naming run_id, nothing stored), 'interrupt' stops the busy run (it "
-        "ends 'interrupted') and runs next, 'coalesce' merges with the other coalesce "
-        "submissions waiting with it into one run. ('rollback' is not supported yet.)",
+        "ends 'interrupted') and runs next, 'rollback' stops it and returns the thread to "
+        "where it was before that run started (event run.rolled_back lists its tool calls "
+        "that took effect) and runs next, 'coalesce' merges with the other coalesce "
+        "submissions waiting with it into one run.",
     )
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
@@ -154,8 +156,10 @@ class SendMessage(_Request):
         description="When the thread is busy (a run is unfinished: running, queued or "
         "suspended): 'enqueue' waits (202, status 'queued', queued_behind), 'reject' refuses "
         "(409 thread-busy naming run_id, nothing stored), 'interrupt' stops the busy run (it "
-        "ends 'interrupted') and runs next, 'coalesce' merges with the other coalesce "
-        "submissions waiting with it into one run. ('rollback' is not supported yet.)",
+        "ends 'interrupted') and runs next, 'rollback' stops it and returns the thread to "
+        "where it was before that run started (event run.rolled_back lists its tool calls "
+        "that took effect) and runs next, 'coalesce' merges with the other coalesce "
+        "submissions waiting with it into one run.",
     )
 
 

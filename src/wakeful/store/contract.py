@@ -22,6 +22,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from wakeful.limits import LimitBucket, RateLimit
 from wakeful.records import (
     Branch,
     Checkpoint,
@@ -432,6 +433,38 @@ class ScheduleStore(Protocol):
 
 
 @runtime_checkable
+class RateLimitStore(Protocol):
+    """Rate-limit buckets shared by every process on the store (issue 39, ``wakeful.limits``):
+    one bucket per key, each method one atomic step on it, judged by the store's clock
+    (PostgreSQL: the server's). Every backend applies the arithmetic of ``wakeful.limits``.
+    Memory and file stores keep their buckets in the process (the file store has one process):
+    a restart starts them full and unblocked."""
+
+    async def take_limit(self, limit: RateLimit, requests: int, tokens: int) -> float:
+        """Take ``requests`` and ``tokens`` from ``limit.key``'s bucket (created full on first
+        use; ``limit``'s rates replace the stored ones) and return ``0.0``; or, while the key
+        is blocked or the bucket is short, take nothing and return the seconds until the take
+        could succeed. A need larger than the bucket is granted when the bucket is full and
+        leaves it negative."""
+        ...
+
+    async def reconcile_limit(self, key: str, tokens: int) -> None:
+        """Pay ``tokens`` more from the key's token bucket (negative: give back, never above
+        a full bucket): the real usage minus the estimate taken. An unknown key is a no-op."""
+        ...
+
+    async def block_limit(self, key: str, seconds: float) -> None:
+        """Block the key until ``seconds`` from now on the store's clock (a later block
+        already set stays) and drain its bucket: every ``take_limit`` waits until then, and
+        the bucket refills from empty after. Creates the key's bucket if needed."""
+        ...
+
+    async def limit_buckets(self) -> list[LimitBucket]:
+        """Every key's bucket, by key, as it reads now."""
+        ...
+
+
+@runtime_checkable
 class Store(ThreadStore, DispatchQueue, Outbox, ScheduleStore, Protocol):
     """A whole store, as ``open_store`` returns it."""
 
@@ -446,6 +479,7 @@ class Store(ThreadStore, DispatchQueue, Outbox, ScheduleStore, Protocol):
 __all__ = [
     "DispatchQueue",
     "Outbox",
+    "RateLimitStore",
     "ScheduleStore",
     "Store",
     "StreamCheckpointStore",

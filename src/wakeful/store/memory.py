@@ -12,6 +12,7 @@ from wakeful.clock import Clock
 from wakeful.errors import StreamCheckpointError, WakefulError
 from wakeful.ids import check_id
 from wakeful.records import StreamCheckpoint
+from wakeful.store.buckets import ProcessBuckets
 from wakeful.store.projected import ProjectedStore
 from wakeful.store.validate import check_discard, check_stream_checkpoint, discards
 
@@ -20,7 +21,7 @@ class InjectedCrash(Exception):
     """Raised at an armed fault point, as if the process had died there."""
 
 
-class MemoryStore(ProjectedStore):
+class MemoryStore(ProjectedStore, ProcessBuckets):
     """The whole contract in memory. ``crash_at(point)`` arms a one-shot fault for tests
     (points: ``"relay.after_append"``)."""
 

@@ -59,6 +59,7 @@ from wakeful.store.validate import (
     check_token,
 )
 from wakeful.store.validate_queue import (
+    FENCING,
     QUEUE_DEPTH_STATUSES,
     RUN_KINDS,
     check_depth_limit,
@@ -366,14 +367,21 @@ def message_dispatch_id(target_thread: str, message_id: str) -> str:
 
 
 def cancel_intent(
-    thread_id: str, reason: str, now: datetime, interrupted_by: str | None = None
+    thread_id: str,
+    reason: str,
+    now: datetime,
+    interrupted_by: str | None = None,
+    rollback: bool = False,
 ) -> Dispatch:
     """The ``cancel`` dispatch that ``cancel`` persists (every store builds it here); with
     ``interrupted_by``, the one an ``if_busy="interrupt"`` submission makes: its claimant
-    ends the busy run ``interrupted`` rather than ``cancelled``."""
-    payload: dict[str, str] = {"reason": reason}
+    ends the busy run ``interrupted`` rather than ``cancelled``; with ``rollback`` too
+    (``if_busy="rollback"``), its claimant also undoes what the run committed."""
+    payload: dict[str, str | bool] = {"reason": reason}
     if interrupted_by is not None:
         payload["interrupted_by"] = interrupted_by
+        if rollback:
+            payload["rollback"] = True
     return Dispatch(
         dispatch_id=f"cancel-{uuid.uuid4().hex}",
         thread_id=thread_id,
@@ -406,9 +414,9 @@ def _admission(state: State, d: Dispatch, now: datetime) -> tuple[Dispatch, Canc
     behind = waiting[-1] if waiting else busy.dispatch_id
     queued = msgspec.structs.replace(d, status="queued", queued_behind=behind)
     fence = None
-    if d.if_busy == "interrupt" and holder is not None and holder.kind != "cancel":
-        reason = interrupt_reason(d.dispatch_id)
-        intent = cancel_intent(d.thread_id, reason, now, interrupted_by=d.dispatch_id)
+    if d.if_busy in FENCING and holder is not None and holder.kind != "cancel":
+        intent = fencing_intent(d, now)
+        reason = str(intent.payload["reason"])
         epoch = state.epochs.get(d.thread_id, 0) + 1
         fence = Cancelled(d.thread_id, reason, epoch, intent, now)
     return queued, fence
@@ -424,9 +432,23 @@ def run_id_of(d: Dispatch) -> str | None:
     return named if isinstance(named, str) else f"run-{d.dispatch_id}"
 
 
-def interrupt_reason(dispatch_id: str) -> str:
-    """The cancellation reason of a run interrupted by the submission ``dispatch_id``."""
+def interrupt_reason(dispatch_id: str, if_busy: str = "interrupt") -> str:
+    """The cancellation reason of a run interrupted (or, ``if_busy="rollback"``, rolled
+    back) by the submission ``dispatch_id``."""
+    if if_busy == "rollback":
+        return f"rolled back by {dispatch_id}"
     return f"interrupted by {dispatch_id}"
+
+
+def fencing_intent(d: Dispatch, now: datetime) -> Dispatch:
+    """The cancel intent a ``d.if_busy`` of ``FENCING`` makes of the thread's busy run."""
+    return cancel_intent(
+        d.thread_id,
+        interrupt_reason(d.dispatch_id, d.if_busy),
+        now,
+        interrupted_by=d.dispatch_id,
+        rollback=d.if_busy == "rollback",
+    )
 
 
 def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:

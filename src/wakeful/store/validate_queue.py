@@ -34,21 +34,16 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
 
 
 def check_if_busy(d: Dispatch) -> None:
-    """``if_busy`` is a known policy the store can honour for ``d``'s kind. Only a run's
-    dispatch (``start``, ``message``) takes a policy; ``rollback`` needs the branch commit
-    of issue 37 and is refused until it exists."""
+    """``if_busy`` is a known policy the store can honour for ``d``'s kind: only a run's
+    dispatch (``start``, ``message``) takes a policy."""
     if d.if_busy not in IF_BUSY:
         raise InvalidInput("if_busy", f"must be one of {sorted(IF_BUSY)}")
-    if d.if_busy == "rollback":
-        raise InvalidInput(
-            "if_busy",
-            "'rollback' is not yet supported (it needs the thread branch commit of issue 37); "
-            "use 'interrupt' to stop the busy run and keep what it committed",
-        )
     if d.if_busy != "enqueue" and d.kind not in RUN_KINDS:
         raise InvalidInput("if_busy", f"applies to {sorted(RUN_KINDS)} dispatches only")
 
 
+FENCING = frozenset(("interrupt", "rollback"))
+"""The policies that fence the busy run (through a cancel intent naming the submission)."""
 RUN_KINDS = frozenset(("start", "message"))
 """The dispatch kinds that start a run and so wait for their thread's run slot."""
 SLOT_HOLDING = ("pending", "leased", "awaiting", "quarantined")

@@ -24,6 +24,7 @@ from wakeful.testkit.drop_cases import DropCases
 from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.history_cases import HistoryCases
+from wakeful.testkit.limit_cases import LimitCases
 from wakeful.testkit.listing_cases import ListingCases
 from wakeful.testkit.messaging_cases import MessagingCases
 from wakeful.testkit.operation_cases import OperationCases
@@ -49,6 +50,7 @@ class StoreConformance(
     BranchCases,
     HistoryCases,
     ClaimCases,
+    LimitCases,
     DropCases,
     FoldCases,
     QueueCases,
@@ -75,6 +77,7 @@ __all__ = [
     "Harness",
     "HistoryCases",
     "Kit",
+    "LimitCases",
     "ListingCases",
     "MessagingCases",
     "OperationCases",

@@ -169,6 +169,36 @@ class BusyCases(Harness):
         assert (await _only_lease(kit)).dispatch.dispatch_id == "d-2"
 
     @case
+    async def test_rollback_fences_the_busy_run_with_an_intent_that_asks_for_the_rollback(
+        self, kit: Kit
+    ) -> None:
+        await kit.store.enqueue(_run(kit, "t1", "d-1"))
+        busy = await _only_lease(kit)
+        new = await kit.store.enqueue(_run(kit, "t1", "d-2", "rollback"))
+        assert (new.status, new.queued_behind, new.if_busy) == ("queued", "d-1", "rollback")
+        with pytest.raises(StaleClaim):
+            await kit.store.renew("t1", busy.claim.token, 30)
+        old = await kit.store.get_dispatch("d-1")
+        assert old is not None and old.status == "done"
+        assert old.last_error == "cancelled: rolled back by d-2"
+        lease = await _only_lease(kit)
+        assert lease.dispatch.kind == "cancel"
+        assert lease.dispatch.payload == {
+            "reason": "rolled back by d-2",
+            "interrupted_by": "d-2",
+            "rollback": True,
+        }
+        assert await _status(kit, "d-2") == "queued", "the rollback holds the slot"
+        await kit.store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
+        assert (await _only_lease(kit)).dispatch.dispatch_id == "d-2"
+
+    @case
+    async def test_rollback_on_an_idle_thread_fences_nothing(self, kit: Kit) -> None:
+        d = await kit.store.enqueue(_run(kit, "t1", "d-1", "rollback"))
+        assert (d.status, d.if_busy) == ("pending", "rollback")
+        assert [x.kind for x in await kit.store.list_dispatches(thread_id="t1")] == ["start"]
+
+    @case
     async def test_interrupt_on_an_idle_thread_fences_nothing(self, kit: Kit) -> None:
         d = await kit.store.enqueue(_run(kit, "t1", "d-1", "interrupt"))
         assert d.status == "pending"
@@ -227,8 +257,6 @@ class BusyCases(Harness):
 
     @case
     async def test_policies_a_store_cannot_honour_are_refused(self, kit: Kit) -> None:
-        with pytest.raises(InvalidInput, match="not yet supported"):
-            await kit.store.enqueue(_run(kit, "t1", "d-1", "rollback"))
         resume = msgspec.structs.replace(
             kit.dispatch("t1", dispatch_id="r-1", kind="resume"), if_busy="reject"
         )
@@ -255,7 +283,7 @@ class BusyCases(Harness):
     async def test_concurrent_submitters_with_mixed_policies_admit_one_run_at_a_time(
         self, kit: Kit
     ) -> None:
-        policies: tuple[IfBusy, ...] = ("enqueue", "reject", "interrupt", "coalesce")
+        policies: tuple[IfBusy, ...] = ("enqueue", "reject", "interrupt", "coalesce", "rollback")
         accepted: dict[str, IfBusy] = {}
         rejected: list[str] = []
 
@@ -296,8 +324,10 @@ class BusyCases(Harness):
             if d.answered_by is not None:  # coalesced into the run of another submission
                 assert policy == "coalesce" and name not in runs
                 assert runs[d.answered_by] == 1 and name in stored[d.answered_by].coalesced
-            elif not (d.last_error or "").startswith("cancelled: interrupted by"):
-                assert runs.get(name) == 1, d  # ran (it was interrupted otherwise)
+            elif not (d.last_error or "").startswith(
+                ("cancelled: interrupted by", "cancelled: rolled back by")
+            ):
+                assert runs.get(name) == 1, d  # ran (it was interrupted or rolled back otherwise)
         assert all(runs.get(s, 0) == 0 for s in rejected)
 
 

@@ -15,6 +15,7 @@ from wakeful.records import DispatchStatus
 from wakeful.server.access import ServerState, StateDep
 from wakeful.server.schemas import Health
 from wakeful.server.views import errors
+from wakeful.store.contract import RateLimitStore
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("wakeful.server")
@@ -98,6 +99,55 @@ async def _worker_gauges(state: ServerState) -> list[Gauge]:
     ]
 
 
+async def _limit_gauges(state: ServerState) -> list[Gauge]:
+    """Each rate-limit key's bucket as the store holds it now (a store without buckets:
+    none). Keys are the few configured on providers, so the label set stays small."""
+    store = state.store
+    if not isinstance(store, RateLimitStore):
+        return []
+    buckets = await store.limit_buckets()
+
+    def known(field: str) -> dict[tuple[str, ...], float]:
+        found = ((b.key, getattr(b, field)) for b in buckets)
+        return {(key,): float(value) for key, value in found if value is not None}
+
+    blocked: dict[tuple[str, ...], float] = {
+        (b.key,): 0.0 if b.blocked_until is None else b.blocked_until.timestamp() for b in buckets
+    }
+    return [
+        Gauge(
+            "wakeful_limit_requests_available",
+            "Requests a rate-limit key's bucket holds now (negative: a debt being refilled).",
+            ("key",),
+            known("requests_available"),
+        ),
+        Gauge(
+            "wakeful_limit_tokens_available",
+            "Tokens a rate-limit key's bucket holds now (negative: a debt being refilled).",
+            ("key",),
+            known("tokens_available"),
+        ),
+        Gauge(
+            "wakeful_limit_requests_per_minute",
+            "The requests per minute last configured for a rate-limit key.",
+            ("key",),
+            known("requests_per_minute"),
+        ),
+        Gauge(
+            "wakeful_limit_tokens_per_minute",
+            "The tokens per minute last configured for a rate-limit key.",
+            ("key",),
+            known("tokens_per_minute"),
+        ),
+        Gauge(
+            "wakeful_limit_blocked_until_seconds",
+            "Unix time until which a provider's 429 blocks a rate-limit key (0: not blocked).",
+            ("key",),
+            blocked,
+        ),
+    ]
+
+
 @router.get(
     "/metrics",
     response_class=Response,
@@ -105,10 +155,12 @@ async def _worker_gauges(state: ServerState) -> list[Gauge]:
 )
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format: HTTP requests by route and status, submits, conflicts,
-    stale claims, worker counters, and queue depth by status (computed now, bounded)."""
+    stale claims, worker counters, queue depth by status (computed now, bounded) and each
+    rate-limit key's bucket (available, rates, blocked until)."""
     gauges: list[Gauge] = []
     try:
         gauges = await _queue_gauges(state) + await _worker_gauges(state)
+        gauges += await _limit_gauges(state)
         up = 1.0
     except Exception as exc:
         log.warning("metrics: queue depth unavailable: %s: %s", type(exc).__name__, exc)

@@ -37,6 +37,7 @@ from typing import TypeVar
 
 from wakeful.clock import Clock
 from wakeful.errors import StoreUnavailable
+from wakeful.store.buckets import ProcessBuckets
 from wakeful.store.diskfull import full_disk
 from wakeful.store.file.chain import encode_committed, encode_mutation
 from wakeful.store.file.codec import STREAM_DIR
@@ -71,7 +72,7 @@ class LogStats:
     log_size: int
 
 
-class FileStore(ProjectedStore):
+class FileStore(ProjectedStore, ProcessBuckets):
     """A store in one directory, owned by one opener at a time. Open it with
     ``open_store("file:///abs/dir")``. ``crash_at(point)`` arms a one-shot injected crash
     for tests: ``relay.after_append``, ``log.after_write``, ``log.after_fsync`` and every

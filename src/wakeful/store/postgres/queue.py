@@ -33,6 +33,7 @@ from wakeful.store.validate import (
     check_token,
 )
 from wakeful.store.validate_queue import (
+    FENCING,
     QUEUE_DEPTH_STATUSES,
     check_depth_limit,
     check_dispatch,
@@ -149,8 +150,8 @@ class QueueOps:
             d.dedupe_key,
             d.tenant,
             d.if_busy,
-            # the cancel intent an "interrupt" makes of the busy run, if it makes one
-            f"cancel-{uuid.uuid4().hex}" if d.if_busy == "interrupt" else None,
+            # the cancel intent an "interrupt" or "rollback" makes of the busy run, if any
+            f"cancel-{uuid.uuid4().hex}" if d.if_busy in FENCING else None,
             CANCEL_PRIORITY,
             _CANCEL_BUDGET,
         )

@@ -28,6 +28,7 @@ from wakeful.store.postgres.connection import (
     utc,
 )
 from wakeful.store.postgres.group import GroupCommit
+from wakeful.store.postgres.limits import LimitOps
 from wakeful.store.postgres.listen import Listener
 from wakeful.store.postgres.messaging import MessagingOps, PostgresStreamCheckpoints
 from wakeful.store.postgres.notify import Notifier
@@ -51,7 +52,7 @@ OPTIONS = (
 )
 
 
-class PostgresStore(ThreadOps, QueueOps, MessagingOps, ScheduleOps):
+class PostgresStore(ThreadOps, QueueOps, MessagingOps, LimitOps, ScheduleOps):
     """The store contract (``wakeful.store.contract.Store``) on PostgreSQL. Open it with
     ``open_store("postgresql://...")`` or ``open_postgres_store``."""
 

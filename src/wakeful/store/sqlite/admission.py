@@ -15,8 +15,9 @@ import msgspec
 
 from wakeful.errors import ThreadBusy
 from wakeful.records import Dispatch
-from wakeful.store.projected_queue import cancel_intent, interrupt_reason, run_id_of
+from wakeful.store.projected_queue import fencing_intent, run_id_of
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, to_us
+from wakeful.store.validate_queue import FENCING
 
 _HOLDER = (
     f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
@@ -38,8 +39,9 @@ def admission(
 ) -> tuple[Dispatch, Dispatch | None]:
     """A run's dispatch ``d`` as its thread takes it (inside the writer's transaction, so
     decided atomically): pending on a free thread, else ``queued`` behind the last in line,
-    with the cancel intent an ``interrupt`` makes of the busy run. ``reject`` on a busy
-    thread is ``ThreadBusy`` naming the slot's holder, and nothing is written."""
+    with the cancel intent an ``interrupt`` or ``rollback`` makes of the busy run.
+    ``reject`` on a busy thread is ``ThreadBusy`` naming the slot's holder, and nothing is
+    written."""
     row = conn.execute(_HOLDER, (d.thread_id,)).fetchone()
     holder = None if row is None else dispatch_of(row)
     last = conn.execute(_LAST_QUEUED, (d.thread_id,)).fetchone()
@@ -53,9 +55,8 @@ def admission(
     behind = last[0] if last is not None else holder.dispatch_id if holder else None
     queued = msgspec.structs.replace(d, status="queued", queued_behind=behind)
     intent = None
-    if d.if_busy == "interrupt" and holder is not None and holder.kind != "cancel":
-        reason = interrupt_reason(d.dispatch_id)
-        intent = cancel_intent(d.thread_id, reason, now, interrupted_by=d.dispatch_id)
+    if d.if_busy in FENCING and holder is not None and holder.kind != "cancel":
+        intent = fencing_intent(d, now)
     return queued, intent
 
 

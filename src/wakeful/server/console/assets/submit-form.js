@@ -2,9 +2,18 @@
 // an agent takes plain text (the user message, sent as it is typed); a graph takes JSON (an
 // object of its state fields; the placeholder is built from its input schema). A target the
 // server does not list (a server without a registry) takes JSON, else the text as it is.
+// A choice says what the run does if the thread is busy (if_busy, default enqueue).
 
 import { enc, get, post } from "./api.js";
 import { clear, h } from "./dom.js";
+
+const IF_BUSY = [
+  ["enqueue", "if busy: wait (enqueue)"],
+  ["reject", "if busy: refuse (reject)"],
+  ["interrupt", "if busy: stop it, run next (interrupt)"],
+  ["rollback", "if busy: undo it, run next (rollback)"],
+  ["coalesce", "if busy: merge with waiting (coalesce)"],
+];
 
 export function newRunForm(showError, navigate) {
   const thread = h("input", { name: "thread", id: "new-thread", placeholder: "thread id", required: true });
@@ -12,11 +21,17 @@ export function newRunForm(showError, navigate) {
   const names = h("datalist", { id: "target-names" });
   const input = h("textarea", { name: "input", id: "new-input", rows: 3 });
   const hint = h("p", { class: "muted", id: "input-hint" });
+  // what the run does if the thread is busy (docs/busy-threads.md); the server's default first
+  const ifBusy = h(
+    "select",
+    { name: "if_busy", id: "new-if-busy", "aria-label": "if the thread is busy", title: "If the thread is busy (a run is unfinished)" },
+    IF_BUSY.map(([value, label]) => h("option", { value }, label)),
+  );
   const form = h(
     "form",
     { class: "card", id: "new-run" },
     h("h2", {}, "Submit a run"),
-    h("div", { class: "toolbar" }, thread, target, names),
+    h("div", { class: "toolbar" }, thread, target, names, ifBusy),
     input,
     hint,
     h("button", { type: "submit" }, "Submit run"),
@@ -56,7 +71,7 @@ export function newRunForm(showError, navigate) {
     if (value === undefined) return;
     try {
       const id = thread.value.trim();
-      await post(`/v1/threads/${enc(id)}/runs`, { target: name, input: value });
+      await post(`/v1/threads/${enc(id)}/runs`, { target: name, input: value, if_busy: ifBusy.value });
       navigate(`#/threads/${enc(id)}`);
     } catch (error) {
       showError(error);

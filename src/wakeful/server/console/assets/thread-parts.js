@@ -1,5 +1,5 @@
-// Parts of the thread view: the conversation, runs with their recoveries, the timeline
-// and checkpoints with a diff.
+// Parts of the thread view: the conversation, runs with their recoveries, submissions
+// waiting for the thread, the timeline and checkpoints with a diff.
 
 import { diff } from "./diff.js";
 import { ago, badge, clear, h, json, short, table, time } from "./dom.js";
@@ -80,6 +80,32 @@ export function renderRuns(node, runs, marks, dispatches) {
     );
   });
   clear(node, rows.length ? table(["run", "outcome", "graph", "recoveries", "attempts", "started", "updated"], rows, { class: "list", id: "runs" }) : h("p", { class: "muted" }, "No runs."));
+}
+
+// Submissions that wait for the thread's run slot (status queued, behind whom) and those a
+// coalesced run answered (busy threads, issue 36), from the thread's dispatches.
+export function renderWaiting(node, dispatches) {
+  const byId = new Map(dispatches.map((d) => [d.dispatch_id, d]));
+  const runOf = (id) => byId.get(id)?.payload?.run_id || `run-${id}`;
+  const coalesced = (d) => (Array.isArray(d.coalesced) ? d.coalesced : []);
+  const rows = dispatches
+    .filter((d) => d.status === "queued" || d.answered_by || coalesced(d).length)
+    .map((d) => {
+      let what;
+      if (d.status === "queued") what = `waits behind ${d.queued_behind ?? "the busy run"}`;
+      else if (d.answered_by) what = `coalesced: answered by ${runOf(d.answered_by)} (${d.answered_by})`;
+      else what = `its run ${runOf(d.dispatch_id)} also answers ${coalesced(d).join(", ")}`;
+      return h(
+        "tr",
+        { "data-dispatch": d.dispatch_id },
+        h("td", {}, d.dispatch_id),
+        h("td", {}, badge(d.status)),
+        h("td", {}, d.if_busy ?? "enqueue"),
+        h("td", { class: "waiting-what" }, what),
+        h("td", { title: d.created_at ?? "" }, time(d.created_at)),
+      );
+    });
+  clear(node, rows.length ? table(["submission", "status", "if busy", "", "submitted"], rows, { class: "list", id: "waiting" }) : h("p", { class: "muted" }, "Nothing waits for this thread."));
 }
 
 // A frame the timeline cannot interpret, shown as its raw JSON rather than dropped.

@@ -5,7 +5,7 @@
 import { ApiError, enc, get, post } from "./api.js";
 import { ago, askDialog, badge, clear, confirmAction, h, json, time } from "./dom.js";
 import { follow } from "./sse.js";
-import { marksOf, rawRow, renderCheckpoints, renderMessages, renderRuns, timelineRow } from "./thread-parts.js";
+import { marksOf, rawRow, renderCheckpoints, renderMessages, renderRuns, renderWaiting, timelineRow } from "./thread-parts.js";
 import { historyPanel } from "./view-history.js";
 
 const TIMELINE_BACKLOG = 200;
@@ -19,6 +19,7 @@ export function threadView(main, threadId, { showError, navigate }) {
     tickets: h("div", { id: "tickets" }),
     conversation: h("div", { class: "conversation", id: "conversation" }),
     runs: h("div", { id: "runs-panel" }),
+    waiting: h("div", { id: "waiting-panel" }),
     timeline: h("ol", { class: "timeline", id: "timeline", reversed: true }),
     checkpoints: h("div", { id: "checkpoints" }),
     history: h("div", { id: "history-panel" }),
@@ -35,6 +36,7 @@ export function threadView(main, threadId, { showError, navigate }) {
       h("section", {}, h("h2", {}, "Events ", parts.link), parts.timeline),
     ),
     h("section", {}, h("h2", {}, "Runs"), parts.runs),
+    h("section", {}, h("h2", {}, "Waiting submissions"), parts.waiting),
     h("section", {}, h("h2", {}, "History"), parts.history),
     h("section", {}, h("h2", {}, "Checkpoints"), parts.checkpoints),
   );
@@ -201,6 +203,7 @@ export function threadView(main, threadId, { showError, navigate }) {
       drawTickets();
       drawConversation();
       renderRuns(parts.runs, state.runs, state.marks, state.dispatches);
+      renderWaiting(parts.waiting, dispatches.dispatches);
       renderCheckpoints(parts.checkpoints, state.checkpoints, state.picked, pick);
       if (thread.version > 0) await history.refresh();
     } catch (error) {

@@ -1,9 +1,9 @@
--- wakeful SQLite schema, version 9: schedules (issue 38, decision 0038).
+-- wakeful SQLite schema, version 10: schedules (issue 38, decision 0038).
 --
 -- One row per schedule: the columns the store compares or indexes, and the rest of the
 -- definition as JSON (body). revision is the compare-and-set counter of put_schedule;
 -- schedules_due serves due_schedules (one range of the unpaused rows by next fire time).
--- Nothing else reads or writes this table: a process of version 8 is not affected.
+-- Nothing else reads or writes this table: a process of version 9 is not affected.
 
 CREATE TABLE schedules (
     name TEXT PRIMARY KEY,

@@ -1,0 +1,240 @@
+"""Rate-limit accuracy (issue 39): how many requests a provider sees from two worker processes
+sharing one ``RateLimit(requests_per_minute=...)`` in a PostgreSQL store.
+
+Run ``python -m benchmarks.flow_control [--dsn URL] [--rpm 120] [--seconds 60] [--rounds 1]``.
+A loopback OpenAI-compatible server (in this process, a thread) answers every chat request at
+once with a short streamed reply and records when it arrived. Two worker processes (``--child``)
+each keep ``--runs`` agent runs going on threads of their own, every model call limited by the
+same key, for ``--seconds`` plus a margin. Measured: the requests the server saw in the
+``--seconds`` window starting at the first one, against the budget ``rpm * seconds / 60``
+(target 1.0 +- 5 %; the bucket's one second of burst adds 2 requests to a 60 s window at 120
+rpm, +1.7 %). Then the cost of a limit that is never reached: agent runs per second in this
+process with and without it (target >= 0.9x), ``--overhead-runs`` runs per sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from benchmarks.common import DEFAULT_DSN, Collector, Database, Result, rounds_argument
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "bench:chat"
+
+
+def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return b"data: " + json.dumps({"choices": [choice]}).encode() + b"\n\n"
+
+
+REPLY = b"".join(
+    [
+        _chunk({"role": "assistant", "content": "ok"}),
+        _chunk({}, "stop"),
+        b'data: {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 1}}\n\n',
+        b"data: [DONE]\n\n",
+    ]
+)
+
+
+class Provider:
+    """The loopback chat server: answers at once, records arrival times (monotonic)."""
+
+    def __init__(self) -> None:
+        self.arrivals: list[float] = []
+        lock = threading.Lock()
+        arrivals = self.arrivals
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                with lock:
+                    arrivals.append(time.monotonic())
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Content-Length", str(len(REPLY)))
+                self.end_headers()
+                self.wfile.write(REPLY)
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._server.server_address[:2]
+        return f"http://{host!s}:{port}/v1"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+async def _child(store_url: str, base_url: str, rpm: float, seconds: float, runs: int) -> None:
+    """One worker process: ``runs`` agent runs at a time until ``seconds`` have passed."""
+    from wakeful import open_store
+    from wakeful.agent import Agent
+    from wakeful.limits import RateLimit
+    from wakeful.providers import OpenAIChat
+    from wakeful.runtime import Runtime
+
+    limit = RateLimit(key=KEY, requests_per_minute=rpm)
+    deadline = time.monotonic() + seconds
+    async with open_store(store_url) as store:
+        model = OpenAIChat("bench", base_url=base_url, limits=[limit])
+        agent = Agent("bench", model)
+        runtime = Runtime(store)
+        prefix = f"p{id(store):x}"
+
+        async def loop(lane: int) -> None:
+            n = 0
+            while time.monotonic() < deadline:
+                n += 1
+                await agent.run(runtime, f"{prefix}-{lane}-{n}", "hi")
+
+        with contextlib.suppress(TimeoutError):  # runs still waiting for the bucket at the end
+            await asyncio.wait_for(asyncio.gather(*(loop(i) for i in range(runs))), seconds + 30)
+        await model.aclose()
+
+
+async def _throughput(store_url: str, base_url: str, limited: bool, runs: int) -> float:
+    """Agent runs per second, 8 at a time, with a limit that is never reached or none."""
+    from wakeful import open_store
+    from wakeful.agent import Agent
+    from wakeful.limits import RateLimit
+    from wakeful.providers import OpenAIChat
+    from wakeful.runtime import Runtime
+
+    roomy = RateLimit(key=KEY, requests_per_minute=1e7, tokens_per_minute=1e10)
+    async with open_store(store_url) as store:
+        model = OpenAIChat("bench", base_url=base_url, limits=[roomy] if limited else None)
+        agent = Agent("bench", model)
+        runtime = Runtime(store)
+        tag = "on" if limited else "off"
+        queue = list(range(runs))
+
+        async def lane() -> None:
+            while queue:
+                await agent.run(runtime, f"{tag}-{queue.pop()}-{time.monotonic_ns()}", "hi")
+
+        started = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(8)))
+        elapsed = time.perf_counter() - started
+        await model.aclose()
+    return runs / elapsed
+
+
+def _round(dsn: str, rpm: float, seconds: float, runs: int) -> float:
+    """Requests the provider saw in the first ``seconds`` of traffic."""
+    provider = Provider()
+    try:
+        argv = [sys.executable, "-m", "benchmarks.flow_control", "--child", dsn, provider.base_url]
+        options = ["--rpm", str(rpm), "--seconds", str(seconds + 2), "--runs", str(runs)]
+        children = [subprocess.Popen([*argv, *options], cwd=ROOT) for _ in range(2)]
+        for child in children:
+            child.wait(timeout=seconds + 90)
+    finally:
+        provider.close()
+    arrivals = sorted(provider.arrivals)
+    if not arrivals:
+        return 0.0
+    first = arrivals[0]
+    return float(sum(1 for t in arrivals if t - first < seconds))
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    out = Collector("flow_control")
+    budget = args.rpm * args.seconds / 60
+    samples = []
+    for r in range(args.rounds):
+        db = Database(args.dsn, f"wakeful_bench_flow_{r}").create()
+        try:
+            seen = _round(db.dsn, args.rpm, args.seconds, args.runs)
+        finally:
+            db.drop()
+        samples.append(seen)
+        print(f"  round {r + 1}: {seen:.0f} requests in {args.seconds:g} s (budget {budget:g})")
+    out.add(
+        f"requests seen at {args.rpm:g} rpm over {args.seconds:g} s, two workers",
+        samples,
+        "requests",
+        anchor="budget (rpm x minutes)",
+        anchor_samples=budget,
+        target=1.05,
+        higher_is_better=False,
+        note=f"{args.runs} concurrent runs per worker; target: within +5 % (and -5 %) of budget",
+    )
+    low = min(samples) / budget if budget else 0.0
+    print(f"  lowest round: {low:.3f} of budget (must be >= 0.95)")
+    if args.overhead_runs:
+        _overhead(args, out)
+    return out.results
+
+
+def _overhead(args: argparse.Namespace, out: Collector) -> None:
+    """Agent runs per second with a limit configured but never reached, against none: one
+    take and one reconcile per model call (two statements on PostgreSQL)."""
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    db = Database(args.dsn, "wakeful_bench_flow_overhead").create()
+    provider = Provider()
+    try:
+        for r in range(max(args.rounds, 3)):
+            for limited in (r % 2 == 0, r % 2 != 0):  # alternate which goes first
+                rate = asyncio.run(
+                    _throughput(db.dsn, provider.base_url, limited, args.overhead_runs)
+                )
+                rates[limited].append(rate)
+                print(f"  round {r + 1}: limits {'on ' if limited else 'off'} {rate:6.1f} runs/s")
+    finally:
+        provider.close()
+        db.drop()
+    out.add(
+        "agent runs/s, a limit configured but not reached",
+        rates[True],
+        "runs/s",
+        anchor="no limit",
+        anchor_samples=rates[False],
+        target=0.9,
+        note=f"{args.overhead_runs} runs of one model call, 8 at a time, PostgreSQL",
+    )
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.flow_control")
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="server to benchmark (admin DSN)")
+    parser.add_argument("--rpm", type=float, default=120.0)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--runs", type=int, default=4, help="concurrent runs per worker")
+    parser.add_argument(
+        "--overhead-runs", type=int, default=300, help="runs per overhead sample (0: skip)"
+    )
+    parser.add_argument(
+        "--child", nargs=2, metavar=("STORE_URL", "BASE_URL"), help=argparse.SUPPRESS
+    )
+    rounds_argument(parser, default=1)
+    args = parser.parse_args(argv if argv is not None else [])
+    if args.child:
+        store_url, base_url = args.child
+        asyncio.run(_child(store_url, base_url, args.rpm, args.seconds, args.runs))
+        return []
+    return run(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,65 @@
+"""``wakeful limits list``: the rate-limit buckets the store keeps (docs/flow-control.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from wakeful.cli.common import (
+    builtins,
+    emit,
+    json_option,
+    run_async,
+    store_option,
+    store_url,
+    table,
+    with_store,
+)
+from wakeful.errors import UnsupportedStore
+from wakeful.limits import LimitBucket
+from wakeful.store.contract import RateLimitStore
+
+
+@click.group()
+def limits() -> None:
+    """Inspect the rate limits shared by the fleet (see docs/flow-control.md)."""
+
+
+async def _buckets(store: Any) -> list[LimitBucket]:
+    if not isinstance(store, RateLimitStore):
+        raise UnsupportedStore(type(store).__name__, "this store keeps no rate-limit buckets")
+    return await store.limit_buckets()
+
+
+def _amount(value: float | None, rate: float | None) -> str:
+    if value is None or rate is None:
+        return "-"
+    return f"{value:.1f} of {rate:g}/min"
+
+
+@limits.command("list")
+@store_option
+@json_option
+@run_async
+async def limits_list(store: str | None, as_json: bool) -> None:
+    """Every rate-limit key used on the store: its rates, what its bucket holds now, and the
+    end of a provider's block (a 429), if one holds it."""
+    found = await with_store(store_url(store), _buckets, existing=True)
+    emit(
+        [builtins(b) for b in found],
+        as_json,
+        lambda _: table(
+            "rate limits",
+            ["key", "requests available", "tokens available", "blocked until"],
+            [
+                (
+                    b.key,
+                    _amount(b.requests_available, b.requests_per_minute),
+                    _amount(b.tokens_available, b.tokens_per_minute),
+                    "-" if b.blocked_until is None else b.blocked_until.isoformat(),
+                )
+                for b in found
+            ],
+        ),
+    )
