@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, Protocol
 
 import msgspec
@@ -73,6 +73,7 @@ class NodeContext:
         recovered: bool = False,
         fresh: bool = False,
         wants_live: Callable[[str], bool] | None = None,
+        patches: Collection[str] = (),
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -92,6 +93,8 @@ class NodeContext:
         recovery or a resume continues from. So there is nothing of an earlier attempt to
         look for (a stream checkpoint of the agent's model turn)."""
         self._answers = answers
+        self.patches: tuple[str, ...] = tuple(patches)
+        """The patches the run's code declared when it started (``patched``)."""
         self._interrupts = 0
         self._emit_live = emit_live
         self._wants_live = wants_live
@@ -173,6 +176,14 @@ class NodeContext:
                 id=ticket_id, task_id=self.task_id, node=self.node, question=question, schema=schema
             )
         )
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run started on code that declared the patch ``change_id``
+        (``Graph(..., patches=[...])``, ``Agent(..., patches=[...])``): take the new branch
+        if so, the old one if not. The declared patches are recorded in the run's first
+        checkpoint, so every attempt of the run (a recovery, a resume, on newer code) gets
+        the same answer."""
+        return change_id in self.patches
 
     def emit(self, type: str, data: Any = None) -> None:
         """A durable event, committed with this task's result (numbered by the store)."""
