@@ -210,8 +210,10 @@ class Alternating:
     async def purge(self, dispatch_id: str) -> None:
         await self.next().purge(dispatch_id)
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
-        return await self.next().register_worker(worker_id)
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
+        return await self.next().register_worker(worker_id, version=version)
 
     async def heartbeat(self, identity: WorkerIdentity) -> None:
         await self.next().heartbeat(identity)

@@ -411,6 +411,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     stopped_at: datetime | None = None
     """When this incarnation recorded its graceful stop (``DispatchQueue.retire_worker``);
     ``None`` while it runs, or if it died without stopping. A new registration clears it."""
+    version: str | None = None
+    """The code version this incarnation runs (``Worker(version=...)``); ``None`` for a
+    worker that named none (an older wakeful)."""
 
 
 class StreamCheckpoint(msgspec.Struct, frozen=True, kw_only=True):

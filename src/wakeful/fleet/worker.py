@@ -50,6 +50,7 @@ from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
+from wakeful.fleet.versions import code_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
@@ -125,11 +126,14 @@ class Worker:
     only_thread: str | None = None
     """Lease only this thread's dispatches (``wakeful run``: the work of every other thread
     is left to the workers that serve it)."""
+    version: str | None = None
+    """This worker's code version; default: ``wakeful.fleet.versions.code_version``."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
         if self.only_thread is not None:
             check_id("only_thread", self.only_thread)
+        self.version = check_id("version", self.version or code_version(self.registry))
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not self.claim_gather >= 0:
@@ -152,8 +156,7 @@ class Worker:
                 target.agent.metrics = self.metrics
 
     async def started(self) -> Runtime:
-        """Wait until the worker has registered; its runtime (for subscriptions to this
-        process's live events)."""
+        """Wait until the worker has registered; its runtime (for live event subscriptions)."""
         await self._ready.wait()
         assert self._runtime is not None
         return self._runtime
@@ -162,7 +165,7 @@ class Worker:
 
     async def run(self) -> None:
         """Register, then claim and run work until ``stop()``."""
-        self.identity = await self.store.register_worker(self.worker_id)
+        self.identity = await self.store.register_worker(self.worker_id, version=self.version)
         self.holder = f"{self.worker_id}.g{self.identity.generation}"
         self._runtime = Runtime(
             self.store, self.claims, self.clock, holder=self.holder, metrics=self.metrics
@@ -457,8 +460,9 @@ class Worker:
             tenant = snap.tenant  # relayed between threads: the target thread's tenant
         if kind == "start" and "from_checkpoint" in payload:
             start = Start(
-                dispatch_id, claim, snap, payload, target, state, messages, run_id, tenant
-            )
+                dispatch_id, claim, snap, payload, target, state, messages, run_id, tenant,
+                self.version,
+            )  # fmt: skip
             return await replay_dispatch(self._runtime, self._note, start)
         try:
             handle = await self._runtime.start(
@@ -472,7 +476,7 @@ class Worker:
                 claim=claim,
                 snapshot=snap,
                 dispatch_id=dispatch_id,
-                metadata={"target": target.name},
+                metadata={"target": target.name, "version": self.version},
             )
         except RunInProgress as busy:
             if kind == "message":
@@ -579,8 +583,7 @@ class Worker:
     async def _note(
         self, claim: Claim, event_type: str, data: dict[str, Any], settle: str | None = None
     ) -> None:
-        """An event for observers (naming the dispatch it is about); ``settle``: the
-        dispatch settled ``Done`` with it."""
+        """An event for observers naming the dispatch; ``settle``: it settles ``Done``."""
         if settle is not None:
             data = {**data, "dispatch_id": settle}
             self._endings[settle] = f"{event_type}: {data.get('reason')}"

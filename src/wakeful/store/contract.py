@@ -325,9 +325,12 @@ class DispatchQueue(Protocol):
         """Operator action: delete quarantined or done work for good."""
         ...
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
         """A new ``incarnation_id`` and a ``generation`` greater than any before for
-        ``worker_id``."""
+        ``worker_id``. ``version``: the code version the incarnation runs (listed by
+        ``list_workers``; a new registration replaces the previous one's)."""
         ...
 
     async def heartbeat(self, identity: WorkerIdentity) -> None:

@@ -64,6 +64,7 @@ from wakeful.store.validate_queue import (
     check_depth_limit,
     check_dispatch,
     check_listing,
+    check_version,
     same_request,
 )
 
@@ -264,8 +265,11 @@ class ProjectedQueue(ProjectedCore):
 
     # ------------------------------------------------------------ workers
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
         check_id("worker_id", worker_id)
+        check_version(version)
         state, now = self._open(), self._now()
         previous = state.workers.get(worker_id)
         info = WorkerInfo(
@@ -274,6 +278,7 @@ class ProjectedQueue(ProjectedCore):
             generation=(previous.generation if previous else 0) + 1,
             registered_at=now,
             last_heartbeat=now,
+            version=version,
         )
         await self._record(WorkerRegistered(info))
         return WorkerIdentity(

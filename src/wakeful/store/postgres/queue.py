@@ -37,6 +37,7 @@ from wakeful.store.validate_queue import (
     check_depth_limit,
     check_dispatch,
     check_listing,
+    check_version,
     same_request,
 )
 
@@ -120,9 +121,11 @@ SELECT {DISPATCH_COLUMNS} FROM @schema@.list_dispatches(%s, %s, %s, %s, %s)
 _DEPTHS = "SELECT o_status, o_count FROM @schema@.queue_depths(%s)"
 _CANCEL_BUDGET = Dispatch(dispatch_id="cancel", thread_id="t", kind="cancel").max_attempts
 """A cancel dispatch gets the default retry budget, as in the reference store."""
-_REGISTER = "SELECT @schema@.register_worker(%s, %s)"
+_REGISTER = "SELECT @schema@.register_worker(%s, %s, %s)"
 _HEARTBEAT = "SELECT @schema@.heartbeat(%s, %s, %s)"
-_WORKER_COLUMNS = "worker_id, incarnation_id, generation, registered_at, last_heartbeat, stopped_at"
+_WORKER_COLUMNS = (
+    "worker_id, incarnation_id, generation, registered_at, last_heartbeat, stopped_at, version"
+)
 _RETIRE = f"SELECT {_WORKER_COLUMNS} FROM @schema@.retire_worker(%s, %s, %s)"
 _WORKERS = f"SELECT {_WORKER_COLUMNS} FROM @schema@.workers ORDER BY worker_id"
 
@@ -292,10 +295,13 @@ class QueueOps:
 
     # ------------------------------------------------------------ workers
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
         check_id("worker_id", worker_id)
+        check_version(version)
         incarnation = uuid.uuid4().hex
-        (generation,) = await self._db.fetchone(_REGISTER, (worker_id, incarnation))
+        (generation,) = await self._db.fetchone(_REGISTER, (worker_id, incarnation, version))
         return WorkerIdentity(
             worker_id=worker_id, incarnation_id=incarnation, generation=generation
         )
@@ -320,7 +326,7 @@ class QueueOps:
 
 
 def _worker_info(row: Any) -> WorkerInfo:
-    wid, inc, gen, registered, beat, stopped = row
+    wid, inc, gen, registered, beat, stopped, version = row
     return WorkerInfo(
         worker_id=wid,
         incarnation_id=inc,
@@ -328,4 +334,5 @@ def _worker_info(row: Any) -> WorkerInfo:
         registered_at=utc(registered),
         last_heartbeat=utc(beat),
         stopped_at=None if stopped is None else utc(stopped),
+        version=version,
     )

@@ -419,7 +419,9 @@ def queue_depths(conn: sqlite3.Connection, limit: int) -> dict[DispatchStatus, i
     }
 
 
-def register_worker(conn: sqlite3.Connection, now: datetime, worker_id: str) -> WorkerIdentity:
+def register_worker(
+    conn: sqlite3.Connection, now: datetime, worker_id: str, version: str | None = None
+) -> WorkerIdentity:
     row = conn.execute(
         "SELECT generation FROM workers WHERE worker_id = ?", (worker_id,)
     ).fetchone()
@@ -430,11 +432,11 @@ def register_worker(conn: sqlite3.Connection, now: datetime, worker_id: str) -> 
     )
     conn.execute(
         "INSERT INTO workers (worker_id, incarnation_id, generation, registered_at, "
-        "last_heartbeat) VALUES (?, ?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE SET "
-        "incarnation_id = excluded.incarnation_id, generation = excluded.generation, "
+        "last_heartbeat, version) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE "
+        "SET incarnation_id = excluded.incarnation_id, generation = excluded.generation, "
         "registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat, "
-        "stopped_at = NULL",
-        (worker_id, identity.incarnation_id, identity.generation, to_us(now), to_us(now)),
+        "stopped_at = NULL, version = excluded.version",
+        (worker_id, identity.incarnation_id, identity.generation, to_us(now), to_us(now), version),
     )
     return identity
 
@@ -481,10 +483,11 @@ def _workers(conn: sqlite3.Connection, where: str, args: tuple[str, ...]) -> lis
             registered_at=from_us(registered),
             last_heartbeat=from_us(beat),
             stopped_at=None if stopped is None else from_us(stopped),
+            version=version,
         )
-        for worker_id, incarnation, generation, registered, beat, stopped in conn.execute(
+        for worker_id, incarnation, generation, registered, beat, stopped, version in conn.execute(
             "SELECT worker_id, incarnation_id, generation, registered_at, last_heartbeat, "
-            f"stopped_at FROM workers {where}",
+            f"stopped_at, version FROM workers {where}",
             args,
         )
     ]

@@ -65,6 +65,7 @@ from wakeful.store.validate_queue import (
     check_depth_limit,
     check_dispatch,
     check_listing,
+    check_version,
 )
 
 T = TypeVar("T")
@@ -367,9 +368,12 @@ class SqliteStore:
 
     # ------------------------------------------------------------ workers
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
         check_id("worker_id", worker_id)
-        return await self._write(lambda c, now: queue.register_worker(c, now, worker_id))
+        check_version(version)
+        return await self._write(lambda c, now: queue.register_worker(c, now, worker_id, version))
 
     async def heartbeat(self, identity: WorkerIdentity) -> None:
         check_id("worker_id", identity.worker_id)
