@@ -362,6 +362,7 @@ async def workers_list(
             [
                 "worker",
                 "state",
+                "version",
                 "generation",
                 "incarnation",
                 "registered",
@@ -372,6 +373,7 @@ async def workers_list(
                 (
                     w["worker_id"],
                     w["state"],
+                    w["version"] or "",
                     w["generation"],
                     w["incarnation_id"],
                     w["registered_at"],

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from wakeful.fleet.registry import Registry
+from wakeful.ids import check_id
+from wakeful.metrics import Metrics
 
 VERSION_PREFIX = "code-"
 
@@ -47,6 +49,17 @@ def code_version(registry: Registry, modules: Iterable[str] = ()) -> str:
     return VERSION_PREFIX + digest.hexdigest()[:16]
 
 
+def worker_version(version: str | None, registry: Registry, metrics: Metrics) -> str:
+    """A worker's version: ``version`` checked, else ``code_version(registry)``; announced
+    on the worker's ``/metrics`` as ``wakeful_worker_info{version="..."} 1``."""
+    chosen = check_id("version", version) if version is not None else code_version(registry)
+    info = metrics.live_gauge(
+        "wakeful_worker_info", "This worker process, by the code version it runs.", ("version",)
+    )
+    info.inc(version=chosen)
+    return chosen
+
+
 def _source(obj: Any) -> Path | None:
     """The source file that defines ``obj`` (a function, method, callable object or
     module), or ``None`` (a builtin, code typed into a REPL)."""
@@ -60,4 +73,4 @@ def _source(obj: Any) -> Path | None:
     return Path(found) if found else None
 
 
-__all__ = ["code_version"]
+__all__ = ["code_version", "worker_version"]

@@ -50,7 +50,7 @@ from wakeful.fleet.observe import WorkerObserver
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
-from wakeful.fleet.versions import code_version
+from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
@@ -133,7 +133,7 @@ class Worker:
         check_id("worker_id", self.worker_id)
         if self.only_thread is not None:
             check_id("only_thread", self.only_thread)
-        self.version = check_id("version", self.version or code_version(self.registry))
+        self.version = worker_version(self.version, self.registry, self.metrics)
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not self.claim_gather >= 0:
