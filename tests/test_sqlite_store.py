@@ -149,6 +149,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (6, "0006_listed_threads"),
         (7, "0007_branches"),
         (8, "0008_busy_threads"),
+        (9, "0009_deploys"),
     ]
     later = ManualClock()
     later.advance(3600)
@@ -171,7 +172,7 @@ async def test_a_database_from_a_newer_wakeful_is_refused_untouched(tmp_path: Pa
         await open_store(sqlite_url(db))
     message = str(refused.value)
     assert "99" in message and "newer" in message and "Upgrade wakeful" in message
-    assert [row[0] for row in _schema_rows(db)] == [1, 2, 3, 4, 5, 6, 7, 99]
+    assert [row[0] for row in _schema_rows(db)] == [1, 2, 3, 4, 5, 6, 7, 8, 9, 99]
 
 
 @case
@@ -411,13 +412,16 @@ async def test_prune_of_settled_dispatches_in_batches(
 # ------------------------------------------------------------------ plans and threads
 
 
+PLAN_PARAMS = {"now": 0, "version": None, "starts": True}
+
+
 def test_claim_next_walks_the_due_index_without_sorting(tmp_path: Path) -> None:
     db = tmp_path / "plan.db"
     raw = sqlite3.connect(db, isolation_level=None)
     try:
         migrate(raw, sqlite_url(db), shipped(), 0)
         due, lapsed = (
-            " | ".join(row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + q, {"now": 0}))
+            " | ".join(row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + q, PLAN_PARAMS))
             for q in (_DUE, _LAPSED)
         )
     finally:

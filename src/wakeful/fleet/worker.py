@@ -44,9 +44,10 @@ from wakeful.fleet.attempts import (
 )
 from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
+from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser, claim_options, version_change
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.live import LiveChannel, PublishingHub
-from wakeful.fleet.observe import WorkerObserver
+from wakeful.fleet.observe import WorkerObserver, WorkerStats
 from wakeful.fleet.registry import Registry, Target
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
@@ -84,18 +85,6 @@ for as long."""
 
 
 @dataclass
-class WorkerStats:
-    claimed: int = 0
-    done: int = 0
-    awaiting: int = 0
-    retried: int = 0
-    fenced: int = 0
-    exhausted: int = 0
-    polls: int = 0
-    """Completed claim attempts (a test can wait for a worker to have looked)."""
-
-
-@dataclass
 class Worker:
     """``Worker(store, registry, concurrency, claims=ClaimPolicy(...), wake=...)``.
 
@@ -128,6 +117,8 @@ class Worker:
     is left to the workers that serve it)."""
     version: str | None = None
     """This worker's code version; default: ``wakeful.fleet.versions.code_version``."""
+    pin_grace: float = DEFAULT_PIN_GRACE
+    """Seconds without a live worker of a version before its runs move (``fleet.deploys``)."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
@@ -175,6 +166,7 @@ class Worker:
         self._ready.set()
         # Each stops on its own signal, in bounded time (wakeful.background).
         background = [BackgroundTask("heartbeat", self._heartbeat, logger=log)]
+        background.append(BackgroundTask("pins", PinReleaser(self).run, logger=log))
         if self.relay:
             relay = RelayLoop(self.store, self.holder, self.claims, self.wake, self.retention)
             background.append(BackgroundTask("relay", relay.run, logger=log))
@@ -227,8 +219,7 @@ class Worker:
                 log.warning("heartbeat failed: %s", exc)
 
     async def _claim_loop(self) -> None:
-        # named only when set: a store written against the older contract still serves a fleet
-        only = {} if self.only_thread is None else {"thread_id": self.only_thread}
+        only = claim_options(self.version, self.only_thread)
         while not self._stopping.is_set():
             free = await self._gather.hold(lambda: self.concurrency - self.busy, self._waiter)
             leases: list[Lease] = []
@@ -409,6 +400,8 @@ class Worker:
                 settle=d.dispatch_id, messages=end.messages, metadata=end.metadata,
             )  # fmt: skip
             return Settled(Done())
+        if d.released_from is not None and (moved := await version_change(self, lease, latest)):
+            return moved
         if owned_run is not None:
             log.info(
                 "dispatch %s: recovering run %s from checkpoint %s (attempt %d of %d)",

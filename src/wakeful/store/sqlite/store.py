@@ -311,15 +311,24 @@ class SqliteStore:
         return await self._write(lambda c, now: queue.enqueue(c, now, d))
 
     async def claim_next(
-        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        self,
+        holder: str,
+        ttl: float,
+        limit: int = 1,
+        thread_id: str | None = None,
+        *,
+        version: str | None = None,
+        take_starts: bool = True,
     ) -> list[Lease]:
         check_id("holder", holder)
+        check_version(version)
         ttl = check_seconds("ttl", ttl)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
         if thread_id is not None:
             check_id("thread_id", thread_id)
+        starts = bool(take_starts)
         return await self._write(
-            lambda c, now: queue.claim_next(c, now, holder, ttl, limit, thread_id)
+            lambda c, now: queue.claim_next(c, now, holder, ttl, limit, thread_id, version, starts)
         )
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
@@ -367,6 +376,11 @@ class SqliteStore:
         await self._write(lambda c, now: queue.purge(c, now, dispatch_id))
 
     # ------------------------------------------------------------ workers
+
+    async def release_pins(self, pin_grace: float, limit: int = 100) -> list[Dispatch]:
+        pin_grace = check_seconds("pin_grace", pin_grace)
+        limit = check_count("limit", limit, minimum=1, maximum=1000)
+        return await self._write(lambda c, now: queue.release_pins(c, now, pin_grace, limit))
 
     async def register_worker(
         self, worker_id: str, *, version: str | None = None
