@@ -50,7 +50,7 @@ _LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMN
 _CLAIM_NEXT = f"""
 SELECT {_LEASED_COLUMNS}, o_version, o_tenant, o_message_count, o_next_seq, o_event_floor,
        o_checkpoint, o_writes
-  FROM @schema@.claim_next_read(%s, %s, %s)
+  FROM @schema@.claim_next_read(%s, %s, %s, %s, %s)
 """
 # claim_next(thread_id=...): one statement locks the thread's first available dispatch and
 # then its thread row (both SKIP LOCKED, the order of claim_next()), re-checks the claim on
@@ -68,6 +68,9 @@ WITH k AS MATERIALIZED (
      WHERE x.thread_id = %(thread)s
        AND ((x.status = 'pending' AND x.available_at <= k.n)
             OR (x.status = 'leased' AND x.lease_expires < k.n))
+       -- pinned rows to their version's workers, unpinned ones to those taking starts
+       AND CASE WHEN x.pinned_version IS NULL THEN %(starts)s
+                ELSE x.pinned_version = %(version)s END
      ORDER BY x.priority DESC, x.seq
      LIMIT 1
        FOR UPDATE OF x SKIP LOCKED
@@ -93,7 +96,9 @@ WITH k AS MATERIALIZED (
 )
 UPDATE @schema@.dispatches x
    SET status = 'leased', attempts = x.attempts + 1, token = g.token, holder = %(holder)s,
-       lease_until = g.expires, lease_expires = g.expires, updated_at = g.n
+       lease_until = g.expires, lease_expires = g.expires, updated_at = g.n,
+       pinned_version = CASE WHEN x.kind = 'cancel' THEN x.pinned_version
+                             ELSE coalesce(x.pinned_version, %(version)s::text) END
   FROM g
  WHERE x.dispatch_id = g.dispatch_id
 RETURNING {", ".join(f"x.{c.strip()}" for c in DISPATCH_COLUMNS.split(","))}
@@ -112,6 +117,7 @@ _CANCEL = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.cancel(%s, %s, %s, %s, %s, %
 _QUARANTINE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.quarantine(%s)"
 _REQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.requeue(%s)"
 _PURGE = "SELECT @schema@.purge(%s)"
+_RELEASE_PINS = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.release_pins(%s, %s)"
 _GET = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.dispatches WHERE dispatch_id = %s"
 _CURSOR = "SELECT seq FROM @schema@.dispatches WHERE dispatch_id = %s"
 # Through functions that leave the planner only index plans in page order (migration 0005).
@@ -169,15 +175,24 @@ class QueueOps:
         raise StoreUnavailable(f"enqueue of {d.dispatch_id!r} kept racing with purges")
 
     async def claim_next(
-        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        self,
+        holder: str,
+        ttl: float,
+        limit: int = 1,
+        thread_id: str | None = None,
+        *,
+        version: str | None = None,
+        take_starts: bool = True,
     ) -> list[Lease]:
         check_id("holder", holder)
+        check_version(version)
         ttl = check_seconds("ttl", ttl)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
+        starts = bool(take_starts)
         if thread_id is not None:
             check_id("thread_id", thread_id)
-            return await self._claim_on_thread(holder, ttl, thread_id)
-        rows = await self._db.fetchall(_CLAIM_NEXT, (holder, ttl, limit))
+            return await self._claim_on_thread(holder, ttl, thread_id, version, starts)
+        rows = await self._db.fetchall(_CLAIM_NEXT, (holder, ttl, limit, version, starts))
         leases = []
         for row in rows:
             d = codec.dispatch(row[:DISPATCH_WIDTH])
@@ -195,10 +210,13 @@ class QueueOps:
             )
         return leases
 
-    async def _claim_on_thread(self, holder: str, ttl: float, thread_id: str) -> list[Lease]:
+    async def _claim_on_thread(
+        self, holder: str, ttl: float, thread_id: str, version: str | None, starts: bool
+    ) -> list[Lease]:
         grant = self._db.sql(_CLAIM_ON_THREAD)
         read = self._db.sql(_LEASED_THREAD)
         params = {"thread": thread_id, "holder": holder, "ttl": ttl}
+        params |= {"version": version, "starts": starts}
 
         async def op(conn: Any) -> tuple[Any, Any]:
             # two round trips in one transaction: bounded like every such (decision 0031)
@@ -292,6 +310,12 @@ class QueueOps:
     async def purge(self, dispatch_id: str) -> None:
         check_id("dispatch_id", dispatch_id)
         await self._db.fetchone(_PURGE, (dispatch_id,))
+
+    async def release_pins(self, pin_grace: float, limit: int = 100) -> list[Dispatch]:
+        pin_grace = check_seconds("pin_grace", pin_grace)
+        limit = check_count("limit", limit, minimum=1, maximum=1000)
+        rows = await self._db.fetchall(_RELEASE_PINS, (pin_grace, limit))
+        return [codec.dispatch(row) for row in rows]
 
     # ------------------------------------------------------------ workers
 
