@@ -12,6 +12,7 @@ import click
 
 from wakeful.cli.admin import migrate, prune, status
 from wakeful.cli.common import as_failure, usage_failure
+from wakeful.cli.deploys import runs
 from wakeful.cli.inspect import dispatches, threads, workers
 from wakeful.cli.langgraph import langgraph
 from wakeful.cli.logs import logging_options
@@ -79,6 +80,7 @@ for command in (
     dispatches,
     quarantine,
     workers,
+    runs,
     providers,
     langgraph,
 ):
