@@ -45,3 +45,43 @@ def test_runs_list_filters_by_version_and_patch(tmp_path: Path) -> None:
     assert listed("--version", "v1", "--all") == [("t-done", "v1", []), ("t-old", "v1", [])]
     assert listed("--patch", "no-such") == []
     assert "t-new" in cli("runs", "list", store=url).stdout
+
+
+def test_a_cli_worker_registers_and_records_its_version(tmp_path: Path) -> None:
+    from tests.test_cli_worker import done, start_worker, stop, wait_for
+    from wakeful.fleet import submit
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+
+    async def enqueue() -> None:
+        async with open_store(url) as s:
+            await submit(s, "t-named", "flaky", {}, dispatch_id="d-named")
+
+    asyncio.run(enqueue())
+    named = start_worker(url, "--version", "2026-12-07.1", "--worker-id", "w-named")
+    try:
+        wait_for(url, done("d-named"), named)
+    finally:
+        stop(named)
+    hashed = start_worker(url, "--worker-id", "w-hashed")
+
+    async def registered(store: Any) -> bool:
+        return "w-hashed" in {w.worker_id for w in await store.list_workers()}
+
+    try:
+        wait_for(url, registered, hashed)
+    finally:
+        stop(hashed)
+
+    async def read() -> tuple[dict[str, Any], Any]:
+        async with open_store(url) as s:
+            snap = await s.read("t-named")
+            assert snap is not None and snap.checkpoint is not None
+            return {w.worker_id: w.version for w in await s.list_workers()}, snap.checkpoint
+
+    versions, checkpoint = asyncio.run(read())
+    assert versions["w-named"] == "2026-12-07.1"
+    assert versions["w-hashed"].startswith("code-"), "the default: a hash of the app's code"
+    assert checkpoint.metadata["version"] == "2026-12-07.1"
+    listed = json.loads(cli("workers", "list", "--all", "--json", store=url).stdout)
+    assert {w["worker_id"]: w["version"] for w in listed} == versions

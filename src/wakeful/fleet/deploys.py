@@ -9,7 +9,7 @@ a worker of another version, applies the run's target's ``on_version_change``:
   policy says the new code can take it), after a ``run.version_changed`` event;
 - ``fail``: the run ends ``failed`` with a reason naming both versions;
 - ``hold``: ``run.held`` is recorded and the dispatch is quarantined for an operator
-  (``wakeful dispatches requeue`` runs it on the current code, ``purge`` drops it).
+  (``wakeful quarantine requeue`` runs it on the current code, ``purge`` drops it).
 
 The event names the versions and the policy: never a silent ``GraphChanged``, and a run is
 moved once, not retried."""
