@@ -66,7 +66,7 @@ async def test_a_rolling_deploy_ends_every_run_once(
             await submit(store, thread, "job", {}, dispatch_id=f"d-{thread}")
 
         async def statuses() -> dict[str, str | None]:
-            found = {}
+            found: dict[str, str | None] = {}
             for thread in threads:
                 snap = await store.read(thread)
                 found[thread] = snap.checkpoint.status if snap and snap.checkpoint else None
