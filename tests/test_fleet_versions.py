@@ -3,6 +3,7 @@ records it, and the default version is a hash of the code it runs."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -62,15 +63,17 @@ def test_the_default_version_follows_the_code() -> None:
     assert code_version(_registry([]), modules=["json"]) != same, "and the app's module"
 
 
-def approval_graph(env: Env, deploy: str) -> Any:
+def approval_graph(env: Env, deploy: str, gate: asyncio.Event | None = None) -> Any:
     """Ask for approval, then act: the same structure in every deploy (``deploy`` names the
-    code that ran ``act``)."""
+    code that ran ``act``; with ``gate``, the first call of ``act`` waits for it)."""
 
     def ask(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         return {"log": [f"asked:{ctx.interrupt('ok?')}"]}
 
-    def act(state: dict[str, Any]) -> dict[str, Any]:
+    async def act(state: dict[str, Any]) -> dict[str, Any]:
         env.calls[f"act:{deploy}"] = env.calls.get(f"act:{deploy}", 0) + 1
+        if gate is not None and env.calls[f"act:{deploy}"] == 1:
+            await gate.wait()
         return {"log": [f"act:{deploy}"]}
 
     g = Graph(State, name="approve").node("ask", ask).node("act", act)
@@ -130,3 +133,27 @@ async def test_a_run_whose_version_left_moves_by_its_policy(env: Env, policy: An
 
 async def _true(value: bool) -> bool:
     return value
+
+
+@pytest.mark.asyncio
+async def test_a_move_is_recorded_once_when_its_attempt_is_recovered(env: Env) -> None:
+    await _suspended_on_v1(env)
+    snap = await env.store.read("t1")
+    assert snap is not None and snap.checkpoint is not None
+    ticket = snap.checkpoint.metadata["tickets"][0]["id"]
+    await resume(env.store, "t1", {ticket: "yes"}, dispatch_id="r1", wake=env.wake)
+    gate = asyncio.Event()  # the first v2 attempt hangs in ``act`` ...
+    env.registry = Registry(default="echo")
+    env.registry.add("approve", approval_graph(env, "v2", gate))
+    env.worker("w-v2a", version="v2", pin_grace=5)
+    env.clock.advance(6)
+    await eventually(lambda: _true(env.calls.get("act:v2") == 1))
+    env.clock.advance(31)  # ... and its worker is gone: the lease lapses
+    env.worker("w-v2b", version="v2", pin_grace=5)
+    await eventually(lambda: _true(env.calls.get("act:v2") == 2))
+    await dispatch_status(env, "r1", "done")
+    assert await env.status("t1") == "completed"
+    events = await env.store.events_after("t1", 0, 100)
+    moved = [e for e in events if e.type == "run.version_changed"]
+    assert len(moved) == 1, "the second attempt of the move found the first one's receipt"
+    gate.set()

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from wakeful.background import StopSignal
 from wakeful.errors import InvalidState, NotFound, WakefulError
 from wakeful.fleet.attempts import UNFINISHED, Settled
-from wakeful.records import Checkpoint, Done, Lease, Outcome, Retry
+from wakeful.records import Checkpoint, Commit, Done, EventDraft, Lease, Outcome, Retry
 from wakeful.runtime.handle import RunHandle
 
 if TYPE_CHECKING:
@@ -68,7 +68,7 @@ async def version_change(
         await worker._terminate(claim, latest, "failed", "run.failed", data, settle=d.dispatch_id)
         return Settled(Done())
     if policy == "hold":
-        await worker._note(claim, "run.held", data)
+        await _event(worker, lease, "run.held", data)
         await worker.store.settle(d.dispatch_id, claim.token, Retry(0.0, "held: version left"))
         # InvalidState: another worker leased it meanwhile, and holds it in turn
         with contextlib.suppress(InvalidState):
@@ -76,7 +76,7 @@ async def version_change(
         worker._endings[d.dispatch_id] = f"held: version {d.released_from} left"
         return Settled(Done())
     assert target is not None
-    await worker._note(claim, "run.version_changed", data)
+    await _event(worker, lease, "run.version_changed", data)
     if d.kind == "resume" and latest.status == "suspended":
         payload = d.payload if isinstance(d.payload, dict) else {}
         return await worker._runtime.resume(
@@ -90,6 +90,17 @@ async def version_change(
             snapshot=lease.snapshot, dispatch_id=d.dispatch_id, allow_graph_change=True,
         )  # fmt: skip
     return None
+
+
+async def _event(worker: Worker, lease: Lease, event_type: str, data: dict[str, Any]) -> None:
+    """Record the move, once per dispatch: a later attempt of the same dispatch (a retry
+    after a failed continuation) gets the first one's receipt, not a second event."""
+    commit = Commit(
+        token=lease.claim.token,
+        events=(EventDraft(type=event_type, data=data, run_id=data["run_id"]),),
+        operation_id=f"{lease.dispatch.dispatch_id}:{event_type}",
+    )
+    await worker.store.commit(lease.claim.thread_id, commit)
 
 
 class PinReleaser:
