@@ -285,6 +285,7 @@ RETURNS TABLE (o_dispatch @schema@.dispatches, o_version bigint, o_tenant text,
                o_checkpoint text, o_writes text[])
 LANGUAGE plpgsql
 SET jit = off
+SET plan_cache_mode = force_generic_plan
 AS $fn$
 BEGIN
     RETURN QUERY SELECT * FROM @schema@.claim_next_read(p_holder, p_ttl, p_limit, NULL, true);
