@@ -9,7 +9,9 @@ from typing import Annotated, Any, TypedDict
 import pytest
 
 from wakeful import ManualClock
+from wakeful.agent import Agent, ToolContext, tool
 from wakeful.errors import GraphInvalid, InvalidInput
+from wakeful.providers.scripted import Scripted, calls, reply
 from wakeful.runtime import START, Graph, NodeContext, Runtime, append
 from wakeful.store.memory import MemoryStore
 
@@ -84,3 +86,21 @@ def test_patch_ids_are_checked() -> None:
         Graph(State, patches=["no spaces allowed"])
     with pytest.raises(GraphInvalid):
         Graph(State, patches=["a", "a"])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("patches", [[], ["refund-in-cents"]])
+async def test_a_tool_asks_the_patches_of_its_agents_run(patches: list[str]) -> None:
+    seen: list[bool] = []
+
+    @tool
+    def refund(order_id: int, ctx: ToolContext) -> str:
+        """Refund an order."""
+        seen.append(ctx.patched("refund-in-cents"))
+        return "refunded"
+
+    provider = Scripted.of(calls(("c1", "refund", {"order_id": 42})), reply("Done."))
+    store = MemoryStore(ManualClock())
+    agent = Agent("support", provider, tools=[refund], patches=patches)
+    result = await agent.run(Runtime(store), "t", "refund 42")
+    assert result.text == "Done." and seen == [bool(patches)]
