@@ -194,9 +194,21 @@ class Alternating:
         return await self.next().enqueue(dispatch)
 
     async def claim_next(
-        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        self,
+        holder: str,
+        ttl: float,
+        limit: int = 1,
+        thread_id: str | None = None,
+        *,
+        version: str | None = None,
+        take_starts: bool = True,
     ) -> list[Lease]:
-        return await self.next().claim_next(holder, ttl, limit, thread_id)
+        return await self.next().claim_next(
+            holder, ttl, limit, thread_id, version=version, take_starts=take_starts
+        )
+
+    async def release_pins(self, pin_grace: float, limit: int = 100) -> list[Dispatch]:
+        return await self.next().release_pins(pin_grace, limit)
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         return await self.next().settle(dispatch_id, token, outcome)
@@ -229,8 +241,10 @@ class Alternating:
     async def purge(self, dispatch_id: str) -> None:
         await self.next().purge(dispatch_id)
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
-        return await self.next().register_worker(worker_id)
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
+        return await self.next().register_worker(worker_id, version=version)
 
     async def heartbeat(self, identity: WorkerIdentity) -> None:
         await self.next().heartbeat(identity)

@@ -102,9 +102,9 @@ class Gated:
         claim_next = self.store.claim_next
 
         async def counting(
-            holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+            holder: str, ttl: float, limit: int = 1, thread_id: str | None = None, **kw: Any
         ) -> Any:
-            leases = await claim_next(holder, ttl, limit, thread_id)
+            leases = await claim_next(holder, ttl, limit, thread_id, **kw)
             if leases:
                 self.limits.append(limit)
             return leases

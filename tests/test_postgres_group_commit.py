@@ -329,8 +329,14 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # commit_many, which the set-based one falls back to); 0013 checkpoint_page (a page of a
     # thread's history); 0014 busy threads: enqueue with a policy beside the old signature,
     # and its helpers (the admission trigger's function); 0016 take_limit and
-    # reconcile_limit (rate limits)
+    # reconcile_limit (rate limits); 0018 deploys: register_worker and claim_next_read with a
+    # version beside the old signatures, release_pins, and the function of the trigger that
+    # pins a resume
     assert {name for name, _, _ in version_6 - version_5} == {
+        "register_worker",
+        "claim_next_read",
+        "release_pins",
+        "pin_resume",
         "commit_many",
         "retire_worker",
         "checkpoint_segment",

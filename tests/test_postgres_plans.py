@@ -36,6 +36,15 @@ CALLS: dict[str, tuple[str, list[str]]] = {
             "Index Scan using threads_pkey",
         ],
     ),
+    # migration 0018: the source pinned to the claimer's version is one more index range
+    "claim_next_read of a version": (
+        f"SELECT (o_dispatch).dispatch_id FROM {S}.claim_next_read('probe', 30, 3, 'v1', true)",
+        [
+            "Index Scan using dispatches_pending",
+            "Index Scan using dispatches_pinned",
+            "Index Scan using dispatches_lapsing",
+        ],
+    ),
     "pending page": (
         f"SELECT dispatch_id FROM {S}.list_dispatches(0, 'pending', NULL, NULL, 100)",
         ["Index Scan using dispatches_by_status"],
@@ -253,6 +262,7 @@ async def test_a_claim_for_one_thread_reads_that_threads_index_range(
             conn.execute("ANALYZE")
         query = _CLAIM_ON_THREAD.replace("@schema@", S)
         params = {"thread": "t00000005", "holder": "probe", "ttl": 30.0}
+        params |= {"version": "v1", "starts": True}
         plan = "\n".join(row[0] for row in conn.execute(f"EXPLAIN (COSTS OFF) {query}", params))
     # the thread's range only (its pending and leased ranges as a bitmap, or the whole range)
     assert "using dispatches_by_thread_status" in plan or (

@@ -34,6 +34,10 @@ async def test_workers_are_listed() -> None:
         [worker] = (await api.client(ALPHA).get("/v1/workers")).json()["workers"]
         assert stopped.stopped_at is not None
         assert worker["stopped_at"] == stopped.stopped_at.isoformat().replace("+00:00", "Z")
+        assert worker["version"] is None
+        await store.register_worker("w2", version="2026-12-07.1")
+        listed = (await api.client(ALPHA).get("/v1/workers")).json()["workers"]
+        assert {w["worker_id"]: w["version"] for w in listed} == {"w1": None, "w2": "2026-12-07.1"}
 
 
 @pytest.mark.asyncio

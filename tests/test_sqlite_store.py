@@ -151,6 +151,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (8, "0008_busy_threads"),
         (9, "0009_rate_limits"),
         (10, "0010_schedules"),
+        (11, "0011_deploys"),
     ]
     later = ManualClock()
     later.advance(3600)
@@ -414,13 +415,16 @@ async def test_prune_of_settled_dispatches_in_batches(
 # ------------------------------------------------------------------ plans and threads
 
 
+PLAN_PARAMS = {"now": 0, "version": None, "starts": True}
+
+
 def test_claim_next_walks_the_due_index_without_sorting(tmp_path: Path) -> None:
     db = tmp_path / "plan.db"
     raw = sqlite3.connect(db, isolation_level=None)
     try:
         migrate(raw, sqlite_url(db), shipped(), 0)
         due, lapsed = (
-            " | ".join(row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + q, {"now": 0}))
+            " | ".join(row[3] for row in raw.execute("EXPLAIN QUERY PLAN " + q, PLAN_PARAMS))
             for q in (_DUE, _LAPSED)
         )
     finally:

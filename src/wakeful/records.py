@@ -351,6 +351,14 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     order (set by the store)."""
     answered_by: str | None = None
     """The dispatch whose run answered this coalesced submission (set by the store)."""
+    pinned_version: str | None = None
+    """The code version whose workers alone may lease this dispatch (set by the store): the
+    version of the worker that first leased it, or for a ``resume`` the one of the run it
+    continues. ``None``: any worker (a start not leased yet, a released pin)."""
+    released_from: str | None = None
+    """The version this dispatch was pinned to until no worker of it was left alive for the
+    pin grace (``DispatchQueue.release_pins``): its claimant applies the target's
+    ``on_version_change`` policy (set by the store)."""
 
     @property
     def exhausted(self) -> bool:
@@ -448,6 +456,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     stopped_at: datetime | None = None
     """When this incarnation recorded its graceful stop (``DispatchQueue.retire_worker``);
     ``None`` while it runs, or if it died without stopping. A new registration clears it."""
+    version: str | None = None
+    """The code version this incarnation runs (``Worker(version=...)``); ``None`` for a
+    worker that named none (an older wakeful)."""
 
 
 class StreamCheckpoint(msgspec.Struct, frozen=True, kw_only=True):

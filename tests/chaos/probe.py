@@ -116,9 +116,19 @@ class Recording:
         return claim
 
     async def claim_next(
-        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        self,
+        holder: str,
+        ttl: float,
+        limit: int = 1,
+        thread_id: str | None = None,
+        *,
+        version: str | None = None,
+        take_starts: bool = True,
     ) -> list[Lease]:
-        leases = await self._call(self._store.claim_next(holder, ttl, limit, thread_id))
+        call = self._store.claim_next(
+            holder, ttl, limit, thread_id, version=version, take_starts=take_starts
+        )
+        leases = await self._call(call)
         t1 = time.monotonic()
         for lease in leases:
             d = lease.dispatch

@@ -90,8 +90,11 @@ class Agent:
         stream_policy: StreamPolicy | None = None,
         sleep: Any = asyncio.sleep,
         limits: RateLimit | Sequence[RateLimit] | None = None,
+        patches: Sequence[str] = (),
     ) -> None:
         self.name = check_id("agent name", name)
+        self.patches = tuple(patches)
+        """The patches this agent's code has: ``ctx.patched(id)`` in its tools."""
         self.model = model
         self.instructions = instructions
         self.tools = {t.name: t for t in tools}
@@ -114,7 +117,7 @@ class Agent:
     # ---------------------------------------------------------------- graph
 
     def _compile(self) -> CompiledGraph:
-        g = Graph(AgentState, name=f"agent:{self.name}")
+        g = Graph(AgentState, name=f"agent:{self.name}", patches=self.patches)
         g.node("model", self._model).node("tool", self._tool).node("limit", self._limit)
         g.edge(START, "model")
         g.conditional_edge("model", self._after_model, ["tool"])
@@ -266,6 +269,7 @@ class Agent:
             idempotency_key=ctx.idempotency_key,
             fencing_token=ctx.fencing_token,
             replay=tool.replay,
+            patches=ctx.patches,
         )
         try:
             # a tool call may take long: the claim stays renewed meanwhile

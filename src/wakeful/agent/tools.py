@@ -15,7 +15,7 @@ before it runs): its result is ``Indeterminate``. A tool that returns ``INDETERM
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
@@ -43,6 +43,12 @@ class ToolContext:
     """The tool's replay policy, so a client that can resolve a lost answer (``RemoteHand``)
     knows whether it may send the call again (``keyed``, ``safe``) or only look it up
     (``never``)."""
+    patches: Collection[str] = ()
+    """The patches the run started with (``patched``)."""
+
+    def patched(self, change_id: str) -> bool:
+        """As ``NodeContext.patched``: whether the run started on code declaring the patch."""
+        return change_id in self.patches
 
 
 class ArgumentsInvalid(ValueError):

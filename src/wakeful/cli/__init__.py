@@ -12,6 +12,7 @@ import click
 
 from wakeful.cli.admin import migrate, prune, status
 from wakeful.cli.common import as_failure, usage_failure
+from wakeful.cli.deploys import runs
 from wakeful.cli.inspect import dispatches, threads, workers
 from wakeful.cli.langgraph import langgraph
 from wakeful.cli.limits import limits
@@ -83,6 +84,7 @@ for command in (
     schedules,
     workers,
     limits,
+    runs,
     providers,
     langgraph,
 ):

@@ -366,6 +366,7 @@ async def workers_list(
             [
                 "worker",
                 "state",
+                "version",
                 "generation",
                 "incarnation",
                 "registered",
@@ -376,6 +377,7 @@ async def workers_list(
                 (
                     w["worker_id"],
                     w["state"],
+                    w["version"] or "",
                     w["generation"],
                     w["incarnation_id"],
                     w["registered_at"],

@@ -245,6 +245,13 @@ def _summary(worker_id: str, stats: Any, seconds: float) -> None:
     help="Dispatches run at once.",
 )
 @click.option("--worker-id", default=None, help="Stable worker id (default: a random one).")
+@click.option(
+    "--version",
+    "code_version",
+    default=None,
+    help="The code version this worker runs, recorded by every run it starts (default: a hash "
+    "of the app's targets, graph structures, patches and source files; docs/deploys.md).",
+)
 @click.option("--ttl", default=30.0, show_default=True, help="Lease ttl in seconds.")
 @click.option("--poll", default=1.0, show_default=True, help="Polling floor in seconds.")
 @click.option(
@@ -285,6 +292,7 @@ async def worker(
     app: str,
     concurrency: int,
     worker_id: str | None,
+    code_version: str | None,
     ttl: float,
     poll: float,
     wake: str,
@@ -308,6 +316,10 @@ async def worker(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--gc") from None
     registry = load_registry(app)
+    if code_version is None:
+        from wakeful.fleet.versions import code_version as hashed
+
+        code_version = hashed(registry, modules=[app.partition(":")[0]])
     url = store_url(store)
     signal_wake = _wake(wake, wake_url, url)
     if metrics_port is not None:
@@ -325,6 +337,7 @@ async def worker(
             worker_id=worker_id or f"worker-{uuid.uuid4().hex[:12]}",
             poll_interval=poll,
             live=channel,
+            version=code_version,
         )
         gctune.tune(threshold)  # start-up is done: what it allocated is frozen
         running = asyncio.create_task(w.run(), name="worker")
@@ -335,11 +348,12 @@ async def worker(
 
                 exporter = await serve_metrics(w.metrics, metrics_host, metrics_port)
             log.info(
-                "worker %s running %s on %s; SIGTERM stops it",
+                "worker %s running %s (version %s) on %s; SIGTERM stops it",
                 w.worker_id,
                 ", ".join(registry.names()),
+                w.version,
                 describe_url(url),
-                extra={"worker": w.worker_id, "targets": registry.names()},
+                extra={"worker": w.worker_id, "targets": registry.names(), "version": w.version},
             )
             await until_signalled(running)
         finally:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import time
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import datetime
 from types import TracebackType
 
@@ -18,6 +19,21 @@ from wakeful.fleet.registry import Registry
 from wakeful.metrics import Metrics
 from wakeful.records import Lease
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
+
+
+@dataclass
+class WorkerStats:
+    """What a worker counted (``Worker.stats``)."""
+
+    claimed: int = 0
+    done: int = 0
+    awaiting: int = 0
+    retried: int = 0
+    fenced: int = 0
+    exhausted: int = 0
+    polls: int = 0
+    """Completed claim attempts (a test can wait for a worker to have looked)."""
+
 
 TRACE_FIELD = "trace"
 """The payload field holding the submitter's W3C trace context."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -14,6 +14,9 @@ from wakeful.ids import check_id
 from wakeful.records import Checkpoint, Message
 from wakeful.runtime.graph import CompiledGraph
 
+VersionPolicy: TypeAlias = Literal["continue", "fail", "hold"]
+VERSION_POLICIES = ("continue", "fail", "hold")
+
 
 @dataclass(frozen=True)
 class Target:
@@ -22,6 +25,18 @@ class Target:
     name: str
     graph: CompiledGraph
     agent: Agent | None = None
+    on_version_change: VersionPolicy | None = None
+    """What this code does with a run of the target started on another version once no
+    worker of that version is left (``docs/deploys.md``): ``continue`` it here, ``fail`` it,
+    or ``hold`` it (quarantined) for an operator. ``None``: ``continue`` when the graph's
+    structure is the one the run recorded, else ``fail``."""
+
+    def version_policy(self, run: Checkpoint) -> VersionPolicy:
+        """The policy for ``run`` (a checkpoint of an unfinished run of this target)."""
+        if self.on_version_change is not None:
+            return self.on_version_change
+        same = run.metadata.get("fingerprint") == self.graph.fingerprint
+        return "continue" if same else "fail"
 
     def prepare(self, input: Any, run_id: str) -> tuple[dict[str, Any], Sequence[Message]]:
         """The state input and the messages to append at admission. ``InvalidInput``
@@ -90,16 +105,25 @@ class Registry:
         self._by_graph: dict[str, Target] = {}
         self.default = default
 
-    def add(self, name: str, target: Agent | CompiledGraph) -> Registry:
+    def add(
+        self,
+        name: str,
+        target: Agent | CompiledGraph,
+        *,
+        on_version_change: VersionPolicy | None = None,
+    ) -> Registry:
         """Register ``target`` as ``name`` (again: replace it). A thread records the graph
         that ran it (and, from a worker, the target's name), and its later work goes to that
         target: two targets whose graphs share a name would be indistinguishable in older
-        threads, so that is ``InvalidInput`` unless they are the same compiled graph."""
+        threads, so that is ``InvalidInput`` unless they are the same compiled graph.
+        ``on_version_change``: see ``Target.on_version_change``."""
         check_id("target name", name)
+        if on_version_change is not None and on_version_change not in VERSION_POLICIES:
+            raise InvalidInput("on_version_change", f"must be one of {list(VERSION_POLICIES)}")
         if isinstance(target, Agent):
-            entry = Target(name, target.graph, target)
+            entry = Target(name, target.graph, target, on_version_change)
         else:
-            entry = Target(name, target)
+            entry = Target(name, target, None, on_version_change)
         for other in self._targets.values():
             if (
                 other.name != name

@@ -31,6 +31,8 @@ class Start:
     messages: Sequence[Message]
     run_id: str
     tenant: str | None
+    version: str | None = None
+    """The worker's code version, recorded by the run (``wakeful.fleet.versions``)."""
 
 
 async def replay_dispatch(
@@ -63,7 +65,7 @@ async def replay_dispatch(
             claim=claim,
             snapshot=start.snapshot,
             dispatch_id=start.dispatch_id,
-            metadata={"target": start.target.name},
+            metadata={"target": start.target.name, "version": start.version},
         )
     except (NotFound, RunInProgress, GraphChanged, InvalidState, InvalidInput) as refused:
         await note(claim, "dispatch.refused", {"reason": str(refused)}, start.dispatch_id)

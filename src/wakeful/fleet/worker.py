@@ -44,14 +44,16 @@ from wakeful.fleet.attempts import (
 )
 from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
+from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser, claim_options, version_change
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.inputs import message_input
 from wakeful.fleet.live import LiveChannel, PublishingHub
-from wakeful.fleet.observe import WorkerObserver
+from wakeful.fleet.observe import WorkerObserver, WorkerStats
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
+from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
 from wakeful.fleet.wakeups import wake
 from wakeful.ids import check_id
@@ -87,18 +89,6 @@ for as long."""
 
 
 @dataclass
-class WorkerStats:
-    claimed: int = 0
-    done: int = 0
-    awaiting: int = 0
-    retried: int = 0
-    fenced: int = 0
-    exhausted: int = 0
-    polls: int = 0
-    """Completed claim attempts (a test can wait for a worker to have looked)."""
-
-
-@dataclass
 class Worker:
     """``Worker(store, registry, concurrency, claims=ClaimPolicy(...), wake=...)``.
 
@@ -129,11 +119,16 @@ class Worker:
     only_thread: str | None = None
     """Lease only this thread's dispatches (``wakeful run``: the work of every other thread
     is left to the workers that serve it)."""
+    version: str | None = None
+    """This worker's code version; default: ``wakeful.fleet.versions.code_version``."""
+    pin_grace: float = DEFAULT_PIN_GRACE
+    """Seconds without a live worker of a version before its runs move (``fleet.deploys``)."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
         if self.only_thread is not None:
             check_id("only_thread", self.only_thread)
+        self.version = worker_version(self.version, self.registry, self.metrics)
         if self.concurrency < 1:
             raise ValueError("concurrency must be at least 1")
         if not self.claim_gather >= 0:
@@ -156,8 +151,7 @@ class Worker:
                 target.agent.metrics = self.metrics
 
     async def started(self) -> Runtime:
-        """Wait until the worker has registered; its runtime (for subscriptions to this
-        process's live events)."""
+        """Wait until the worker has registered; its runtime (for live event subscriptions)."""
         await self._ready.wait()
         assert self._runtime is not None
         return self._runtime
@@ -166,7 +160,7 @@ class Worker:
 
     async def run(self) -> None:
         """Register, then claim and run work until ``stop()``."""
-        self.identity = await self.store.register_worker(self.worker_id)
+        self.identity = await self.store.register_worker(self.worker_id, version=self.version)
         self.holder = f"{self.worker_id}.g{self.identity.generation}"
         self._runtime = Runtime(
             self.store, self.claims, self.clock, holder=self.holder, metrics=self.metrics
@@ -176,6 +170,7 @@ class Worker:
         self._ready.set()
         # Each stops on its own signal, in bounded time (wakeful.background).
         background = [BackgroundTask("heartbeat", self._heartbeat, logger=log)]
+        background.append(BackgroundTask("pins", PinReleaser(self).run, logger=log))
         if self.relay:
             relay = RelayLoop(self.store, self.holder, self.claims, self.wake, self.retention)
             background.append(BackgroundTask("relay", relay.run, logger=log))
@@ -229,8 +224,7 @@ class Worker:
                 log.warning("heartbeat failed: %s", exc)
 
     async def _claim_loop(self) -> None:
-        # named only when set: a store written against the older contract still serves a fleet
-        only = {} if self.only_thread is None else {"thread_id": self.only_thread}
+        only = claim_options(self.version, self.only_thread)
         while not self._stopping.is_set():
             free = await self._gather.hold(lambda: self.concurrency - self.busy, self._waiter)
             leases: list[Lease] = []
@@ -413,6 +407,8 @@ class Worker:
                 "commit", lambda: self.store.commit(d.thread_id, ending), d.thread_id
             )
             return Settled(Done())
+        if d.released_from is not None and (moved := await version_change(self, lease, latest)):
+            return moved
         if owned_run is not None:
             log.info(
                 "dispatch %s: recovering run %s from checkpoint %s (attempt %d of %d)",
@@ -466,8 +462,9 @@ class Worker:
             tenant = snap.tenant  # relayed between threads: the target thread's tenant
         if kind == "start" and "from_checkpoint" in payload:
             start = Start(
-                dispatch_id, claim, snap, payload, target, state, messages, run_id, tenant
-            )
+                dispatch_id, claim, snap, payload, target, state, messages, run_id, tenant,
+                self.version,
+            )  # fmt: skip
             return await replay_dispatch(self._runtime, self._note, start)
         try:
             handle = await self._runtime.start(
@@ -481,7 +478,7 @@ class Worker:
                 claim=claim,
                 snapshot=snap,
                 dispatch_id=dispatch_id,
-                metadata={"target": target.name},
+                metadata={"target": target.name, "version": self.version},
             )
         except RunInProgress as busy:
             if kind == "message":
@@ -575,8 +572,7 @@ class Worker:
     async def _note(
         self, claim: Claim, event_type: str, data: dict[str, Any], settle: str | None = None
     ) -> None:
-        """An event for observers (naming the dispatch it is about); ``settle``: the
-        dispatch settled ``Done`` with it."""
+        """An event for observers naming the dispatch; ``settle``: it settles ``Done``."""
         if settle is not None:
             data = {**data, "dispatch_id": settle}
             self._endings[settle] = f"{event_type}: {data.get('reason')}"

@@ -49,6 +49,8 @@ class Admission:
         """Raises ``RunInProgress`` while the thread's last run is unfinished. The commit is
         under ``token`` (0 for ``claim_and_commit``, whose claim supplies it)."""
         latest = snap.checkpoint if snap is not None else None
+        if graph_patches := self.graph.patches:  # what ``ctx.patched`` answers for this run
+            self.metadata["patches"] = list(graph_patches)
         if latest is not None and latest.status in ("running", "suspended"):
             raise RunInProgress(thread_id, latest.run_id, latest.status)
         empty = snap is None or snap.message_count == 0
@@ -82,9 +84,13 @@ class Admission:
                 self.trace,
             ),
         )
+        started = {"graph": graph.name}
+        for key in ("version", "patches"):  # the code the run started on (issue 40)
+            if key in self.metadata:
+                started[key] = self.metadata[key]
         event = EventDraft(
             type="run.started",
-            data={"graph": graph.name},
+            data=started,
             run_id=self.run_id,
             checkpoint_id=first.id,
         )

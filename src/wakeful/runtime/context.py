@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -113,6 +113,7 @@ class NodeContext:
         clock: Clock | None = None,
         sent: bool = False,
         path: str | None = None,
+        patches: Collection[str] = (),
     ) -> None:
         self.thread_id = thread_id
         self.run_id = run_id
@@ -138,6 +139,8 @@ class NodeContext:
         """For a task inside a subgraph: its node path (``research/plan``), which names its
         tickets; ``None`` at the top level (tickets are named by the task id)."""
         self._answers = answers
+        self.patches: tuple[str, ...] = tuple(patches)
+        """The patches the run's code declared when it started (``patched``)."""
         self._interrupts = 0
         self._sleeps = 0
         self._clock: Clock = clock or SystemClock()
@@ -292,12 +295,21 @@ class NodeContext:
             sent=sent,
             path=path,
             clock=self._clock,
+            patches=self.patches,
         )
 
     @property
     def services(self) -> TaskServices:
         """What the execution offers this task (a subgraph commits its progress through it)."""
         return self._services
+
+    def patched(self, change_id: str) -> bool:
+        """Whether this run started on code that declared the patch ``change_id``
+        (``Graph(..., patches=[...])``, ``Agent(..., patches=[...])``): take the new branch
+        if so, the old one if not. The declared patches are recorded in the run's first
+        checkpoint, so every attempt of the run (a recovery, a resume, on newer code) gets
+        the same answer."""
+        return change_id in self.patches
 
     def emit(self, type: str, data: Any = None) -> None:
         """A durable event, committed with this task's result (numbered by the store)."""

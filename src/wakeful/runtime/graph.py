@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import typing
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -120,8 +120,15 @@ def input_types(schema: Any, channels: Mapping[str, Reducer]) -> dict[str, Any]:
 class Graph:
     """A graph under construction. Methods return ``self`` so definitions chain."""
 
-    def __init__(self, state_schema: Any, name: str = "graph") -> None:
+    def __init__(
+        self, state_schema: Any, name: str = "graph", *, patches: Sequence[str] = ()
+    ) -> None:
         self.name = name
+        self.patches = tuple(check_id("patch id", p) for p in patches)
+        """The patches this code has (``NodeContext.patched``): a run records them when it
+        starts. Not part of the fingerprint: a patch changes what a node does, not the shape."""
+        if len(set(self.patches)) != len(self.patches):
+            raise GraphInvalid(["a patch id is declared twice"])
         self.channels = channels_of(state_schema)
         self.input_types = input_types(state_schema, self.channels)
         self.nodes: dict[str, NodeSpec] = {}
@@ -254,6 +261,10 @@ class CompiledGraph:
     @property
     def name(self) -> str:
         return self.graph.name
+
+    @property
+    def patches(self) -> tuple[str, ...]:
+        return self.graph.patches
 
     @property
     def nodes(self) -> dict[str, NodeSpec]:

@@ -378,6 +378,7 @@ class Execution(TaskWrites):
                 progress=self.progress,
                 recovered=cp.id == self.recovered_at,
                 fresh=self.admitted or cp.id != self._entry,
+                patches=cp.metadata.get("patches") or (),
             )
             try:
                 updates = await call_node(spec, entry, cp.state, ctx)

@@ -488,6 +488,11 @@ class WorkerView(_View):
         description="When this incarnation recorded its graceful stop; null while it runs "
         "or if it died without stopping (then its heartbeat ages: expired).",
     )
+    version: str | None = Field(
+        default=None,
+        description="The code version this incarnation runs (docs/deploys.md); null for a "
+        "worker that named none.",
+    )
 
 
 class WorkerList(BaseModel):

@@ -259,7 +259,14 @@ class DispatchQueue(Protocol):
         ...
 
     async def claim_next(
-        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        self,
+        holder: str,
+        ttl: float,
+        limit: int = 1,
+        thread_id: str | None = None,
+        *,
+        version: str | None = None,
+        take_starts: bool = True,
     ) -> list[Lease]:
         """Atomically lease up to ``limit`` available dispatches (pending with
         ``available_at`` reached, or leased with an expired lease), highest priority first,
@@ -272,7 +279,20 @@ class DispatchQueue(Protocol):
         ``tenant`` fixes an unbound thread's tenant; one on a thread fixed to another tenant
         is still leased (the claimant retires it without writing to the thread). Each lease
         carries the thread's ``snapshot`` read in the same atomic step, after the grant
-        (saving the claimant a read)."""
+        (saving the claimant a read).
+
+        Versions (issue 40): a dispatch pinned to a version (``Dispatch.pinned_version``) is
+        leased only by a claimer of that ``version``; an unpinned one only when
+        ``take_starts`` (a draining worker passes ``False``). A lease with ``version`` pins
+        the unpinned dispatch it grants (not a ``cancel``) to ``version``."""
+        ...
+
+    async def release_pins(self, pin_grace: float, limit: int = 100) -> list[Dispatch]:
+        """Unpin up to ``limit`` pending (or lapsed-lease) dispatches pinned to a version of
+        which no registered worker has been alive for ``pin_grace`` seconds (its last
+        heartbeat, or its recorded stop, is older), recording the version in
+        ``released_from``; return them as stored. Any worker may call it (no leader): the
+        claimant of a released dispatch applies its target's ``on_version_change``."""
         ...
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
@@ -316,7 +336,10 @@ class DispatchQueue(Protocol):
 
     async def quarantine(self, dispatch_id: str) -> Dispatch:
         """Operator action: park exhausted work (attempts >= max_attempts, not live-leased)
-        so it is not terminalised automatically. ``InvalidState`` otherwise."""
+        so it is not terminalised automatically; also what a worker does with a released pin
+        under ``on_version_change="hold"`` (``released_from`` set, not live-leased).
+        ``InvalidState`` otherwise. ``requeue`` clears ``released_from``: the operator's
+        decision to run it on the current code."""
         ...
 
     async def requeue(self, dispatch_id: str) -> Dispatch:
@@ -327,9 +350,12 @@ class DispatchQueue(Protocol):
         """Operator action: delete quarantined or done work for good."""
         ...
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
         """A new ``incarnation_id`` and a ``generation`` greater than any before for
-        ``worker_id``."""
+        ``worker_id``. ``version``: the code version the incarnation runs (listed by
+        ``list_workers``; a new registration replaces the previous one's)."""
         ...
 
     async def heartbeat(self, identity: WorkerIdentity) -> None:

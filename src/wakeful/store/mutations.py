@@ -75,6 +75,8 @@ class Enqueued(msgspec.Struct, frozen=True, tag="enqueued"):
 class LeaseGrant(msgspec.Struct, frozen=True):
     dispatch_id: str
     claim: Claim
+    pin: str | None = None
+    """The version the lease pins an unpinned dispatch to (issue 40)."""
 
 
 class Leased(msgspec.Struct, frozen=True, tag="leased"):
@@ -101,6 +103,11 @@ class Cancelled(msgspec.Struct, frozen=True, tag="cancelled"):
 
 class Quarantined(msgspec.Struct, frozen=True, tag="quarantined"):
     dispatch_id: str
+    at: datetime
+
+
+class PinsReleased(msgspec.Struct, frozen=True, tag="pins_released"):
+    dispatch_ids: tuple[str, ...]
     at: datetime
 
 
@@ -166,6 +173,7 @@ Mutation = (
     | Cancelled
     | Quarantined
     | Requeued
+    | PinsReleased
     | Purged
     | WorkerRegistered
     | WorkerBeat
@@ -188,6 +196,7 @@ __all__ = [
     "LeaseGrant",
     "Leased",
     "Mutation",
+    "PinsReleased",
     "Pruned",
     "Purged",
     "Quarantined",

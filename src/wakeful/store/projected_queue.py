@@ -30,6 +30,7 @@ from wakeful.records import (
     WorkerInfo,
 )
 from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
+from wakeful.store.pins import claimable_by, live_versions, pin_of_resume, pin_on_lease
 from wakeful.store.projected_core import (
     ProjectedCore,
     check_thread_tenant,
@@ -43,6 +44,7 @@ from wakeful.store.projection import (
     Enqueued,
     Leased,
     LeaseGrant,
+    PinsReleased,
     Purged,
     Quarantined,
     Requeued,
@@ -65,6 +67,7 @@ from wakeful.store.validate_queue import (
     check_depth_limit,
     check_dispatch,
     check_listing,
+    check_version,
     same_request,
 )
 
@@ -101,6 +104,10 @@ class ProjectedQueue(ProjectedCore):
             queued_behind=None,
             coalesced=(),
             answered_by=None,
+            pinned_version=pin_of_resume(state.slot_holder(d.thread_id))
+            if d.kind == "resume"
+            else None,
+            released_from=None,
         )
         fence = None
         if d.kind in RUN_KINDS:
@@ -109,9 +116,17 @@ class ProjectedQueue(ProjectedCore):
         return stored
 
     async def claim_next(
-        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        self,
+        holder: str,
+        ttl: float,
+        limit: int = 1,
+        thread_id: str | None = None,
+        *,
+        version: str | None = None,
+        take_starts: bool = True,
     ) -> list[Lease]:
         check_id("holder", holder)
+        check_version(version)
         ttl = check_seconds("ttl", ttl)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
         if thread_id is not None:
@@ -126,12 +141,15 @@ class ProjectedQueue(ProjectedCore):
             d = state.dispatches[did]
             if d.thread_id in taken or not _available(state, d, now):
                 continue
+            if not claimable_by(d, version, take_starts):
+                continue
             taken.add(d.thread_id)
             token = state.epochs.get(d.thread_id, 0) + 1
             grants.append(
                 LeaseGrant(
                     d.dispatch_id,
                     Claim(thread_id=d.thread_id, holder=holder, token=token, expires_at=expires),
+                    pin_on_lease(d, version),
                 )
             )
         if not grants:
@@ -227,7 +245,8 @@ class ProjectedQueue(ProjectedCore):
             return d
         now = self._now()
         live = d.status == "leased" and _lease_live(state, d, now)
-        if d.status not in ("pending", "leased") or live or not d.exhausted:
+        held = d.released_from is not None  # on_version_change="hold" (issue 40)
+        if d.status not in ("pending", "leased") or live or not (d.exhausted or held):
             raise InvalidState(
                 "dispatch",
                 dispatch_id,
@@ -263,10 +282,30 @@ class ProjectedQueue(ProjectedCore):
             raise NotFound("dispatch", dispatch_id)
         return state, d
 
+    async def release_pins(self, pin_grace: float, limit: int = 100) -> list[Dispatch]:
+        pin_grace = check_seconds("pin_grace", pin_grace)
+        limit = check_count("limit", limit, minimum=1, maximum=1000)
+        state, now = self._open(), self._now()
+        alive = live_versions(state.workers.values(), now, pin_grace)
+        moved = [
+            d.dispatch_id
+            for d in state.dispatches.values()
+            if d.pinned_version is not None
+            and d.pinned_version not in alive
+            and (d.status == "pending" or (d.status == "leased" and not _lease_live(state, d, now)))
+        ][:limit]
+        if not moved:
+            return []
+        await self._record(PinsReleased(tuple(moved), now))
+        return [state.dispatches[did] for did in moved]
+
     # ------------------------------------------------------------ workers
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
         check_id("worker_id", worker_id)
+        check_version(version)
         state, now = self._open(), self._now()
         previous = state.workers.get(worker_id)
         info = WorkerInfo(
@@ -275,6 +314,7 @@ class ProjectedQueue(ProjectedCore):
             generation=(previous.generation if previous else 0) + 1,
             registered_at=now,
             last_heartbeat=now,
+            version=version,
         )
         await self._record(WorkerRegistered(info))
         return WorkerIdentity(

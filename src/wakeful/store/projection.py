@@ -69,6 +69,9 @@ from wakeful.store.mutations import (
     Mutation as Mutation,
 )
 from wakeful.store.mutations import (
+    PinsReleased as PinsReleased,
+)
+from wakeful.store.mutations import (
     Pruned as Pruned,
 )
 from wakeful.store.mutations import (
@@ -319,6 +322,7 @@ class State:
                             holder=grant.claim.holder,
                             lease_until=grant.claim.expires_at,
                             updated_at=at,
+                            pinned_version=d.pinned_version or grant.pin,
                         )
                     )
             case Settled():
@@ -346,6 +350,11 @@ class State:
                         d, status="quarantined", lease_until=None, updated_at=at
                     )
                 )
+            case PinsReleased(dispatch_ids=dids, at=at):
+                for did in dids:
+                    d = self.dispatches[did]
+                    moved = {"pinned_version": None, "released_from": d.pinned_version}
+                    self._put_dispatch(msgspec.structs.replace(d, updated_at=at, **moved))
             case Requeued(dispatch_id=did, at=at):
                 d = self.dispatches[did]
                 self._put_dispatch(
@@ -358,6 +367,7 @@ class State:
                         lease_until=None,
                         available_at=at,
                         updated_at=at,
+                        released_from=None,  # the operator's decision: run it on this code
                     )
                 )
             case Purged(dispatch_id=did, at=at):

@@ -89,3 +89,8 @@ QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = (
 def check_depth_limit(limit: object) -> int:
     """The argument of ``queue_depths``."""
     return check_count("limit", limit, minimum=1, maximum=2**31 - 1)
+
+
+def check_version(version: str | None) -> str | None:
+    """A worker's code version: ``None``, or an identifier (``2026-12-07.1``, a hash)."""
+    return check_optional_id("version", version)

@@ -20,6 +20,7 @@ from wakeful.testkit.branch_cases import BranchCases
 from wakeful.testkit.busy_cases import BusyCases
 from wakeful.testkit.claim_cases import ClaimCases
 from wakeful.testkit.commit_cases import CommitCases
+from wakeful.testkit.deploy_cases import DeployCases
 from wakeful.testkit.drop_cases import DropCases
 from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
@@ -47,6 +48,7 @@ class StatefulCases(Harness):
 class StoreConformance(
     BusyCases,
     CommitCases,
+    DeployCases,
     BranchCases,
     HistoryCases,
     ClaimCases,
@@ -72,6 +74,7 @@ __all__ = [
     "BusyCases",
     "ClaimCases",
     "CommitCases",
+    "DeployCases",
     "DropCases",
     "FoldCases",
     "Harness",

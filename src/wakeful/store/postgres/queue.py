@@ -38,6 +38,7 @@ from wakeful.store.validate_queue import (
     check_depth_limit,
     check_dispatch,
     check_listing,
+    check_version,
     same_request,
 )
 
@@ -50,7 +51,7 @@ _LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMN
 _CLAIM_NEXT = f"""
 SELECT {_LEASED_COLUMNS}, o_version, o_tenant, o_message_count, o_next_seq, o_event_floor,
        o_checkpoint, o_writes
-  FROM @schema@.claim_next_read(%s, %s, %s)
+  FROM @schema@.claim_next_read(%s, %s, %s, %s, %s)
 """
 # claim_next(thread_id=...): one statement locks the thread's first available dispatch and
 # then its thread row (both SKIP LOCKED, the order of claim_next()), re-checks the claim on
@@ -68,6 +69,9 @@ WITH k AS MATERIALIZED (
      WHERE x.thread_id = %(thread)s
        AND ((x.status = 'pending' AND x.available_at <= k.n)
             OR (x.status = 'leased' AND x.lease_expires < k.n))
+       -- pinned rows to their version's workers, unpinned ones to those taking starts
+       AND CASE WHEN x.pinned_version IS NULL THEN %(starts)s
+                ELSE x.pinned_version = %(version)s END
      ORDER BY x.priority DESC, x.seq
      LIMIT 1
        FOR UPDATE OF x SKIP LOCKED
@@ -93,7 +97,9 @@ WITH k AS MATERIALIZED (
 )
 UPDATE @schema@.dispatches x
    SET status = 'leased', attempts = x.attempts + 1, token = g.token, holder = %(holder)s,
-       lease_until = g.expires, lease_expires = g.expires, updated_at = g.n
+       lease_until = g.expires, lease_expires = g.expires, updated_at = g.n,
+       pinned_version = CASE WHEN x.kind = 'cancel' THEN x.pinned_version
+                             ELSE coalesce(x.pinned_version, %(version)s::text) END
   FROM g
  WHERE x.dispatch_id = g.dispatch_id
 RETURNING {", ".join(f"x.{c.strip()}" for c in DISPATCH_COLUMNS.split(","))}
@@ -112,6 +118,7 @@ _CANCEL = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.cancel(%s, %s, %s, %s, %s, %
 _QUARANTINE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.quarantine(%s)"
 _REQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.requeue(%s)"
 _PURGE = "SELECT @schema@.purge(%s)"
+_RELEASE_PINS = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.release_pins(%s, %s)"
 _GET = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.dispatches WHERE dispatch_id = %s"
 _CURSOR = "SELECT seq FROM @schema@.dispatches WHERE dispatch_id = %s"
 # Through functions that leave the planner only index plans in page order (migration 0005).
@@ -121,9 +128,11 @@ SELECT {DISPATCH_COLUMNS} FROM @schema@.list_dispatches(%s, %s, %s, %s, %s)
 _DEPTHS = "SELECT o_status, o_count FROM @schema@.queue_depths(%s)"
 _CANCEL_BUDGET = Dispatch(dispatch_id="cancel", thread_id="t", kind="cancel").max_attempts
 """A cancel dispatch gets the default retry budget, as in the reference store."""
-_REGISTER = "SELECT @schema@.register_worker(%s, %s)"
+_REGISTER = "SELECT @schema@.register_worker(%s, %s, %s)"
 _HEARTBEAT = "SELECT @schema@.heartbeat(%s, %s, %s)"
-_WORKER_COLUMNS = "worker_id, incarnation_id, generation, registered_at, last_heartbeat, stopped_at"
+_WORKER_COLUMNS = (
+    "worker_id, incarnation_id, generation, registered_at, last_heartbeat, stopped_at, version"
+)
 _RETIRE = f"SELECT {_WORKER_COLUMNS} FROM @schema@.retire_worker(%s, %s, %s)"
 _WORKERS = f"SELECT {_WORKER_COLUMNS} FROM @schema@.workers ORDER BY worker_id"
 
@@ -167,15 +176,24 @@ class QueueOps:
         raise StoreUnavailable(f"enqueue of {d.dispatch_id!r} kept racing with purges")
 
     async def claim_next(
-        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        self,
+        holder: str,
+        ttl: float,
+        limit: int = 1,
+        thread_id: str | None = None,
+        *,
+        version: str | None = None,
+        take_starts: bool = True,
     ) -> list[Lease]:
         check_id("holder", holder)
+        check_version(version)
         ttl = check_seconds("ttl", ttl)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
+        starts = bool(take_starts)
         if thread_id is not None:
             check_id("thread_id", thread_id)
-            return await self._claim_on_thread(holder, ttl, thread_id)
-        rows = await self._db.fetchall(_CLAIM_NEXT, (holder, ttl, limit))
+            return await self._claim_on_thread(holder, ttl, thread_id, version, starts)
+        rows = await self._db.fetchall(_CLAIM_NEXT, (holder, ttl, limit, version, starts))
         leases = []
         for row in rows:
             d = codec.dispatch(row[:DISPATCH_WIDTH])
@@ -193,10 +211,13 @@ class QueueOps:
             )
         return leases
 
-    async def _claim_on_thread(self, holder: str, ttl: float, thread_id: str) -> list[Lease]:
+    async def _claim_on_thread(
+        self, holder: str, ttl: float, thread_id: str, version: str | None, starts: bool
+    ) -> list[Lease]:
         grant = self._db.sql(_CLAIM_ON_THREAD)
         read = self._db.sql(_LEASED_THREAD)
         params = {"thread": thread_id, "holder": holder, "ttl": ttl}
+        params |= {"version": version, "starts": starts}
 
         async def op(conn: Any) -> tuple[Any, Any]:
             # two round trips in one transaction: bounded like every such (decision 0031)
@@ -291,12 +312,21 @@ class QueueOps:
         check_id("dispatch_id", dispatch_id)
         await self._db.fetchone(_PURGE, (dispatch_id,))
 
+    async def release_pins(self, pin_grace: float, limit: int = 100) -> list[Dispatch]:
+        pin_grace = check_seconds("pin_grace", pin_grace)
+        limit = check_count("limit", limit, minimum=1, maximum=1000)
+        rows = await self._db.fetchall(_RELEASE_PINS, (pin_grace, limit))
+        return [codec.dispatch(row) for row in rows]
+
     # ------------------------------------------------------------ workers
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
         check_id("worker_id", worker_id)
+        check_version(version)
         incarnation = uuid.uuid4().hex
-        (generation,) = await self._db.fetchone(_REGISTER, (worker_id, incarnation))
+        (generation,) = await self._db.fetchone(_REGISTER, (worker_id, incarnation, version))
         return WorkerIdentity(
             worker_id=worker_id, incarnation_id=incarnation, generation=generation
         )
@@ -321,7 +351,7 @@ class QueueOps:
 
 
 def _worker_info(row: Any) -> WorkerInfo:
-    wid, inc, gen, registered, beat, stopped = row
+    wid, inc, gen, registered, beat, stopped, version = row
     return WorkerInfo(
         worker_id=wid,
         incarnation_id=inc,
@@ -329,4 +359,5 @@ def _worker_info(row: Any) -> WorkerInfo:
         registered_at=utc(registered),
         last_heartbeat=utc(beat),
         stopped_at=None if stopped is None else utc(stopped),
+        version=version,
     )

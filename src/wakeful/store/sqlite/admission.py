@@ -34,6 +34,12 @@ _FIRST_QUEUED = (
 )
 
 
+def slot_holder(conn: sqlite3.Connection, thread_id: str) -> Dispatch | None:
+    """The dispatch holding the thread's run slot, if any."""
+    row = conn.execute(_HOLDER, (thread_id,)).fetchone()
+    return None if row is None else dispatch_of(row)
+
+
 def admission(
     conn: sqlite3.Connection, now: datetime, d: Dispatch
 ) -> tuple[Dispatch, Dispatch | None]:

@@ -27,9 +27,10 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
+from wakeful.store.pins import live_versions, pin_of_resume
 from wakeful.store.projected_queue import cancel_intent
 from wakeful.store.sqlite import reads
-from wakeful.store.sqlite.admission import admission, admit
+from wakeful.store.sqlite.admission import admission, admit, slot_holder
 from wakeful.store.sqlite.claims import (
     advance_epoch,
     current_token,
@@ -69,7 +70,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
     assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
     conn.execute(
         f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES ({', '.join('?' * 21)}) ON CONFLICT DO NOTHING",
+        f"VALUES ({', '.join('?' * 23)}) ON CONFLICT DO NOTHING",
         (
             d.dispatch_id,
             d.thread_id,
@@ -92,6 +93,8 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             d.queued_behind,
             dumps(list(d.coalesced)) if d.coalesced else None,
             d.answered_by,
+            d.pinned_version,
+            d.released_from,
         ),
     )
 
@@ -122,6 +125,9 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         updated_at=now,
         tenant=d.tenant,
         if_busy=d.if_busy,
+        pinned_version=pin_of_resume(slot_holder(conn, d.thread_id))
+        if d.kind == "resume"
+        else None,
     )
     intent = None
     if stored.kind in RUN_KINDS:
@@ -150,13 +156,21 @@ _LIVE = "LEFT JOIN threads AS t ON t.thread_id = d.thread_id"
 _FREE = "(t.token IS NULL OR t.expires_at < :now)"
 _DUE = (
     f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_due "
-    f"{_LIVE} WHERE d.status = 'pending' AND d.available_at <= :now AND {_FREE} "
-    f"ORDER BY d.priority DESC, d.seq"
+    f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version IS NULL "
+    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.seq"
 )
+# the pending rows pinned to the claimer's version (issue 40): one range of their own index
+_PINNED = (
+    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_pinned "
+    f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version = :version "
+    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.seq"
+)
+# only a crash leaves rows here, so the version filter walks few
 _LAPSED = (
     f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d "
     f"INDEXED BY dispatches_lapsing {_LIVE} "
     f"WHERE d.status = 'leased' AND d.lease_expires < :now AND {_FREE} "
+    f"AND CASE WHEN d.pinned_version IS NULL THEN :starts ELSE d.pinned_version IS :version END "
     f"ORDER BY d.priority DESC, d.seq"
 )
 
@@ -166,29 +180,37 @@ _DUE_ON_THREAD = (
     f"SELECT d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_by_thread_status "
     f"{_LIVE} WHERE d.thread_id = :thread AND ((d.status = 'pending' AND d.available_at <= :now) "
     f"OR (d.status = 'leased' AND d.lease_expires < :now)) AND {_FREE} "
+    f"AND CASE WHEN d.pinned_version IS NULL THEN :starts ELSE d.pinned_version IS :version END "
     f"ORDER BY d.priority DESC, d.seq LIMIT 1"
 )
 
 
-def _available(conn: sqlite3.Connection, now: datetime, limit: int) -> list[tuple[int, str]]:
-    """Up to ``limit`` (seq, thread) of available dispatches in claim order, one per thread."""
-    params = {"now": to_us(now)}
-    due, lapsed = conn.execute(_DUE, params), conn.execute(_LAPSED, params)
+def _available(
+    conn: sqlite3.Connection, now: datetime, limit: int, version: str | None, take_starts: bool
+) -> list[tuple[int, str]]:
+    """Up to ``limit`` (seq, thread) of available dispatches in claim order, one per thread:
+    the sources' ranges merged by (priority, seq)."""
+    params = {"now": to_us(now), "version": version, "starts": take_starts}
+    queries = [_DUE, _LAPSED] if take_starts else [_LAPSED]
+    if version is not None:
+        queries.append(_PINNED)
+    cursors = [conn.execute(q, params) for q in queries]
     chosen: list[tuple[int, str]] = []
     threads: set[str] = set()
     try:
-        a, b = due.fetchone(), lapsed.fetchone()
-        while len(chosen) < limit and (a is not None or b is not None):
-            if a is not None and (b is None or (-a[0], a[1]) < (-b[0], b[1])):
-                row, a = a, due.fetchone()
-            else:
-                row, b = b, lapsed.fetchone()
+        heads = [c.fetchone() for c in cursors]
+        while len(chosen) < limit:
+            live = [i for i, row in enumerate(heads) if row is not None]
+            if not live:
+                break
+            i = min(live, key=lambda j: (-heads[j][0], heads[j][1]))
+            row, heads[i] = heads[i], cursors[i].fetchone()
             if row[2] not in threads:
                 threads.add(row[2])
                 chosen.append((row[1], row[2]))
     finally:
-        due.close()
-        lapsed.close()
+        for c in cursors:
+            c.close()
     return chosen
 
 
@@ -199,11 +221,14 @@ def claim_next(
     ttl: float,
     limit: int,
     thread_id: str | None = None,
+    version: str | None = None,
+    take_starts: bool = True,
 ) -> list[Lease]:
     if thread_id is None:
-        chosen = _available(conn, now, limit)
+        chosen = _available(conn, now, limit, version, take_starts)
     else:
-        params = {"now": to_us(now), "thread": thread_id}
+        params = {"now": to_us(now), "thread": thread_id, "version": version}
+        params["starts"] = take_starts
         chosen = [(seq, tid) for seq, tid in conn.execute(_DUE_ON_THREAD, params)]
     expires = now + timedelta(seconds=ttl)
     leases = []
@@ -211,9 +236,9 @@ def claim_next(
         claim = grant_claim(conn, thread_id, holder, expires)
         row = conn.execute(
             f"UPDATE dispatches SET status = 'leased', attempts = attempts + 1, token = ?, "
-            f"holder = ?, lease_until = ?, lease_expires = ?, updated_at = ? WHERE seq = ? "
-            f"RETURNING {DISPATCH_COLUMNS}",
-            (claim.token, holder, to_us(expires), to_us(expires), to_us(now), seq),
+            f"holder = ?, lease_until = ?, lease_expires = ?, updated_at = ?, {_PIN} "
+            f"WHERE seq = ? RETURNING {DISPATCH_COLUMNS}",
+            (claim.token, holder, to_us(expires), to_us(expires), to_us(now), version, seq),
         ).fetchone()
         d = dispatch_of(row)
         bind_tenant(conn, thread_id, d.tenant)
@@ -226,6 +251,49 @@ def claim_next(
             )
         )
     return leases
+
+
+# a lease by a versioned worker pins an unpinned dispatch, except a cancel (wakeful.store.pins)
+_PIN = (
+    "pinned_version = CASE WHEN kind = 'cancel' THEN pinned_version "
+    "ELSE coalesce(pinned_version, ?) END"
+)
+
+
+def release_pins(
+    conn: sqlite3.Connection, now: datetime, pin_grace: float, limit: int
+) -> list[Dispatch]:
+    """``release_pins``: per pinned version without a live worker, its pending rows (one
+    range of ``dispatches_pinned``) and lapsed leases, up to ``limit`` in all."""
+    alive = live_versions(_workers(conn, "", ()), now, pin_grace)
+    pinned = [
+        v
+        for (v,) in conn.execute(
+            "SELECT DISTINCT pinned_version FROM dispatches INDEXED BY dispatches_pinned "
+            "WHERE status = 'pending' AND pinned_version IS NOT NULL"
+        )
+    ]
+    pinned += [
+        v
+        for (v,) in conn.execute(
+            "SELECT DISTINCT pinned_version FROM dispatches INDEXED BY dispatches_lapsing "
+            "WHERE status = 'leased' AND lease_expires < ? AND pinned_version IS NOT NULL",
+            (to_us(now),),
+        )
+    ]
+    released: list[Dispatch] = []
+    for version in sorted(set(pinned) - alive):
+        rows = conn.execute(
+            f"UPDATE dispatches SET released_from = pinned_version, pinned_version = NULL, "
+            f"updated_at = ? WHERE seq IN (SELECT seq FROM dispatches WHERE pinned_version = ? "
+            f"AND (status = 'pending' OR (status = 'leased' AND lease_expires < ?)) "
+            f"ORDER BY seq LIMIT ?) RETURNING {DISPATCH_COLUMNS}",
+            (to_us(now), version, to_us(now), limit - len(released)),
+        ).fetchall()
+        released += [dispatch_of(row) for row in rows]
+        if len(released) >= limit:
+            break
+    return released
 
 
 def settleable(status: str, leased_token: int | None, token: int, epoch: int) -> bool:
@@ -333,7 +401,8 @@ def quarantine(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dis
             "SELECT token, expires_at FROM threads WHERE thread_id = ?", (d.thread_id,)
         ).fetchone()
         live = row is not None and row[0] == d.token and row[1] >= to_us(now)
-    if d.status not in ("pending", "leased") or live or not d.exhausted:
+    held = d.released_from is not None  # on_version_change="hold" (issue 40)
+    if d.status not in ("pending", "leased") or live or not (d.exhausted or held):
         raise InvalidState(
             "dispatch",
             dispatch_id,
@@ -355,7 +424,7 @@ def requeue(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispat
         raise InvalidState("dispatch", dispatch_id, d.status, "only quarantined work is requeued")
     row = conn.execute(
         f"UPDATE dispatches SET status = 'pending', attempts = 0, token = NULL, holder = NULL, "
-        f"lease_until = NULL, available_at = ?, updated_at = ? "
+        f"lease_until = NULL, available_at = ?, updated_at = ?, released_from = NULL "
         f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
         (to_us(now), to_us(now), dispatch_id),
     ).fetchone()
@@ -419,7 +488,9 @@ def queue_depths(conn: sqlite3.Connection, limit: int) -> dict[DispatchStatus, i
     }
 
 
-def register_worker(conn: sqlite3.Connection, now: datetime, worker_id: str) -> WorkerIdentity:
+def register_worker(
+    conn: sqlite3.Connection, now: datetime, worker_id: str, version: str | None = None
+) -> WorkerIdentity:
     row = conn.execute(
         "SELECT generation FROM workers WHERE worker_id = ?", (worker_id,)
     ).fetchone()
@@ -430,11 +501,11 @@ def register_worker(conn: sqlite3.Connection, now: datetime, worker_id: str) -> 
     )
     conn.execute(
         "INSERT INTO workers (worker_id, incarnation_id, generation, registered_at, "
-        "last_heartbeat) VALUES (?, ?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE SET "
-        "incarnation_id = excluded.incarnation_id, generation = excluded.generation, "
+        "last_heartbeat, version) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (worker_id) DO UPDATE "
+        "SET incarnation_id = excluded.incarnation_id, generation = excluded.generation, "
         "registered_at = excluded.registered_at, last_heartbeat = excluded.last_heartbeat, "
-        "stopped_at = NULL",
-        (worker_id, identity.incarnation_id, identity.generation, to_us(now), to_us(now)),
+        "stopped_at = NULL, version = excluded.version",
+        (worker_id, identity.incarnation_id, identity.generation, to_us(now), to_us(now), version),
     )
     return identity
 
@@ -481,10 +552,11 @@ def _workers(conn: sqlite3.Connection, where: str, args: tuple[str, ...]) -> lis
             registered_at=from_us(registered),
             last_heartbeat=from_us(beat),
             stopped_at=None if stopped is None else from_us(stopped),
+            version=version,
         )
-        for worker_id, incarnation, generation, registered, beat, stopped in conn.execute(
+        for worker_id, incarnation, generation, registered, beat, stopped, version in conn.execute(
             "SELECT worker_id, incarnation_id, generation, registered_at, last_heartbeat, "
-            f"stopped_at FROM workers {where}",
+            f"stopped_at, version FROM workers {where}",
             args,
         )
     ]

@@ -67,6 +67,7 @@ from wakeful.store.validate_queue import (
     check_depth_limit,
     check_dispatch,
     check_listing,
+    check_version,
 )
 
 T = TypeVar("T")
@@ -312,15 +313,24 @@ class SqliteStore(SqliteLimits, SqliteSchedules):
         return await self._write(lambda c, now: queue.enqueue(c, now, d))
 
     async def claim_next(
-        self, holder: str, ttl: float, limit: int = 1, thread_id: str | None = None
+        self,
+        holder: str,
+        ttl: float,
+        limit: int = 1,
+        thread_id: str | None = None,
+        *,
+        version: str | None = None,
+        take_starts: bool = True,
     ) -> list[Lease]:
         check_id("holder", holder)
+        check_version(version)
         ttl = check_seconds("ttl", ttl)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
         if thread_id is not None:
             check_id("thread_id", thread_id)
+        starts = bool(take_starts)
         return await self._write(
-            lambda c, now: queue.claim_next(c, now, holder, ttl, limit, thread_id)
+            lambda c, now: queue.claim_next(c, now, holder, ttl, limit, thread_id, version, starts)
         )
 
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
@@ -369,9 +379,17 @@ class SqliteStore(SqliteLimits, SqliteSchedules):
 
     # ------------------------------------------------------------ workers
 
-    async def register_worker(self, worker_id: str) -> WorkerIdentity:
+    async def release_pins(self, pin_grace: float, limit: int = 100) -> list[Dispatch]:
+        pin_grace = check_seconds("pin_grace", pin_grace)
+        limit = check_count("limit", limit, minimum=1, maximum=1000)
+        return await self._write(lambda c, now: queue.release_pins(c, now, pin_grace, limit))
+
+    async def register_worker(
+        self, worker_id: str, *, version: str | None = None
+    ) -> WorkerIdentity:
         check_id("worker_id", worker_id)
-        return await self._write(lambda c, now: queue.register_worker(c, now, worker_id))
+        check_version(version)
+        return await self._write(lambda c, now: queue.register_worker(c, now, worker_id, version))
 
     async def heartbeat(self, identity: WorkerIdentity) -> None:
         check_id("worker_id", identity.worker_id)
