@@ -111,11 +111,10 @@ from wakeful.store.mutations import (
     WorkerRetired as WorkerRetired,
 )
 from wakeful.store.projected_retention import prune_state
+from wakeful.store.validate_queue import SLOT_HOLDING
 
 # ------------------------------------------------------------------------ state
 
-SLOT_HOLDING = frozenset(("pending", "leased", "awaiting", "quarantined"))
-"""Statuses in which a dispatch holds its thread's run slot (``Dispatch``)."""
 
 CLAIMABLE = frozenset(("pending", "leased"))
 """Statuses ``claim_next`` may lease from (pending once due, leased once the lease lapsed)."""

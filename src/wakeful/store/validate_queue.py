@@ -46,7 +46,7 @@ FENCING = frozenset(("interrupt", "rollback"))
 """The policies that fence the busy run (through a cancel intent naming the submission)."""
 RUN_KINDS = frozenset(("start", "message"))
 """The dispatch kinds that start a run and so wait for their thread's run slot."""
-SLOT_HOLDING = ("pending", "leased", "awaiting", "quarantined")
+SLOT_HOLDING = frozenset(("pending", "leased", "awaiting", "quarantined"))
 """The statuses in which a dispatch (of any kind) holds its thread's run slot."""
 
 
