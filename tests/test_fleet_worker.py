@@ -62,7 +62,7 @@ class Env:
             self.store,
             self.registry,
             concurrency=options.pop("concurrency", 2),
-            claims=POLICY,
+            claims=options.pop("claims", POLICY),
             wake=self.wake,
             worker_id=worker_id,
             poll_interval=0.05,

@@ -53,6 +53,7 @@ from wakeful.fleet.observe import WorkerObserver, WorkerStats
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
+from wakeful.fleet.starts import StartGate
 from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
 from wakeful.fleet.wakeups import wake
@@ -144,6 +145,7 @@ class Worker:
         self.holder = self.worker_id
         self._runtime: Runtime | None = None
         self._ready = asyncio.Event()
+        self._starts = StartGate(self)
         self.metrics.register_worker()
         self._observe = WorkerObserver(self.store, self.metrics, self.registry, self.clock)
         for target in self.registry.targets():
@@ -171,6 +173,7 @@ class Worker:
         # Each stops on its own signal, in bounded time (wakeful.background).
         background = [BackgroundTask("heartbeat", self._heartbeat, logger=log)]
         background.append(BackgroundTask("pins", PinReleaser(self).run, logger=log))
+        background.append(BackgroundTask("starts", self._starts.run, logger=log))
         if self.relay:
             relay = RelayLoop(self.store, self.holder, self.claims, self.wake, self.retention)
             background.append(BackgroundTask("relay", relay.run, logger=log))
@@ -234,7 +237,8 @@ class Worker:
                     leases = await self._observe.calls.timed(
                         "claim_next",
                         functools.partial(
-                            self.store.claim_next, self.holder, self.claims.ttl, free, **only
+                            self.store.claim_next, self.holder, self.claims.ttl, free, **only,
+                            take_starts=self._starts.take,
                         ),
                     )
                 except WakefulError as exc:
