@@ -21,11 +21,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from wakeful.background import StopSignal
 from wakeful.errors import WakefulError
 from wakeful.fleet.census import liveness
+from wakeful.fleet.deploys import claim_options
 from wakeful.records import WorkerInfo
 
 if TYPE_CHECKING:
@@ -79,9 +80,15 @@ class StartGate:
 
     def __init__(self, worker: Worker) -> None:
         self.worker = worker
-        self.take = True
+        self.options: dict[str, Any] = claim_options(worker.version, worker.only_thread)
+        """The keyword arguments of the worker's ``claim_next``, ``take_starts`` kept current."""
+        self.options["take_starts"] = True
         self.stale_after = 2 * worker.claims.ttl
         self.interval = max(min(worker.claims.ttl / 3, 10.0), 0.05)
+
+    @property
+    def take(self) -> bool:
+        return bool(self.options["take_starts"])
 
     async def refresh(self) -> bool:
         """Read the registry and the store's clock; the new answer."""
@@ -99,7 +106,7 @@ class StartGate:
                 newest,
                 extra={"version": self.worker.version, "newest": newest},
             )
-            self.take = take
+            self.options["take_starts"] = take
             if take:
                 self.worker.wake_local()
         return take

@@ -44,7 +44,7 @@ from wakeful.fleet.attempts import (
 )
 from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
-from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser, claim_options, version_change
+from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser, version_change
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.inputs import message_input
@@ -227,7 +227,7 @@ class Worker:
                 log.warning("heartbeat failed: %s", exc)
 
     async def _claim_loop(self) -> None:
-        only = claim_options(self.version, self.only_thread)
+        only = self._starts.options  # take_starts changes as versions come and go
         while not self._stopping.is_set():
             free = await self._gather.hold(lambda: self.concurrency - self.busy, self._waiter)
             leases: list[Lease] = []
@@ -237,8 +237,7 @@ class Worker:
                     leases = await self._observe.calls.timed(
                         "claim_next",
                         functools.partial(
-                            self.store.claim_next, self.holder, self.claims.ttl, free, **only,
-                            take_starts=self._starts.take,
+                            self.store.claim_next, self.holder, self.claims.ttl, free, **only
                         ),
                     )
                 except WakefulError as exc:
