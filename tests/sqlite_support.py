@@ -210,6 +210,11 @@ class Alternating:
     async def release_pins(self, pin_grace: float, limit: int = 100) -> list[Dispatch]:
         return await self.next().release_pins(pin_grace, limit)
 
+    async def migrate_runs(
+        self, from_version: str, to_version: str, limit: int = 100
+    ) -> list[Dispatch]:
+        return await self.next().migrate_runs(from_version, to_version, limit)
+
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         return await self.next().settle(dispatch_id, token, outcome)
 

@@ -331,11 +331,12 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # and its helpers (the admission trigger's function); 0016 take_limit and
     # reconcile_limit (rate limits); 0018 deploys: register_worker and claim_next_read with a
     # version beside the old signatures, release_pins, and the function of the trigger that
-    # pins a resume
+    # pins a resume; 0019 migrate_runs (an operator moves runs between versions)
     assert {name for name, _, _ in version_6 - version_5} == {
         "register_worker",
         "claim_next_read",
         "release_pins",
+        "migrate_runs",
         "pin_resume",
         "commit_many",
         "retire_worker",

@@ -295,6 +295,21 @@ class DispatchQueue(Protocol):
         claimant of a released dispatch applies its target's ``on_version_change``."""
         ...
 
+    async def migrate_runs(
+        self, from_version: str, to_version: str, limit: int = 100
+    ) -> list[Dispatch]:
+        """Move up to ``limit`` runs of one version to another (an operator's ``wakeful runs
+        migrate``): each dispatch pinned to ``from_version`` that is pending, awaiting (a
+        suspended run), quarantined, or leased with a lapsed lease (never one a worker holds
+        now), oldest first, is pinned to ``to_version`` (``released_from`` cleared), and its
+        thread gets a ``run.migrated`` event (data: ``from``, ``to``, ``dispatch_id`` and
+        the thread's latest ``run_id``), in one atomic step; return them as stored. A worker
+        of ``to_version`` then continues them on its code (a changed graph structure is
+        allowed: the operator said so). ``InvalidInput`` for the same version twice;
+        ``NotFound`` unless a registered worker of ``to_version`` has recorded no stop.
+        Call again until it returns fewer than ``limit``."""
+        ...
+
     async def settle(self, dispatch_id: str, token: int, outcome: Outcome) -> Dispatch:
         """Record the outcome of a lease: ``Done``, ``Awaiting`` or ``Retry(delay, error)``,
         and release the thread claim if ``token`` is still current. Fenced: if the dispatch

@@ -13,6 +13,7 @@ from wakeful.records import (
     Claim,
     Commit,
     Dispatch,
+    EventDraft,
     InboxMessage,
     Receipt,
     RetentionPolicy,
@@ -107,8 +108,13 @@ class Quarantined(msgspec.Struct, frozen=True, tag="quarantined"):
 
 
 class PinsReleased(msgspec.Struct, frozen=True, tag="pins_released"):
+    """Pins released (``to_version`` ``None``: unpinned, ``released_from`` set), or moved to
+    ``to_version`` by ``migrate_runs`` with one event per moved dispatch (thread, draft)."""
+
     dispatch_ids: tuple[str, ...]
     at: datetime
+    to_version: str | None = None
+    events: tuple[tuple[str, EventDraft], ...] = ()
 
 
 class Requeued(msgspec.Struct, frozen=True, tag="requeued"):

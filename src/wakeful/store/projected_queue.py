@@ -30,7 +30,16 @@ from wakeful.records import (
     WorkerInfo,
 )
 from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
-from wakeful.store.pins import claimable_by, live_versions, pin_of_resume, pin_on_lease
+from wakeful.store.pins import (
+    MOVABLE,
+    check_migration,
+    check_running,
+    claimable_by,
+    live_versions,
+    migrated_event,
+    pin_of_resume,
+    pin_on_lease,
+)
 from wakeful.store.projected_core import (
     ProjectedCore,
     check_thread_tenant,
@@ -298,6 +307,34 @@ class ProjectedQueue(ProjectedCore):
             return []
         await self._record(PinsReleased(tuple(moved), now))
         return [state.dispatches[did] for did in moved]
+
+    async def migrate_runs(
+        self, from_version: str, to_version: str, limit: int = 100
+    ) -> list[Dispatch]:
+        from_version, to_version, limit = check_migration(from_version, to_version, limit)
+        state, now = self._open(), self._now()
+        check_running(state.workers.values(), to_version)
+        moved = [
+            d
+            for d in state.dispatches.values()
+            if d.pinned_version == from_version
+            and d.status in MOVABLE
+            and not (d.status == "leased" and _lease_live(state, d, now))
+        ][:limit]
+        if not moved:
+            return []
+        events = []
+        for d in moved:
+            t = state.threads.get(d.thread_id)
+            latest = t.latest if t is not None else None
+            run_id = latest.run_id if latest is not None else None
+            as_moved = msgspec.structs.replace(d, pinned_version=to_version)
+            events.append((d.thread_id, migrated_event(as_moved, from_version, run_id)))
+        ids = tuple(d.dispatch_id for d in moved)
+        await self._record(PinsReleased(ids, now, to_version, tuple(events)))
+        for tid in {d.thread_id for d in moved}:
+            self._notify(tid)
+        return [state.dispatches[did] for did in ids]
 
     # ------------------------------------------------------------ workers
 

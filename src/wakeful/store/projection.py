@@ -110,6 +110,7 @@ from wakeful.store.mutations import (
 from wakeful.store.mutations import (
     WorkerRetired as WorkerRetired,
 )
+from wakeful.store.pins import apply_pins
 from wakeful.store.projected_retention import prune_state
 from wakeful.store.validate_queue import SLOT_HOLDING
 
@@ -349,11 +350,8 @@ class State:
                         d, status="quarantined", lease_until=None, updated_at=at
                     )
                 )
-            case PinsReleased(dispatch_ids=dids, at=at):
-                for did in dids:
-                    d = self.dispatches[did]
-                    moved = {"pinned_version": None, "released_from": d.pinned_version}
-                    self._put_dispatch(msgspec.structs.replace(d, updated_at=at, **moved))
+            case PinsReleased():
+                apply_pins(self, record)
             case Requeued(dispatch_id=did, at=at):
                 d = self.dispatches[did]
                 self._put_dispatch(

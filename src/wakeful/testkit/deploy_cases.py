@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from wakeful.errors import InvalidInput, InvalidState
-from wakeful.records import Awaiting, Done, Retry
+from wakeful.errors import InvalidInput, InvalidState, NotFound
+from wakeful.records import Awaiting, Commit, Done, EventDraft, Retry
 from wakeful.testkit.harness import Harness, Kit
 
 case = pytest.mark.asyncio
@@ -108,3 +108,67 @@ class DeployCases(Harness):
         assert held.status == "quarantined" and held.released_from == "v1"
         requeued = await kit.store.requeue("d")
         assert requeued.status == "pending" and requeued.released_from is None
+
+    @case
+    async def test_an_operator_moves_the_runs_of_a_version_to_another(self, kit: Kit) -> None:
+        await kit.store.register_worker("w-old", version="v1")
+        await kit.store.register_worker("w-new", version="v2")
+        await kit.store.register_worker("w-other", version="v3")
+        await kit.store.enqueue(kit.dispatch("t-lapsed", dispatch_id="lapsed"))
+        (lapsing,) = await kit.store.claim_next("w-old", 10, version="v1")
+        for tid in ("suspended", "retried", "running"):
+            await kit.store.enqueue(kit.dispatch(f"t-{tid}", dispatch_id=tid))
+        held = {
+            lease.dispatch.dispatch_id: lease
+            for lease in await kit.store.claim_next("w-old", 300, 3, version="v1")
+        }
+        assert len(held) == 3 and lapsing.dispatch.pinned_version == "v1"
+        await kit.store.enqueue(kit.dispatch("t-v3", dispatch_id="other"))
+        await kit.store.claim_next("w-other", 300, version="v3")
+        suspend = Commit(
+            token=held["suspended"].claim.token,
+            checkpoint=kit.checkpoint(None, run_id="run-s", status="suspended"),
+            events=(EventDraft(type="run.suspended", run_id="run-s"),),
+        )
+        await kit.store.commit("t-suspended", suspend)
+        await kit.store.settle("suspended", held["suspended"].claim.token, Awaiting())
+        await kit.store.settle("retried", held["retried"].claim.token, Retry(0.0, "again"))
+        await kit.advance(11)  # "lapsed" lost its worker; "running" is still held
+        with pytest.raises(InvalidInput):
+            await kit.store.migrate_runs("v1", "v1")
+        with pytest.raises(NotFound):
+            await kit.store.migrate_runs("v1", "v9")  # no worker runs v9
+        first = await kit.store.migrate_runs("v1", "v2", limit=1)
+        assert [d.dispatch_id for d in first] == ["lapsed"], "oldest first, bounded"
+        rest = await kit.store.migrate_runs("v1", "v2", limit=10)
+        assert sorted(d.dispatch_id for d in rest) == ["retried", "suspended"]
+        assert {(d.pinned_version, d.released_from) for d in first + rest} == {("v2", None)}
+        assert await kit.store.migrate_runs("v1", "v2") == [], "nothing left to move"
+        running = await kit.store.get_dispatch("running")
+        other = await kit.store.get_dispatch("other")
+        assert running is not None and running.pinned_version == "v1", "a held lease stays"
+        assert other is not None and other.pinned_version == "v3"
+        events = await kit.store.events_after("t-suspended", 0, 100)
+        assert [e.type for e in events] == ["run.suspended", "run.migrated"]
+        moved = events[-1]
+        assert moved.run_id == "run-s" and moved.seq == 2
+        assert moved.data == {
+            "from": "v1",
+            "to": "v2",
+            "dispatch_id": "suspended",
+            "run_id": "run-s",
+        }
+        (lapsed_event,) = await kit.store.events_after("t-lapsed", 0, 100)
+        assert lapsed_event.type == "run.migrated" and lapsed_event.run_id is None
+        # v1's workers no longer get them; v2's do, and a resume follows the suspended run
+        assert await kit.store.claim_next("w-old", 30, 10, version="v1") == []
+        taken = await kit.store.claim_next("w-new", 30, 10, version="v2")
+        assert sorted(lease.dispatch.dispatch_id for lease in taken) == ["lapsed", "retried"]
+        answer = kit.dispatch("t-suspended", dispatch_id="answer", kind="resume")
+        assert (await kit.store.enqueue(answer)).pinned_version == "v2"
+        reopened = await kit.reopen()
+        kept = await reopened.events_after("t-suspended", 0, 100)
+        assert [e.type for e in kept] == ["run.suspended", "run.migrated"]
+        assert kept[-1].data == moved.data
+        snap = await reopened.read("t-suspended")
+        assert snap is not None and snap.last_seq == 2

@@ -24,6 +24,7 @@ from wakeful.records import (
     WorkerInfo,
 )
 from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
+from wakeful.store.pins import check_migration
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.codec import DISPATCH_COLUMNS, DISPATCH_WIDTH
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
@@ -119,6 +120,7 @@ _QUARANTINE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.quarantine(%s)"
 _REQUEUE = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.requeue(%s)"
 _PURGE = "SELECT @schema@.purge(%s)"
 _RELEASE_PINS = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.release_pins(%s, %s)"
+_MIGRATE_RUNS = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.migrate_runs(%s, %s, %s)"
 _GET = f"SELECT {DISPATCH_COLUMNS} FROM @schema@.dispatches WHERE dispatch_id = %s"
 _CURSOR = "SELECT seq FROM @schema@.dispatches WHERE dispatch_id = %s"
 # Through functions that leave the planner only index plans in page order (migration 0005).
@@ -316,6 +318,13 @@ class QueueOps:
         pin_grace = check_seconds("pin_grace", pin_grace)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
         rows = await self._db.fetchall(_RELEASE_PINS, (pin_grace, limit))
+        return [codec.dispatch(row) for row in rows]
+
+    async def migrate_runs(
+        self, from_version: str, to_version: str, limit: int = 100
+    ) -> list[Dispatch]:
+        args = check_migration(from_version, to_version, limit)
+        rows = await self._db.fetchall(_MIGRATE_RUNS, args)
         return [codec.dispatch(row) for row in rows]
 
     # ------------------------------------------------------------ workers

@@ -543,6 +543,11 @@ def list_workers(conn: sqlite3.Connection) -> list[WorkerInfo]:
     return _workers(conn, "ORDER BY worker_id", ())
 
 
+def workers_of(conn: sqlite3.Connection, version: str) -> list[WorkerInfo]:
+    """The registered workers of ``version``."""
+    return _workers(conn, "WHERE version = ?", (version,))
+
+
 def _workers(conn: sqlite3.Connection, where: str, args: tuple[str, ...]) -> list[WorkerInfo]:
     return [
         WorkerInfo(

@@ -49,7 +49,8 @@ from wakeful.records import (
 )
 from wakeful.store import streamputs
 from wakeful.store.kinds import DISPATCH_KINDS
-from wakeful.store.sqlite import branches, messaging, queue, reads, retention, threads
+from wakeful.store.pins import check_migration
+from wakeful.store.sqlite import branches, messaging, migrate, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
 from wakeful.store.sqlite.limits import SqliteLimits
 from wakeful.store.sqlite.schedules import SqliteSchedules
@@ -383,6 +384,17 @@ class SqliteStore(SqliteLimits, SqliteSchedules):
         pin_grace = check_seconds("pin_grace", pin_grace)
         limit = check_count("limit", limit, minimum=1, maximum=1000)
         return await self._write(lambda c, now: queue.release_pins(c, now, pin_grace, limit))
+
+    async def migrate_runs(
+        self, from_version: str, to_version: str, limit: int = 100
+    ) -> list[Dispatch]:
+        source, target, limit = check_migration(from_version, to_version, limit)
+        moved = await self._write(
+            lambda c, now: migrate.migrate_runs(c, now, source, target, limit)
+        )
+        for thread_id in {d.thread_id for d in moved}:
+            self._watcher.notify(thread_id)
+        return moved
 
     async def register_worker(
         self, worker_id: str, *, version: str | None = None
