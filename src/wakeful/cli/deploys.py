@@ -1,6 +1,7 @@
 """``wakeful runs list``: the threads' latest runs with the code they started on (issue 40),
 filtered by version or by a patch they need, for a deploy's operator: which runs still need
-the old workers, and whether a patch id can be removed from the code."""
+the old workers, and whether a patch id can be removed from the code. ``wakeful runs
+migrate``: move a version's runs to another version (``DispatchQueue.migrate_runs``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from typing import Any
 import click
 
 from wakeful.cli.common import (
+    EXIT_NOT_FOUND,
     builtins,
     emit,
+    fail,
     json_option,
     limit_option,
     run_async,
@@ -111,6 +114,52 @@ async def runs_list(
             ],
         ),
     )
+
+
+@runs.command("migrate")
+@store_option
+@json_option
+@click.option("--from", "source", required=True, help="The version whose runs move.")
+@click.option("--to", "target", required=True, help="The version that continues them.")
+@limit_option(default=10_000)
+@run_async
+async def runs_migrate(
+    store: str | None, as_json: bool, source: str, target: str, limit: int
+) -> None:
+    """Pin the runs of version FROM to version TO: their next continuation (a resume, a
+    retry, a recovery) runs on TO's code, structure changes allowed. Moves pending,
+    suspended, quarantined and crashed runs in batches of 100, each with a ``run.migrated``
+    event on its thread; a run a worker holds right now stays (run the command again once
+    it settles). TO needs a running worker (exit 3 otherwise); nothing to move is exit 3."""
+
+    async def move(s: Any) -> list[dict[str, Any]]:
+        moved: list[dict[str, Any]] = []
+        while len(moved) < limit:
+            batch = await s.migrate_runs(source, target, min(BATCH, limit - len(moved)))
+            moved += [
+                {"dispatch_id": d.dispatch_id, "thread_id": d.thread_id, "status": d.status}
+                for d in batch
+            ]
+            if len(batch) < BATCH:
+                break
+        return moved
+
+    rows = await with_store(store_url(store), move, existing=True)
+    if not rows:
+        fail(f"no run of version {source} can move (none pinned to it, or all held by a "
+             "worker right now: see wakeful runs list --version)", EXIT_NOT_FOUND)  # fmt: skip
+    emit(
+        {"from": source, "to": target, "moved": rows},
+        as_json,
+        lambda _: table(
+            f"moved {len(rows)} from {source} to {target}",
+            ["dispatch", "thread", "status"],
+            [(r["dispatch_id"], r["thread_id"], r["status"]) for r in rows],
+        ),
+    )
+
+
+BATCH = 100
 
 
 __all__ = ["runs"]

@@ -23,7 +23,17 @@ from typing import TYPE_CHECKING, Any
 from wakeful.background import StopSignal
 from wakeful.errors import InvalidState, NotFound, WakefulError
 from wakeful.fleet.attempts import UNFINISHED, Settled
-from wakeful.records import Checkpoint, Commit, Done, EventDraft, Lease, Outcome, Retry
+from wakeful.fleet.registry import Target
+from wakeful.records import (
+    Checkpoint,
+    Commit,
+    Dispatch,
+    Done,
+    EventDraft,
+    Lease,
+    Outcome,
+    Retry,
+)
 from wakeful.runtime.handle import RunHandle
 
 if TYPE_CHECKING:
@@ -44,6 +54,8 @@ async def version_change(
     if latest is None or latest.status not in UNFINISHED or d.kind == "cancel":
         return None
     assert worker._runtime is not None
+    if d.released_from is None:  # moved here by an operator, or by an earlier policy
+        return await _carry_on(worker, lease, latest, worker.registry.for_checkpoint(latest))
     data: dict[str, Any] = {
         "from": d.released_from,
         "to": worker.version,
@@ -77,6 +89,16 @@ async def version_change(
         return Settled(Done())
     assert target is not None
     await _event(worker, lease, "run.version_changed", data)
+    return await _carry_on(worker, lease, latest, target)
+
+
+async def _carry_on(
+    worker: Worker, lease: Lease, latest: Checkpoint, target: Target
+) -> RunHandle | None:
+    """Resume or recover the run on this worker's code, its graph structure allowed to
+    differ from the one the run recorded (the move said this code may take it)."""
+    d, claim = lease.dispatch, lease.claim
+    assert worker._runtime is not None
     if d.kind == "resume" and latest.status == "suspended":
         payload = d.payload if isinstance(d.payload, dict) else {}
         return await worker._runtime.resume(
@@ -90,6 +112,19 @@ async def version_change(
             snapshot=lease.snapshot, dispatch_id=d.dispatch_id, allow_graph_change=True,
         )  # fmt: skip
     return None
+
+
+def moved_here(d: Dispatch, latest: Checkpoint | None, version: str | None) -> bool:
+    """Whether a lease of ``d`` by a worker of ``version`` continues a run that started on
+    other code: a released pin (its policy applies), or a dispatch pinned to ``version``
+    for a run that started on another version (``migrate_runs``, or the continuation of a
+    run an earlier policy moved): the run continues with its graph allowed to change."""
+    if d.released_from is not None:
+        return True
+    if latest is None or version is None or d.pinned_version != version:
+        return False
+    started_on = latest.metadata.get("version")
+    return started_on is not None and started_on != version
 
 
 async def _event(worker: Worker, lease: Lease, event_type: str, data: dict[str, Any]) -> None:
@@ -139,4 +174,4 @@ def claim_options(version: str | None, only_thread: str | None) -> dict[str, Any
     return options
 
 
-__all__ = ["DEFAULT_PIN_GRACE", "PinReleaser", "claim_options", "version_change"]
+__all__ = ["DEFAULT_PIN_GRACE", "PinReleaser", "claim_options", "moved_here", "version_change"]

@@ -44,7 +44,7 @@ from wakeful.fleet.attempts import (
 )
 from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
-from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser, version_change
+from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser, moved_here, version_change
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.inputs import message_input
@@ -410,7 +410,9 @@ class Worker:
                 "commit", lambda: self.store.commit(d.thread_id, ending), d.thread_id
             )
             return Settled(Done())
-        if d.released_from is not None and (moved := await version_change(self, lease, latest)):
+        if moved_here(d, latest, self.version) and (
+            moved := await version_change(self, lease, latest)
+        ):
             return moved
         if owned_run is not None:
             log.info(
