@@ -40,6 +40,8 @@ ROUTES = {
     ("post", "/v1/threads/{thread_id}/cancel"),
     ("post", "/v1/threads/{thread_id}/messages"),
     ("get", "/v1/workers"),
+    ("get", "/v1/versions"),
+    ("post", "/v1/versions/migrate"),
     ("get", "/v1/dispatches"),
     ("get", "/v1/dispatches/{dispatch_id}"),
     ("post", "/v1/dispatches/{dispatch_id}/quarantine"),

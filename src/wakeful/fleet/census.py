@@ -67,3 +67,29 @@ __all__ = [
     "liveness",
     "queue_depth",
 ]
+
+
+PINNED_STATUSES: tuple[DispatchStatus, ...] = ("pending", "leased", "awaiting", "quarantined")
+
+
+async def pinned_runs(queue: DispatchQueue, bound: int = 10_000) -> tuple[dict[str, int], bool]:
+    """Per code version, its open dispatches pinned to it (``PINNED_STATUSES``: a run's
+    next step waits for, or runs on, that version's workers; issue 40), read by pages of
+    each status up to ``bound`` rows in all; and whether the bound was reached."""
+    counts: dict[str, int] = {}
+    read = 0
+    for status in PINNED_STATUSES:
+        after: str | None = None
+        while read < bound:
+            want = min(PAGE, bound - read)
+            rows = await queue.list_dispatches(status=status, after=after, limit=want)
+            read += len(rows)
+            for d in rows:
+                if d.pinned_version is not None:
+                    counts[d.pinned_version] = counts.get(d.pinned_version, 0) + 1
+            if len(rows) < want:
+                break
+            after = rows[-1].dispatch_id
+        if read >= bound:
+            return counts, True
+    return counts, False
