@@ -101,11 +101,11 @@ class Fleet:
             assert time.monotonic() < deadline, "wakeful serve did not start"
             time.sleep(0.05)
 
-    def worker(self, worker_id: str) -> subprocess.Popen[bytes]:
+    def worker(self, worker_id: str, *more: str) -> subprocess.Popen[bytes]:
         log = (self.tmp / f"worker-{worker_id}.log").open("ab")
         proc = subprocess.Popen(
             [WAKEFUL, "worker", "--app", APP, "--worker-id", worker_id, "--ttl", "2",
-             "--poll", "0.1", "--concurrency", "4"],
+             "--poll", "0.1", "--concurrency", "4", *more],
             cwd=ROOT, env=self.env(), stdout=subprocess.DEVNULL, stderr=log,
         )  # fmt: skip
         log.close()  # the child holds its own descriptor; the file is there to read after a failure

@@ -327,6 +327,35 @@ async def purge_stuck(store: Any) -> None:
     await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
 
 
+def test_operator_sees_the_fleets_versions(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+
+    def versions() -> set[str]:
+        with rig.api() as api:
+            return {w["version"] for w in api.get("/v1/workers").json()["workers"]} - {None}
+
+    # the rig's workers name none: the hash of the app's code
+    (old,) = wait_until(versions, "a registered worker")
+    new = rig.worker("w-v2", "--version", "console-v2")
+    sign_in(page, rig, OPERATOR)
+    page.goto(f"{rig.url}/console/#/workers")
+    # console-v2 arrived last: it takes the starts; the code version drains
+    page.locator("tr[data-version='console-v2'] .s-newest").wait_for()
+    page.locator("tr[data-version='console-v2'] td[data-live='1']").wait_for()
+    page.locator(f"tr[data-version='{old}'] .s-draining").wait_for()
+    with rig.api() as api:
+        listed = {v["version"]: v for v in api.get("/v1/versions").json()["versions"]}
+    assert listed["console-v2"]["newest"] and not listed[old]["newest"]
+    pinned = page.locator(f"tr[data-version='{old}'] td[data-pinned]").get_attribute("data-pinned")
+    assert pinned is not None and int(pinned) >= 0
+    shoot(page, "versions")
+    new.send_signal(signal.SIGTERM)
+    assert new.wait(timeout=30) == 0
+    # alone again, the code version takes the starts; console-v2 is gone
+    page.locator(f"tr[data-version='{old}'] .s-newest").wait_for()
+    page.locator("tr[data-version='console-v2'] .s-gone").wait_for()
+
+
 def test_operator_views_workers_and_overview(page: Any, rig: Fleet) -> None:
     running_worker(rig)
     sign_in(page, rig, OPERATOR)

@@ -1,6 +1,7 @@
 // Workers: stopped (the incarnation recorded its graceful stop), else live or expired (by
 // the age of the last heartbeat); incarnation, generation, the leases each holds, refreshed
-// every few seconds.
+// every few seconds. Above them the fleet's code versions (GET /v1/versions, issue 40): live
+// workers, which one takes the new starts, and how many runs are pinned to each.
 
 import { get } from "./api.js";
 import { ago, badge, clear, h, table, time } from "./dom.js";
@@ -11,6 +12,7 @@ const SETTING = "wakeful.console.liveWithin";
 
 export function workersView(main, { showError }) {
   const list = h("div", { id: "workers" });
+  const versions = h("div", { id: "versions" });
   let within = Number(sessionStorage.getItem(SETTING)) || LIVE_WITHIN;
   const threshold = h("input", { type: "number", min: 1, max: 3600, id: "live-within", value: within });
   threshold.addEventListener("change", () => {
@@ -21,6 +23,14 @@ export function workersView(main, { showError }) {
   clear(
     main,
     h("h1", {}, "Workers"),
+    h("h2", {}, "Versions"),
+    h(
+      "p",
+      { class: "muted" },
+      "The newest version (the last to arrive among those with a live worker) takes the new starts; the others finish the runs pinned to them. Move a version's runs with wakeful runs migrate --from V --to W.",
+    ),
+    versions,
+    h("h2", {}, "Incarnations"),
     h(
       "p",
       { class: "muted" },
@@ -36,8 +46,13 @@ export function workersView(main, { showError }) {
   async function load() {
     clearTimeout(timer);
     try {
-      const [workers, leased] = await Promise.all([get("/v1/workers"), get("/v1/dispatches", { status: "leased", limit: 1000 })]);
+      const [workers, leased, fleet] = await Promise.all([
+        get("/v1/workers"),
+        get("/v1/dispatches", { status: "leased", limit: 1000 }),
+        get("/v1/versions"),
+      ]);
       if (closed) return;
+      clear(versions, versionTable(fleet));
       const now = Date.now();
       const leases = new Map();
       for (const d of leased.dispatches) {
@@ -79,4 +94,21 @@ export function workersView(main, { showError }) {
     closed = true;
     clearTimeout(timer);
   };
+}
+
+function versionTable(fleet) {
+  if (!fleet.versions.length) return h("p", { class: "muted" }, "No worker has named a version.");
+  const rows = fleet.versions.map((v) =>
+    h(
+      "tr",
+      { "data-version": v.version },
+      h("td", {}, h("code", {}, v.version)),
+      h("td", {}, v.newest ? badge("newest") : v.live_workers ? badge("draining") : badge("gone")),
+      h("td", { class: "num", "data-live": v.live_workers }, v.live_workers),
+      h("td", { class: "num" }, v.workers),
+      h("td", { class: "num", "data-pinned": v.pinned_runs }, fleet.bounded ? `${v.pinned_runs}+` : v.pinned_runs),
+      h("td", {}, v.arrived_at ? time(v.arrived_at) : ""),
+    ),
+  );
+  return table(["version", "starts", "live workers", "workers", "pinned runs", "arrived"], rows, { class: "list" });
 }
