@@ -3,7 +3,9 @@
 
 Target ``job``: ``prepare`` -> ``approve`` (suspends for an answer) -> ``charge`` (a
 never-replayed side effect: marked started before it acts, so an attempt after a crash
-records ``charge-unknown`` instead of charging again) -> ``ship`` (slow: 0.3 s). Every node
+records ``charge-unknown`` instead of charging again) -> ``cool`` (a durable sleep of 0.5 s:
+the run commits, leaves its worker and is woken by a worker of its version) -> ``ship``
+(slow: 0.3 s). Every node
 call is appended to DIR/effects.txt as ``node thread version`` and fsynced. The graph is the
 same in every version (the structure did not change, so the default policy continues a run
 whose version left). On SIGTERM the worker stops gracefully (grace 1 s)."""
@@ -50,6 +52,11 @@ def registry(directory: Path, version: str) -> Registry:
         record("charge", ctx.thread_id)
         return {"log": ["charged"]}
 
+    async def cool(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        await ctx.sleep(0.5)  # returns at once when the run wakes (the node runs again)
+        record("woke", ctx.thread_id)
+        return {"log": ["cooled"]}
+
     async def ship(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         await asyncio.sleep(0.3)
         record("ship", ctx.thread_id)
@@ -57,9 +64,10 @@ def registry(directory: Path, version: str) -> Registry:
 
     g = Graph(State, name="job")
     g.node("prepare", prepare).node("approve", approve).node("charge", charge)
-    g.node("ship", ship)
+    g.node("cool", cool).node("ship", ship)
     g.edge(START, "prepare").edge("prepare", "approve").edge("approve", "charge")
-    return Registry().add("job", g.edge("charge", "ship").compile())
+    g.edge("charge", "cool").edge("cool", "ship")
+    return Registry().add("job", g.compile())
 
 
 async def main(url: str, worker_id: str, directory: Path, version: str, grace: float) -> None:

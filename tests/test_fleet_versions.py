@@ -157,3 +157,49 @@ async def test_a_move_is_recorded_once_when_its_attempt_is_recovered(env: Env) -
     moved = [e for e in events if e.type == "run.version_changed"]
     assert len(moved) == 1, "the second attempt of the move found the first one's receipt"
     gate.set()
+
+
+def napping_graph(env: Env, deploy: str) -> Any:
+    """Sleep durably for 10 s, then act (the same structure in every deploy)."""
+
+    async def nap(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        await ctx.sleep(10)
+        return {"log": ["woke"]}
+
+    async def act(state: dict[str, Any]) -> dict[str, Any]:
+        env.calls[f"act:{deploy}"] = env.calls.get(f"act:{deploy}", 0) + 1
+        return {"log": [f"act:{deploy}"]}
+
+    g = Graph(State, name="nap").node("nap", nap).node("act", act)
+    return g.edge(START, "nap").edge("nap", "act").compile()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("policy", [None, "fail", "hold"])
+async def test_a_sleeping_run_whose_version_left_moves_by_its_policy(env: Env, policy: Any) -> None:
+    env.registry.add("nap", napping_graph(env, "v1"))
+    old = env.worker("w-v1", version="v1", pin_grace=5)
+    await submit(env.store, "t1", "nap", {}, dispatch_id="d1", wake=env.wake)
+    await eventually(lambda: _asleep(env, "t1"))
+    await old.stop(grace=1)
+    env.registry = Registry(default="echo")
+    env.registry.add("nap", napping_graph(env, "v2"), on_version_change=policy)
+    env.worker("w-v2", version="v2", pin_grace=5)
+    env.clock.advance(11)  # due to wake, and v1 gone for longer than the pin grace
+    if policy == "hold":
+        await dispatch_status(env, "d1", "quarantined")
+    else:
+        await dispatch_status(env, "d1", "done")
+    types = [e.type for e in await env.store.events_after("t1", 0, 100)]
+    expected = {None: "run.version_changed", "fail": "run.failed", "hold": "run.held"}[policy]
+    assert types.count(expected) == 1, types
+    if policy is None:
+        assert await env.status("t1") == "completed" and env.calls == {"act:v2": 1}
+    else:
+        assert env.calls == {}, "neither version's code ran on"
+
+
+async def _asleep(env: Env, thread_id: str) -> bool:
+    snap = await env.store.read(thread_id)
+    cp = snap.checkpoint if snap is not None else None
+    return cp is not None and cp.status != "running" and cp.metadata.get("tickets") is not None

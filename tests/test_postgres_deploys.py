@@ -1,8 +1,8 @@
 """A rolling deploy on PostgreSQL (issue 40): two v1 worker processes run 30 runs that wait
-for approval; two v2 workers start; one v1 worker gets SIGTERM, the other SIGKILL, while
-approved runs are in flight. Every run ends exactly once, each on v1 code or moved to v2
-under its policy (as its events say), nothing is held, and the never-replayed step ran
-once per run."""
+for approval and later sleep durably; two v2 workers start; one v1 worker gets SIGTERM, the
+other SIGKILL, while approved runs are in flight (charging, asleep, shipping). Every run
+ends exactly once, each on v1 code or moved to v2 under its policy (as its events say),
+nothing is held, every run slept and woke, and the never-replayed step ran once per run."""
 
 from __future__ import annotations
 
@@ -126,6 +126,7 @@ async def test_a_rolling_deploy_ends_every_run_once(
                 ], (thread, moved)
             else:  # finished on v1 code
                 assert shipped_on == {"v1"}, (thread, shipped_on, types)
+            assert ("woke", thread) in {(n, t) for n, t, _ in done}, "every run slept and woke"
             # the never-replayed step: charged once, or (a crash inside it) never again
             assert charges[thread] + unknown.count(thread) >= 1, thread
             assert charges[thread] <= 1, (thread, charges[thread])

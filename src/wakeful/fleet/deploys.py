@@ -24,6 +24,7 @@ from wakeful.background import StopSignal
 from wakeful.errors import InvalidState, NotFound, WakefulError
 from wakeful.fleet.attempts import UNFINISHED, Settled
 from wakeful.fleet.registry import Target
+from wakeful.fleet.wakeups import wake
 from wakeful.records import (
     Checkpoint,
     Commit,
@@ -33,8 +34,10 @@ from wakeful.records import (
     Lease,
     Outcome,
     Retry,
+    ThreadSnapshot,
 )
 from wakeful.runtime.handle import RunHandle
+from wakeful.runtime.sleeps import wake_at
 
 if TYPE_CHECKING:
     from wakeful.fleet.worker import Worker
@@ -99,6 +102,9 @@ async def _carry_on(
     differ from the one the run recorded (the move said this code may take it)."""
     d, claim = lease.dispatch, lease.claim
     assert worker._runtime is not None
+    if latest.status != "running" and wake_at(latest) is not None:  # asleep, and due
+        registry = worker.registry
+        return await wake(worker._runtime, registry, lease, latest, lease.snapshot, True)
     if d.kind == "resume" and latest.status == "suspended":
         payload = d.payload if isinstance(d.payload, dict) else {}
         return await worker._runtime.resume(
@@ -112,6 +118,19 @@ async def _carry_on(
             snapshot=lease.snapshot, dispatch_id=d.dispatch_id, allow_graph_change=True,
         )  # fmt: skip
     return None
+
+
+async def wake_or_move(
+    worker: Worker, lease: Lease, asleep: Checkpoint, snap: ThreadSnapshot | None
+) -> Outcome | Settled | RunHandle:
+    """Wake the run asleep at ``asleep`` (its own dispatch, due again); when the run's
+    version left or the run was moved (``moved_here``), under ``version_change`` instead:
+    a sleep does not let a run change code silently."""
+    if moved_here(lease.dispatch, asleep, worker.version):
+        moved = await version_change(worker, lease, asleep)
+        if moved is not None:
+            return moved
+    return await wake(worker._runtime, worker.registry, lease, asleep, snap)
 
 
 def moved_here(d: Dispatch, latest: Checkpoint | None, version: str | None) -> bool:
@@ -174,4 +193,11 @@ def claim_options(version: str | None, only_thread: str | None) -> dict[str, Any
     return options
 
 
-__all__ = ["DEFAULT_PIN_GRACE", "PinReleaser", "claim_options", "moved_here", "version_change"]
+__all__ = [
+    "DEFAULT_PIN_GRACE",
+    "PinReleaser",
+    "claim_options",
+    "moved_here",
+    "version_change",
+    "wake_or_move",
+]

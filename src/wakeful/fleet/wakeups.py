@@ -16,10 +16,12 @@ async def wake(
     lease: Lease,
     asleep: Checkpoint,
     snap: ThreadSnapshot | None,
+    allow_graph_change: bool = False,
 ) -> RunHandle:
     """Resume the run asleep at ``asleep`` under the lease's claim, answering its due
     sleeps (by the runtime's clock); the run settles the lease's dispatch when it ends,
-    suspends or sleeps again."""
+    suspends or sleeps again. ``allow_graph_change``: the run was moved to this code
+    (``wakeful.fleet.deploys``)."""
     assert runtime is not None, "the worker's runtime exists once it has registered"
     target = registry.for_checkpoint(asleep)
     return await runtime.resume(
@@ -30,6 +32,7 @@ async def wake(
         claim=lease.claim,
         snapshot=snap,
         dispatch_id=lease.dispatch.dispatch_id,
+        allow_graph_change=allow_graph_change,
     )
 
 

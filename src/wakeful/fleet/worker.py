@@ -30,6 +30,7 @@ from wakeful.errors import (
     WakefulError,
     WorkerSuperseded,
 )
+from wakeful.fleet import deploys
 from wakeful.fleet.attempts import (
     UNFINISHED,
     Settled,
@@ -44,7 +45,7 @@ from wakeful.fleet.attempts import (
 )
 from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
-from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser, moved_here, version_change
+from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.inputs import message_input
@@ -56,7 +57,6 @@ from wakeful.fleet.replays import Start, replay_dispatch
 from wakeful.fleet.starts import StartGate
 from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
-from wakeful.fleet.wakeups import wake
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
 from wakeful.records import (
@@ -379,7 +379,7 @@ class Worker:
         owned_run = run_of(d.dispatch_id, d.kind, payload, latest)
         if owned_run is not None and owned_run.status != "running":
             if wake_at(owned_run) is not None:  # asleep, and due by the store's clock
-                return await wake(self._runtime, self.registry, lease, owned_run, snap)
+                return await deploys.wake_or_move(self, lease, owned_run, snap)
             # The run ended or suspended before an earlier owner could settle: the thread says
             # what happened, whatever the budget (a redelivery never records a second ending).
             return Awaiting() if owned_run.status == "suspended" else Done()
@@ -410,8 +410,8 @@ class Worker:
                 "commit", lambda: self.store.commit(d.thread_id, ending), d.thread_id
             )
             return Settled(Done())
-        if moved_here(d, latest, self.version) and (
-            moved := await version_change(self, lease, latest)
+        if deploys.moved_here(d, latest, self.version) and (
+            moved := await deploys.version_change(self, lease, latest)
         ):
             return moved
         if owned_run is not None:

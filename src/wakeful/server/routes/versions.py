@@ -9,6 +9,7 @@ from datetime import datetime
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
+from wakeful.errors import InvalidState
 from wakeful.fleet.census import DEFAULT_STALE_AFTER, liveness, pinned_runs
 from wakeful.fleet.starts import arrivals
 from wakeful.server.access import OperatorDep, StateDep
@@ -91,12 +92,16 @@ async def list_versions(state: StateDep, caller: OperatorDep) -> VersionList:
     return VersionList(versions=views, bounded=bounded)
 
 
-@router.post("/versions/migrate", responses=errors(403, 404))
+@router.post("/versions/migrate", responses=errors(403, 404, 409))
 async def migrate_runs(body: MigrateRuns, state: StateDep, caller: OperatorDep) -> MigratedRuns:
     """Pin up to ``limit`` runs of ``from`` to ``to`` (``wakeful runs migrate``): pending,
     suspended, quarantined and crashed ones, each with a ``run.migrated`` event; their next
-    step runs on ``to``'s code. 404 when no running worker has version ``to``; 422 for the
+    step runs on ``to``'s code. 404 when no running worker has version ``to``; 409 for the
     same version twice. Call again while ``moved`` is full."""
+    if body.from_version == body.to_version:  # well-formed, but nothing can move: a conflict
+        raise InvalidState(
+            "version", body.to_version, "the version of the runs named", "name another one"
+        )
     moved = await state.store.migrate_runs(body.from_version, body.to_version, body.limit)
     if moved and state.wake is not None:
         await state.wake.notify()
