@@ -6,8 +6,11 @@ Run ``python -m benchmarks.claim_sources [--n 4000] [--batch 10] [--rounds 5] [-
 One fresh database at the current schema. Beside the shipped ``claim_next_read`` it
 creates, from the shipped function's own text (``pg_get_functiondef``), three variants in
 the same schema: ``nopin`` without the candidate source pinned to the claimer's version,
-``noset`` without the pin a lease writes, and ``neither`` (close to the claim before issue
-40: two sources, no pin). ``--n`` start dispatches are enqueued (a fresh thread each, as
+``noset`` without the pin a lease writes, ``neither`` (close to the claim before issue
+40: two sources, no pin), and ``gated``: decision 0035's proposal, a wrapper that probes
+for work pinned to the claimer's version and calls ``nopin`` when there is none (the
+wrapper's own call is counted: the proposal inside the function would cost less).
+``--n`` start dispatches are enqueued (a fresh thread each, as
 the no-op drain), then drained in phases of ``--n / (4 * rounds)`` dispatches, each phase
 through one claim function (``--batch`` per call, then a ``settle`` of each lease as
 ``Done``, all in SQL), the phases cycling through the four functions ``--rounds`` times so
@@ -75,7 +78,36 @@ VARIANTS = {
     "nopin": (False, True),
     "noset": (True, False),
     "neither": (False, False),
+    "gated": (True, True),
 }
+
+GATED = """
+CREATE FUNCTION {s}.claim_gated(p_holder text, p_ttl double precision, p_limit integer,
+                                p_version text, p_starts boolean)
+RETURNS SETOF {s}.claim_next_read_result
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    -- the proposal of decision 0035 (issue 40 finished): the pinned source only when the
+    -- claimer's version has pinned work, one probe of dispatches_pinned and one of the lapsed
+    IF EXISTS (SELECT FROM {s}.dispatches x
+                WHERE x.status = 'pending' AND x.pinned_version = p_version)
+       OR EXISTS (SELECT FROM {s}.dispatches x
+                   WHERE x.status = 'leased' AND x.lease_expires < {s}.store_now()
+                     AND x.pinned_version = p_version) THEN
+        RETURN QUERY SELECT * FROM {s}.claim_next_read(p_holder, p_ttl, p_limit, p_version,
+                                                       p_starts);
+    ELSE
+        RETURN QUERY SELECT * FROM {s}.claim_nopin(p_holder, p_ttl, p_limit, p_version,
+                                                   p_starts);
+    END IF;
+END
+$fn$
+"""
+RESULT_TYPE = """
+CREATE TYPE {s}.claim_next_read_result AS (
+    o_dispatch {s}.dispatches, o_version bigint, o_tenant text, o_message_count bigint,
+    o_next_seq bigint, o_event_floor bigint, o_checkpoint text, o_writes text[])
+"""
 
 
 async def drain_phase(
@@ -126,8 +158,10 @@ async def measure(dsn: str, n: int, batch: int, rounds: int) -> dict[str, dict[s
         )
         (shipped,) = await cur.fetchone() or ("",)
         for name, (pinned, pin_set) in VARIANTS.items():
-            if name != "shipped":
+            if name not in ("shipped", "gated"):
                 await conn.execute(variant(shipped, f"claim_{name}", pinned, pin_set))
+        await conn.execute(RESULT_TYPE.replace("{s}", SCHEMA))
+        await conn.execute(GATED.replace("{s}", SCHEMA))
         await conn.execute("SET track_functions = 'pl'")
         per_phase = max(n // (len(VARIANTS) * rounds), batch)
         samples: dict[str, dict[str, list[float]]] = {
