@@ -56,6 +56,7 @@ from wakeful.fleet.replays import Start, replay_dispatch
 from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
 from wakeful.fleet.wakeups import wake
+from wakeful.fleet.webhooks import WebhookConfig, deliver, run_metadata
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
 from wakeful.records import (
@@ -78,6 +79,7 @@ from wakeful.runtime.handle import RunHandle
 from wakeful.runtime.results import RunOutcome
 from wakeful.runtime.runtime import Runtime
 from wakeful.runtime.sleeps import attempts_spent, wake_at
+from wakeful.runtime.webhooks import is_webhook_thread, with_webhook
 from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.fleet")
@@ -123,6 +125,8 @@ class Worker:
     """This worker's code version; default: ``wakeful.fleet.versions.code_version``."""
     pin_grace: float = DEFAULT_PIN_GRACE
     """Seconds without a live worker of a version before its runs move (``fleet.deploys``)."""
+    webhooks: WebhookConfig = field(default_factory=WebhookConfig.from_env)
+    """How this worker delivers run webhooks (``wakeful.fleet.webhooks``)."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
@@ -362,6 +366,8 @@ class Worker:
 
     async def _execute(self, lease: Lease) -> Outcome | Settled | RunHandle:
         d, claim = lease.dispatch, lease.claim
+        if d.kind == "message" and is_webhook_thread(d.thread_id):  # a POST, not a run
+            return await deliver(self.store, lease, self.webhooks, self.clock, self.metrics)
         payload = d.payload if isinstance(d.payload, dict) else {}
         # the thread as read when the lease was granted, else (an older store) read it now
         snap = lease.snapshot if lease.snapshot is not None else await self.store.read(d.thread_id)
@@ -403,6 +409,7 @@ class Worker:
             end = await cancel_ending(self.store, d.thread_id, unfinished, payload, self.registry)
             self._endings[d.dispatch_id] = end.log
             ending = end.commit(claim.token, unfinished, self.clock.now(), d.dispatch_id)
+            ending = with_webhook(d.thread_id, ending)  # the run's ending, or nothing
             await self._observe.calls(
                 "commit", lambda: self.store.commit(d.thread_id, ending), d.thread_id
             )
@@ -478,7 +485,7 @@ class Worker:
                 claim=claim,
                 snapshot=snap,
                 dispatch_id=dispatch_id,
-                metadata={"target": target.name, "version": self.version},
+                metadata=run_metadata(payload, target, self.version),
             )
         except RunInProgress as busy:
             if kind == "message":
@@ -565,6 +572,7 @@ class Worker:
             claim.token, latest, status, event_type, data, self.clock.now(),
             operation_id=operation_id, settle=settle, messages=messages, metadata=metadata,
         )  # fmt: skip
+        commit = with_webhook(claim.thread_id, commit)
         await self._observe.calls(
             "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )
