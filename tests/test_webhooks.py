@@ -1,0 +1,239 @@
+"""Webhooks when a run ends (issue 43): a worker POSTs the ending's signed body to a real
+loopback receiver through the outbox, retries with backoff by the store's clock (a manual
+one here), gives up after a day, and refuses private addresses unless allowed."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Annotated, Any, TypedDict
+
+import pytest
+import pytest_asyncio
+
+from tests.webhook_support import receiver, until
+from wakeful import ManualClock
+from wakeful.errors import InvalidInput
+from wakeful.fleet import LocalWake, Registry, Worker, submit
+from wakeful.fleet.webhook_signing import check_webhook_url, new_secret, verify
+from wakeful.fleet.webhooks import WebhookConfig, WebhookRecord, recent_webhooks, webhook_counts
+from wakeful.runtime import START, ClaimPolicy, Graph, append
+from wakeful.store.memory import MemoryStore
+
+pytestmark = pytest.mark.asyncio
+SECRET = new_secret()
+
+
+class State(TypedDict):
+    log: Annotated[list[str], append]
+
+
+def echo(state: dict[str, Any]) -> dict[str, Any]:
+    return {"log": ["echoed"]}
+
+
+def boom(state: dict[str, Any]) -> dict[str, Any]:
+    raise RuntimeError("the node broke")
+
+
+class Env:
+    def __init__(self) -> None:
+        self.clock = ManualClock()
+        self.store = MemoryStore(self.clock)
+        self.wake = LocalWake()
+        self.registry = Registry()
+        self.registry.add(
+            "echo", Graph(State, name="echo").node("e", echo).edge(START, "e").compile()
+        )
+        self.registry.add(
+            "boom", Graph(State, name="boom").node("b", boom).edge(START, "b").compile()
+        )
+        self.tasks: list[tuple[Worker, asyncio.Task[None]]] = []
+
+    def start(self, config: WebhookConfig) -> Worker:
+        worker = Worker(
+            self.store,
+            self.registry,
+            claims=ClaimPolicy(ttl=30, renew_every=10),
+            wake=self.wake,
+            clock=self.clock,
+            poll_interval=0.02,
+            webhooks=config,
+        )
+        self.tasks.append((worker, asyncio.create_task(worker.run())))
+        return worker
+
+    async def records(self) -> list[WebhookRecord]:
+        return await recent_webhooks(self.store)
+
+    async def record(self) -> WebhookRecord | None:
+        found = await self.records()
+        return found[0] if found else None
+
+
+@pytest_asyncio.fixture
+async def env() -> AsyncIterator[Env]:
+    made = Env()
+    try:
+        yield made
+    finally:
+        for worker, task in made.tasks:
+            await worker.stop(grace=1)
+            await task
+
+
+def allowed() -> WebhookConfig:
+    return WebhookConfig(secrets=(SECRET,), allow_private=True)
+
+
+async def attempts_recorded(env: Env, n: int, status: str) -> WebhookRecord:
+    """Wait until the delivery's record shows ``n`` attempts with ``status``."""
+    holder: list[WebhookRecord] = []
+
+    async def check() -> bool:
+        record = await env.record()
+        if record is not None and record.attempts == n and record.status == status:
+            holder.append(record)
+            return True
+        return False
+
+    for _ in range(1000):
+        if await check():
+            return holder[0]
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"no record of {n} attempts {status}: {await env.record()}")
+
+
+async def test_500_twice_then_200_one_id_three_attempts_valid_signatures(env: Env) -> None:
+    with receiver([500, 500]) as got:
+        worker = env.start(allowed())
+        await submit(env.store, "t1", "echo", {"log": ["in"]}, webhook=got.url, wake=env.wake)
+        first = await attempts_recorded(env, 1, "pending")
+        assert first.last_status == 500 and first.last_error is not None
+        assert first.next_attempt_at is not None
+        due = datetime.fromisoformat(first.next_attempt_at)
+        assert (due - env.clock.now()).total_seconds() == pytest.approx(5.0)
+        await asyncio.sleep(0.2)
+        assert got.count() == 1, "the retry waits for the store's clock"
+        env.clock.advance(5)
+        second = await attempts_recorded(env, 2, "pending")
+        assert second.next_attempt_at is not None
+        env.clock.set(datetime.fromisoformat(second.next_attempt_at))
+        done = await attempts_recorded(env, 3, "delivered")
+    assert got.count() == 3
+    ids = {r.headers["webhook-id"] for r in got.requests}
+    assert ids == {done.webhook_id}
+    stamps = [int(r.headers["webhook-timestamp"]) for r in got.requests]
+    assert stamps == sorted(stamps) and len(set(stamps)) == 3, "a timestamp per attempt"
+    for r in got.requests:
+        assert verify(SECRET, r.headers, r.body, now=float(r.headers["webhook-timestamp"]))
+        assert not verify(
+            new_secret(), r.headers, r.body, now=float(r.headers["webhook-timestamp"])
+        )
+        assert r.headers["content-type"] == "application/json"
+    assert len({r.body for r in got.requests}) == 1, "every attempt sends the same body"
+    body = json.loads(got.requests[0].body)
+    assert body["type"] == "run.completed"
+    data = body["data"]
+    assert (data["thread_id"], data["run_id"], data["status"]) == ("t1", done.run_id, "completed")
+    assert data["output"] == {"log": ["in", "echoed"]}
+    assert data["links"]["thread"] == "/v1/threads/t1"
+    assert done.url.endswith("/hook?…"), "the token in the query string is not shown"
+    assert worker.metrics.webhooks.value(outcome="failed") == 2
+    assert worker.metrics.webhooks.value(outcome="delivered") == 1
+    assert await webhook_counts(env.store) == {"pending": 0, "delivered": 1, "dead": 0}
+
+
+async def test_backoff_doubles_from_5_s_to_an_hour_and_gives_up_after_a_day(env: Env) -> None:
+    with receiver([500] * 100) as got:
+        env.start(allowed())
+        await submit(env.store, "t1", "echo", webhook=got.url, wake=env.wake)
+        start = env.clock.now()
+        delays: list[float] = []
+        n = 1
+        while True:
+            record = await attempts_recorded(env, n, "pending" if n < 40 else "dead")
+            if record.status == "dead" or record.next_attempt_at is None:
+                break
+            due = datetime.fromisoformat(record.next_attempt_at)
+            delays.append((due - env.clock.now()).total_seconds())
+            env.clock.set(due)
+            n += 1
+            if (due - start).total_seconds() >= 24 * 3600:
+                record = await attempts_recorded(env, n, "dead")
+                break
+    assert delays[:11] == [5, 10, 20, 40, 80, 160, 320, 640, 1280, 2560, 3600]
+    assert all(d == 3600 for d in delays[11:-1]) and 0 < delays[-1] <= 3600
+    assert sum(delays) == pytest.approx(24 * 3600), "the last attempt is at the deadline"
+    assert record.status == "dead" and record.attempts == len(delays) + 1 == got.count()
+    assert record.last_error is not None and "HTTP 500" in record.last_error
+    assert await webhook_counts(env.store) == {"pending": 0, "delivered": 0, "dead": 1}
+    env.clock.advance(7 * 24 * 3600)
+    await asyncio.sleep(0.3)
+    assert got.count() == record.attempts, "a dead webhook is not sent again"
+
+
+async def test_a_private_address_is_refused_without_the_flag(env: Env) -> None:
+    with receiver() as got:
+        worker = env.start(WebhookConfig(secrets=(SECRET,)))
+        await submit(env.store, "t1", "echo", webhook=got.url, wake=env.wake)
+        record = await attempts_recorded(env, 0, "dead")
+        await asyncio.sleep(0.2)
+        assert got.count() == 0
+    assert record.last_error is not None and "refused" in record.last_error
+    assert "127.0.0.1" in record.last_error and "--allow-private-webhooks" in record.last_error
+    assert worker.metrics.webhooks.value(outcome="dead") == 1
+
+
+async def test_failed_and_suspended_runs_send_theirs_and_a_run_without_a_url_none(
+    env: Env,
+) -> None:
+    with receiver() as got:
+        env.start(allowed())
+        await submit(env.store, "plain", "echo", wake=env.wake)
+        await submit(env.store, "t-boom", "boom", webhook=got.url, wake=env.wake)
+        await until(lambda: got.count() == 1, "the failed run's webhook")
+        await asyncio.sleep(0.2)
+    assert got.count() == 1
+    data = json.loads(got.requests[0].body)["data"]
+    assert data["status"] == "failed" and "the node broke" in data["error"]
+    assert data["thread_id"] == "t-boom"
+
+
+async def test_a_registry_target_webhook_is_used_when_the_submission_names_none(
+    env: Env,
+) -> None:
+    with receiver() as got:
+        graph = Graph(State, name="hooked").node("e", echo).edge(START, "e").compile()
+        env.registry.add("hooked", graph, webhook=got.url)
+        env.start(allowed())
+        await submit(env.store, "t1", "hooked", wake=env.wake)
+        await until(lambda: got.count() == 1, "the target's webhook")
+
+
+async def test_webhook_urls_are_validated_without_echoing_credentials() -> None:
+    assert check_webhook_url("https://example.com/h?x=1") == "https://example.com/h?x=1"
+    for bad in ("ftp://example.com/", "https://", "https://u:hunter2@example.com/", "x" * 3000,
+                "https://example.com/#frag", "https://exa mple.com/", 7):  # fmt: skip
+        with pytest.raises(InvalidInput) as refused:
+            check_webhook_url(bad)
+        assert "hunter2" not in str(refused.value)
+    with pytest.raises(InvalidInput):
+        Registry().add("t", Graph(State, name="g").node("e", echo).edge(START, "e").compile(),
+                       webhook="https://u:p@example.com/")  # fmt: skip
+
+
+async def test_a_receiver_example_in_the_docs_verifies_a_signature() -> None:
+    """The Standard Webhooks example vector: a receiver's check of a known signature."""
+    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+    headers = {
+        "webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek",
+        "webhook-timestamp": "1614265330",
+        "webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
+    }
+    body = b'{"test": 2432232314}'
+    assert verify(secret, headers, body, now=1614265330)
+    assert not verify(secret, headers, body, now=1614265330 + 301), "too old"
+    assert not verify(secret, headers, body + b" ", now=1614265330)

@@ -1,0 +1,85 @@
+"""A webhook receiver on loopback for the webhook tests: a real HTTP server in a thread that
+records every request (headers, body) and answers the statuses it is given, in order (then
+200). ``hold_first``: the first request's answer waits until ``release()`` (or forever: the
+test SIGKILLs the sender meanwhile)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Receiver:
+    statuses: list[int] = field(default_factory=list)
+    hold_first: bool = False
+    requests: list[Received] = field(default_factory=list)
+    url: str = ""
+    _release: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def release(self) -> None:
+        self._release.set()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)
+
+    def handle(self, headers: dict[str, str], body: bytes) -> int:
+        with self._lock:
+            self.requests.append(Received(headers, body, time.time()))
+            first = len(self.requests) == 1
+            status = self.statuses.pop(0) if self.statuses else 200
+        if first and self.hold_first:
+            self._release.wait(60)
+        return status
+
+
+@contextmanager
+def receiver(statuses: list[int] | None = None, *, hold_first: bool = False) -> Iterator[Receiver]:
+    """A running receiver at ``Receiver.url`` (``http://127.0.0.1:<port>/hook?token=x``)."""
+    got = Receiver(list(statuses or []), hold_first)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - the http.server name
+            length = int(self.headers.get("content-length") or 0)
+            body = self.rfile.read(length)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            status = got.handle(headers, body)
+            self.send_response(status)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    got.url = f"http://127.0.0.1:{server.server_address[1]}/hook?token=x"
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield got
+    finally:
+        got.release()
+        server.shutdown()
+        server.server_close()
+
+
+async def until(check: Callable[[], object], what: str, deadline: float = 20.0) -> None:
+    end = time.monotonic() + deadline
+    while not check():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
