@@ -53,7 +53,7 @@ def receiver(statuses: list[int] | None = None, *, hold_first: bool = False) -> 
     got = Receiver(list(statuses or []), hold_first)
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - the http.server name
+        def do_POST(self) -> None:
             length = int(self.headers.get("content-length") or 0)
             body = self.rfile.read(length)
             headers = {k.lower(): v for k, v in self.headers.items()}
