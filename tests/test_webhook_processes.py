@@ -17,7 +17,7 @@ from tests.webhook_support import receiver, until
 from wakeful import open_store
 from wakeful.fleet import submit
 from wakeful.fleet.webhook_signing import new_secret, verify
-from wakeful.fleet.webhooks import recent_webhooks
+from wakeful.fleet.webhooks import WebhookRecord, recent_webhooks
 from wakeful.runtime.webhooks import WEBHOOK_THREAD_PREFIX
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
@@ -55,7 +55,7 @@ async def test_a_worker_killed_after_the_post_sends_the_same_webhook_id_again(
             assert await recent_webhooks(store) == [], "the killed attempt recorded nothing"
             second = worker(url, secret)
             await until(lambda: got.count() == 2, "the POST after the lease lapsed", 30)
-            records = []
+            records: list[WebhookRecord] = []
 
             async def delivered() -> bool:
                 records[:] = await recent_webhooks(store)

@@ -290,11 +290,13 @@ async def recent_webhooks(
     return records
 
 
-async def webhook_counts(store: Store, scan: int = 1000) -> dict[str, int]:
-    """How many of the first ``scan`` webhook threads are ``pending``, ``delivered`` and
-    ``dead`` (a count equal to ``scan`` in total means "at least")."""
+async def webhook_counts(
+    store: Store, tenant: str | None = None, scan: int = 1000
+) -> dict[str, int]:
+    """How many of the first ``scan`` webhook threads (``tenant``'s when given) are
+    ``pending``, ``delivered`` and ``dead`` (a total equal to ``scan`` means "at least")."""
     counts = dict.fromkeys(("pending", "delivered", "dead"), 0)
-    for summary in await _webhook_threads(store, None, scan):
+    for summary in await _webhook_threads(store, tenant, scan):
         status = STATUS.get(str(summary.status))
         if status is not None:
             counts[status] += 1

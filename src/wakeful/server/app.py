@@ -35,6 +35,7 @@ from wakeful.server.routes import (
     stream,
     threads,
     travel,
+    webhooks,
 )
 from wakeful.store.contract import Store
 
@@ -205,6 +206,7 @@ def create_app(
         operators.operators,
         schedules.router,
         session.router,
+        webhooks.router,
     ):
         app.include_router(router, dependencies=secured)
     app.include_router(health.router)

@@ -100,6 +100,12 @@ class SubmitRun(_Request):
         "that took effect) and runs next, 'coalesce' merges with the other coalesce "
         "submissions waiting with it into one run.",
     )
+    webhook: str | SkipJsonSchema[None] = Field(
+        default=None,
+        max_length=2048,
+        description="POST a signed JSON body (Standard Webhooks) to this http(s) URL when the "
+        "run ends or suspends on a question; no credentials in it (user:password@).",
+    )
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
     )
@@ -530,3 +536,25 @@ SSE_EVENT: dict[str, object] = {
     },
 }
 """The schema of each event of an SSE response (schemathesis validates every event by it)."""
+
+
+class WebhookView(_View):
+    """One webhook delivery (``wakeful.fleet.webhooks.WebhookRecord``)."""
+
+    webhook_id: str = Field(description="The webhook-id header of every attempt.")
+    status: Literal["pending", "delivered", "dead"]
+    url: str = Field(description="The URL without its query string.")
+    thread_id: str = Field(description="The thread of the run that ended.")
+    run_id: str
+    event: str = Field(description="The body's type: run.completed, run.failed, ...")
+    attempts: int = Field(description="POSTs made and recorded.")
+    last_error: str | None
+    last_status: int | None = Field(description="The last answer's HTTP status.")
+    next_attempt_at: datetime | None = Field(description="When a pending one is tried again.")
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+class WebhookList(BaseModel):
+    webhooks: list[WebhookView]
+    counts: dict[str, int] = Field(description="pending, delivered and dead among those scanned.")
