@@ -37,6 +37,11 @@ a UTC conversion can hold)."""
 MAX_DELAY_SECONDS = 100 * 366 * 86400.0
 """The farthest ahead a run may be delayed (``wakeful.fleet.delays.MAX_DELAY``)."""
 
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+WEBHOOK_PATTERN = rf"^https?://[A-Za-z0-9._-]+(:{_PORT})?([/?][^\x00-\x20\x7f#@]*)?$"
+"""A webhook URL over HTTP (``wakeful.fleet.webhook_signing.check_webhook_url`` decides; this
+is the part a JSON Schema can say): http(s), a host name or IPv4 address, no credentials, no
+fragment."""
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID)]
 Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_KEY)]
 
@@ -100,9 +105,10 @@ class SubmitRun(_Request):
         "that took effect) and runs next, 'coalesce' merges with the other coalesce "
         "submissions waiting with it into one run.",
     )
-    webhook: str | SkipJsonSchema[None] = Field(
+    webhook: (
+        Annotated[str, Field(pattern=WEBHOOK_PATTERN, max_length=2048)] | SkipJsonSchema[None]
+    ) = Field(
         default=None,
-        max_length=2048,
         description="POST a signed JSON body (Standard Webhooks) to this http(s) URL when the "
         "run ends or suspends on a question; no credentials in it (user:password@).",
     )
