@@ -19,7 +19,7 @@ from wakeful.errors import InvalidInput
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.fleet.webhook_signing import check_webhook_url, new_secret, verify
 from wakeful.fleet.webhooks import WebhookConfig, WebhookRecord, recent_webhooks, webhook_counts
-from wakeful.runtime import START, ClaimPolicy, Graph, append
+from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
 from wakeful.store.memory import MemoryStore
 
 pytestmark = pytest.mark.asyncio
@@ -237,3 +237,37 @@ async def test_a_receiver_example_in_the_docs_verifies_a_signature() -> None:
     assert verify(secret, headers, body, now=1614265330)
     assert not verify(secret, headers, body, now=1614265330 + 301), "too old"
     assert not verify(secret, headers, body + b" ", now=1614265330)
+
+
+async def test_a_replay_sends_its_webhook_and_a_bad_url_put_in_metadata_is_refused(
+    env: Env,
+) -> None:
+    with receiver() as got:
+        env.start(allowed())
+        await submit(env.store, "t1", "echo", wake=env.wake)
+        snap = None
+        for _ in range(500):
+            snap = await env.store.read("t1")
+            if snap and snap.checkpoint and snap.checkpoint.status == "completed":
+                break
+            await asyncio.sleep(0.02)
+        assert snap is not None and snap.checkpoint is not None
+        first = snap.checkpoint.id
+        assert got.count() == 0, "no webhook was asked for"
+        await submit(env.store, "t1", "echo", from_checkpoint=first, webhook=got.url, wake=env.wake)
+        await until(lambda: got.count() == 1, "the replay's webhook")
+        runtime = Runtime(env.store, ClaimPolicy(ttl=30, renew_every=10), env.clock)
+        graph = env.registry.get("echo").graph
+        handle = await runtime.start("t2", graph, {}, metadata={"webhook": "ftp://x/y"})
+        await handle.result()
+        for _ in range(500):
+            records = {r.thread_id: r for r in await env.records()}
+            if "t2" in records and records["t2"].status == "dead":
+                break
+            await asyncio.sleep(0.02)
+    assert records["t2"].status == "dead" and records["t2"].attempts == 0
+    assert (
+        records["t2"].last_error is not None and "http:// or https://" in records["t2"].last_error
+    )
+    assert records["t1"].status == "delivered"
+    assert json.loads(got.requests[0].body)["data"]["thread_id"] == "t1"

@@ -70,11 +70,14 @@ def check_webhook_url(url: object, field: str = "webhook") -> str:
 
 def redact_url(url: str) -> str:
     """``url`` without its query string, for logs and listings."""
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = f":{parts.port}" if parts.port is not None else ""
+    except ValueError:
+        return "(not a valid URL)"
     host = parts.hostname or ""
     if ":" in host:
         host = f"[{host}]"
-    port = f":{parts.port}" if parts.port is not None else ""
     return f"{parts.scheme}://{host}{port}{parts.path}{'?…' if parts.query else ''}"
 
 

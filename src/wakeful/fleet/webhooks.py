@@ -37,7 +37,13 @@ from wakeful.backoff import backoff_delay
 from wakeful.clock import Clock
 from wakeful.errors import InvalidInput
 from wakeful.fleet.attempts import Settled
-from wakeful.fleet.webhook_signing import redact_url, refused_address, secret_key, sign
+from wakeful.fleet.webhook_signing import (
+    check_webhook_url,
+    redact_url,
+    refused_address,
+    secret_key,
+    sign,
+)
 from wakeful.metrics import Metrics
 from wakeful.records import (
     Checkpoint,
@@ -142,7 +148,10 @@ async def deliver(
         return await attempt.record(store, clock, metrics, "dead", ended, sent=False)
     url, error = str(entry["url"]), None
     try:
+        check_webhook_url(url)  # a URL put in a run's metadata by hand is checked here
         refused = await refused_address(url, config.allow_private)
+    except InvalidInput as exc:
+        refused = str(exc)
     except OSError as exc:  # the name does not resolve (now): an ordinary failure
         refused, error = None, f"{redact_url(url)}: {exc}"
     if refused is not None:
