@@ -17,8 +17,16 @@ from tests.webhook_support import receiver, until
 from wakeful import ManualClock
 from wakeful.errors import InvalidInput
 from wakeful.fleet import LocalWake, Registry, Worker, submit
+from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.webhook_signing import check_webhook_url, new_secret, verify
-from wakeful.fleet.webhooks import WebhookConfig, WebhookRecord, recent_webhooks, webhook_counts
+from wakeful.fleet.webhooks import (
+    WebhookConfig,
+    WebhookRecord,
+    prune_webhooks,
+    recent_webhooks,
+    webhook_counts,
+)
+from wakeful.records import RetentionPolicy
 from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
 from wakeful.store.memory import MemoryStore
 
@@ -271,3 +279,36 @@ async def test_a_replay_sends_its_webhook_and_a_bad_url_put_in_metadata_is_refus
     )
     assert records["t1"].status == "delivered"
     assert json.loads(got.requests[0].body)["data"]["thread_id"] == "t1"
+
+
+async def test_the_relay_sweep_deletes_finished_deliveries_as_old_as_settled_dispatches(
+    env: Env,
+) -> None:
+    with receiver() as ok, receiver([500] * 10) as failing:
+        env.start(allowed())
+        await submit(env.store, "t1", "echo", webhook=ok.url, wake=env.wake)
+        await submit(env.store, "t2", "echo", webhook=failing.url, wake=env.wake)
+        for _ in range(500):
+            if sorted(r.status for r in await env.records()) == ["delivered", "pending"]:
+                break
+            await asyncio.sleep(0.02)
+        for worker, task in env.tasks:  # its relay (no retention) gives up the election
+            await worker.stop(grace=1)
+            await task
+        env.tasks.clear()
+    env.clock.advance(3600)
+    policy = RetentionPolicy(settled_dispatch_max_age=1800)
+    relay = RelayLoop(env.store, "sweeper", ClaimPolicy(ttl=30, renew_every=10), env.wake, policy)
+    stop = asyncio.Event()
+    sweeping = asyncio.create_task(relay.run(stop))
+    try:
+        for _ in range(500):
+            if len(await env.records()) == 1:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        stop.set()
+        await sweeping
+    (left,) = await env.records()
+    assert (left.thread_id, left.status) == ("t2", "pending"), "a pending delivery stays"
+    assert await prune_webhooks(env.store, 1800) == 0

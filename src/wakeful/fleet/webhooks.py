@@ -312,6 +312,21 @@ async def webhook_counts(
     return counts
 
 
+async def prune_webhooks(store: Store, max_age: float, scan: int = 10_000) -> int:
+    """Delete the threads of finished deliveries (delivered or dead) whose last record is
+    older than ``max_age`` seconds by the store's clock, among the first ``scan`` webhook
+    threads; how many went. The relay's sweep calls it with the retention policy's
+    ``settled_dispatch_max_age``: a delivery's record is kept as long as its dispatch."""
+    now = await store.store_now()
+    gone = 0
+    for summary in await _webhook_threads(store, None, scan):
+        finished = STATUS.get(str(summary.status)) in ("delivered", "dead")
+        if finished and (now - summary.updated_at).total_seconds() > max_age:
+            await store.delete_thread(summary.thread_id)
+            gone += 1
+    return gone
+
+
 async def _webhook_threads(store: Store, tenant: str | None, scan: int) -> list[Any]:
     found: list[Any] = []
     after = WEBHOOK_THREAD_PREFIX
@@ -330,6 +345,7 @@ __all__ = [
     "WebhookConfig",
     "WebhookRecord",
     "deliver",
+    "prune_webhooks",
     "recent_webhooks",
     "run_metadata",
     "webhook_counts",
