@@ -15,10 +15,9 @@ import pytest_asyncio
 
 from tests.webhook_support import receiver, until
 from wakeful import ManualClock
-from wakeful.errors import InvalidInput
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.fleet.relay import RelayLoop
-from wakeful.fleet.webhook_signing import check_webhook_url, new_secret, verify
+from wakeful.fleet.webhook_signing import new_secret, verify
 from wakeful.fleet.webhooks import (
     WebhookConfig,
     WebhookRecord,
@@ -219,32 +218,6 @@ async def test_a_registry_target_webhook_is_used_when_the_submission_names_none(
         env.start(allowed())
         await submit(env.store, "t1", "hooked", wake=env.wake)
         await until(lambda: got.count() == 1, "the target's webhook")
-
-
-async def test_webhook_urls_are_validated_without_echoing_credentials() -> None:
-    assert check_webhook_url("https://example.com/h?x=1") == "https://example.com/h?x=1"
-    for bad in ("ftp://example.com/", "https://", "https://u:hunter2@example.com/", "x" * 3000,
-                "https://example.com/#frag", "https://exa mple.com/", 7):  # fmt: skip
-        with pytest.raises(InvalidInput) as refused:
-            check_webhook_url(bad)
-        assert "hunter2" not in str(refused.value)
-    with pytest.raises(InvalidInput):
-        Registry().add("t", Graph(State, name="g").node("e", echo).edge(START, "e").compile(),
-                       webhook="https://u:p@example.com/")  # fmt: skip
-
-
-async def test_a_receiver_example_in_the_docs_verifies_a_signature() -> None:
-    """The Standard Webhooks example vector: a receiver's check of a known signature."""
-    secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-    headers = {
-        "webhook-id": "msg_p5jXN8AQM9LWM0D4loKWxJek",
-        "webhook-timestamp": "1614265330",
-        "webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=",
-    }
-    body = b'{"test": 2432232314}'
-    assert verify(secret, headers, body, now=1614265330)
-    assert not verify(secret, headers, body, now=1614265330 + 301), "too old"
-    assert not verify(secret, headers, body + b" ", now=1614265330)
 
 
 async def test_a_replay_sends_its_webhook_and_a_bad_url_put_in_metadata_is_refused(
