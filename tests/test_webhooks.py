@@ -285,3 +285,25 @@ async def test_the_relay_sweep_deletes_finished_deliveries_as_old_as_settled_dis
     (left,) = await env.records()
     assert (left.thread_id, left.status) == ("t2", "pending"), "a pending delivery stays"
     assert await prune_webhooks(env.store, 1800) == 0
+
+
+async def test_an_unreachable_or_silent_receiver_is_a_failed_attempt_retried(env: Env) -> None:
+    from tests.cli_support import free_port
+
+    with receiver(hold_first=True) as silent:
+        config = WebhookConfig(secrets=(SECRET,), allow_private=True, timeout=0.3)
+        env.start(config)
+        closed = f"http://127.0.0.1:{free_port()}/hook?token=s3cret"
+        await submit(env.store, "t1", "echo", webhook=closed, wake=env.wake)
+        await submit(env.store, "t2", "echo", webhook=silent.url, wake=env.wake)
+        records: dict[str, WebhookRecord] = {}
+        for _ in range(500):
+            records = {r.thread_id: r for r in await env.records()}
+            if len(records) == 2 and all(r.status == "pending" for r in records.values()):
+                break
+            await asyncio.sleep(0.02)
+    refused, silence = records["t1"], records["t2"]
+    assert refused.last_error is not None and "ConnectError" in refused.last_error
+    assert silence.last_error is not None and "Timeout" in silence.last_error
+    assert "s3cret" not in refused.last_error and refused.last_status is None
+    assert refused.attempts == silence.attempts == 1 and refused.next_attempt_at is not None

@@ -161,7 +161,9 @@ async def deliver(
         return await attempt.record(store, clock, metrics, "dead", why, sent=False)
     status = None
     if error is None:
-        status, error = await _post(entry, config, clock)
+        # the POST ends well inside the lease: a lapsed lease lets another worker send too
+        left = (claim.expires_at - now).total_seconds() * 0.8
+        status, error = await _post(entry, config, clock, max(min(config.timeout, left), 1.0))
     if error is None:
         return await attempt.record(store, clock, metrics, "delivered", None, status)
     if now >= deadline:
@@ -173,10 +175,11 @@ async def deliver(
 
 
 async def _post(
-    entry: dict[str, Any], config: WebhookConfig, clock: Clock
+    entry: dict[str, Any], config: WebhookConfig, clock: Clock, timeout: float
 ) -> tuple[int | None, str | None]:
     """POST the body: ``(status, None)`` on a 2xx answer, else ``(status or None, why)``.
-    Redirects are not followed (a redirect could lead to a refused address)."""
+    Redirects are not followed (a redirect could lead to a refused address); the answer's
+    body is never read (a receiver cannot make a worker hold a large one)."""
     import httpx
 
     if not config.secrets:
@@ -189,15 +192,19 @@ async def _post(
         "user-agent": "wakeful-webhooks",
     }
     url = str(entry["url"])
-    client = httpx.AsyncClient(timeout=config.timeout, follow_redirects=False, verify=_tls())
+    shown = redact_url(url)
+    client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, verify=_tls())
     try:
-        async with client as http:
-            response = await http.post(url, content=body, headers=headers)
+        async with (
+            client as http,
+            http.stream("POST", url, content=body, headers=headers) as response,
+        ):
+            status = response.status_code
     except httpx.HTTPError as exc:
-        return None, f"{redact_url(url)}: {type(exc).__name__}: {exc}"
-    if 200 <= response.status_code < 300:
-        return response.status_code, None
-    return response.status_code, f"{redact_url(url)} answered HTTP {response.status_code}"
+        return None, f"{shown}: {type(exc).__name__}: {str(exc).replace(url, shown)}"
+    if 200 <= status < 300:
+        return status, None
+    return status, f"{shown} answered HTTP {status}"
 
 
 @functools.cache
