@@ -7,14 +7,16 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
 import pytest_asyncio
 
 from tests.webhook_support import receiver, until
-from wakeful import ManualClock
+from wakeful import ManualClock, open_store
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.webhook_signing import new_secret, verify
@@ -27,6 +29,7 @@ from wakeful.fleet.webhooks import (
 )
 from wakeful.records import RetentionPolicy
 from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
+from wakeful.store.contract import Store
 from wakeful.store.memory import MemoryStore
 
 pytestmark = pytest.mark.asyncio
@@ -46,9 +49,9 @@ def boom(state: dict[str, Any]) -> dict[str, Any]:
 
 
 class Env:
-    def __init__(self) -> None:
-        self.clock = ManualClock()
-        self.store = MemoryStore(self.clock)
+    def __init__(self, clock: ManualClock | None = None, store: Store | None = None) -> None:
+        self.clock = clock or ManualClock()
+        self.store = store or MemoryStore(self.clock)
         self.wake = LocalWake()
         self.registry = Registry()
         self.registry.add(
@@ -80,15 +83,35 @@ class Env:
         return found[0] if found else None
 
 
-@pytest_asyncio.fixture
-async def env() -> AsyncIterator[Env]:
-    made = Env()
+@asynccontextmanager
+async def rig(backend: str, tmp_path: Path) -> AsyncIterator[Env]:
+    clock = ManualClock()
+    urls = {
+        "memory": "memory://",
+        "file": f"file://{tmp_path}/store",
+        "sqlite": f"sqlite:///{tmp_path}/store.db",
+    }
+    made = Env(clock, await open_store(urls[backend], clock=clock))
     try:
         yield made
     finally:
         for worker, task in made.tasks:
             await worker.stop(grace=1)
             await task
+        await made.store.close()
+
+
+@pytest_asyncio.fixture
+async def env(tmp_path: Path) -> AsyncIterator[Env]:
+    async with rig("memory", tmp_path) as made:
+        yield made
+
+
+@pytest_asyncio.fixture(params=["memory", "file", "sqlite"])
+async def every_env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Env]:
+    """The rig over each local backend (PostgreSQL: ``test_webhooks_postgres.py``)."""
+    async with rig(request.param, tmp_path) as made:
+        yield made
 
 
 def allowed() -> WebhookConfig:
@@ -113,7 +136,8 @@ async def attempts_recorded(env: Env, n: int, status: str) -> WebhookRecord:
     raise AssertionError(f"no record of {n} attempts {status}: {await env.record()}")
 
 
-async def test_500_twice_then_200_one_id_three_attempts_valid_signatures(env: Env) -> None:
+async def test_500_twice_then_200_one_id_three_attempts_valid_signatures(every_env: Env) -> None:
+    env = every_env
     with receiver([500, 500]) as got:
         worker = env.start(allowed())
         await submit(env.store, "t1", "echo", {"log": ["in"]}, webhook=got.url, wake=env.wake)
@@ -148,8 +172,9 @@ async def test_500_twice_then_200_one_id_three_attempts_valid_signatures(env: En
     assert data["output"] == {"log": ["in", "echoed"]}
     assert data["links"]["thread"] == "/v1/threads/t1"
     assert done.url.endswith("/hook?…"), "the token in the query string is not shown"
-    assert worker.metrics.webhooks.value(outcome="failed") == 2
-    assert worker.metrics.webhooks.value(outcome="delivered") == 1
+    counted = worker.metrics.webhooks.value  # counted right after the record is committed
+    await until(lambda: counted(outcome="delivered") == 1, "the delivery counted")
+    assert counted(outcome="failed") == 2
     assert await webhook_counts(env.store) == {"pending": 0, "delivered": 1, "dead": 0}
 
 
@@ -191,7 +216,7 @@ async def test_a_private_address_is_refused_without_the_flag(env: Env) -> None:
         assert got.count() == 0
     assert record.last_error is not None and "refused" in record.last_error
     assert "127.0.0.1" in record.last_error and "--allow-private-webhooks" in record.last_error
-    assert worker.metrics.webhooks.value(outcome="dead") == 1
+    await until(lambda: worker.metrics.webhooks.value(outcome="dead") == 1, "the refusal counted")
 
 
 async def test_failed_and_suspended_runs_send_theirs_and_a_run_without_a_url_none(
