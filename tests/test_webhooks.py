@@ -178,7 +178,9 @@ async def test_500_twice_then_200_one_id_three_attempts_valid_signatures(every_e
     assert await webhook_counts(env.store) == {"pending": 0, "delivered": 1, "dead": 0}
 
 
-async def test_backoff_doubles_from_5_s_to_an_hour_and_gives_up_after_a_day(env: Env) -> None:
+async def test_backoff_doubles_from_5_s_to_an_hour_and_gives_up_after_a_day(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
     with receiver([500] * 100) as got:
         env.start(allowed())
         await submit(env.store, "t1", "echo", webhook=got.url, wake=env.wake)
@@ -205,6 +207,9 @@ async def test_backoff_doubles_from_5_s_to_an_hour_and_gives_up_after_a_day(env:
     env.clock.advance(7 * 24 * 3600)
     await asyncio.sleep(0.3)
     assert got.count() == record.attempts, "a dead webhook is not sent again"
+    lines = [r.getMessage() for r in caplog.records if r.name == "wakeful.fleet"]
+    assert any("retrying in 3600.0 s" in line for line in lines)
+    assert not any("no attempt left" in line for line in lines), "time is the budget"
 
 
 async def test_a_private_address_is_refused_without_the_flag(env: Env) -> None:
