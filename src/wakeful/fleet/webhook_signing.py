@@ -45,7 +45,7 @@ def check_webhook_url(url: object, field: str = "webhook") -> str:
         raise InvalidInput(field, f"must be a URL string, got {type(url).__name__}")
     if not url or len(url) > MAX_URL_LENGTH:
         raise InvalidInput(field, f"must be 1 to {MAX_URL_LENGTH} characters long")
-    if any(c.isspace() or ord(c) < 32 for c in url):
+    if any(ord(c) <= 32 or ord(c) == 127 for c in url):
         raise InvalidInput(field, "must not contain spaces or control characters")
     try:
         parts = urlsplit(url)

@@ -4,6 +4,7 @@ here before anything reaches the store. Request models reject unknown fields."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
+
+from wakeful.errors import InvalidInput
+from wakeful.fleet.webhook_signing import check_webhook_url
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$"
 """The identifier alphabet of ``wakeful.ids`` (letters, digits, ``. _ - : @ + =``; the first
@@ -105,22 +109,35 @@ class SubmitRun(_Request):
         "that took effect) and runs next, 'coalesce' merges with the other coalesce "
         "submissions waiting with it into one run.",
     )
-    webhook: (
-        Annotated[str, Field(pattern=WEBHOOK_PATTERN, max_length=2048)] | SkipJsonSchema[None]
-    ) = Field(
+    webhook: str | SkipJsonSchema[None] = Field(
         default=None,
         description="POST a signed JSON body (Standard Webhooks) to this http(s) URL when the "
         "run ends or suspends on a question; no credentials in it (user:password@).",
+        json_schema_extra={"pattern": WEBHOOK_PATTERN, "maxLength": 2048},
     )
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
     )
 
-    @field_validator("after", "at", mode="before")
+    @field_validator("after", "at", "webhook", mode="before")
     @classmethod
     def _not_null(cls, value: Any) -> Any:
         if value is None:
             raise ValueError("leave it out rather than null")
+        return value
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, value: str | None) -> str | None:
+        """One message that never repeats the URL (it may hold a secret)."""
+        if value is None:
+            return None
+        try:
+            check_webhook_url(value)
+        except InvalidInput as exc:
+            raise ValueError(exc.problem) from None
+        if re.fullmatch(WEBHOOK_PATTERN, value) is None:
+            raise ValueError("must be http(s)://host[:port][/path][?query], a host name or IPv4")
         return value
 
     @model_validator(mode="after")
