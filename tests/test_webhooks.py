@@ -337,3 +337,23 @@ async def test_an_unreachable_or_silent_receiver_is_a_failed_attempt_retried(env
     assert silence.last_error is not None and "Timeout" in silence.last_error
     assert "s3cret" not in refused.last_error and refused.last_status is None
     assert refused.attempts == silence.attempts == 1 and refused.next_attempt_at is not None
+
+
+async def test_a_host_name_is_resolved_once_and_the_request_keeps_its_name(env: Env) -> None:
+    """``localhost`` is checked (a private address: refused without the flag), then the
+    connection goes to the address checked, with the URL's name in ``Host``."""
+    with receiver() as got:
+        port = got.url.split(":")[2].split("/")[0]
+        named = f"http://localhost:{port}/hook"
+        env.start(WebhookConfig(secrets=(SECRET,)))
+        await submit(env.store, "t1", "echo", webhook=named, wake=env.wake)
+        refused = await attempts_recorded(env, 0, "dead")
+        assert refused.last_error is not None and "localhost resolves to" in refused.last_error
+        for worker, task in env.tasks:
+            await worker.stop(grace=1)
+            await task
+        env.tasks.clear()
+        env.start(allowed())
+        await submit(env.store, "t2", "echo", webhook=named, wake=env.wake)
+        await until(lambda: got.count() == 1, "the POST to localhost")
+    assert got.requests[0].headers["host"] == f"localhost:{port}"

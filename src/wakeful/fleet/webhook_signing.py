@@ -5,7 +5,7 @@
   stored with the run and shown by the console, so a secret in it would leak; receivers
   verify the signature instead. ``redact_url`` is what log lines and listings show: the
   query string (where tokens hide) is cut.
-- **Addresses** (``refused_address``): a delivery resolves the host first and is refused
+- **Addresses** (``resolve``): a delivery resolves the host first and is refused
   when any address is not globally routable (loopback, RFC 1918 private, link-local,
   carrier-grade NAT, unique-local, multicast, reserved), unless the worker allows private
   deliveries (``WebhookConfig.allow_private``, ``wakeful worker --allow-private-webhooks``).
@@ -27,7 +27,8 @@ import hmac
 import ipaddress
 import socket
 from collections.abc import Sequence
-from urllib.parse import urlsplit
+from dataclasses import dataclass
+from urllib.parse import urlsplit, urlunsplit
 
 from wakeful.errors import InvalidInput
 
@@ -88,25 +89,53 @@ def _not_global(address: str) -> bool:
     return not ip.is_global or ip.is_multicast
 
 
-async def refused_address(url: str, allow_private: bool) -> str | None:
-    """Why a delivery to ``url`` is refused (its host resolves to an address that is not
-    globally routable and ``allow_private`` is false), or ``None``. A host that does not
-    resolve is an ordinary failed attempt (``OSError``), retried later."""
-    if allow_private:
-        return None
+@dataclass(frozen=True)
+class Target:
+    """Where one delivery attempt connects: the checked ``addresses`` the URL's host
+    resolved to (tried in order while a connection fails), and the request that reaches one
+    with the URL's own name (``pinned`` URL, ``Host`` header, TLS server name)."""
+
+    url: str
+    addresses: tuple[str, ...]
+
+    def pinned(self, address: str) -> str:
+        """``url`` with its host replaced by ``address`` (and the port made explicit)."""
+        parts = urlsplit(self.url)
+        host = f"[{address}]" if ":" in address else address
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        return urlunsplit(parts._replace(netloc=f"{host}:{port}"))
+
+    @property
+    def host_header(self) -> str:
+        return urlsplit(self.url).netloc
+
+    @property
+    def server_name(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+
+async def resolve(url: str, allow_private: bool) -> Target | str:
+    """The addresses a delivery to ``url`` connects to (those its host resolves to), or
+    why it is refused: an address of the host is not globally routable and
+    ``allow_private`` is false. The connection then goes to that checked address (the
+    name is not resolved a second time), so a DNS answer that changes between the check
+    and the connection (rebinding) cannot lead it elsewhere. A host that does not resolve
+    is an ordinary failed attempt (``OSError``), retried later."""
     parts = urlsplit(url)
     host = parts.hostname or ""
     port = parts.port or (443 if parts.scheme == "https" else 80)
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    for info in infos:
-        address = str(info[4][0])
-        if _not_global(address):
+    addresses = [str(info[4][0]) for info in infos]
+    if not addresses:
+        raise OSError(f"{host} resolves to no address")
+    for address in addresses:
+        if not allow_private and _not_global(address):
             return (
                 f"{parts.hostname} resolves to {address}, a private or reserved address; "
                 f"workers deliver there only with --allow-private-webhooks"
             )
-    return None
+    return Target(url, tuple(dict.fromkeys(a.split("%", 1)[0] for a in addresses)))
 
 
 def secret_key(secret: str) -> bytes:
@@ -166,7 +195,7 @@ __all__ = [
     "check_webhook_url",
     "new_secret",
     "redact_url",
-    "refused_address",
+    "resolve",
     "secret_key",
     "sign",
     "verify",

@@ -40,9 +40,10 @@ from wakeful.clock import Clock
 from wakeful.errors import InvalidInput
 from wakeful.fleet.attempts import Settled
 from wakeful.fleet.webhook_signing import (
+    Target,
     check_webhook_url,
     redact_url,
-    refused_address,
+    resolve,
     secret_key,
     sign,
 )
@@ -148,22 +149,23 @@ async def deliver(
     if now > deadline:  # a lapsed lease came back after the deadline: nothing is sent
         ended = f"not delivered within {config.max_age:g} s"
         return await attempt.record(store, clock, metrics, "dead", ended, sent=False)
-    url, error = str(entry["url"]), None
+    url, error, target = str(entry["url"]), None, None
     try:
         check_webhook_url(url)  # a URL put in a run's metadata by hand is checked here
-        refused = await refused_address(url, config.allow_private)
+        target = await resolve(url, config.allow_private)
     except InvalidInput as exc:
-        refused = str(exc)
+        target = str(exc)
     except OSError as exc:  # the name does not resolve (now): an ordinary failure
-        refused, error = None, f"{redact_url(url)}: {exc}"
-    if refused is not None:
-        why = f"refused: {refused}"
+        error = f"{redact_url(url)}: {exc}"
+    if isinstance(target, str):
+        why = f"refused: {target}"
         return await attempt.record(store, clock, metrics, "dead", why, sent=False)
     status = None
-    if error is None:
+    if target is not None:
         # the POST ends well inside the lease: a lapsed lease lets another worker send too
         left = (claim.expires_at - now).total_seconds() * 0.8
-        status, error = await _post(entry, config, clock, max(min(config.timeout, left), 1.0))
+        timeout = max(min(config.timeout, left), 1.0)
+        status, error = await _post(entry, target, config, clock, timeout)
     if error is None:
         return await attempt.record(store, clock, metrics, "delivered", None, status)
     if now >= deadline:
@@ -175,11 +177,12 @@ async def deliver(
 
 
 async def _post(
-    entry: dict[str, Any], config: WebhookConfig, clock: Clock, timeout: float
+    entry: dict[str, Any], target: Target, config: WebhookConfig, clock: Clock, timeout: float
 ) -> tuple[int | None, str | None]:
-    """POST the body: ``(status, None)`` on a 2xx answer, else ``(status or None, why)``.
-    Redirects are not followed (a redirect could lead to a refused address); the answer's
-    body is never read (a receiver cannot make a worker hold a large one)."""
+    """POST the body to ``target``'s checked address: ``(status, None)`` on a 2xx answer,
+    else ``(status or None, why)``. Redirects are not followed (a redirect could lead to a
+    refused address); the answer's body is never read (a receiver cannot make a worker
+    hold a large one)."""
     import httpx
 
     if not config.secrets:
@@ -190,18 +193,33 @@ async def _post(
         **sign(config.secrets, str(entry["webhook_id"]), stamp, body),
         "content-type": "application/json",
         "user-agent": "wakeful-webhooks",
+        "host": target.host_header,
     }
     url = str(entry["url"])
     shown = redact_url(url)
     client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, verify=_tls())
-    try:
-        async with (
-            client as http,
-            http.stream("POST", url, content=body, headers=headers) as response,
-        ):
-            status = response.status_code
-    except httpx.HTTPError as exc:
-        return None, f"{shown}: {type(exc).__name__}: {str(exc).replace(url, shown)}"
+    status = 0
+    async with client as http:
+        for address in target.addresses:
+            pinned = target.pinned(address)
+            try:
+                async with http.stream(
+                    "POST",
+                    pinned,
+                    content=body,
+                    headers=headers,
+                    extensions={"sni_hostname": target.server_name},
+                ) as response:
+                    status = response.status_code
+                break
+            except httpx.ConnectError as exc:
+                failed: httpx.HTTPError = exc
+                if address != target.addresses[-1]:
+                    continue  # the name's next address
+            except httpx.HTTPError as exc:
+                failed = exc
+            why = str(failed).replace(url, shown).replace(pinned, shown)
+            return None, f"{shown}: {type(failed).__name__}: {why}"
     if 200 <= status < 300:
         return status, None
     return status, f"{shown} answered HTTP {status}"
