@@ -15,7 +15,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 import pytest_asyncio
 
-from tests.webhook_support import receiver, until
+from tests.webhook_support import certificates, receiver, until
 from wakeful import ManualClock, open_store
 from wakeful.fleet import LocalWake, Registry, Worker, submit
 from wakeful.fleet.relay import RelayLoop
@@ -357,3 +357,23 @@ async def test_a_host_name_is_resolved_once_and_the_request_keeps_its_name(env: 
         await submit(env.store, "t2", "echo", webhook=named, wake=env.wake)
         await until(lambda: got.count() == 1, "the POST to localhost")
     assert got.requests[0].headers["host"] == f"localhost:{port}"
+
+
+async def test_https_keeps_verifying_the_name_s_certificate(env: Env, tmp_path: Path) -> None:
+    """The connection goes to the checked address, and the certificate is still verified
+    for the URL's name (TLS server name): a receiver whose certificate chains to the
+    configured CA gets the POST; without that CA the attempt fails."""
+    ca, cert, key = certificates(tmp_path)
+    with receiver(tls=(cert, key)) as got:
+        env.start(WebhookConfig(secrets=(SECRET,), allow_private=True))
+        await submit(env.store, "t1", "echo", webhook=got.url, wake=env.wake)
+        failed = await attempts_recorded(env, 1, "pending")
+        assert failed.last_error is not None and "CERTIFICATE_VERIFY_FAILED" in failed.last_error
+        for worker, task in env.tasks:
+            await worker.stop(grace=1)
+            await task
+        env.tasks.clear()
+        env.start(WebhookConfig(secrets=(SECRET,), allow_private=True, ca_file=str(ca)))
+        env.clock.advance(5)
+        await attempts_recorded(env, 2, "delivered")
+    assert got.count() == 1 and got.requests[0].headers["host"] == got.url.split("/")[2]

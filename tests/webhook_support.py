@@ -6,12 +6,15 @@ test SIGKILLs the sender meanwhile)."""
 from __future__ import annotations
 
 import asyncio
+import ssl
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 
 @dataclass
@@ -48,8 +51,14 @@ class Receiver:
 
 
 @contextmanager
-def receiver(statuses: list[int] | None = None, *, hold_first: bool = False) -> Iterator[Receiver]:
-    """A running receiver at ``Receiver.url`` (``http://127.0.0.1:<port>/hook?token=x``)."""
+def receiver(
+    statuses: list[int] | None = None,
+    *,
+    hold_first: bool = False,
+    tls: tuple[Path, Path] | None = None,
+) -> Iterator[Receiver]:
+    """A running receiver at ``Receiver.url`` (``http://127.0.0.1:<port>/hook?token=x``);
+    with ``tls`` (certificate and key files), an https one at ``https://localhost:<port>``."""
     got = Receiver(list(statuses or []), hold_first)
 
     class Handler(BaseHTTPRequestHandler):
@@ -68,6 +77,11 @@ def receiver(statuses: list[int] | None = None, *, hold_first: bool = False) -> 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     got.url = f"http://127.0.0.1:{server.server_address[1]}/hook?token=x"
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(*tls)
+        server.socket = context.wrap_socket(server.socket, server_side=True)
+        got.url = f"https://localhost:{server.server_address[1]}/hook"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -83,3 +97,20 @@ async def until(check: Callable[[], object], what: str, deadline: float = 20.0) 
     while not check():
         assert time.monotonic() < end, f"timed out waiting for {what}"
         await asyncio.sleep(0.02)
+
+
+def certificates(directory: Path) -> tuple[Path, Path, Path]:
+    """A private CA and a certificate for ``localhost`` it signed (``openssl``): the CA
+    file, the certificate and its key."""
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out",
+            "ca.pem", "-days", "2", "-subj", "/CN=wakeful test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out",
+            "server.csr", "-subj", "/CN=localhost")  # fmt: skip
+    (directory / "san.cnf").write_text("subjectAltName=DNS:localhost\n")
+    sign = ["-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-extfile", "san.cnf"]
+    openssl("x509", "-req", "-in", "server.csr", *sign, "-out", "server.pem", "-days", "2")
+    return directory / "ca.pem", directory / "server.pem", directory / "server.key"
