@@ -316,6 +316,13 @@ class Metrics:
         "Provider rate-limit refusals (429) that blocked a key for the fleet, by key.",
         ("key",),
     )
+    webhooks = _WorkerMetric(
+        Counter,
+        "wakeful_webhook_attempts_total",
+        "Webhook delivery attempts recorded by workers, by outcome: delivered, failed (to be "
+        "retried) or dead (given up, or refused).",
+        ("outcome",),
+    )
     running = _WorkerMetric(
         LiveGauge,
         "wakeful_worker_running_dispatches",

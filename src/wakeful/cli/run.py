@@ -111,6 +111,13 @@ def dispatch_options(fn: Any) -> Any:
     "it started) and run next, or merge with the other coalesce submissions waiting into one "
     "run.",
 )
+@click.option(
+    "--webhook",
+    default=None,
+    metavar="URL",
+    help="POST a signed JSON body to URL when the run ends or suspends on a question "
+    "(docs/composition.md#webhooks-when-a-run-ends).",
+)
 @json_option
 @verbose_option
 @run_async
@@ -130,6 +137,7 @@ async def submit_command(
     at_text: str | None,
     from_checkpoint: str | None,
     if_busy: Any,
+    webhook: str | None,
     as_json: bool,
     verbose: bool,
 ) -> None:
@@ -170,6 +178,7 @@ async def submit_command(
             at=at,
             from_checkpoint=from_checkpoint,
             if_busy=if_busy,
+            webhook=webhook,
         )
         now = datetime.now(UTC)
         live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]

@@ -31,6 +31,7 @@ from wakeful.cli.common import (
     table,
 )
 from wakeful.cli.progress import progress
+from wakeful.cli.webhooks import webhook_config, webhook_options
 
 log = logging.getLogger("wakeful.cli")
 
@@ -285,6 +286,7 @@ def _summary(worker_id: str, stats: Any, seconds: float) -> None:
     "10000,10,10 (wakeful.fleet.gctune, docs/operations.md).",
 )
 @live_options
+@webhook_options
 @json_option
 @run_async
 async def worker(
@@ -303,6 +305,8 @@ async def worker(
     gc_setting: str,
     live: str,
     live_url: str | None,
+    webhook_secrets: tuple[str, ...],
+    allow_private_webhooks: bool,
     as_json: bool,
 ) -> None:
     """Claim and run dispatches until SIGTERM or SIGINT (then stop gracefully, letting running
@@ -338,6 +342,7 @@ async def worker(
             poll_interval=poll,
             live=channel,
             version=code_version,
+            webhooks=webhook_config(webhook_secrets, allow_private_webhooks),
         )
         gctune.tune(threshold)  # start-up is done: what it allocated is frozen
         running = asyncio.create_task(w.run(), name="worker")

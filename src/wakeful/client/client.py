@@ -249,6 +249,7 @@ class Runs(_Group):
         at: datetime | None = None,
         from_checkpoint: str | None = None,
         if_busy: str | None = None,
+        webhook: str | None = None,
     ) -> Any:
         """``POST /v1/threads/{id}/runs``: the ``Accepted`` document (``run_id``, and
         ``queued_behind`` while the thread is busy). ``after`` (seconds or a ``timedelta``,
@@ -257,8 +258,9 @@ class Runs(_Group):
         the thread (time travel; from an earlier one the thread branches).
         ``if_busy``: ``"enqueue"`` (the server's default), ``"reject"`` (``ThreadBusy`` naming
         the busy ``run_id``), ``"interrupt"``, ``"rollback"`` or ``"coalesce"``
-        (docs/busy-threads.md)."""
-        body = _run_body(target, input, priority, max_attempts, from_checkpoint)
+        (docs/busy-threads.md). ``webhook``: a URL the fleet POSTs a signed JSON body to when
+        the run ends or suspends on a question (docs/composition.md)."""
+        body = _run_body(target, input, priority, max_attempts, from_checkpoint, webhook)
         if after is not None:
             body["after"] = after.total_seconds() if isinstance(after, timedelta) else after
         if at is not None:
@@ -280,6 +282,7 @@ class Runs(_Group):
         max_attempts: int = 5,
         idempotency_key: str | None = None,
         from_checkpoint: str | None = None,
+        webhook: str | None = None,
     ) -> Stream:
         """``POST /v1/threads/{id}/runs/stream``: start a run and stream it until its end.
         The first frame (``metadata``) is the ``Accepted`` document. After a lost connection
@@ -287,7 +290,7 @@ class Runs(_Group):
         frame sends the POST again with the same ``Idempotency-Key`` (one run, whatever
         happens)."""
         key = idempotency_key or f"k-{uuid.uuid4().hex}"
-        body = _run_body(target, input, priority, max_attempts, from_checkpoint)
+        body = _run_body(target, input, priority, max_attempts, from_checkpoint, webhook)
         post_path = f"/v1/threads/{thread_id}/runs/stream"
         get_path = f"/v1/threads/{thread_id}/stream"
         params: dict[str, Any] = {"modes": ",".join(modes)}
@@ -347,11 +350,18 @@ class Runs(_Group):
 
 
 def _run_body(
-    target: str, input: Any, priority: int, max_attempts: int, from_checkpoint: str | None
+    target: str,
+    input: Any,
+    priority: int,
+    max_attempts: int,
+    from_checkpoint: str | None,
+    webhook: str | None = None,
 ) -> dict[str, Any]:
     body = {"target": target, "input": input, "priority": priority, "max_attempts": max_attempts}
     if from_checkpoint is not None:
         body["from_checkpoint"] = from_checkpoint
+    if webhook is not None:
+        body["webhook"] = webhook
     return body
 
 

@@ -22,6 +22,7 @@ from wakeful.records import (
     Settle,
     ThreadSnapshot,
 )
+from wakeful.runtime.webhooks import is_webhook_thread
 from wakeful.store.contract import Store
 
 UNFINISHED = ("running", "suspended")
@@ -109,8 +110,9 @@ def log_end(
 def next_step(d: Dispatch, delay: float) -> str:
     """What follows a failed attempt, for its log line: another attempt, or (none left) the
     run recorded indeterminate once ``delay`` has passed, unless an operator quarantines the
-    dispatch first (docs/operations.md)."""
-    if d.attempts < d.max_attempts:
+    dispatch first (docs/operations.md). A webhook delivery's budget is time, not attempts
+    (``wakeful.fleet.webhooks``): it is retried whatever ``max_attempts`` says."""
+    if d.attempts < d.max_attempts or is_webhook_thread(d.thread_id):
         return f"retrying in {delay:.1f} s"
     return (
         f"no attempt left; its run is recorded indeterminate in {delay:.1f} s unless it is "

@@ -17,6 +17,7 @@ from wakeful import telemetry
 from wakeful.errors import DispatchConflict, InvalidInput
 from wakeful.fleet.delays import not_before
 from wakeful.fleet.wake import Wake
+from wakeful.fleet.webhook_signing import check_webhook_url
 from wakeful.ids import check_id, check_optional_id
 from wakeful.records import Dispatch, IfBusy
 from wakeful.runtime.history import committed_at, last_user_count, message_position
@@ -98,6 +99,7 @@ async def submit(
     from_checkpoint: str | None = None,
     keep_messages: int | None = None,
     if_busy: IfBusy = "enqueue",
+    webhook: str | None = None,
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
@@ -119,8 +121,13 @@ async def submit(
     ``"rollback"`` waits while the busy run is stopped and undone (the thread returns to
     where it was before that run started; ``run.rolled_back`` lists its tool calls that
     took effect), ``"coalesce"`` merges with the other coalesce submissions waiting with it
-    into one run (docs/busy-threads.md)."""
+    into one run (docs/busy-threads.md).
+    ``webhook``: a URL the fleet POSTs a signed JSON body to when the run ends (completed,
+    failed, cancelled, interrupted, indeterminate) or suspends on a question, instead of
+    the target's (docs/composition.md#webhooks-when-a-run-ends)."""
     check_id("target", target)
+    if webhook is not None:
+        check_webhook_url(webhook)
     check_optional_id("tenant", tenant)
     check_optional_id("from_checkpoint", from_checkpoint)
     if keep_messages is not None and (from_checkpoint is None or keep_messages < 0):
@@ -134,6 +141,8 @@ async def submit(
         payload["from_checkpoint"] = from_checkpoint
     if keep_messages is not None:
         payload["keep_messages"] = keep_messages
+    if webhook is not None:
+        payload["webhook"] = webhook
     return await _enqueue(
         store,
         Dispatch(

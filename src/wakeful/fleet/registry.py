@@ -10,6 +10,7 @@ import msgspec
 
 from wakeful.agent.agent import Agent
 from wakeful.errors import InvalidInput, NotFound
+from wakeful.fleet.webhook_signing import check_webhook_url
 from wakeful.ids import check_id
 from wakeful.records import Checkpoint, Message
 from wakeful.runtime.graph import CompiledGraph
@@ -30,6 +31,9 @@ class Target:
     worker of that version is left (``docs/deploys.md``): ``continue`` it here, ``fail`` it,
     or ``hold`` it (quarantined) for an operator. ``None``: ``continue`` when the graph's
     structure is the one the run recorded, else ``fail``."""
+    webhook: str | None = None
+    """The URL POSTed when a run of this target ends, unless its submission names one
+    (``wakeful.fleet.webhooks``)."""
 
     def version_policy(self, run: Checkpoint) -> VersionPolicy:
         """The policy for ``run`` (a checkpoint of an unfinished run of this target)."""
@@ -111,19 +115,23 @@ class Registry:
         target: Agent | CompiledGraph,
         *,
         on_version_change: VersionPolicy | None = None,
+        webhook: str | None = None,
     ) -> Registry:
         """Register ``target`` as ``name`` (again: replace it). A thread records the graph
         that ran it (and, from a worker, the target's name), and its later work goes to that
         target: two targets whose graphs share a name would be indistinguishable in older
         threads, so that is ``InvalidInput`` unless they are the same compiled graph.
-        ``on_version_change``: see ``Target.on_version_change``."""
+        ``on_version_change``: see ``Target.on_version_change``; ``webhook``: see
+        ``Target.webhook``."""
         check_id("target name", name)
+        if webhook is not None:
+            check_webhook_url(webhook)
         if on_version_change is not None and on_version_change not in VERSION_POLICIES:
             raise InvalidInput("on_version_change", f"must be one of {list(VERSION_POLICIES)}")
         if isinstance(target, Agent):
-            entry = Target(name, target.graph, target, on_version_change)
+            entry = Target(name, target.graph, target, on_version_change, webhook)
         else:
-            entry = Target(name, target, None, on_version_change)
+            entry = Target(name, target, None, on_version_change, webhook)
         for other in self._targets.values():
             if (
                 other.name != name

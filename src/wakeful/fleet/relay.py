@@ -16,6 +16,7 @@ import logging
 from wakeful.background import StopSignal, pause
 from wakeful.errors import InvalidInput, StaleClaim, ThreadBusy, WakefulError
 from wakeful.fleet.wake import Wake
+from wakeful.fleet.webhooks import prune_webhooks
 from wakeful.records import Claim, RetentionPolicy
 from wakeful.runtime.claims import ClaimPolicy
 from wakeful.store.contract import Store
@@ -31,7 +32,9 @@ RELAY_TTL = 3.0
 
 class RelayLoop:
     """While elected: deliver staged outbox entries (waking workers when something was
-    delivered) and, every ``sweep_every`` seconds, apply the retention policy.
+    delivered) and, every ``sweep_every`` seconds, apply the retention policy (and delete
+    the records of finished webhook deliveries as old as the settled dispatches it prunes:
+    ``wakeful.fleet.webhooks.prune_webhooks``).
 
     ``ttl``: seconds of the election claim, by default the shorter of ``RELAY_TTL`` and
     ``claims.ttl``. A step runs every ``interval`` seconds, at most every ``ttl / 4``, and
@@ -80,6 +83,9 @@ class RelayLoop:
                     ):
                         report = await self.store.prune(self.retention)
                         log.info("retention: %s", report)
+                        if (age := self.retention.settled_dispatch_max_age) is not None:
+                            gone = await prune_webhooks(self.store, age)
+                            log.info("retention: %d finished webhook deliveries", gone)
                         next_sweep = loop.time() + self.sweep_every
                 if await pause(stop, self.interval):
                     break

@@ -10,6 +10,7 @@ from typing import Any
 from wakeful.errors import GraphChanged, InvalidInput, InvalidState, NotFound, RunInProgress
 from wakeful.fleet.attempts import Settled
 from wakeful.fleet.registry import Target
+from wakeful.fleet.webhooks import run_metadata
 from wakeful.records import Claim, Done, Message, Outcome, ThreadSnapshot
 from wakeful.runtime.handle import RunHandle
 from wakeful.runtime.runtime import Runtime
@@ -65,7 +66,7 @@ async def replay_dispatch(
             claim=claim,
             snapshot=start.snapshot,
             dispatch_id=start.dispatch_id,
-            metadata={"target": start.target.name, "version": start.version},
+            metadata=run_metadata(start.payload, start.target, start.version),
         )
     except (NotFound, RunInProgress, GraphChanged, InvalidState, InvalidInput) as refused:
         await note(claim, "dispatch.refused", {"reason": str(refused)}, start.dispatch_id)

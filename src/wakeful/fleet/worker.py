@@ -28,7 +28,6 @@ from wakeful.errors import (
     RunYielded,
     StaleClaim,
     WakefulError,
-    WorkerSuperseded,
 )
 from wakeful.fleet import deploys
 from wakeful.fleet.attempts import (
@@ -48,6 +47,7 @@ from wakeful.fleet.client import tenant_of
 from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
+from wakeful.fleet.heartbeats import beat
 from wakeful.fleet.inputs import message_input
 from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver, WorkerStats
@@ -57,6 +57,7 @@ from wakeful.fleet.replays import Start, replay_dispatch
 from wakeful.fleet.starts import StartGate
 from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
+from wakeful.fleet.webhooks import WebhookConfig, deliver, run_metadata
 from wakeful.ids import check_id
 from wakeful.metrics import Metrics
 from wakeful.records import (
@@ -79,6 +80,7 @@ from wakeful.runtime.handle import RunHandle
 from wakeful.runtime.results import RunOutcome
 from wakeful.runtime.runtime import Runtime
 from wakeful.runtime.sleeps import attempts_spent, wake_at
+from wakeful.runtime.webhooks import is_webhook_thread, with_webhook
 from wakeful.store.contract import Store
 
 log = logging.getLogger("wakeful.fleet")
@@ -124,6 +126,8 @@ class Worker:
     """This worker's code version; default: ``wakeful.fleet.versions.code_version``."""
     pin_grace: float = DEFAULT_PIN_GRACE
     """Seconds without a live worker of a version before its runs move (``fleet.deploys``)."""
+    webhooks: WebhookConfig = field(default_factory=WebhookConfig.from_env)
+    """How this worker delivers run webhooks (``wakeful.fleet.webhooks``)."""
 
     def __post_init__(self) -> None:
         check_id("worker_id", self.worker_id)
@@ -214,17 +218,11 @@ class Worker:
 
     async def _heartbeat(self, signal: StopSignal) -> None:
         interval = max(self.claims.ttl / 3, 0.05)
-        while not self._stopping.is_set():
-            if await signal.pause(interval) or self._stopping.is_set():
-                return
-            try:
-                await self.store.heartbeat(self.identity)
-            except WorkerSuperseded:
-                log.error("worker %s was superseded by a newer registration", self.worker_id)
-                self._stopping.set()
-                self._waiter.nudge()
-            except WakefulError as exc:
-                log.warning("heartbeat failed: %s", exc)
+        await beat(self.store, self.identity, interval, self._stopping, signal, self._superseded)
+
+    def _superseded(self) -> None:
+        self._stopping.set()
+        self._waiter.nudge()
 
     async def _claim_loop(self) -> None:
         only = self._starts.options  # take_starts changes as versions come and go
@@ -365,6 +363,8 @@ class Worker:
 
     async def _execute(self, lease: Lease) -> Outcome | Settled | RunHandle:
         d, claim = lease.dispatch, lease.claim
+        if d.kind == "message" and is_webhook_thread(d.thread_id):  # a POST, not a run
+            return await deliver(self.store, lease, self.webhooks, self.clock, self.metrics)
         payload = d.payload if isinstance(d.payload, dict) else {}
         # the thread as read when the lease was granted, else (an older store) read it now
         snap = lease.snapshot if lease.snapshot is not None else await self.store.read(d.thread_id)
@@ -406,6 +406,7 @@ class Worker:
             end = await cancel_ending(self.store, d.thread_id, unfinished, payload, self.registry)
             self._endings[d.dispatch_id] = end.log
             ending = end.commit(claim.token, unfinished, self.clock.now(), d.dispatch_id)
+            ending = with_webhook(d.thread_id, ending)  # the run's ending, or nothing
             await self._observe.calls(
                 "commit", lambda: self.store.commit(d.thread_id, ending), d.thread_id
             )
@@ -483,7 +484,7 @@ class Worker:
                 claim=claim,
                 snapshot=snap,
                 dispatch_id=dispatch_id,
-                metadata={"target": target.name, "version": self.version},
+                metadata=run_metadata(payload, target, self.version),
             )
         except RunInProgress as busy:
             if kind == "message":
@@ -570,6 +571,7 @@ class Worker:
             claim.token, latest, status, event_type, data, self.clock.now(),
             operation_id=operation_id, settle=settle, messages=messages, metadata=metadata,
         )  # fmt: skip
+        commit = with_webhook(claim.thread_id, commit)
         await self._observe.calls(
             "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )

@@ -61,6 +61,7 @@ from wakeful.runtime.results import (
 from wakeful.runtime.sleeps import asleep_until, sleep_ending, sleep_metadata, suspension_event
 from wakeful.runtime.spans import in_attempt, reused_task, step_span, task_span
 from wakeful.runtime.taskwrites import TaskWrites
+from wakeful.runtime.webhooks import with_webhook
 from wakeful.store.contract import ThreadStore
 from wakeful.telemetry import NO_SPAN, SpanLike, StoreCalls
 
@@ -505,6 +506,7 @@ class Execution(TaskWrites):
         ends the claim in the same atomic step: settling the worker's dispatch with
         ``ending``, or releasing a claim this runtime took."""
         commit = self._commit(checkpoint, (*events, event), writes, messages, outbox)
+        commit = with_webhook(self.thread_id, commit)  # stored with the ending, or not at all
         ends_claim = ending is not None and (self.settle_dispatch is not None or self.release_claim)
         if ending is not None and self.settle_dispatch is not None:
             settle = Settle(dispatch_id=self.settle_dispatch, outcome=ending)

@@ -36,6 +36,7 @@ from wakeful.server.routes import (
     threads,
     travel,
     versions,
+    webhooks,
 )
 from wakeful.store.contract import Store
 
@@ -207,6 +208,7 @@ def create_app(
         schedules.router,
         session.router,
         versions.router,
+        webhooks.router,
     ):
         app.include_router(router, dependencies=secured)
     app.include_router(health.router)

@@ -4,6 +4,7 @@ here before anything reaches the store. Request models reject unknown fields."""
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -17,6 +18,9 @@ from pydantic import (
     model_validator,
 )
 from pydantic.json_schema import SkipJsonSchema
+
+from wakeful.errors import InvalidInput
+from wakeful.fleet.webhook_signing import check_webhook_url
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:@+=-]*$"
 """The identifier alphabet of ``wakeful.ids`` (letters, digits, ``. _ - : @ + =``; the first
@@ -37,6 +41,11 @@ a UTC conversion can hold)."""
 MAX_DELAY_SECONDS = 100 * 366 * 86400.0
 """The farthest ahead a run may be delayed (``wakeful.fleet.delays.MAX_DELAY``)."""
 
+_PORT = r"(6553[0-5]|655[0-2][0-9]|65[0-4][0-9]{2}|6[0-4][0-9]{3}|[1-5][0-9]{4}|[1-9][0-9]{0,3})"
+WEBHOOK_PATTERN = rf"^https?://[A-Za-z0-9._-]+(:{_PORT})?([/?][^\x00-\x20\x7f#@]*)?$"
+"""A webhook URL over HTTP (``wakeful.fleet.webhook_signing.check_webhook_url`` decides; this
+is the part a JSON Schema can say): http(s), a host name or IPv4 address, no credentials, no
+fragment."""
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_ID)]
 Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_length=MAX_KEY)]
 
@@ -100,15 +109,35 @@ class SubmitRun(_Request):
         "that took effect) and runs next, 'coalesce' merges with the other coalesce "
         "submissions waiting with it into one run.",
     )
+    webhook: str | SkipJsonSchema[None] = Field(
+        default=None,
+        description="POST a signed JSON body (Standard Webhooks) to this http(s) URL when the "
+        "run ends or suspends on a question; no credentials in it (user:password@).",
+        json_schema_extra={"pattern": WEBHOOK_PATTERN, "maxLength": 2048},
+    )
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
     )
 
-    @field_validator("after", "at", mode="before")
+    @field_validator("after", "at", "webhook", mode="before")
     @classmethod
     def _not_null(cls, value: Any) -> Any:
         if value is None:
             raise ValueError("leave it out rather than null")
+        return value
+
+    @field_validator("webhook")
+    @classmethod
+    def _webhook(cls, value: str | None) -> str | None:
+        """One message that never repeats the URL (it may hold a secret)."""
+        if value is None:
+            return None
+        try:
+            check_webhook_url(value)
+        except InvalidInput as exc:
+            raise ValueError(exc.problem) from None
+        if re.fullmatch(WEBHOOK_PATTERN, value) is None:
+            raise ValueError("must be http(s)://host[:port][/path][?query], a host name or IPv4")
         return value
 
     @model_validator(mode="after")
@@ -530,3 +559,25 @@ SSE_EVENT: dict[str, object] = {
     },
 }
 """The schema of each event of an SSE response (schemathesis validates every event by it)."""
+
+
+class WebhookView(_View):
+    """One webhook delivery (``wakeful.fleet.webhooks.WebhookRecord``)."""
+
+    webhook_id: str = Field(description="The webhook-id header of every attempt.")
+    status: Literal["pending", "delivered", "dead"]
+    url: str = Field(description="The URL without its query string.")
+    thread_id: str = Field(description="The thread of the run that ended.")
+    run_id: str
+    event: str = Field(description="The body's type: run.completed, run.failed, ...")
+    attempts: int = Field(description="POSTs made and recorded.")
+    last_error: str | None
+    last_status: int | None = Field(description="The last answer's HTTP status.")
+    next_attempt_at: datetime | None = Field(description="When a pending one is tried again.")
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+class WebhookList(BaseModel):
+    webhooks: list[WebhookView]
+    counts: dict[str, int] = Field(description="pending, delivered and dead among those scanned.")

@@ -10,12 +10,15 @@ from fastapi import APIRouter, Response
 
 from wakeful.errors import StoreUnavailable
 from wakeful.fleet.census import DEFAULT_STALE_AFTER, liveness
+from wakeful.fleet.webhooks import webhook_counts
 from wakeful.metrics import CONTENT_TYPE, Gauge
 from wakeful.records import DispatchStatus
 from wakeful.server.access import ServerState, StateDep
 from wakeful.server.schemas import Health
 from wakeful.server.views import errors
 from wakeful.store.contract import RateLimitStore
+
+WEBHOOK_SCAN = 1000
 
 router = APIRouter(tags=["health"])
 log = logging.getLogger("wakeful.server")
@@ -99,6 +102,20 @@ async def _worker_gauges(state: ServerState) -> list[Gauge]:
     ]
 
 
+async def _webhook_gauges(state: ServerState) -> list[Gauge]:
+    counts = await webhook_counts(state.store, scan=WEBHOOK_SCAN)
+    return [
+        Gauge(
+            "wakeful_webhooks",
+            f"Webhook deliveries by status (pending: failed attempts, another one due; "
+            f"delivered; dead: given up or refused), counted at scrape time among the first "
+            f"{WEBHOOK_SCAN} webhook threads.",
+            ("status",),
+            {(status,): float(n) for status, n in counts.items()},
+        )
+    ]
+
+
 async def _limit_gauges(state: ServerState) -> list[Gauge]:
     """Each rate-limit key's bucket as the store holds it now (a store without buckets:
     none). Keys are the few configured on providers, so the label set stays small."""
@@ -160,7 +177,7 @@ async def metrics(state: StateDep) -> Response:
     gauges: list[Gauge] = []
     try:
         gauges = await _queue_gauges(state) + await _worker_gauges(state)
-        gauges += await _limit_gauges(state)
+        gauges += await _limit_gauges(state) + await _webhook_gauges(state)
         up = 1.0
     except Exception as exc:
         log.warning("metrics: queue depth unavailable: %s: %s", type(exc).__name__, exc)
