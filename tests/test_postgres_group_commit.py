@@ -331,7 +331,7 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # and its helpers (the admission trigger's function); 0016 take_limit and
     # reconcile_limit (rate limits); 0018 deploys: register_worker and claim_next_read with a
     # version beside the old signatures, release_pins, and the function of the trigger that
-    # pins a resume
+    # pins a resume; 0019 fire_schedules and unfinished_runs (schedule ticks in batches)
     assert {name for name, _, _ in version_6 - version_5} == {
         "register_worker",
         "claim_next_read",
@@ -348,4 +348,6 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
         "fence_thread",
         "take_limit",
         "reconcile_limit",
+        "fire_schedules",
+        "unfinished_runs",
     }

@@ -1,0 +1,98 @@
+-- wakeful PostgreSQL store, schema version 19: firing schedule ticks in batches (issue 38).
+--
+-- Applied after 0018, under the same rules (one transaction, advisory lock, @schema@
+-- placeholder). Adds two functions and changes nothing that exists: a process of version 18
+-- keeps firing one tick at a time through enqueue() and put_schedule.
+--
+-- fire_schedules(): a whole batch of firings in one statement (wakeful.store.firings). The
+-- firer computed the ticks (cron is Python's); the function takes each schedule that still
+-- has the revision the firer read and that no other firer is firing now (FOR UPDATE SKIP
+-- LOCKED: two workers reading the same due page share it instead of waiting on each other),
+-- enqueues the ticks not stored yet through enqueue() (so admission stays enqueue's alone),
+-- and stores the advanced schedules. The schedule rows are taken in name order and the
+-- ticks enqueued in the order given (the firer sorts them by thread), so two firers lock
+-- thread rows in one order. A tick whose thread belongs to another tenant is refused
+-- before enqueue() would raise: one refused tick must not undo the batch.
+-- unfinished_runs(): the overlap check of many schedules in one read.
+
+CREATE FUNCTION @schema@.fire_schedules(
+    p_names text[], p_revisions bigint[], p_tenants text[], p_paused boolean[],
+    p_next timestamptz[], p_bodies text[],
+    p_owner integer[], p_ids text[], p_threads text[], p_payloads text[], p_tick_tenants text[],
+    p_priorities integer[], p_max_attempts bigint[])
+RETURNS TABLE (o_lost text, o_refused text, o_dispatch @schema@.dispatches)
+LANGUAGE plpgsql AS $fn$
+DECLARE
+    taken boolean[] := array_fill(false, ARRAY[coalesce(array_length(p_names, 1), 0)]);
+    i integer;
+    k integer;
+    d @schema@.dispatches%ROWTYPE;
+    t_version bigint;
+    t_tenant text;
+BEGIN
+    FOR i IN SELECT x.i FROM generate_subscripts(p_names, 1) AS x(i) ORDER BY p_names[x.i] LOOP
+        PERFORM 1 FROM @schema@.schedules
+         WHERE name = p_names[i] AND revision = p_revisions[i]
+           FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            taken[i] := true;
+        ELSE
+            o_lost := p_names[i];
+            o_refused := NULL;
+            o_dispatch := NULL;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+    FOR k IN 1 .. coalesce(array_length(p_ids, 1), 0) LOOP
+        CONTINUE WHEN NOT taken[p_owner[k]];
+        -- fired before (by a firer that died before storing the schedule): nothing more
+        CONTINUE WHEN EXISTS (SELECT 1 FROM @schema@.dispatches WHERE dispatch_id = p_ids[k]);
+        IF p_tick_tenants[k] IS NOT NULL THEN
+            SELECT version, tenant INTO t_version, t_tenant
+              FROM @schema@.threads WHERE thread_id = p_threads[k];
+            IF FOUND AND (t_version > 0 OR t_tenant IS NOT NULL)
+               AND t_tenant IS DISTINCT FROM p_tick_tenants[k] THEN
+                o_lost := NULL;
+                o_refused := p_ids[k];
+                o_dispatch := NULL;
+                RETURN NEXT;
+                CONTINUE;
+            END IF;
+        END IF;
+        SELECT * INTO d FROM @schema@.enqueue(
+            p_ids[k], p_threads[k], 'start', p_payloads[k], p_priorities[k], NULL,
+            p_max_attempts[k], NULL, p_tick_tenants[k], 'enqueue', NULL, 0, 0);
+        IF FOUND THEN
+            o_lost := NULL;
+            o_refused := NULL;
+            o_dispatch := d;
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+    UPDATE @schema@.schedules s
+       SET tenant = v.tenant, paused = v.paused, next_fire_at = v.next_fire_at,
+           revision = s.revision + 1, updated_at = @schema@.store_now(), body = v.body
+      FROM unnest(p_names, p_tenants, p_paused, p_next, p_bodies, taken)
+           AS v(name, tenant, paused, next_fire_at, body, taken)
+     WHERE s.name = v.name AND v.taken;
+END
+$fn$;
+
+CREATE FUNCTION @schema@.unfinished_runs(p_ids text[])
+RETURNS SETOF text
+LANGUAGE sql STABLE AS $fn$
+    SELECT d.dispatch_id
+      FROM @schema@.dispatches d
+     WHERE d.dispatch_id = ANY (p_ids)
+       AND (d.status <> 'done'
+            OR EXISTS (
+                SELECT 1
+                  FROM @schema@.threads t
+                  JOIN @schema@.checkpoints c
+                    ON c.thread_id = t.thread_id AND c.checkpoint_id = t.latest_checkpoint
+                 WHERE t.thread_id = d.thread_id
+                   AND c.body::jsonb ->> 'run_id'
+                       = coalesce(d.payload::jsonb ->> 'run_id', '')
+                   AND c.body::jsonb ->> 'status' NOT IN
+                       ('completed', 'failed', 'cancelled', 'indeterminate', 'interrupted')))
+$fn$;
