@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Protocol
@@ -185,10 +186,23 @@ async def fire_batch(store: SchedulingStore, firings: Sequence[Firing]) -> Fired
                 except WakefulError as exc:  # one broken schedule must not stop the others
                     log.warning("firing schedule %s failed: %s", f.schedule.name, exc)
 
-        await asyncio.gather(*(one(f) for f in firings))
+        # Such a store serves one process (memory, file): firers in it take turns, so a
+        # tick two of them fire at once is reported created by the one that stored it.
+        async with _turn(store):
+            await asyncio.gather(*(one(f) for f in firings))
     for dispatch_id in fired.refused:
         log.warning("schedule tick %s refused: its thread is another tenant's", dispatch_id)
     return fired
+
+
+_TURNS: weakref.WeakKeyDictionary[object, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
+def _turn(store: object) -> asyncio.Lock:
+    try:
+        return _TURNS.setdefault(store, asyncio.Lock())
+    except TypeError:  # not weakly referable: no turns (firing stays exactly once)
+        return asyncio.Lock()
 
 
 def _first_thread(f: Firing) -> str:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+
+import msgspec
 
 from wakeful.store import schedule_rows
 from wakeful.store.firings import Fired, Firing, check_dispatch_ids, check_firings
@@ -15,12 +16,8 @@ from wakeful.store.postgres.codec import DISPATCH_COLUMNS
 from wakeful.store.postgres.connection import Database, utc
 
 _DISPATCH = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMNS.split(","))
-_FIRE = f"""
-SELECT o_lost, o_refused, {_DISPATCH}
-  FROM @schema@.fire_schedules(%s::text[], %s::bigint[], %s::text[], %s::boolean[],
-                               %s::timestamptz[], %s::text[], %s::integer[], %s::text[],
-                               %s::text[], %s::text[], %s::text[], %s::integer[], %s::bigint[])
-"""
+_FIRE = f"SELECT o_lost, o_refused, {_DISPATCH} FROM @schema@.fire_schedules(%s, %s)"
+_JSON = msgspec.json.Encoder()
 _UNFINISHED = "SELECT * FROM @schema@.unfinished_runs(%s::text[])"
 _NEXT_DUE = (
     "SELECT @schema@.store_now(), "
@@ -37,35 +34,37 @@ class FiringOps:
         batch = check_firings(firings)
         if not batch:
             return Fired()
-        columns: list[list[Any]] = [[] for _ in range(13)]
-        for i, f in enumerate(batch, start=1):
-            s = f.schedule
-            for column, value in zip(
-                columns[:6],
-                (
-                    s.name,
-                    f.expected_revision,
-                    s.tenant,
-                    s.paused,
-                    s.next_fire_at,
-                    schedule_rows.encode(s).decode(),
-                ),
-                strict=True,
-            ):
-                column.append(value)
-            for d in f.dispatches:
-                ticks = (
-                    i,
-                    d.dispatch_id,
-                    d.thread_id,
-                    codec.text(d.payload),
-                    d.tenant,
-                    d.priority,
-                    d.max_attempts,
-                )
-                for column, value in zip(columns[6:], ticks, strict=True):
-                    column.append(value)
-        rows = await self._db.fetchall(_FIRE, tuple(columns))
+        schedules = [
+            {
+                "i": i,
+                "name": f.schedule.name,
+                "revision": f.expected_revision,
+                "tenant": f.schedule.tenant,
+                "paused": f.schedule.paused,
+                "next_fire_at": f.schedule.next_fire_at,
+                "body": schedule_rows.encode(f.schedule).decode(),
+            }
+            for i, f in enumerate(batch, start=1)
+        ]
+        owned = [(i, d) for i, f in enumerate(batch, start=1) for d in f.dispatches]
+        # by thread (stable: a schedule's ticks on one thread stay oldest first), the order
+        # every firer takes thread locks in
+        owned.sort(key=lambda t: t[1].thread_id)
+        ticks = [
+            {
+                "i": k,
+                "owner": i,
+                "id": d.dispatch_id,
+                "thread": d.thread_id,
+                "payload": codec.text(d.payload),
+                "tenant": d.tenant,
+                "priority": d.priority,
+                "max_attempts": d.max_attempts,
+            }
+            for k, (i, d) in enumerate(owned, start=1)
+        ]
+        params = (_JSON.encode(schedules).decode(), _JSON.encode(ticks).decode())
+        rows = await self._db.fetchall(_FIRE, params)
         fired = Fired()
         for lost, refused, *dispatch in rows:
             if lost is not None:

@@ -1,0 +1,308 @@
+"""Schedule firing lateness (issue 38 item 4): N schedules due at the same moment, fired by
+the workers' own firing loop (``wakeful.fleet.firing.firing_task``), on PostgreSQL and SQLite.
+
+Run ``python -m benchmarks.schedules [--schedules 10000] [--firers 2] [--rounds 3]
+[--every 20] [--dsn URL] [--no-sqlite]``.
+
+For each store, ``--schedules`` interval schedules (``every`` seconds, default overlap
+``skip`` and catch-up ``latest``), each on a thread of its own per tick, are all due at the
+same tick. ``--firers`` firing loops run as the workers run them, each in a process of its own
+with its own store (PostgreSQL; SQLite: one in-process firer), waiting for that tick by the
+store's clock. A tick's lateness is its dispatch's ``created_at`` (the store's clock at the
+enqueue) minus the tick; the figures are the p50, p99 and the last of each round's N, and how
+long the firers took to fire them all. Before the next round every fired dispatch is marked
+``done`` (no worker runs them), so the firers also read which previous runs are unfinished,
+as they do in steady state.
+
+Schedules are written with one ``executemany`` (the public API would take minutes for 10,000);
+they are the rows ``wakeful.schedule`` writes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from benchmarks.common import DEFAULT_DSN, Collector, Database, Result
+from wakeful import open_store
+from wakeful.fleet.firing import firing_task
+from wakeful.fleet.ticks import next_tick
+from wakeful.fleet.wake import NoWake
+from wakeful.records import Schedule
+from wakeful.store import schedule_rows
+from wakeful.store.sqlite import SqliteStore
+
+SCHEMA = "wakeful"
+LEAD = 3.0
+"""Seconds at least between setting a round up and its tick."""
+
+
+def _schedules(count: int, every: float, tick: datetime) -> list[Schedule]:
+    return [
+        Schedule(
+            name=f"s{i:05d}",
+            target="echo",
+            every=every,
+            input={"n": i},
+            thread_template="{name}-{tick}",
+            next_fire_at=tick,
+            revision=1,
+        )
+        for i in range(count)
+    ]
+
+
+def _tick_after(now: datetime, every: float) -> datetime:
+    """The first tick at least ``LEAD`` seconds after ``now``."""
+    probe = Schedule(name="p", target="t", every=every, thread="t")
+    tick = next_tick(probe, now + timedelta(seconds=LEAD))
+    assert tick is not None
+    return tick
+
+
+def _percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(p * len(ordered)) - 1))]
+
+
+# ----------------------------------------------------------------------------- PostgreSQL
+
+
+def _pg_setup(dsn: str, count: int, every: float) -> datetime:
+    import psycopg
+
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        now = conn.execute(f"SELECT {SCHEMA}.store_now()").fetchone()[0]  # type: ignore[index]
+        tick = _tick_after(now.astimezone(UTC), every)
+        rows = [
+            (s.name, None, False, tick, 1, schedule_rows.encode(s).decode())
+            for s in _schedules(count, every, tick)
+        ]
+        with conn.transaction(), conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO {SCHEMA}.schedules (name, tenant, paused, next_fire_at, revision,"
+                f" created_at, updated_at, body) VALUES (%s, %s, %s, %s, %s, now(), now(), %s)",
+                rows,
+            )
+    return tick
+
+
+def _pg_lateness(dsn: str, tick: datetime, count: int, deadline: float) -> list[float] | None:
+    """Each tick's lateness in seconds once all ``count`` are fired (``None``: not by the
+    deadline)."""
+    import psycopg
+
+    label = tick.strftime("%Y-%m-%dT%H:%M:%S")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            rows = conn.execute(
+                f"SELECT extract(epoch FROM created_at - %s) FROM {SCHEMA}.dispatches"
+                f" WHERE dispatch_id LIKE %s",
+                (tick, f"sched:%:{label}%"),
+            ).fetchall()
+            if len(rows) >= count:
+                # the next round's overlap check finds these runs ended
+                conn.execute(f"UPDATE {SCHEMA}.dispatches SET status = 'done'")
+                return [float(r[0]) for r in rows]
+            time.sleep(0.05)
+    return None
+
+
+def _postgres(args: argparse.Namespace, out: Collector) -> None:
+    db = Database(args.dsn, f"wakeful_bench_sched_{uuid.uuid4().hex[:8]}").create()
+    firers: list[subprocess.Popen[bytes]] = []
+    try:
+        asyncio.run(_migrate(db.dsn))
+        tick = _pg_setup(db.dsn, args.schedules, args.every)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        for _ in range(args.firers):
+            firers.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "benchmarks.schedules", "--fire", db.dsn], env=env
+                )
+            )
+        _rounds(
+            out,
+            f"PostgreSQL, {args.firers} firer(s)",
+            args,
+            args.schedules,
+            tick,
+            lambda t, deadline: _pg_lateness(db.dsn, t, args.schedules, deadline),
+        )
+    finally:
+        for p in firers:
+            p.send_signal(signal.SIGTERM)
+        for p in firers:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        db.drop()
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = used.ru_utime + used.ru_stime
+    ticks = args.schedules * args.rounds
+    out.add(
+        f"PostgreSQL firers' CPU per tick ({args.firers} firer(s))",
+        cpu / ticks * 1e3,
+        "ms",
+        higher_is_better=False,
+        note="user + system time of the firer processes (Python), over every tick fired",
+    )
+    print(f"PostgreSQL firers' CPU: {cpu:.2f} s, {cpu / ticks * 1e3:.3f} ms per tick", flush=True)
+
+
+Measure = Callable[[datetime, float], "list[float] | None"]
+
+
+def _rounds(
+    out: Collector,
+    label: str,
+    args: argparse.Namespace,
+    count: int,
+    tick: datetime,
+    measure: Measure,
+) -> None:
+    p50s: list[float] = []
+    p99s: list[float] = []
+    lasts: list[float] = []
+    for r in range(args.rounds):
+        wait = (tick - datetime.now(UTC)).total_seconds()
+        deadline = time.monotonic() + max(wait, 0) + args.every * 0.9
+        late = measure(tick, deadline)
+        if late is None:
+            out.skip(f"{label}: p99 firing lateness", "s", "not all fired within the interval")
+            print(f"{label}, round {r + 1}: not all {count:,} fired in time", flush=True)
+            return
+        p50s.append(_percentile(late, 0.5))
+        p99s.append(_percentile(late, 0.99))
+        lasts.append(max(late))
+        print(
+            f"{label}, round {r + 1}: {len(late):,} ticks due at once, lateness p50 "
+            f"{p50s[-1]:.3f} s, p99 {p99s[-1]:.3f} s, last {lasts[-1]:.3f} s",
+            flush=True,
+        )
+        tick += timedelta(seconds=args.every)
+    n = f"{count:,} due at once"
+    out.add(f"{label}, {n}: p50 firing lateness", p50s, "s", higher_is_better=False)
+    out.add(
+        f"{label}, {n}: p99 firing lateness",
+        p99s,
+        "s",
+        higher_is_better=False,
+        anchor="limit",
+        anchor_samples=1.0,
+        target=1.0,
+        note="issue 38: p99 <= 1 s with 10k schedules due in the same minute",
+    )
+    out.add(f"{label}, {n}: last tick fired after", lasts, "s", higher_is_better=False)
+
+
+# ----------------------------------------------------------------------------- SQLite
+
+
+async def _sqlite(args: argparse.Namespace, out: Collector) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{Path(tmp) / 'sched.db'}"
+        async with open_store(url) as opened:
+            assert isinstance(opened, SqliteStore)
+            store = opened
+            now = await store.store_now()
+            tick = _tick_after(now, args.every)
+            for s in _schedules(args.sqlite_schedules, args.every, tick):
+                await store.put_schedule(s)  # grouped by the writer: quick
+            task = firing_task(store, NoWake(), 1.0)
+            task.start()
+            try:
+                loop = asyncio.get_running_loop()
+
+                def measure(t: datetime, deadline: float) -> list[float] | None:
+                    return asyncio.run_coroutine_threadsafe(
+                        _sqlite_lateness(store, t, args.sqlite_schedules, deadline), loop
+                    ).result()
+
+                await asyncio.to_thread(
+                    _rounds, out, "SQLite, 1 firer", args, args.sqlite_schedules, tick, measure
+                )
+            finally:
+                task.signal.set()
+                await task.stop()
+
+
+async def _sqlite_lateness(
+    store: SqliteStore, tick: datetime, count: int, deadline: float
+) -> list[float] | None:
+    label = tick.strftime("%Y-%m-%dT%H:%M:%S")
+    sql = "SELECT created_at FROM dispatches WHERE dispatch_id LIKE ?"
+    while time.monotonic() < deadline:
+        rows: list[tuple[int]] = await store._read(
+            lambda c: c.execute(sql, (f"sched:%:{label}%",)).fetchall()
+        )
+        if len(rows) >= count:
+            await store._write(lambda c, _: c.execute("UPDATE dispatches SET status = 'done'"))
+            start = tick.timestamp() * 1e6
+            return [(r[0] - start) / 1e6 for r in rows]
+        await asyncio.sleep(0.05)
+    return None
+
+
+# ----------------------------------------------------------------------------- firer
+
+
+async def _fire(dsn: str) -> None:
+    """A worker's firing loop alone, until SIGTERM."""
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    async with open_store(dsn) as store:
+        task = firing_task(store, NoWake(), 1.0)
+        task.start()
+        await stop.wait()
+        task.signal.set()
+        await task.stop()
+
+
+async def _migrate(dsn: str) -> None:
+    async with open_store(dsn):
+        pass
+
+
+def run(args: argparse.Namespace) -> list[Result]:
+    out = Collector("schedules")
+    _postgres(args, out)
+    if args.sqlite:
+        asyncio.run(_sqlite(args, out))
+    return out.results
+
+
+def main(argv: list[str] | None = None) -> list[Result]:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.schedules")
+    parser.add_argument("--dsn", default=DEFAULT_DSN, help="server to benchmark (admin DSN)")
+    parser.add_argument("--schedules", type=int, default=10_000, help="schedules due at once")
+    parser.add_argument("--firers", type=int, default=2, help="firing processes (PostgreSQL)")
+    parser.add_argument("--rounds", type=int, default=3, help="ticks measured")
+    parser.add_argument("--every", type=float, default=20.0, help="seconds between ticks")
+    parser.add_argument(
+        "--sqlite-schedules", type=int, default=2000, help="schedules due at once (SQLite)"
+    )
+    parser.add_argument("--no-sqlite", dest="sqlite", action="store_false")
+    parser.add_argument("--fire", metavar="DSN", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv if argv is not None else [])
+    if args.fire:
+        asyncio.run(_fire(args.fire))
+        return []
+    return run(args)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
