@@ -34,8 +34,8 @@ def make_agent(counts: dict[str, int], model: Scripted) -> Agent:
         """Wait this many days before going on."""
         counts["ran"] = counts.get("ran", 0) + 1
         await ctx.sleep(timedelta(days=days))
-        counts["after_sleep"] = counts.get("after_sleep", 0) + 1  # never: the call ended
-        return "unreachable"
+        counts["after_sleep"] = counts.get("after_sleep", 0) + 1  # type: ignore[unreachable]
+        return "never: the call ended at the sleep"
 
     @tool
     async def note(text: str) -> str:
@@ -110,7 +110,7 @@ async def test_a_tool_that_sleeps_releases_the_claim_and_the_turn_goes_on_at_the
         clock.advance(1)
 
         async def done() -> bool:
-            return (await _latest(store, "t1")).status == "completed"
+            return bool((await _latest(store, "t1")).status == "completed")
 
         await eventually(done)
     finally:
@@ -171,7 +171,7 @@ async def test_a_cancel_while_a_tool_sleeps_ends_the_run_and_nothing_runs_again(
         await cancel(store, "t1", "no longer needed", wake=wake)
 
         async def cancelled() -> bool:
-            return (await _latest(store, "t1")).status == "cancelled"
+            return bool((await _latest(store, "t1")).status == "cancelled")
 
         await eventually(cancelled)
         clock.advance(4 * 86400)
