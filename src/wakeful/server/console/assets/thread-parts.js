@@ -71,7 +71,7 @@ export function renderRuns(node, runs, marks, dispatches) {
       "tr",
       { "data-run": r.run_id },
       h("td", {}, r.run_id),
-      h("td", {}, badge(r.status)),
+      h("td", {}, badge(r.status), r.wake_at ? h("span", { class: "muted wake-at", title: r.wake_at }, ` until ${time(r.wake_at)}`) : null),
       h("td", {}, r.graph ?? ""),
       h("td", { class: "marks" }, chips),
       h("td", { class: "num" }, d ? `${d.attempts}/${d.max_attempts}` : ""),
