@@ -417,6 +417,30 @@ def test_cancel_a_running_run(page: Any, rig: Fleet) -> None:
     page.locator("#timeline li[data-type='run.cancelled']").wait_for()
 
 
+def test_a_run_delayed_from_the_form_waits_with_its_time(page: Any, rig: Fleet) -> None:
+    sign_in(page, rig, ALPHA)
+    page.fill("#new-start", "soon")  # neither a delay nor an instant: refused, nothing sent
+    page.fill("#new-thread", "console-later")
+    page.fill("#new-target", "chat")
+    page.fill("#new-input", "Remind me tomorrow")
+    page.click("#new-run button[type=submit]")
+    page.wait_for_selector("text=Start is a delay")
+    with rig.api() as api:  # nothing was submitted: the thread does not exist
+        assert api.get("/v1/threads/console-later").status_code == 404
+    page.fill("#new-start", "1d")
+    page.click("#new-run button[type=submit]")
+    page.wait_for_url(re.compile(r"#/threads/console-later$"))
+    waiting = page.locator("#waiting tr .waiting-what")
+    waiting.wait_for()
+    assert waiting.inner_text().startswith("not before ")
+    with rig.api() as api:
+        [d] = api.get("/v1/dispatches", params={"thread_id": "console-later"}).json()["dispatches"]
+    assert d["status"] == "pending" and d["not_before"] is not None
+    delay = datetime.fromisoformat(d["not_before"]) - datetime.fromisoformat(d["created_at"])
+    assert abs(delay.total_seconds() - 86400) < 1
+    assert d["not_before"][:10] in waiting.inner_text()
+
+
 def test_a_sleeping_run_shows_sleeping_until_its_wake_time(page: Any, rig: Fleet) -> None:
     wake = datetime(2999, 1, 1, 9, 0, tzinfo=UTC)  # nothing wakes it during the test
     with_store(rig, lambda store: commit_sleep(store, "console-asleep", wake))

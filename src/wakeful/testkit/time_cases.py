@@ -1,9 +1,9 @@
 """Conformance cases: time (issue 38) as the store keeps it. A dispatch enqueued with a future
 ``available_at`` is claimable exactly when the store's clock reaches it, and a cancel before
 then retires it; a sleeping run's dispatch (settled ``Retry(delay)`` with its suspending
-commit) wakes once, at its time; schedules are stored with a compare-and-set on their revision and found due
-by the store's clock. (How ticks are fired on top of this, ``wakeful.fire_due``, is the
-fleet's, tested against every store in wakeful's own suite.)"""
+commit) wakes once, at its time; schedules are stored with a compare-and-set on their
+revision and found due by the store's clock. (How ticks are fired on top of this,
+``wakeful.fire_due``, is the fleet's, tested against every store in wakeful's own suite.)"""
 
 from __future__ import annotations
 
