@@ -45,6 +45,7 @@ DECLARE
     n timestamptz := @schema@.store_now();
     made text[];
     early integer[];
+    got text[];
 BEGIN
     SELECT coalesce(array_agg(x.name ORDER BY x.i), '{}'), array_agg(x.revision ORDER BY x.i),
            array_agg(x.tenant ORDER BY x.i), array_agg(x.paused ORDER BY x.i),
@@ -64,11 +65,16 @@ BEGIN
     -- again with it (same transaction) and fire the same ids. A later commit that depends
     -- on it (a worker's run of a tick) flushes the WAL through it. So no fsync of its own.
     PERFORM set_config('synchronous_commit', 'off', true);
-    FOR i IN SELECT x.i FROM generate_subscripts(p_names, 1) AS x(i) ORDER BY p_names[x.i] LOOP
-        PERFORM 1 FROM @schema@.schedules
-         WHERE name = p_names[i] AND revision = p_revisions[i]
-           FOR UPDATE SKIP LOCKED;
-        IF FOUND THEN
+    -- one statement takes them all, in name order (SORT below the row locks)
+    got := ARRAY(
+        SELECT s.name
+          FROM @schema@.schedules s
+          JOIN unnest(p_names, p_revisions) AS v(name, revision)
+            ON s.name = v.name AND s.revision = v.revision
+         ORDER BY s.name
+           FOR UPDATE OF s SKIP LOCKED);
+    FOR i IN 1 .. coalesce(array_length(p_names, 1), 0) LOOP
+        IF p_names[i] = ANY (got) THEN
             taken[i] := true;
         ELSE
             o_lost := p_names[i];
