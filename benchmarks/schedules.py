@@ -363,16 +363,19 @@ def _rounds(
         tick += timedelta(seconds=args.every)
     n = f"{count:,} due at once"
     out.add(f"{label}, {n}: p50 firing lateness", p50s, "s", higher_is_better=False)
-    out.add(
-        f"{label}, {n}: p99 firing lateness",
-        p99s,
-        "s",
-        higher_is_better=False,
-        anchor="limit",
-        anchor_samples=1.0,
-        target=1.0,
-        note="issue 38: p99 <= 1 s with 10k schedules due in the same minute",
-    )
+    if label.startswith("PostgreSQL"):  # the issue's bound is the fleet's (PostgreSQL)
+        out.add(
+            f"{label}, {n}: p99 firing lateness",
+            p99s,
+            "s",
+            higher_is_better=False,
+            anchor="limit",
+            anchor_samples=1.0,
+            target=1.0,
+            note="issue 38: p99 <= 1 s with 10k schedules due in the same minute",
+        )
+    else:
+        out.add(f"{label}, {n}: p99 firing lateness", p99s, "s", higher_is_better=False)
     out.add(f"{label}, {n}: last tick fired after", lasts, "s", higher_is_better=False)
 
 
