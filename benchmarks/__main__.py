@@ -64,6 +64,10 @@ PLAN = (
     Module("busy_threads", 150, ("--n", "40"), postgres=True),
     Module("langgraph_saver", 240, ("--runs", "120"), postgres=True),
     Module("console", 240),
+    # Issue 38: 2,000 due now fired batched then one by one; 10,000 due at once (two
+    # firer processes, two ticks 30 s apart) and 10,000 spread over a minute (PostgreSQL);
+    # 2,000 due at once on SQLite. Mostly waiting for the ticks.
+    Module("schedules", 480, postgres=True),
     # Issue 39: two workers against one 120 rpm key for 60 s (mostly waiting).
     Module("flow_control", 150, postgres=True),
     # Issue 24's experiment: its targets at N = 1000 with its 18.1 s streams; N = 100 and

@@ -149,6 +149,17 @@ METHOD = {
         "only against the absolute limits (a tenant page and a metrics scrape <= 20 ms). "
         "[Decision 0027](decisions/0027-flat-reads.md) says why."
     ),
+    "schedules": (
+        "Issue 38: schedule ticks fired by the workers' own firing loop "
+        "([decision 0044](decisions/0044-batch-firing-and-tool-sleep.md)). On PostgreSQL: "
+        "2,000 schedules due now fired by one firer in batches (one statement per 100) and "
+        "one by one (decision 0038's three round trips a tick); 10,000 interval schedules due "
+        "at the same second, fired by two firer processes, for each round's tick (the "
+        "previous round's runs ended, so the overlap check reads them); 10,000 cron "
+        "schedules with a seconds field, a 60th due each second of one minute. On SQLite, "
+        "2,000 due at once, one firer. A tick's lateness: its dispatch's `created_at` minus "
+        "the tick, by the store's clock. The 1 s p99 of the issue is judged on PostgreSQL."
+    ),
 }
 
 

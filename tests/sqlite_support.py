@@ -9,7 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
@@ -40,6 +40,7 @@ from wakeful.records import (
     WorkerInfo,
 )
 from wakeful.store.contract import RateLimitStore, Store, StreamCheckpointStore
+from wakeful.store.firings import Fired, Firing, TickStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -287,6 +288,20 @@ class Alternating:
 
     async def due_schedules(self, limit: int = 100) -> tuple[datetime, list[Schedule]]:
         return await self.next().due_schedules(limit)
+
+    def _ticks(self) -> TickStore:
+        store = self.next()
+        assert isinstance(store, TickStore)
+        return store
+
+    async def fire_schedules(self, firings: Sequence[Firing]) -> Fired:
+        return await self._ticks().fire_schedules(firings)
+
+    async def unfinished_runs(self, dispatch_ids: Sequence[str]) -> set[str]:
+        return await self._ticks().unfinished_runs(dispatch_ids)
+
+    async def next_schedule_due(self) -> tuple[datetime, datetime | None]:
+        return await self._ticks().next_schedule_due()
 
 
 class _AlternatingStream:

@@ -128,6 +128,13 @@ def test_run_waits_through_a_sleep_and_continues_a_due_one(url: str) -> None:
     wake_at = asyncio.run(asleep_then_stopped())
     shown = cli("threads", "show", "t2", store=url)
     assert shown.returncode == 0 and "status sleeping until" in shown.stdout, shown.stdout
+    shown_runs = cli("threads", "runs", "t2", "--json", store=url)
+    [latest] = json.loads(shown_runs.stdout)
+    assert latest["run_id"] == "run-nap-2" and latest["status"] == "sleeping", latest
+    assert datetime.fromisoformat(latest["wake_at"]) == wake_at
+    listed = cli("dispatches", "list", "--thread", "t2", store=url)
+    until = f"pending until {wake_at.isoformat(timespec='seconds')}"
+    assert listed.returncode == 0 and until in listed.stdout, listed.stdout
     while datetime.now(UTC) <= wake_at:  # nothing runs it meanwhile: no worker is left
         time.sleep(0.05)
     done = cli("run", "t2", "tally", "--input", '{"numbers": [1]}', "--app", APP, "--json",

@@ -447,6 +447,62 @@ def test_cancel_a_running_run(page: Any, rig: Fleet) -> None:
     page.locator("#timeline li[data-type='run.cancelled']").wait_for()
 
 
+def test_a_run_delayed_from_the_form_waits_with_its_time(page: Any, rig: Fleet) -> None:
+    sign_in(page, rig, ALPHA)
+    page.fill("#new-start", "soon")  # neither a delay nor an instant: refused, nothing sent
+    page.fill("#new-thread", "console-later")
+    page.fill("#new-target", "chat")
+    page.fill("#new-input", "Remind me tomorrow")
+    page.click("#new-run button[type=submit]")
+    page.wait_for_selector("text=Start is a delay")
+    with rig.api() as api:  # nothing was submitted: the thread does not exist
+        assert api.get("/v1/threads/console-later").status_code == 404
+    page.fill("#new-start", "1d")
+    page.click("#new-run button[type=submit]")
+    page.wait_for_url(re.compile(r"#/threads/console-later$"))
+    waiting = page.locator("#waiting tr .waiting-what")
+    waiting.wait_for()
+    assert waiting.inner_text().startswith("not before ")
+    with rig.api() as api:
+        [d] = api.get("/v1/dispatches", params={"thread_id": "console-later"}).json()["dispatches"]
+    assert d["status"] == "pending" and d["not_before"] is not None
+    delay = datetime.fromisoformat(d["not_before"]) - datetime.fromisoformat(d["created_at"])
+    assert abs(delay.total_seconds() - 86400) < 1
+    assert d["not_before"][:10] in waiting.inner_text()
+
+
+def test_a_sleeping_run_shows_sleeping_until_its_wake_time(page: Any, rig: Fleet) -> None:
+    wake = datetime(2999, 1, 1, 9, 0, tzinfo=UTC)  # nothing wakes it during the test
+    with_store(rig, lambda store: commit_sleep(store, "console-asleep", wake))
+    sign_in(page, rig, ALPHA)
+    page.goto(f"{rig.url}/console/#/threads/console-asleep")
+    page.wait_for_selector("#thread-status .s-sleeping")
+    assert "2999" in page.inner_text("#wake-at")
+    row = page.locator("#runs tr[data-run='run-asleep']")
+    row.wait_for()
+    assert "sleeping" in row.inner_text() and "2999" in row.locator(".wake-at").inner_text()
+    assert page.is_enabled("#cancel-run")  # a cancel ends a sleeping run
+
+
+async def commit_sleep(store: Any, thread_id: str, wake: datetime) -> None:
+    """Commit what ``ctx.sleep`` records (a sleep ticket and the wake time) for tenant
+    alpha, and release the claim, as a sleeping run leaves its thread."""
+    claim = await store.claim(thread_id, "seeder", 30, tenant="alpha")
+    ticket = {
+        "id": "t0-s1",
+        "task_id": "t0",
+        "node": "nap",
+        "question": {"sleep_until": wake.isoformat()},
+        "schema": "wakeful.sleep",
+    }
+    checkpoint = Checkpoint(
+        id=f"{thread_id}-c1", parent=None, run_id="run-asleep", status="suspended",
+        state={}, created_at=datetime.now(UTC), tenant="alpha",
+        metadata={"wake_at": wake.isoformat(), "tickets": [ticket]},
+    )  # fmt: skip
+    await store.commit(thread_id, Commit(token=claim.token, checkpoint=checkpoint, release=True))
+
+
 def test_schedules_pause_resume_run_now_and_delete(page: Any, rig: Fleet) -> None:
     body = {"target": "sorter", "cron": "0 3 * * *", "thread": "console-nightly"}
     with rig.api(ALPHA) as api:

@@ -8,6 +8,7 @@ from typing import ClassVar
 
 import pytest
 
+from tests.batch_firing_cases import BatchFiringCases
 from tests.firing_cases import FiringCases
 from wakeful.clock import ManualClock
 from wakeful.store.contract import Store
@@ -15,7 +16,7 @@ from wakeful.store.file import FileStore, open_file_store
 from wakeful.testkit import StoreConformance
 
 
-class TestFileStore(StoreConformance, FiringCases):
+class TestFileStore(StoreConformance, FiringCases, BatchFiringCases):
     capabilities: ClassVar[frozenset[str]] = frozenset({"relay_crash_injection", "folded_writes"})
 
     @pytest.fixture(autouse=True)

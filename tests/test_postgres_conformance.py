@@ -17,6 +17,7 @@ from typing import ClassVar
 import pytest
 from psycopg.conninfo import make_conninfo
 
+from tests.batch_firing_cases import BatchFiringCases
 from tests.firing_cases import FiringCases
 from tests.postgres_support import (
     Databases,
@@ -40,7 +41,7 @@ def _pg(store: Store) -> PostgresStore:
     return store
 
 
-class TestPostgresStore(StoreConformance, FiringCases):
+class TestPostgresStore(StoreConformance, FiringCases, BatchFiringCases):
     capabilities: ClassVar[frozenset[str]] = frozenset({"folded_writes"})
     exact_expiry = False
 

@@ -95,6 +95,24 @@ async def test_a_sleeping_run_shows_sleeping_with_its_wake_time(api: Api) -> Non
     view = (await api.client(ALPHA).get("/v1/threads/t1")).json()
     assert view["status"] == "sleeping"
     assert datetime.fromisoformat(view["wake_at"]) == wake
+    [run] = (await api.client(ALPHA).get("/v1/threads/t1/runs")).json()["runs"]
+    assert run["run_id"] == "run-1" and run["status"] == "sleeping"
+    assert datetime.fromisoformat(run["wake_at"]) == wake
+    # woken and ended: an ordinary run again
+    claim = await api.store.claim("t1", "rt", 30, tenant="alpha")
+    done = Checkpoint(
+        id="run-1-c2",
+        parent=cp.id,
+        run_id="run-1",
+        status="completed",
+        state={},
+        created_at=START,
+        tenant="alpha",
+        metadata={"wake_at": wake.isoformat()},
+    )
+    await api.store.commit("t1", Commit(token=claim.token, checkpoint=done, release=True))
+    [run] = (await api.client(ALPHA).get("/v1/threads/t1/runs")).json()["runs"]
+    assert run["status"] == "completed" and run["wake_at"] is None
 
 
 @pytest.mark.asyncio

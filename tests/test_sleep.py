@@ -6,6 +6,7 @@ Time is a manual clock."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Annotated, Any, TypedDict
@@ -13,6 +14,7 @@ from typing import Annotated, Any, TypedDict
 import pytest
 import pytest_asyncio
 
+from tests.metrics_support import sample
 from tests.runtime_support import eventually
 from wakeful import ManualClock
 from wakeful.errors import InvalidInput
@@ -140,6 +142,29 @@ async def test_a_sleeping_run_releases_its_claim_and_wakes_once_when_due(env: En
     done = await env.store.get_dispatch("d1")
     assert done is not None and done.status == "done"
     assert done.attempts == 2  # the start and the wake-up
+
+
+@pytest.mark.asyncio
+async def test_a_worker_counts_and_logs_a_sleeping_run_apart(
+    env: Env, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="wakeful.fleet")
+    worker = env.worker("w1")
+    start = env.clock.now()
+    await submit(env.store, "t1", "sleepy", {}, dispatch_id="d1", wake=env.wake)
+    await _asleep(env, "t1")
+    await eventually(lambda: worker.stats.sleeping == 1)
+    # asleep: neither waiting for answers nor a failed attempt, and no longer running
+    assert (worker.stats.awaiting, worker.stats.retried, worker.stats.done) == (0, 0, 0)
+    scrape = worker.metrics.render()
+    assert sample(scrape, 'wakeful_settles_total{outcome="sleeping"}') == 1
+    assert sample(scrape, "wakeful_worker_running_dispatches") == 0
+    wake = (start + timedelta(hours=1)).isoformat()
+    ended = [r.getMessage() for r in caplog.records if "ended" in r.getMessage()]
+    assert len(ended) == 1 and "ended sleeping" in ended[0] and f"until {wake}" in ended[0]
+    env.clock.advance(3600)
+    await eventually(lambda: worker.stats.done == 1)
+    assert worker.stats.sleeping == 1 and worker.stats.awaiting == 0
 
 
 @pytest.mark.asyncio

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 import pytest
 
+from tests.batch_firing_cases import BatchFiringCases
 from tests.firing_cases import FiringCases
 from tests.sqlite_support import Alternating, ScratchFiles, sqlite_url
 from wakeful.clock import ManualClock
@@ -33,7 +34,7 @@ def _url_of(store: Store) -> str:
     return store.url
 
 
-class TestSqliteStore(StoreConformance, FiringCases):
+class TestSqliteStore(StoreConformance, FiringCases, BatchFiringCases):
     capabilities: ClassVar[frozenset[str]] = frozenset({"folded_writes"})
 
     async def new_store(self, clock: ManualClock) -> Store:

@@ -1,6 +1,7 @@
 """Time across a fleet of real worker processes on PostgreSQL (issue 38): every tick of a
 schedule fired and run once, none early, with a worker SIGKILLed and restarted; a run asleep
-whose worker is SIGKILLed is woken and finished once by another worker, after its wake time."""
+(in a graph node, or in an agent's tool) whose worker is SIGKILLed is woken and finished once
+by another worker, after its wake time."""
 
 from __future__ import annotations
 
@@ -184,6 +185,64 @@ async def test_a_run_asleep_whose_worker_is_killed_is_finished_once_by_another(
             assert time.monotonic() < end, (snap, d)
             await asyncio.sleep(0.05)
         assert snap.checkpoint.state == {"log": ["a", "woke", "c"]}
+    finally:
+        stop(children)
+        await store.close()
+
+
+async def test_an_agent_asleep_in_a_tool_whose_worker_is_killed_goes_on_once_elsewhere(
+    pg_databases: Databases, tmp_path: Path
+) -> None:
+    url = await pg_databases.clone()
+    store = await open_test_store(url)
+    first = spawn(url, "w1", tmp_path)
+    children = [first]
+    try:
+        await until(up(tmp_path, "w1", first.pid), "w1 to start")
+        await submit(store, "t2", "tool_sleeper", "nap a little", dispatch_id="d2")
+
+        async def asleep() -> bool:
+            snap = await store.read("t2")
+            if snap is None or snap.checkpoint is None or snap.claim is not None:
+                return False
+            return "wake_at" in snap.checkpoint.metadata
+
+        end = time.monotonic() + 20
+        while not await asleep():
+            assert time.monotonic() < end, effects(tmp_path)
+            await asyncio.sleep(0.02)
+        snap = await store.read("t2")
+        assert snap is not None and snap.checkpoint is not None
+        wake_at = datetime.fromisoformat(snap.checkpoint.metadata["wake_at"])
+        os.kill(first.pid, signal.SIGKILL)  # the worker dies while the tool's sleep runs
+        first.communicate(timeout=10)
+        second = spawn(url, "w2", tmp_path)
+        children.append(second)
+
+        def finished() -> bool:
+            return any(e[:2] == ["model", "reply"] for e in effects(tmp_path))
+
+        await until(finished, "the turn to go on after the sleep", deadline=30)
+        lines = effects(tmp_path)
+        # the tool ran once, before the kill; its code after the sleep never ran
+        assert [e[:2] for e in lines] == [["model", "call"], ["toolnap", "t2"], ["model", "reply"]]
+        assert {e[-2] for e in lines[:2]} == {str(first.pid)}
+        assert lines[2][-2] == str(second.pid)
+        replied = datetime.fromtimestamp(float(lines[2][-1]), UTC)
+        assert replied >= wake_at, (replied, wake_at)
+        end = time.monotonic() + 10
+        while True:
+            snap = await store.read("t2")
+            d = await store.get_dispatch("d2")
+            completed = snap and snap.checkpoint and snap.checkpoint.status == "completed"
+            if completed and d and d.status == "done":
+                break
+            assert time.monotonic() < end, (snap, d)
+            await asyncio.sleep(0.05)
+        messages = await store.messages("t2")
+        assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+        assert messages[2].content == f"slept until {wake_at.isoformat()}"
+        assert messages[3].content == "Done."
     finally:
         stop(children)
         await store.close()

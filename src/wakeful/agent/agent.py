@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import datetime
 from typing import Any, TypedDict
 
 import msgspec
@@ -18,7 +19,7 @@ import msgspec
 from wakeful.agent.limiting import CallLimits, limits_of
 from wakeful.agent.observe import ToolObserver
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery
-from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext
+from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext, ToolSleep
 from wakeful.errors import InvalidInput, OutcomeUnknown
 from wakeful.ids import check_id
 from wakeful.limits import RateLimit, check_limits
@@ -236,11 +237,22 @@ class Agent:
             approved, reason = _decision(decision)
             if not approved:
                 return "denied", f"denied: {reason}" if reason else "denied by the user"
+        woke = ctx.next_sleep_answer()
+        if woke is not None:
+            # the call slept (ToolContext.sleep) and this is its wake-up: it is not run
+            # again; the sleep is answered and the turn goes on with its result
+            until = datetime.fromisoformat(str(woke))
+            await ctx.sleep_until(until)
+            return "ok", f"slept until {until.isoformat()}"
         seen = ToolObserver(
             name, str(call.get("id")), tool.replay, ctx.idempotency_key, self.metrics
         )
         try:
             outcome, content = await self._run_tool(tool, arguments, call, ctx, seen)
+        except ToolSleep as sleep:
+            seen.done("slept", ran=True)
+            await ctx.sleep_until(sleep.until)  # the run sleeps: its claim is released
+            raise AssertionError("an unanswered sleep returned") from None
         except BaseException as exc:
             seen.done("error", ran=False, error=exc)
             raise
@@ -270,6 +282,7 @@ class Agent:
             fencing_token=ctx.fencing_token,
             replay=tool.replay,
             patches=ctx.patches,
+            clock=ctx.clock,
         )
         try:
             # a tool call may take long: the claim stays renewed meanwhile

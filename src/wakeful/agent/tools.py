@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias, get_type_hints, overload
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, Literal, NoReturn, TypeAlias, get_type_hints, overload
 
 import msgspec
 
+from wakeful.clock import Clock, SystemClock
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
 from wakeful.providers.base import ToolSpec
@@ -46,9 +48,42 @@ class ToolContext:
     patches: Collection[str] = ()
     """The patches the run started with (``patched``)."""
 
+    clock: Clock = field(default_factory=SystemClock, repr=False, compare=False)
+    """The run's clock (what ``sleep`` measures from)."""
+
     def patched(self, change_id: str) -> bool:
         """As ``NodeContext.patched``: whether the run started on code declaring the patch."""
         return change_id in self.patches
+
+    async def sleep(self, duration: timedelta | float) -> NoReturn:
+        """End this call with a durable sleep of ``duration`` (a ``timedelta`` or seconds):
+        the run commits, releases its claim and is woken when the time has come, by any
+        worker (an embedded ``Runtime`` keeps a timer). No process waits meanwhile.
+
+        The call is not run again at the wake-up: its result, which the model reads when
+        the turn goes on, is ``"slept until <wake time>"``. Code after this call in the
+        tool does not run: what must happen after the wait is the model's next step. A
+        tool that calls it must be ``async``."""
+        seconds = duration.total_seconds() if isinstance(duration, timedelta) else duration
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or seconds < 0:
+            raise InvalidInput("duration", "must be a timedelta or seconds, 0 or more")
+        await self.sleep_until(self.clock.now() + timedelta(seconds=seconds))
+
+    async def sleep_until(self, when: datetime) -> NoReturn:
+        """End this call with a durable sleep until ``when`` (timezone-aware); see
+        ``sleep``."""
+        if not isinstance(when, datetime) or when.utcoffset() is None:
+            raise InvalidInput("when", "must be a timezone-aware datetime")
+        raise ToolSleep(when)
+
+
+class ToolSleep(BaseException):
+    """Raised by ``ToolContext.sleep``: the call ends and its agent records the sleep. A
+    ``BaseException``, so that a tool's ``except Exception`` does not swallow it."""
+
+    def __init__(self, until: datetime) -> None:
+        super().__init__(f"sleep until {until.isoformat()}")
+        self.until = until
 
 
 class ArgumentsInvalid(ValueError):

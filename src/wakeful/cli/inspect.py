@@ -202,6 +202,8 @@ async def threads_runs(thread_id: str, store: str | None, as_json: bool, limit: 
     """The thread's runs, newest first, from its checkpoint history (retention may have
     removed old checkpoints)."""
 
+    from wakeful.runtime.sleeps import wake_at
+
     async def read(s: Any) -> list[dict[str, Any]]:
         await _snapshot(s, thread_id)
         runs: list[dict[str, Any]] = []
@@ -215,10 +217,13 @@ async def threads_runs(thread_id: str, store: str | None, as_json: bool, limit: 
                     continue
                 if len(runs) == limit:
                     return runs
+                # the newest checkpoint is the thread's latest: its run may be asleep
+                waking = wake_at(cp) if not runs and before is None else None
                 runs.append(
                     {
                         "run_id": cp.run_id,
-                        "status": cp.status,
+                        "status": cp.status if waking is None else "sleeping",
+                        "wake_at": waking,
                         "graph": cp.metadata.get("graph"),
                         "started_at": at,
                         "updated_at": at,
@@ -239,7 +244,7 @@ async def threads_runs(thread_id: str, store: str | None, as_json: bool, limit: 
             [
                 (
                     r["run_id"],
-                    r["status"],
+                    r["status"] if r["wake_at"] is None else f"sleeping until {_at(r['wake_at'])}",
                     r["graph"],
                     _at(r["started_at"]),
                     _at(r["updated_at"]),
@@ -255,12 +260,14 @@ DISPATCH_COLUMNS = ["dispatch", "thread", "kind", "status", "attempts", "holder"
 
 
 def dispatch_rows(rows: list[Dispatch]) -> list[tuple[Any, ...]]:
+    from wakeful.fleet.delays import waits_until
+
     return [
         (
             d.dispatch_id,
             d.thread_id,
             d.kind,
-            d.status,
+            d.status if (at := waits_until(d)) is None else f"{d.status} until {_at(at)}",
             f"{d.attempts}/{d.max_attempts}",
             d.holder,
             d.last_error,

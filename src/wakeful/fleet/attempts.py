@@ -64,9 +64,11 @@ def terminal_checkpoint(
 
 @dataclass(frozen=True)
 class Settled:
-    """An outcome already recorded by the commit that ended the work."""
+    """An outcome already recorded by the commit that ended the work; ``wake_at``: the run
+    fell asleep (the commit settled its dispatch due again then)."""
 
     outcome: Outcome
+    wake_at: datetime | None = None
 
 
 def log_fields(d: Dispatch) -> dict[str, Any]:

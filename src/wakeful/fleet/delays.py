@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 from wakeful.errors import InvalidInput
 from wakeful.ids import MAX_AGE_SECONDS
+from wakeful.records import Dispatch
 
 MAX_DELAY = timedelta(seconds=MAX_AGE_SECONDS)
 """The farthest ahead a dispatch may be delayed: a century (``ids.MAX_AGE_SECONDS``, what
@@ -91,6 +92,16 @@ def not_before(now: datetime, after: object = None, at: object = None) -> dateti
     return None
 
 
+def waits_until(d: Dispatch) -> datetime | None:
+    """When pending work waits for a time (a delayed run, a retry's backoff, a sleeping
+    run's wake-up): its ``available_at``; ``None`` for work claimable since it was stored
+    or no longer pending."""
+    at, created = d.available_at, d.created_at
+    if d.status != "pending" or at is None or created is None or at <= created:
+        return None
+    return at
+
+
 __all__ = [
     "MAX_DELAY",
     "check_at",
@@ -98,4 +109,5 @@ __all__ = [
     "not_before",
     "parse_duration",
     "parse_instant",
+    "waits_until",
 ]

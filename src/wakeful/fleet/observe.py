@@ -28,6 +28,8 @@ class WorkerStats:
     claimed: int = 0
     done: int = 0
     awaiting: int = 0
+    sleeping: int = 0
+    """Attempts that ended with their run asleep (``ctx.sleep``), not counted in ``awaiting``."""
     retried: int = 0
     fenced: int = 0
     exhausted: int = 0

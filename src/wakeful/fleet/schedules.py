@@ -1,22 +1,23 @@
 """Schedules: define them (``schedule``), operate them (pause, resume, delete, trigger) and
 fire their due ticks (``fire_due``), exactly once per tick however many workers fire.
 
-Firing needs no leader and holds no lock across a round trip (decision 0038): a firer reads
-the due schedules, computes their ticks in Python (``wakeful.fleet.ticks``), enqueues each
-tick's dispatch under the id ``sched:{name}:{tick in UTC}`` (a second enqueue of the same id
-stores nothing more) and then advances ``next_fire_at`` by compare-and-set on the
-schedule's revision. A firer that crashes between the two steps leaves the schedule due;
-the next firer computes the same ticks and their ids, so nothing is fired twice. Due is
-judged by the store's clock (``ScheduleStore.store_now``), never a worker's."""
+Firing needs no leader and holds no lock across a round trip (decisions 0038 and 0044): a
+firer reads the due schedules, computes their ticks in Python (``wakeful.fleet.ticks``),
+enqueues each tick's dispatch under the id ``sched:{name}:{tick in UTC}`` (a second enqueue
+of the same id stores nothing more) and advances ``next_fire_at`` by compare-and-set on the
+schedule's revision: for a batch of schedules in one statement on PostgreSQL and one
+transaction on SQLite (``wakeful.fleet.firing_batch``). A firer that crashes before that
+leaves the schedules due; the next firer computes the same ticks and their ids, so nothing
+is fired twice. Due is judged by the store's clock (``ScheduleStore.store_now``), never a
+worker's."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
@@ -25,62 +26,35 @@ from wakeful.errors import (
     InvalidInput,
     NotFound,
     ScheduleContended,
-    TenantMismatch,
     WakefulError,
 )
 from wakeful.fleet.client import submit
-from wakeful.fleet.ticks import check_cron, next_tick, tick_label, ticks_back, zone
+from wakeful.fleet.firing_batch import (
+    BATCH,
+    ENQUEUE_RECHECK,
+    SKIP_GRACE,
+    SchedulingStore,
+    fire_batch,
+    plan,
+    previous_unfinished,
+    schedule_dispatch_id,
+    thread_for,
+    unfinished,
+)
+from wakeful.fleet.ticks import check_cron, next_tick, tick_label, zone
 from wakeful.fleet.wake import Wake
-from wakeful.ids import check_id
-from wakeful.records import TERMINAL_STATUSES, Dispatch, Schedule
-from wakeful.store.contract import DispatchQueue, ScheduleStore, ThreadStore
+from wakeful.records import Dispatch, Schedule
+from wakeful.store.contract import ScheduleStore
+from wakeful.store.firings import Firing
 from wakeful.store.schedule_rows import CATCH_UPS, OVERLAPS, check_schedule
 
 log = logging.getLogger("wakeful.schedules")
 
-SKIP_GRACE = timedelta(seconds=60)
-"""With ``catch_up="skip"``, a tick fired more than this late counts as missed."""
-ENQUEUE_RECHECK = timedelta(seconds=1)
-"""How soon a schedule whose tick waits (``overlap="enqueue"``) is looked at again."""
-FIRING_CONCURRENCY = 8
-"""Schedules one ``fire_due`` call fires at a time (each a few round trips)."""
 CAS_TRIES = 8
 """How often an operator action re-reads a schedule whose revision changed under it."""
 
 Overlap = Literal["skip", "enqueue", "allow"]
 CatchUp = Literal["skip", "latest", "all"]
-
-
-class SchedulingStore(ScheduleStore, DispatchQueue, ThreadStore, Protocol):
-    """What scheduling needs of a store (every store of ``open_store`` is one)."""
-
-
-def schedule_dispatch_id(name: str, tick: datetime) -> str:
-    """The dispatch id of ``name``'s tick at ``tick``: the same for every firer."""
-    return f"sched:{name}:{tick_label(tick)}"
-
-
-def thread_for(s: Schedule, tick: datetime) -> str:
-    """The thread a tick runs on: ``thread``, or ``thread_template`` filled with the tick's
-    local ``{date}`` (2026-12-08), ``{time}`` (0900), ``{tick}`` (UTC, 20261208T090000Z)
-    and ``{name}``."""
-    if s.thread is not None:
-        return s.thread
-    assert s.thread_template is not None
-    local = tick.astimezone(zone(s.timezone))
-    values = {
-        "date": local.strftime("%Y-%m-%d"),
-        "time": local.strftime("%H%M%S") if local.second else local.strftime("%H%M"),
-        "tick": tick_label(tick).replace("-", "").replace(":", ""),
-        "name": s.name,
-    }
-    try:
-        return check_id("thread_template", s.thread_template.format(**values))
-    except (KeyError, IndexError, ValueError) as exc:
-        raise InvalidInput(
-            "thread_template",
-            f"{s.thread_template!r} may name only {{date}}, {{time}}, {{tick}}, {{name}}: {exc}",
-        ) from None
 
 
 async def schedule(
@@ -192,76 +166,60 @@ async def trigger_schedule(
     return dispatch
 
 
+class FiredPage(NamedTuple):
+    """What one ``fire_page`` call did: the dispatches it created, how many schedules it read
+    due, and how many of those it fired or advanced (the rest another firer took)."""
+
+    created: list[Dispatch]
+    due: int
+    taken: int
+
+
 async def fire_due(
     store: SchedulingStore, *, limit: int = 100, wake: Wake | None = None
 ) -> list[Dispatch]:
     """Fire the due ticks of up to ``limit`` schedules (due by the store's clock) and return
     the dispatches this call created. Calling it again for the same moment, here or in any
     other process, creates nothing more: a tick's dispatch id is fixed."""
+    return (await fire_page(store, limit=limit, wake=wake)).created
+
+
+async def fire_page(
+    store: SchedulingStore, *, limit: int = 100, wake: Wake | None = None
+) -> FiredPage:
+    """``fire_due``, saying also how much of the due page this call took: a page of
+    ``limit`` read and taken means more may be due now (the firing loop reads again at
+    once). The page is fired in batches of ``BATCH`` (one statement each on PostgreSQL,
+    ``wakeful.fleet.firing_batch``), after one read of which previous runs are unfinished."""
     now, due = await store.due_schedules(limit)
-    # Several workers read the same due schedules: each takes them in its own order, so
-    # they mostly fire different ones; a few at a time, so a burst (10k schedules at 09:00)
-    # is not one round trip after another.
+    if not due:
+        return FiredPage([], 0, 0)
+    # Several workers read the same due page: each takes it in its own order, in batches,
+    # and a batch passes over the schedules another firer is firing at that moment.
     random.shuffle(due)
-    gate = asyncio.Semaphore(FIRING_CONCURRENCY)
-    created: list[Dispatch] = []
-
-    async def one(s: Schedule) -> None:
-        async with gate:
-            try:
-                created.extend(await _fire(store, s, now, wake))
-            except WakefulError as exc:  # one broken schedule must not stop the others
-                log.warning("firing schedule %s failed: %s", s.name, exc)
-
-    await asyncio.gather(*(one(s) for s in due))
-    return created
-
-
-async def _fire(
-    store: SchedulingStore, s: Schedule, now: datetime, wake: Wake | None
-) -> list[Dispatch]:
-    assert s.next_fire_at is not None
-    since = s.waiting_since or s.next_fire_at
-    busy = s.overlap != "allow" and await previous_unfinished(store, s.last_dispatch_id)
-    if busy and s.overlap == "enqueue":
-        # the ticks wait for the previous run (catch_up decides once it ends); looked at
-        # again in a moment, behind the schedules due before then, so that many waiting
-        # schedules never keep the others from being read
-        waiting = msgspec.structs.replace(
-            s, waiting_since=since, next_fire_at=now + ENQUEUE_RECHECK
-        )
-        await store.put_schedule(waiting, s.revision)
-        return []
-    if s.catch_up == "all":
-        ticks = ticks_back(s, now, since, s.max_catch_up)
-    else:
-        ticks = ticks_back(s, now, since, 1)
-        if s.catch_up == "skip" and ticks and now - ticks[-1] > SKIP_GRACE:
-            ticks = []
-    if busy:  # overlap == "skip"
-        ticks = []
-    created: list[Dispatch] = []
-    for tick in ticks:
-        dispatch_id = schedule_dispatch_id(s.name, tick)
-        if await store.get_dispatch(dispatch_id) is not None:
-            continue  # another firer (or an earlier attempt of this one) fired it
+    last = [s.last_dispatch_id for s in due if s.overlap != "allow" and s.last_dispatch_id]
+    busy = await unfinished(store, last)
+    firings: list[Firing] = []
+    for s in due:
         try:
-            created.append(await _submit(store, s, tick, dispatch_id, wake))
-        except (TenantMismatch, InvalidInput) as refused:
-            # no retry can store it (the thread is another tenant's): the tick is lost,
-            # said once, rather than refused again at every poll of every worker
-            log.warning("schedule %s: tick %s refused: %s", s.name, dispatch_id, refused)
-    advanced = msgspec.structs.replace(
-        s,
-        next_fire_at=next_tick(s, now),
-        waiting_since=None,
-        last_tick=ticks[-1] if ticks else s.last_tick,
-        last_dispatch_id=schedule_dispatch_id(s.name, ticks[-1]) if ticks else s.last_dispatch_id,
-        fired=s.fired + len(ticks),
-    )
-    # None: another firer advanced it (firing the same ticks), or an operator changed it
-    await store.put_schedule(advanced, s.revision)
-    return created
+            previous = s.overlap != "allow" and s.last_dispatch_id in busy
+            firings.append(plan(s, now, previous, next_tick(s, now)))
+        except WakefulError as exc:  # one broken schedule must not stop the others
+            log.warning("firing schedule %s failed: %s", s.name, exc)
+    created: list[Dispatch] = []
+    taken = 0
+    for i in range(0, len(firings), BATCH):
+        batch = firings[i : i + BATCH]
+        try:
+            fired = await fire_batch(store, batch)
+        except WakefulError as exc:  # left due: the next poll (or another firer) fires it
+            log.warning("firing %d schedules failed: %s", len(batch), exc)
+            continue
+        created.extend(fired.created)
+        taken += len(batch) - len(fired.lost)
+    if created and wake is not None:
+        await wake.notify()
+    return FiredPage(created, len(due), taken)
 
 
 async def _submit(
@@ -285,23 +243,6 @@ async def _submit(
         return found
 
 
-async def previous_unfinished(store: SchedulingStore, dispatch_id: str | None) -> bool:
-    """Whether the run the dispatch ``dispatch_id`` started has not ended yet: its dispatch
-    is still open, or its run is the thread's latest and still running, suspended or
-    asleep (a resumed run's first dispatch is done while the run goes on)."""
-    if dispatch_id is None:
-        return False
-    d = await store.get_dispatch(dispatch_id)
-    if d is None:
-        return False
-    if d.status != "done":
-        return True
-    snap = await store.read(d.thread_id)
-    latest = snap.checkpoint if snap is not None else None
-    run_id = d.payload.get("run_id") if isinstance(d.payload, dict) else None
-    return latest is not None and latest.run_id == run_id and latest.status not in TERMINAL_STATUSES
-
-
 async def _change(store: ScheduleStore, name: str, changes: Any) -> Schedule:
     for _ in range(CAS_TRIES):
         current = await store.get_schedule(name)
@@ -322,10 +263,13 @@ def _contended(name: str) -> ScheduleContended:
 
 
 __all__ = [
+    "ENQUEUE_RECHECK",
     "SKIP_GRACE",
+    "FiredPage",
     "SchedulingStore",
     "delete_schedule",
     "fire_due",
+    "fire_page",
     "pause_schedule",
     "previous_unfinished",
     "resume_schedule",

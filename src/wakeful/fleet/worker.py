@@ -38,13 +38,13 @@ from wakeful.fleet.attempts import (
     foreign_tenant,
     log_end,
     log_fields,
-    next_step,
     run_of,
     settle_done,
 )
 from wakeful.fleet.busy import cancel_ending, coalesced_inputs
 from wakeful.fleet.client import tenant_of
 from wakeful.fleet.deploys import DEFAULT_PIN_GRACE, PinReleaser
+from wakeful.fleet.endings import account
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.heartbeats import beat
@@ -309,9 +309,7 @@ class Worker:
         except Exception as exc:
             outcome = Retry(self._backoff(d.attempts), f"{type(exc).__name__}: {exc}")
         try:
-            if isinstance(outcome, Settled):
-                outcome = outcome.outcome  # the run's last commit settled it
-            else:
+            if not isinstance(outcome, Settled):  # else the run's last commit settled it
                 settled = outcome
                 await self._observe.calls(
                     "settle",
@@ -321,32 +319,7 @@ class Worker:
         except StaleClaim:
             return await self._fenced(d, fields, started, "settled by a newer owner")
         ending = self._endings.pop(d.dispatch_id, None)
-        if isinstance(outcome, Retry):
-            log.warning(
-                "dispatch %s attempt %d of %d failed; %s: %s",
-                d.dispatch_id,
-                d.attempts,
-                d.max_attempts,
-                next_step(d, outcome.delay),
-                outcome.error,
-                extra={**(fields or log_fields(d)), "outcome": "retry", "reason": outcome.error},
-            )
-            log_end(log, d, fields, started, "retry", outcome.error)
-        else:
-            name = "awaiting" if isinstance(outcome, Awaiting) else "done"
-            log_end(log, d, fields, started, name, ending)
-        if isinstance(outcome, Retry):
-            self.stats.retried += 1
-            self.metrics.retries.inc()
-            self.metrics.settles.inc(outcome="retry")
-            return "retry"
-        if isinstance(outcome, Awaiting):
-            self.stats.awaiting += 1
-            self.metrics.settles.inc(outcome="awaiting")
-            return "awaiting"
-        self.stats.done += 1
-        self.metrics.settles.inc(outcome="done")
-        return "done"
+        return account(log, self.stats, self.metrics, d, fields, started, outcome, ending)
 
     def _backoff(self, attempts: int) -> float:
         return backoff_delay(attempts, self.retry_backoff, self.max_retry_backoff, jitter=0.25)
@@ -542,13 +515,14 @@ class Worker:
         try:
             outcome: RunOutcome = await handle.result()
             ending = Awaiting() if outcome.status == "suspended" else Done()
-            self._endings[dispatch_id] = f"run {outcome.run_id} {outcome.status}"
+            asleep = f" until {outcome.wake_at.isoformat()}" if outcome.wake_at else ""
+            self._endings[dispatch_id] = f"run {outcome.run_id} {outcome.status}{asleep}"
         except RunFailed as failed:
             ending = Done()  # recorded as failed on the thread
             self._endings[dispatch_id] = f"run {failed.run_id} failed: {failed.error}"
         except RunInterrupted as exc:
             return Retry(self._backoff(1), str(exc))
-        return Settled(ending) if handle.settled else ending
+        return Settled(ending, outcome.wake_at) if handle.settled else ending
 
     async def _terminate(
         self,

@@ -262,6 +262,17 @@ class NodeContext:
             )
         )
 
+    @property
+    def clock(self) -> Clock:
+        """The run's clock (what ``sleep`` measures from)."""
+        return self._clock
+
+    def next_sleep_answer(self) -> Any:
+        """The answer of the sleep this task would take next (its wake time, ISO 8601) when
+        the run was woken from it, else ``None``: what a task that must not run its work
+        again after a sleep (an agent's tool call) checks first."""
+        return self._answers.get(f"{self.path or self.task_id}-s{self._sleeps + 1}")
+
     def child(
         self,
         *,

@@ -336,7 +336,13 @@ class RunView(BaseModel):
     """A run, derived from the thread's checkpoint history (or its queued dispatch)."""
 
     run_id: str
-    status: str = Field(description="The run's latest status, or ``queued`` before it starts.")
+    status: str = Field(
+        description="The run's latest status, ``queued`` before it starts, or ``sleeping`` "
+        "while it is suspended in ``ctx.sleep`` (see ``wake_at``)."
+    )
+    wake_at: datetime | None = Field(
+        default=None, description="When the sleeping run wakes (the store's clock)."
+    )
     graph: str | None
     checkpoint_id: str | None = Field(description="The run's latest checkpoint.")
     started_at: datetime | None = Field(description="Its oldest checkpoint still kept.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from wakeful.fleet.delays import waits_until
 from wakeful.records import Dispatch
 from wakeful.runtime.sleeps import wake_at
 from wakeful.server.access import Owner, json_field
@@ -43,13 +44,8 @@ def dispatch_view(d: Dispatch) -> DispatchView:
 
 
 def not_before(d: Dispatch) -> datetime | None:
-    """When pending work waits for a time (a delayed run, a retry's backoff, a sleeping
-    run's wake-up): its ``available_at``; ``None`` for work claimable since it was stored
-    or no longer pending."""
-    at, created = d.available_at, d.created_at
-    if d.status != "pending" or at is None or created is None or at <= created:
-        return None
-    return at
+    """When pending work waits for a time (``wakeful.fleet.delays.waits_until``)."""
+    return waits_until(d)
 
 
 def accepted(d: Dispatch, run_id: str | None, message_id: str | None = None) -> Accepted:

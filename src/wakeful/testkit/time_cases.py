@@ -1,8 +1,9 @@
 """Conformance cases: time (issue 38) as the store keeps it. A dispatch enqueued with a future
 ``available_at`` is claimable exactly when the store's clock reaches it, and a cancel before
-then retires it; schedules are stored with a compare-and-set on their revision and found due
-by the store's clock. (How ticks are fired on top of this, ``wakeful.fire_due``, is the
-fleet's, tested against every store in wakeful's own suite.)"""
+then retires it; a sleeping run's dispatch (settled ``Retry(delay)`` with its suspending
+commit) wakes once, at its time; schedules are stored with a compare-and-set on their
+revision and found due by the store's clock. (How ticks are fired on top of this,
+``wakeful.fire_due``, is the fleet's, tested against every store in wakeful's own suite.)"""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from wakeful.records import Done, Schedule
+from wakeful.records import Commit, Done, Retry, Schedule, Settle
 from wakeful.testkit.harness import Harness, Kit
 
 case = pytest.mark.asyncio
@@ -46,6 +47,41 @@ class TimeCases(Harness):
         await kit.store.settle(leases[0].dispatch.dispatch_id, leases[0].claim.token, Done())
         await kit.advance(60)
         assert await kit.store.claim_next("w", 30, limit=10) == []
+
+    @case
+    async def test_a_sleep_wakes_once_at_its_time(self, kit: Kit) -> None:
+        # What ``ctx.sleep`` commits: the run's suspended checkpoint and, in the same atomic
+        # step, its dispatch settled ``Retry(delay)``: due again at the wake time, not before,
+        # and taken by one claimant however many ask.
+        await kit.store.enqueue(kit.dispatch("t1", dispatch_id="d1"))
+        [lease] = await kit.store.claim_next("w1", 30)
+        asleep = kit.checkpoint(None, status="suspended", run_id="run-d1")
+        asleep = msgspec.structs.replace(asleep, metadata={"wake_at": "in an hour"})
+        slept_at = await kit.now()
+        await kit.store.commit(
+            "t1",
+            Commit(
+                token=lease.claim.token,
+                checkpoint=asleep,
+                settle=Settle(dispatch_id="d1", outcome=Retry(3600, None)),
+            ),
+        )
+        snap = await kit.store.read("t1")
+        assert snap is not None and snap.claim is None  # nobody holds a sleeping run
+        d = await kit.store.get_dispatch("d1")
+        assert d is not None and d.status == "pending"
+        assert d.available_at == slept_at + timedelta(seconds=3600)
+        await kit.advance(3599.9)
+        assert await kit.store.claim_next("w1", 30) == []
+        await kit.advance(0.1)
+        other = await kit.sibling()
+        taken = [await kit.store.claim_next("w1", 30), await other.claim_next("w2", 30)]
+        assert [len(x) for x in taken] == [1, 0]
+        woken = taken[0][0]
+        assert woken.dispatch.dispatch_id == "d1" and woken.dispatch.attempts == 2
+        await kit.store.settle("d1", woken.claim.token, Done())
+        await kit.advance(86400)
+        assert await kit.store.claim_next("w1", 30) == []
 
     @case
     async def test_put_schedule_is_a_compare_and_set_on_the_revision(self, kit: Kit) -> None:

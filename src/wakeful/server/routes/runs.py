@@ -17,6 +17,7 @@ from wakeful.fleet.registry import Target
 from wakeful.ids import new_id
 from wakeful.records import Dispatch, RunSegment
 from wakeful.runtime.history import checkpoint_at
+from wakeful.runtime.sleeps import wake_at
 from wakeful.server.access import (
     CallerDep,
     DispatchFilter,
@@ -328,7 +329,7 @@ async def list_runs(
     """The thread's runs, newest first, derived from its checkpoint history (grouped by run
     id, each with its latest status), preceded on the first page by submitted runs that have
     not started yet (status ``queued``)."""
-    await visible_thread(state.store, caller, thread_id)
+    owner = await visible_thread(state.store, caller, thread_id)
     # one more than a page tells whether older runs exist; the store reads a few index
     # entries per run, whatever the length of the history
     runs = await state.store.runs(thread_id, before=before, limit=limit + 1)
@@ -338,5 +339,12 @@ async def list_runs(
     if before is None:
         visible = DispatchFilter(state.store, caller)
         views.extend(await _queued(state, visible, thread_id, {r.run_id for r in runs}))
-    views.extend(_view(r) for r in runs)
+    # only the thread's latest run can be asleep: it shows ``sleeping`` with its wake time
+    latest = owner.snapshot.checkpoint if owner.snapshot is not None else None
+    waking = wake_at(latest)
+    for r in runs:
+        view = _view(r)
+        if waking is not None and latest is not None and r.last_id == latest.id:
+            view.status, view.wake_at = "sleeping", waking
+        views.append(view)
     return RunPage(runs=views, next_before=runs[-1].first_id if more else None)

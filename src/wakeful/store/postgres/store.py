@@ -27,6 +27,7 @@ from wakeful.store.postgres.connection import (
     check_schema,
     utc,
 )
+from wakeful.store.postgres.firing import FiringOps
 from wakeful.store.postgres.group import GroupCommit
 from wakeful.store.postgres.limits import LimitOps
 from wakeful.store.postgres.listen import Listener
@@ -52,7 +53,7 @@ OPTIONS = (
 )
 
 
-class PostgresStore(ThreadOps, QueueOps, MessagingOps, LimitOps, ScheduleOps):
+class PostgresStore(ThreadOps, QueueOps, MessagingOps, LimitOps, ScheduleOps, FiringOps):
     """The store contract (``wakeful.store.contract.Store``) on PostgreSQL. Open it with
     ``open_store("postgresql://...")`` or ``open_postgres_store``."""
 

@@ -35,7 +35,7 @@ def _get(conn: sqlite3.Connection, name: str) -> Schedule | None:
     return None if row is None else _row(row)
 
 
-def _put(
+def put_row(
     conn: sqlite3.Connection, now: datetime, new: Schedule, expected: int | None
 ) -> Schedule | None:
     stored = schedule_rows.replaced(_get(conn, new.name), new, expected, now)
@@ -59,6 +59,12 @@ def _put(
     return stored
 
 
+def revision_of(conn: sqlite3.Connection, name: str) -> int | None:
+    """The stored revision of the schedule ``name`` (``None``: there is none)."""
+    row = conn.execute("SELECT revision FROM schedules WHERE name = ?", (name,)).fetchone()
+    return None if row is None else int(row[0])
+
+
 class SqliteSchedules:
     """The schedules half of ``SqliteStore`` (which provides ``_write``, ``_read``, ``now``)."""
 
@@ -79,7 +85,7 @@ class SqliteSchedules:
     ) -> Schedule | None:
         new = schedule_rows.check_schedule(schedule)
         expected = schedule_rows.check_expected(expected_revision)
-        return await self._write(lambda c, now: _put(c, now, new, expected))
+        return await self._write(lambda c, now: put_row(c, now, new, expected))
 
     async def get_schedule(self, name: str) -> Schedule | None:
         schedule_rows.check_name(name)
@@ -118,4 +124,4 @@ class SqliteSchedules:
         return now, await self._read(lambda c: [_row(r) for r in c.execute(sql, (to_us(now),))])
 
 
-__all__ = ["SqliteSchedules"]
+__all__ = ["SqliteSchedules", "put_row", "revision_of"]

@@ -52,6 +52,7 @@ from wakeful.store.kinds import DISPATCH_KINDS
 from wakeful.store.pins import check_migration
 from wakeful.store.sqlite import branches, messaging, migrate, queue, reads, retention, threads
 from wakeful.store.sqlite.connection import Database
+from wakeful.store.sqlite.firing import SqliteFiring
 from wakeful.store.sqlite.limits import SqliteLimits
 from wakeful.store.sqlite.schedules import SqliteSchedules
 from wakeful.store.sqlite.waiting import Watcher
@@ -74,7 +75,7 @@ from wakeful.store.validate_queue import (
 T = TypeVar("T")
 
 
-class SqliteStore(SqliteLimits, SqliteSchedules):
+class SqliteStore(SqliteLimits, SqliteSchedules, SqliteFiring):
     """The store contract over a SQLite database file (open it with ``open_store``)."""
 
     def __init__(self, db: Database, clock: Clock, poll_interval: float) -> None:

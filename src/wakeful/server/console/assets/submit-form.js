@@ -2,7 +2,9 @@
 // an agent takes plain text (the user message, sent as it is typed); a graph takes JSON (an
 // object of its state fields; the placeholder is built from its input schema). A target the
 // server does not list (a server without a registry) takes JSON, else the text as it is.
-// A choice says what the run does if the thread is busy (if_busy, default enqueue).
+// A choice says what the run does if the thread is busy (if_busy, default enqueue). "Start"
+// delays the run: empty (now), a delay ("90s", "10m", "2h", "1d": the POST's after) or an
+// instant with its offset ("2026-12-08T09:00Z": its at); the dispatch is stored at once.
 
 import { enc, get, post } from "./api.js";
 import { clear, h } from "./dom.js";
@@ -27,11 +29,12 @@ export function newRunForm(showError, navigate) {
     { name: "if_busy", id: "new-if-busy", "aria-label": "if the thread is busy", title: "If the thread is busy (a run is unfinished)" },
     IF_BUSY.map(([value, label]) => h("option", { value }, label)),
   );
+  const start = h("input", { name: "start", id: "new-start", placeholder: "start: now, in 10m, or at 2026-12-08T09:00Z", title: "Empty: now. A delay (90s, 10m, 2h, 1d) or an instant with its offset." });
   const form = h(
     "form",
     { class: "card", id: "new-run" },
     h("h2", {}, "Submit a run"),
-    h("div", { class: "toolbar" }, thread, target, names, ifBusy),
+    h("div", { class: "toolbar" }, thread, target, names, ifBusy, start),
     input,
     hint,
     h("button", { type: "submit" }, "Submit run"),
@@ -69,15 +72,33 @@ export function newRunForm(showError, navigate) {
     const name = target.value.trim();
     const value = inputValue(targets.get(name), input.value, showError);
     if (value === undefined) return;
+    const when = startOf(start.value);
+    if (when === undefined) {
+      showError("Start is a delay (90s, 10m, 2h, 1d) or an instant with its offset (2026-12-08T09:00Z).");
+      return;
+    }
     try {
       const id = thread.value.trim();
-      await post(`/v1/threads/${enc(id)}/runs`, { target: name, input: value, if_busy: ifBusy.value });
+      await post(`/v1/threads/${enc(id)}/runs`, { target: name, input: value, if_busy: ifBusy.value, ...when });
       navigate(`#/threads/${enc(id)}`);
     } catch (error) {
       showError(error);
     }
   });
   return form;
+}
+
+const UNITS = { s: 1, m: 60, h: 3600, d: 86400 };
+
+// When the run starts, as the POST's fields: {} (now), {after: seconds} or {at: instant};
+// undefined when the text is neither a delay nor an instant with its offset.
+export function startOf(text) {
+  const value = text.trim();
+  if (!value) return {};
+  const delay = /^(\d+(?:\.\d+)?)\s*([smhd]?)$/.exec(value);
+  if (delay) return { after: Number(delay[1]) * UNITS[delay[2] || "s"] };
+  if (/(Z|[+-]\d\d:?\d\d)$/i.test(value) && !Number.isNaN(Date.parse(value))) return { at: value };
+  return undefined;
 }
 
 // The input to send, or undefined (after saying why) when there is none to send.

@@ -71,7 +71,7 @@ export function renderRuns(node, runs, marks, dispatches) {
       "tr",
       { "data-run": r.run_id },
       h("td", {}, r.run_id),
-      h("td", {}, badge(r.status)),
+      h("td", {}, badge(r.status), r.wake_at ? h("span", { class: "muted wake-at", title: r.wake_at }, ` until ${time(r.wake_at)}`) : null),
       h("td", {}, r.graph ?? ""),
       h("td", { class: "marks" }, chips),
       h("td", { class: "num" }, d ? `${d.attempts}/${d.max_attempts}` : ""),
@@ -82,17 +82,19 @@ export function renderRuns(node, runs, marks, dispatches) {
   clear(node, rows.length ? table(["run", "outcome", "graph", "recoveries", "attempts", "started", "updated"], rows, { class: "list", id: "runs" }) : h("p", { class: "muted" }, "No runs."));
 }
 
-// Submissions that wait for the thread's run slot (status queued, behind whom) and those a
-// coalesced run answered (busy threads, issue 36), from the thread's dispatches.
+// Submissions that wait for the thread's run slot (status queued, behind whom), for a time
+// (a delayed run, a sleeping run's wake-up: not_before) and those a coalesced run answered
+// (busy threads, issue 36), from the thread's dispatches.
 export function renderWaiting(node, dispatches) {
   const byId = new Map(dispatches.map((d) => [d.dispatch_id, d]));
   const runOf = (id) => byId.get(id)?.payload?.run_id || `run-${id}`;
   const coalesced = (d) => (Array.isArray(d.coalesced) ? d.coalesced : []);
   const rows = dispatches
-    .filter((d) => d.status === "queued" || d.answered_by || coalesced(d).length)
+    .filter((d) => d.status === "queued" || d.not_before || d.answered_by || coalesced(d).length)
     .map((d) => {
       let what;
       if (d.status === "queued") what = `waits behind ${d.queued_behind ?? "the busy run"}`;
+      else if (d.not_before) what = `not before ${time(d.not_before)}`;
       else if (d.answered_by) what = `coalesced: answered by ${runOf(d.answered_by)} (${d.answered_by})`;
       else what = `its run ${runOf(d.dispatch_id)} also answers ${coalesced(d).join(", ")}`;
       return h(

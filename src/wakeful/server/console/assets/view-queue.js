@@ -2,7 +2,7 @@
 // requeue and purge (each with a confirmation).
 
 import { enc, get, post, remove } from "./api.js";
-import { ago, badge, clear, confirmAction, h, json, short, table } from "./dom.js";
+import { ago, badge, clear, confirmAction, h, json, short, table, time } from "./dom.js";
 import { parseMetrics, total } from "./promtext.js";
 
 const STATUSES = ["pending", "leased", "awaiting", "quarantined", "done"];
@@ -63,7 +63,7 @@ export function queueView(main, { showError }) {
         h("td", {}, d.dispatch_id),
         h("td", {}, h("a", { href: `#/threads/${enc(d.thread_id)}` }, d.thread_id)),
         h("td", {}, d.kind),
-        h("td", {}, badge(d.status)),
+        h("td", {}, badge(d.status), d.not_before ? h("span", { class: "muted not-before", title: d.not_before }, ` until ${time(d.not_before)}`) : null),
         h("td", { class: "num" }, `${d.attempts}/${d.max_attempts}`),
         h("td", {}, d.holder ?? ""),
         h("td", { class: "error-text", title: d.last_error ?? "" }, short(d.last_error ?? "", 80)),
