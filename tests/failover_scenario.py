@@ -1,0 +1,219 @@
+"""Failover under a steady load (issue 41), shared by ``tests/test_postgres_failover.py`` and
+``python -m benchmarks.failover``.
+
+A private primary with a synchronous standby (``tests/pgcluster.py``); the store, the
+workers' wakes and their stores all use one multi-host URL,
+``postgresql://postgres@127.0.0.1:P1,127.0.0.1:P2/wakeful?target_session_attrs=read-write``.
+Two worker processes (``tests/pgfleet_child.py``) run the ``ops`` agent; this process
+submits a thread every ``interval`` seconds and commits to a ledger thread of its own,
+retrying each with the same dispatch or operation id until acknowledged. Each round waits
+for a synchronous standby, SIGKILLs the primary (postmaster and backends), promotes the
+standby (``pg_promote``), lets it accept commits alone (``synchronous_standby_names = ''``,
+the window documented in docs/postgres-store.md), rebuilds the old primary as its standby
+with ``pg_basebackup`` and makes that standby synchronous again. Nobody restarts a worker or
+the store. At the end, what was acknowledged is checked against the last primary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from tests.pgcluster import Node
+from tests.pgfleet_support import check_fleet, endings, spawn, stop, wait_for
+from wakeful import open_store
+from wakeful.errors import StoreUnavailable
+from wakeful.fleet import submit
+from wakeful.records import Checkpoint, Commit, EventDraft
+from wakeful.store.contract import Store
+
+DB = "wakeful_failover"
+
+
+@dataclass
+class Report:
+    """What a run measured: seconds from each kill to the first commit on the new primary,
+    and what was acknowledged."""
+
+    kill_to_commit: list[float] = field(default_factory=list)
+    acked_at: list[float] = field(default_factory=list)
+    """``time.monotonic()`` of each acknowledged ledger commit."""
+    kill_to_promoted: list[float] = field(default_factory=list)
+    submitted: list[str] = field(default_factory=list)
+    ledger: list[int] = field(default_factory=list)
+    endings: dict[str, int] = field(default_factory=dict)
+    worker_stats: list[dict[str, int]] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "failovers": len(self.kill_to_commit),
+            "kill_to_first_commit_s": [round(s, 3) for s in self.kill_to_commit],
+            "kill_to_promoted_s": [round(s, 3) for s in self.kill_to_promoted],
+            "runs_acknowledged": len(self.submitted),
+            "ledger_commits_acknowledged": len(self.ledger),
+            "endings": self.endings,
+        }
+
+
+def multi_host(a: Node, b: Node) -> str:
+    return (
+        f"postgresql://postgres@127.0.0.1:{a.port},127.0.0.1:{b.port}/{DB}"
+        "?target_session_attrs=read-write&connect_timeout=2"
+    )
+
+
+def ledger_commit(token: int, version: int) -> Commit:
+    return Commit(
+        token=token,
+        expected_version=version - 1,
+        checkpoint=Checkpoint(
+            id=f"ledger-{version}",
+            parent=f"ledger-{version - 1}" if version > 1 else None,
+            run_id="ledger",
+            status="running",
+            state={"v": version},
+            created_at=datetime.now(UTC),
+        ),
+        events=(EventDraft(type="ledger", data={"v": version}),),
+        operation_id=f"ledger-op-{version}",
+    )
+
+
+async def until_acknowledged(call: Any, stop_at: float) -> Any:
+    """Run ``call()`` until it is acknowledged (same ids each time: the store's retry
+    contract); a failover makes it ``StoreUnavailable`` for a while."""
+    while True:
+        try:
+            return await call()
+        except StoreUnavailable:
+            if time.monotonic() > stop_at:
+                raise
+            await asyncio.sleep(0.05)
+
+
+async def load(store: Store, report: Report, stopping: asyncio.Event, interval: float) -> None:
+    """Submit a run every ``interval`` seconds and commit to the ledger thread between."""
+    claim = await until_acknowledged(
+        lambda: store.claim("ledger", "scenario", ttl=600), time.monotonic() + 60
+    )
+    n = 0
+    while not stopping.is_set():
+        n += 1
+        thread = f"t{n:04d}"
+        await until_acknowledged(
+            lambda t=thread: submit(store, t, "ops", "charge", dispatch_id=f"d-{t}"),
+            time.monotonic() + 60,
+        )
+        report.submitted.append(thread)
+        await until_acknowledged(
+            lambda v=n: store.commit("ledger", ledger_commit(claim.token, v)),
+            time.monotonic() + 60,
+        )
+        report.ledger.append(n)
+        report.acked_at.append(time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), interval)
+
+
+async def failover(primary: Node, standby: Node, report: Report) -> tuple[Node, Node]:
+    """Kill ``primary``, promote ``standby``, rebuild the old primary as its standby."""
+    await asyncio.to_thread(primary.wait_synchronous_standby)
+    await asyncio.sleep(0.5)  # steady load on the synchronous pair
+    started = time.monotonic()
+    await asyncio.to_thread(primary.kill)
+    await asyncio.to_thread(standby.promote)
+    await asyncio.to_thread(standby.set_synchronous, "")
+    report.kill_to_promoted.append(time.monotonic() - started)
+    rebuilt = await asyncio.to_thread(Node.standby_of, standby, primary.root, primary.port)
+    await asyncio.to_thread(rebuilt.start)
+    await asyncio.to_thread(standby.set_synchronous, "*")
+    await asyncio.to_thread(standby.wait_synchronous_standby)
+    end = time.monotonic() + 30
+    while not (after := [t for t in report.acked_at if t > started]):
+        assert time.monotonic() < end, "no commit was acknowledged by the new primary"
+        await asyncio.sleep(0.02)
+    # acknowledged after the kill: by the new primary (the old one is dead)
+    report.kill_to_commit.append(after[0] - started)
+    return standby, rebuilt
+
+
+async def run(directory: Path, rounds: int = 3, interval: float = 0.03) -> Report:
+    report = Report()
+    primary = await asyncio.to_thread(Node.init)
+    standby: Node | None = None
+    workers = []
+    try:
+        await asyncio.to_thread(primary.start)
+        standby = await asyncio.to_thread(Node.standby_of, primary)
+        await asyncio.to_thread(standby.start)
+        await asyncio.to_thread(primary.wait_synchronous_standby)  # commits wait for it
+        with psycopg.connect(primary.url(), autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {DB}")
+        url = multi_host(primary, standby)
+        store = await open_store(url, pool_size=4, pool_timeout=5.0)
+        try:
+            workers = [spawn(url, url, f"w{i}", directory) for i in range(2)]
+            await asyncio.to_thread(
+                wait_for, lambda: all((directory / f"w{i}.up").exists() for i in range(2)), "up"
+            )
+            stopping = asyncio.Event()
+            loading = asyncio.create_task(load(store, report, stopping, interval))
+            for _ in range(rounds):
+                primary, standby = await failover(primary, standby, report)
+                assert not loading.done(), loading
+            await asyncio.sleep(0.5)
+            stopping.set()
+            await loading
+            await settle(store, report, directory)
+        finally:
+            report.worker_stats = [await asyncio.to_thread(stop, w) for w in workers]
+            await store.close()
+        check_ledger(primary, report)
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+        for node in (primary, standby):
+            if node is not None:
+                await asyncio.to_thread(node.remove)
+    return report
+
+
+async def settle(store: Store, report: Report, directory: Path) -> None:
+    """Wait for every acknowledged run to end, then check the fleet's promises."""
+    end = time.monotonic() + 60
+    while True:
+        ended = await endings(store, report.submitted)
+        if all(ended.values()):
+            break
+        assert time.monotonic() < end, "acknowledged runs did not end within 60 s"
+        await asyncio.sleep(0.2)
+    report.endings = await check_fleet(store, report.submitted, directory)
+
+
+def check_ledger(primary: Node, report: Report) -> None:
+    """Every acknowledged ledger commit is on the last primary, once."""
+    with psycopg.connect(primary.url(DB), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT version, count(*) FROM wakeful.checkpoints WHERE thread_id = 'ledger'"
+            " GROUP BY version ORDER BY version"
+        ).fetchall()
+        receipts = conn.execute(
+            "SELECT count(*) FROM wakeful.receipts WHERE thread_id = 'ledger'"
+        ).fetchone()
+        submitted = conn.execute(
+            "SELECT count(*) FROM wakeful.dispatches WHERE dispatch_id = ANY(%s)",
+            ([f"d-{t}" for t in report.submitted],),
+        ).fetchone()
+    present = {int(v): int(n) for v, n in rows}
+    lost = [v for v in report.ledger if present.get(v) != 1]
+    assert lost == [], f"acknowledged ledger commits lost by a failover: {lost}"
+    assert receipts is not None and receipts[0] >= len(report.ledger)
+    assert submitted is not None and submitted[0] == len(report.submitted)
