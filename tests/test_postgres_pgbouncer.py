@@ -6,6 +6,7 @@ through a PgBouncer this module starts in front of the shared server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from psycopg import sql
 
 import tests.test_postgres_conformance as base
@@ -25,6 +27,8 @@ from tests.postgres_support import (
     open_test_store,
     reset_database,
 )
+from tests.server_support import running_api
+from wakeful.cli import cli
 from wakeful.clock import ManualClock
 from wakeful.fleet import submit
 from wakeful.records import Checkpoint, Commit, EventDraft
@@ -222,3 +226,22 @@ async def test_a_fleet_of_two_workers_through_the_pooler(
         stats = [await asyncio.to_thread(stop, w) for w in workers]
     assert sum(s["done"] for s in stats) == 40
     assert all(s["done"] > 0 for s in stats), f"both workers took part: {stats}"
+
+
+@pytest.mark.asyncio
+async def test_doctor_and_readyz_report_the_transaction_pooler(
+    pg_databases: Databases, bouncer: PgBouncer
+) -> None:
+    url = bouncer.url(dbname(await pg_databases.clone()))
+    done = await asyncio.to_thread(CliRunner().invoke, cli, ["doctor", "--store", url, "--json"])
+    assert done.exit_code == 0, done.output
+    found = json.loads(done.output)
+    assert (found["role"], found["pooler"]) == ("primary", "transaction")
+    assert any("LISTEN needs a direct URL" in w for w in found["warnings"])
+    store = await open_test_store(url)
+    try:
+        async with running_api(store) as api:
+            ready = (await api.client(None).get("/readyz")).json()
+        assert ready["server"]["pooler"] == "transaction"
+    finally:
+        await store.close()

@@ -17,7 +17,7 @@ from wakeful.clock import Clock
 from wakeful.errors import UnsupportedStore
 from wakeful.ids import check_count, check_seconds
 from wakeful.records import Event
-from wakeful.store.postgres import migrations
+from wakeful.store.postgres import migrations, serverinfo
 from wakeful.store.postgres.connection import (
     DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     DEFAULT_SCHEMA,
@@ -36,6 +36,7 @@ from wakeful.store.postgres.pooler import Pooler
 from wakeful.store.postgres.queue import QueueOps
 from wakeful.store.postgres.renewals import GroupRenew
 from wakeful.store.postgres.schedules import ScheduleOps
+from wakeful.store.postgres.serverinfo import ServerReport
 from wakeful.store.postgres.threads import COMMIT, ThreadOps
 
 DEFAULT_POOL_SIZE = 10
@@ -123,6 +124,16 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps, LimitOps, ScheduleOps):
         """The store's clock: what ``store_now()`` reads on the server right now."""
         row = await self._db.fetchone("SELECT @schema@.store_now()", None, idempotent=True)
         return utc(row[0])
+
+    async def server_report(self) -> ServerReport:
+        """The server's role, replication, the pooler found at opening and the clock skew
+        between this host and the server (``serverinfo``; one statement)."""
+        mode = self._db.pooler.mode if self._db.pooler is not None else "unknown"
+
+        async def op(conn: Conn) -> ServerReport:
+            return await serverinfo.inspect(conn, mode)
+
+        return await self._db.run(op, idempotent=True)
 
     async def wait_events(
         self, thread_id: str, after_seq: int = 0, limit: int = 100, timeout: float = 30.0
