@@ -272,7 +272,10 @@ class Database:
                 idle_timeout=idle_timeout,
             )
         await probe(conninfo, timeout)
-        found = await pooler.detect(conninfo, timeout)
+        try:
+            found = await pooler.detect(conninfo, timeout)
+        except (psycopg.Error, TimeoutError):  # a hint only: the pool's own errors follow
+            found = pooler.Pooler(pooler.UNKNOWN, None, None)
         kwargs: dict[str, Any] = {"autocommit": True}
         if prepare_threshold == "auto":
             if found.transaction_pooling:

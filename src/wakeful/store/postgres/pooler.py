@@ -26,6 +26,7 @@ import psycopg
 DIRECT = "none"
 TRANSACTION = "transaction"
 PROXY = "session"
+UNKNOWN = "unknown"
 
 _ROUNDS = 3
 
@@ -34,7 +35,8 @@ _ROUNDS = 3
 class Pooler:
     """What ``detect`` found. ``mode``: ``none`` (a direct connection), ``session`` (a
     proxy or session pooler: the server listens on another port than the one connected to),
-    or ``transaction`` (server connections are shared between client connections)."""
+    ``transaction`` (server connections are shared between client connections), or
+    ``unknown`` (the probe itself failed)."""
 
     mode: str
     server_port: int | None
