@@ -43,8 +43,9 @@ class Report:
     and what was acknowledged."""
 
     kill_to_commit: list[float] = field(default_factory=list)
-    acked_at: list[float] = field(default_factory=list)
-    """``time.monotonic()`` of each acknowledged ledger commit."""
+    acked: list[tuple[float, float]] = field(default_factory=list)
+    """``time.monotonic()`` when the successful attempt of each acknowledged ledger commit
+    was sent, and when its acknowledgement arrived."""
     kill_to_promoted: list[float] = field(default_factory=list)
     submitted: list[str] = field(default_factory=list)
     ledger: list[int] = field(default_factory=list)
@@ -86,12 +87,17 @@ def ledger_commit(token: int, version: int) -> Commit:
     )
 
 
-async def until_acknowledged(call: Any, stop_at: float) -> Any:
+async def until_acknowledged(call: Any, stop_at: float, sent: list[float] | None = None) -> Any:
     """Run ``call()`` until it is acknowledged (same ids each time: the store's retry
-    contract); a failover makes it ``StoreUnavailable`` for a while."""
+    contract); a failover makes it ``StoreUnavailable`` for a while. ``sent`` gets the time
+    the successful attempt was sent."""
     while True:
         try:
-            return await call()
+            attempt = time.monotonic()
+            result = await call()
+            if sent is not None:
+                sent.append(attempt)
+            return result
         except StoreUnavailable:
             if time.monotonic() > stop_at:
                 raise
@@ -112,12 +118,14 @@ async def load(store: Store, report: Report, stopping: asyncio.Event, interval: 
             time.monotonic() + 60,
         )
         report.submitted.append(thread)
+        sent: list[float] = []
         await until_acknowledged(
             lambda v=n: store.commit("ledger", ledger_commit(claim.token, v)),
             time.monotonic() + 60,
+            sent,
         )
         report.ledger.append(n)
-        report.acked_at.append(time.monotonic())
+        report.acked.append((sent[0], time.monotonic()))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stopping.wait(), interval)
 
@@ -128,6 +136,7 @@ async def failover(primary: Node, standby: Node, report: Report) -> tuple[Node, 
     await asyncio.sleep(0.5)  # steady load on the synchronous pair
     started = time.monotonic()
     await asyncio.to_thread(primary.kill)
+    dead = time.monotonic()  # every process of the old primary is gone
     await asyncio.to_thread(standby.promote)
     await asyncio.to_thread(standby.set_synchronous, "")
     report.kill_to_promoted.append(time.monotonic() - started)
@@ -136,11 +145,11 @@ async def failover(primary: Node, standby: Node, report: Report) -> tuple[Node, 
     await asyncio.to_thread(standby.set_synchronous, "*")
     await asyncio.to_thread(standby.wait_synchronous_standby)
     end = time.monotonic() + 30
-    while not (after := [t for t in report.acked_at if t > started]):
+    while not (after := [acked for sent, acked in report.acked if sent > dead]):
         assert time.monotonic() < end, "no commit was acknowledged by the new primary"
         await asyncio.sleep(0.02)
-    # acknowledged after the kill: by the new primary (the old one is dead)
-    report.kill_to_commit.append(after[0] - started)
+    # sent once the old primary was dead: acknowledged by the new one
+    report.kill_to_commit.append(min(after) - started)
     return standby, rebuilt
 
 

@@ -3,7 +3,7 @@
 ``Node.init(port)`` runs ``initdb`` into a temp dir, ``Node.standby_of(primary, port)``
 runs ``pg_basebackup -R`` from a primary (``primary_conninfo`` and ``standby.signal``
 written), ``start``/``kill``/``promote`` do what they say: ``kill`` is SIGKILL to the
-postmaster and every backend at once (the server's whole process group). Servers run as the
+postmaster and every backend at once (the server's whole process tree). Servers run as the
 ``postgres`` OS user when the tests run as root, on loopback ports of their own, never
 touching the shared server. Missing binaries skip the test loudly (fail under
 ``WAKEFUL_REQUIRE_SERVICES=1``).
@@ -16,6 +16,7 @@ keeps what was written.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -85,7 +86,8 @@ class Node:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{dbname}"
 
     @classmethod
-    def init(cls, port: int | None = None) -> Node:
+    def init(cls, port: int | None = None, extra_conf: str = "") -> Node:
+        """A new primary; ``extra_conf`` lines override ``PRIMARY_CONF`` (later wins)."""
         node = cls(Path(tempfile.mkdtemp(prefix="wakeful-pg-")), port or free_port())
         hand_to_server_user(node.root)
         subprocess.run(
@@ -105,6 +107,8 @@ class Node:
             timeout=120,
         )
         node.configure()
+        with (node.data / "postgresql.conf").open("a") as f:
+            f.write(extra_conf)
         with (node.data / "pg_hba.conf").open("a") as f:
             f.write("host replication all 127.0.0.1/32 trust\n")
         return node
@@ -155,7 +159,7 @@ class Node:
                 [*as_server_user(), pg_bin("postgres"), "-D", str(self.data)],
                 stdout=subprocess.DEVNULL,
                 stderr=sink,
-                start_new_session=True,  # one process group: kill() reaches every backend
+                start_new_session=True,  # away from the test's terminal signals
             )
         end = time.monotonic() + deadline
         while True:
@@ -171,9 +175,11 @@ class Node:
                 time.sleep(0.05)
 
     def kill(self) -> None:
-        """SIGKILL to the postmaster and all its backends at once."""
+        """SIGKILL to the postmaster and every backend at once (the machine died)."""
         if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
+            for pid in self._stats():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             self.process.wait(timeout=30)
         self.process = None
 
@@ -198,6 +204,35 @@ class Node:
                     return
                 assert time.monotonic() < end, "no synchronous standby attached"
                 time.sleep(0.05)
+
+    def _stats(self) -> dict[int, list[str]]:
+        """``/proc/<pid>/stat`` fields (after the command name) of every process of this
+        server: the process started and all its descendants. (Each backend calls setsid(),
+        so the process group does not reach them; the parent links do.)"""
+        stats: dict[int, list[str]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                text = stat.read_text()
+            except OSError:
+                continue
+            stats[int(stat.parent.name)] = text[text.rindex(")") + 2 :].split()
+        if self.process is None:
+            return {}
+        found = {self.process.pid}
+        grew = True
+        while grew:
+            grew = False
+            for pid, fields in stats.items():
+                if pid not in found and int(fields[1]) in found:  # ppid
+                    found.add(pid)
+                    grew = True
+        return {pid: stats[pid] for pid in found if pid in stats}
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) of every process of this server so far, exited
+        backends included (the postmaster's reaped children), from /proc."""
+        ticks = sum(sum(int(f) for f in fields[11:15]) for fields in self._stats().values())
+        return ticks / os.sysconf("SC_CLK_TCK")
 
     def remove(self) -> None:
         self.kill()
