@@ -167,7 +167,7 @@ async def test_behind_the_pooler_without_wake_url_waits_poll_and_with_it_they_wa
     url = bouncer.url(dbname(direct))
     polling = await open_test_store(url, poll_interval=0.2)
     woken = await open_test_store(url, poll_interval=30, wake_url=direct)
-    writer = await open_test_store(direct)
+    writer = await open_test_store(url)  # its NOTIFY goes through the pooler too
     try:
         assert not polling.listener.enabled and woken.listener.enabled
         claim = await writer.claim("t", "w", ttl=30)
