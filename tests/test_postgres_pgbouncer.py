@@ -11,7 +11,9 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import httpx
 import psycopg
 import pytest
 from click.testing import CliRunner
@@ -27,11 +29,11 @@ from tests.postgres_support import (
     open_test_store,
     reset_database,
 )
-from tests.server_support import running_api
 from wakeful.cli import cli
 from wakeful.clock import ManualClock
 from wakeful.fleet import submit
 from wakeful.records import Checkpoint, Commit, EventDraft
+from wakeful.server.runner import run_server
 from wakeful.store.contract import Store
 from wakeful.store.postgres import PostgresStore, pooler
 
@@ -238,10 +240,33 @@ async def test_doctor_and_readyz_report_the_transaction_pooler(
     found = json.loads(done.output)
     assert (found["role"], found["pooler"]) == ("primary", "transaction")
     assert any("LISTEN needs a direct URL" in w for w in found["warnings"])
-    store = await open_test_store(url)
+    # wakeful serve --wake-url: run_server's store listens on the server, and says so
+    direct = dsn_for(dbname(url))
+    polling = (await ready_of(url))["server"]
+    listening = (await ready_of(url, wake_url=direct))["server"]
+    assert polling["pooler"] == listening["pooler"] == "transaction"
+    assert any("event waits poll" in w for w in polling["warnings"])
+    assert listening["warnings"] == []
+
+
+async def ready_of(url: str, **store_options: object) -> dict[str, Any]:
+    """``/readyz`` of ``run_server`` over the store at ``url``."""
+    stop = asyncio.Event()
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(
+        run_server(
+            url,
+            port=0,
+            log_level="warning",
+            on_ready=lambda host, port: ready.set_result(port),
+            stop=stop,
+            store_options=store_options,
+        )
+    )
     try:
-        async with running_api(store) as api:
-            ready = (await api.client(None).get("/readyz")).json()
-        assert ready["server"]["pooler"] == "transaction"
+        port = await asyncio.wait_for(ready, 20)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+            return dict((await client.get("/readyz")).json())
     finally:
-        await store.close()
+        stop.set()
+        await asyncio.wait_for(serving, 20)

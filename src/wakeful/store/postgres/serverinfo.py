@@ -73,9 +73,10 @@ class ServerReport:
         return asdict(self)
 
 
-async def inspect(conn: Conn, pooler: str = "unknown") -> ServerReport:
+async def inspect(conn: Conn, pooler: str = "unknown", listens: bool | None = None) -> ServerReport:
     """Read the report on ``conn`` (one statement). ``pooler``: the mode found when the
-    connection's pool was opened (``wakeful.store.postgres.pooler``)."""
+    connection's pool was opened (``wakeful.store.postgres.pooler``); ``listens``: whether
+    the store's LISTEN connection is on (``None``: no store, as for ``wakeful doctor``)."""
     before = time.time()
     cur = await conn.execute(REPORT)
     row: TupleRow | None = await cur.fetchone()
@@ -94,6 +95,7 @@ async def inspect(conn: Conn, pooler: str = "unknown") -> ServerReport:
         pooler=pooler,
         skew=skew,
         round_trip=after - before,
+        listens=listens,
     )
 
 
@@ -109,6 +111,7 @@ def build(
     pooler: str,
     skew: float,
     round_trip: float,
+    listens: bool | None = None,
 ) -> ServerReport:
     warnings = []
     if standby:
@@ -128,9 +131,14 @@ def build(
             )
         elif replication == "unknown":
             warnings.append("standbys are attached but this role cannot see their state")
-    if pooler == "transaction":
+    if pooler == "transaction" and listens is None:
         warnings.append(
             "behind a transaction pooler: LISTEN needs a direct URL (wake_url, --wake-url)"
+        )
+    elif pooler == "transaction" and not listens:
+        warnings.append(
+            "behind a transaction pooler without wake_url: event waits poll instead of "
+            "listening (give the server's own URL as wake_url or --wake-url)"
         )
     if abs(skew) > SKEW_WARNING + round_trip / 2:
         warnings.append(f"this host's clock is {skew:+.3f} s off the server's")

@@ -131,7 +131,7 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps, LimitOps, ScheduleOps):
         mode = self._db.pooler.mode if self._db.pooler is not None else "unknown"
 
         async def op(conn: Conn) -> ServerReport:
-            return await serverinfo.inspect(conn, mode)
+            return await serverinfo.inspect(conn, mode, self._listener.enabled)
 
         return await self._db.run(op, idempotent=True)
 
