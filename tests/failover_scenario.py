@@ -2,7 +2,8 @@
 ``python -m benchmarks.failover``.
 
 A private primary with a synchronous standby (``tests/pgcluster.py``); the store, the
-workers' wakes and their stores all use one multi-host URL,
+workers' wakes and their stores, and an HTTP server (``run_server``) all use one multi-host
+URL,
 ``postgresql://postgres@127.0.0.1:P1,127.0.0.1:P2/wakeful?target_session_attrs=read-write``.
 Two worker processes (``tests/pgfleet_child.py``) run the ``ops`` agent; this process
 submits a thread every ``interval`` seconds and commits to a ledger thread of its own,
@@ -10,8 +11,10 @@ retrying each with the same dispatch or operation id until acknowledged. Each ro
 for a synchronous standby, SIGKILLs the primary (postmaster and backends), promotes the
 standby (``pg_promote``), lets it accept commits alone (``synchronous_standby_names = ''``,
 the window documented in docs/postgres-store.md), rebuilds the old primary as its standby
-with ``pg_basebackup`` and makes that standby synchronous again. Nobody restarts a worker or
-the store. At the end, what was acknowledged is checked against the last primary.
+with ``pg_basebackup`` and makes that standby synchronous again; the HTTP server's
+``/readyz`` must then name a primary and its thread read show what was acknowledged. Nobody
+restarts a worker, the server or the store. At the end, what was acknowledged is checked
+against the last primary.
 """
 
 from __future__ import annotations
@@ -19,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psycopg
 
 from tests.pgcluster import Node
@@ -32,6 +37,7 @@ from wakeful import open_store
 from wakeful.errors import StoreUnavailable
 from wakeful.fleet import submit
 from wakeful.records import Checkpoint, Commit, EventDraft
+from wakeful.server.runner import run_server
 from wakeful.store.contract import Store
 
 DB = "wakeful_failover"
@@ -174,9 +180,11 @@ async def run(directory: Path, rounds: int = 3, interval: float = 0.03) -> Repor
             )
             stopping = asyncio.Event()
             loading = asyncio.create_task(load(store, report, stopping, interval))
-            for _ in range(rounds):
-                primary, standby = await failover(primary, standby, report)
-                assert not loading.done(), loading
+            async with http_server(url) as http:
+                for _ in range(rounds):
+                    primary, standby = await failover(primary, standby, report)
+                    assert not loading.done(), loading
+                    await serves_from_the_new_primary(http, report)
             await asyncio.sleep(0.5)
             stopping.set()
             await loading
@@ -193,6 +201,47 @@ async def run(directory: Path, rounds: int = 3, interval: float = 0.03) -> Repor
             if node is not None:
                 await asyncio.to_thread(node.remove)
     return report
+
+
+@contextlib.asynccontextmanager
+async def http_server(url: str) -> AsyncIterator[httpx.AsyncClient]:
+    """``wakeful serve`` in this process over the multi-host URL (development mode: no
+    tokens, loopback only), with a client for it."""
+    stop = asyncio.Event()
+    ready: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    serving = asyncio.create_task(
+        run_server(
+            url,
+            port=0,
+            log_level="warning",
+            on_ready=lambda host, port: ready.set_result(port),
+            stop=stop,
+            store_options={"pool_size": 2, "pool_timeout": 5.0},
+        )
+    )
+    try:
+        port = await asyncio.wait_for(ready, 30)
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+            yield client
+    finally:
+        stop.set()
+        await asyncio.wait_for(serving, 30)
+
+
+async def serves_from_the_new_primary(http: httpx.AsyncClient, report: Report) -> None:
+    """The HTTP server, never restarted, answers from the promoted primary: ``/readyz``
+    names a primary and the ledger thread reads at least what was acknowledged."""
+    end = time.monotonic() + 30
+    while True:
+        ready = await http.get("/readyz")
+        if ready.status_code == 200 and ready.json()["server"]["role"] == "primary":
+            break
+        assert time.monotonic() < end, f"the server did not recover: {ready.text[:300]}"
+        await asyncio.sleep(0.1)
+    acknowledged = len(report.ledger)
+    thread = await http.get("/v1/threads/ledger")
+    assert thread.status_code == 200, thread.text[:300]
+    assert thread.json()["version"] >= acknowledged
 
 
 async def settle(store: Store, report: Report, directory: Path) -> None:
