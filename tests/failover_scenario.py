@@ -12,9 +12,10 @@ for a synchronous standby, SIGKILLs the primary (postmaster and backends), promo
 standby (``pg_promote``), lets it accept commits alone (``synchronous_standby_names = ''``,
 the window documented in docs/postgres-store.md), rebuilds the old primary as its standby
 with ``pg_basebackup`` and makes that standby synchronous again; the HTTP server's
-``/readyz`` must then name a primary and its thread read show what was acknowledged. Nobody
-restarts a worker, the server or the store. At the end, what was acknowledged is checked
-against the last primary.
+``/readyz`` must then name a primary and its thread read show what was acknowledged, and a
+model delta published by a worker on the live channel (``PostgresLive``) must reach this
+process's subscription. Nobody restarts a worker, the server, the channel or the store. At
+the end, what was acknowledged is checked against the last primary.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from tests.pgfleet_support import check_fleet, endings, spawn, stop, wait_for
 from wakeful import open_store
 from wakeful.errors import StoreUnavailable
 from wakeful.fleet import submit
+from wakeful.fleet.pglive import PostgresLive
 from wakeful.records import Checkpoint, Commit, EventDraft
 from wakeful.server.runner import run_server
 from wakeful.store.contract import Store
@@ -180,11 +182,16 @@ async def run(directory: Path, rounds: int = 3, interval: float = 0.03) -> Repor
             )
             stopping = asyncio.Event()
             loading = asyncio.create_task(load(store, report, stopping, interval))
-            async with http_server(url) as http:
-                for _ in range(rounds):
-                    primary, standby = await failover(primary, standby, report)
-                    assert not loading.done(), loading
-                    await serves_from_the_new_primary(http, report)
+            live = PostgresLive(url)
+            try:
+                async with http_server(url) as http:
+                    for i in range(rounds):
+                        primary, standby = await failover(primary, standby, report)
+                        assert not loading.done(), loading
+                        await serves_from_the_new_primary(http, report)
+                        await live_events_flow(store, live, f"live-{i}", report)
+            finally:
+                await live.close()
             await asyncio.sleep(0.5)
             stopping.set()
             await loading
@@ -242,6 +249,32 @@ async def serves_from_the_new_primary(http: httpx.AsyncClient, report: Report) -
     thread = await http.get("/v1/threads/ledger")
     assert thread.status_code == 200, thread.text[:300]
     assert thread.json()["version"] >= acknowledged
+
+
+async def live_events_flow(store: Store, live: PostgresLive, prefix: str, report: Report) -> None:
+    """The live channel works again on both ends, never restarted: this process's
+    subscription (its LISTEN reconnected) receives a model delta a worker published (its
+    publisher reconnected) for a run submitted now. A delta sent before the subscription's
+    connection was back is lost by design (a hint), so a new probe run goes every 2 s."""
+    arrived = asyncio.Event()
+    unsubscribes = []
+    try:
+        for n in range(15):
+            thread = f"{prefix}-{n}"
+            unsubscribes.append(await live.subscribe(thread, lambda _e: arrived.set()))
+            await until_acknowledged(
+                lambda t=thread: submit(store, t, "ops", "charge", dispatch_id=f"d-{t}"),
+                time.monotonic() + 30,
+            )
+            report.submitted.append(thread)  # checked at the end like every run
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), 2.0)
+            if arrived.is_set():
+                return
+        raise AssertionError("no live event arrived after the failover")
+    finally:
+        for unsubscribe in unsubscribes:
+            await unsubscribe()
 
 
 async def settle(store: Store, report: Report, directory: Path) -> None:

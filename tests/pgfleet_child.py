@@ -6,7 +6,8 @@ until the conversation holds the tool's result, then answers) calls ``charge``, 
 ``replay="never"`` tool that appends ``<thread id>`` to DIR/charges.txt (fsynced) and
 returns. So DIR/charges.txt holds one line per execution of the tool, and a tool that ran
 twice for one thread shows as two lines. The worker wakes through ``PostgresWake`` at
-WAKE_URL (a direct URL: a transaction pooler cannot carry LISTEN) and polls every 0.2 s.
+WAKE_URL (a direct URL: a transaction pooler cannot carry LISTEN), polls every 0.2 s, and
+publishes its runs' model deltas on the live channel ``PostgresLive`` at WAKE_URL.
 SIGTERM stops it gracefully; it then prints its stats as JSON.
 """
 
@@ -25,6 +26,7 @@ from pathlib import Path
 from wakeful import open_store
 from wakeful.agent import Agent, ToolContext, tool
 from wakeful.fleet import Registry, Worker
+from wakeful.fleet.pglive import PostgresLive
 from wakeful.fleet.pgwake import PostgresWake
 from wakeful.providers.base import ModelRequest, StreamItem
 from wakeful.providers.scripted import Scripted, calls, reply
@@ -62,6 +64,7 @@ def registry(directory: Path) -> Registry:
 async def main(url: str, wake_url: str, worker_id: str, directory: Path) -> None:
     store = await open_store(url, pool_size=4, pool_timeout=5.0, wake_url=wake_url)
     wake = PostgresWake(wake_url)
+    live = PostgresLive(wake_url)  # the runs' model deltas, for stream servers elsewhere
     worker = Worker(
         store,
         registry(directory),
@@ -73,6 +76,7 @@ async def main(url: str, wake_url: str, worker_id: str, directory: Path) -> None
         retry_backoff=0.05,
         max_retry_backoff=0.5,
         relay=False,
+        live=live,
     )
     loop = asyncio.get_running_loop()
     stopping = loop.create_task(asyncio.Event().wait())
@@ -84,6 +88,7 @@ async def main(url: str, wake_url: str, worker_id: str, directory: Path) -> None
     await worker.stop(grace=5)
     await running
     await wake.close()
+    await live.close()
     await store.close()
     print(json.dumps(asdict(worker.stats)), flush=True)
 

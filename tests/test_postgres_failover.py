@@ -34,7 +34,7 @@ async def test_three_failovers_under_load_lose_no_acknowledged_commit(tmp_path: 
     report = await failover_scenario.run(tmp_path, rounds=3)
     print("failover:", json.dumps(report.summary()))
     assert len(report.kill_to_commit) == 3
-    assert len(report.submitted) > 20 and len(report.ledger) == len(report.submitted)
+    assert len(report.ledger) > 20 and len(report.submitted) >= len(report.ledger) + 3
     assert sum(report.endings.values()) == len(report.submitted)
     assert sum(s["done"] for s in report.worker_stats) >= report.endings.get("run.completed", 0)
     assert all(0 < s < 30 for s in report.kill_to_commit), report.kill_to_commit
