@@ -187,11 +187,21 @@ class Node:
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute("SELECT pg_promote(wait => true, wait_seconds => 30)")
 
-    def set_synchronous(self, names: str) -> None:
-        """``synchronous_standby_names`` on this (primary) server, reloaded."""
+    def set_synchronous(self, names: str, deadline: float = 30.0) -> None:
+        """``synchronous_standby_names`` on this (primary) server, reloaded: returns once a
+        new session sees it (``pg_reload_conf`` only signals the postmaster; sessions
+        already open take it at their next statement after their own signal)."""
         with psycopg.connect(self.url(), autocommit=True) as conn:
             conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{names}'")
             conn.execute("SELECT pg_reload_conf()")
+        end = time.monotonic() + deadline
+        while True:
+            with psycopg.connect(self.url(), autocommit=True) as conn:
+                row = conn.execute("SHOW synchronous_standby_names").fetchone()
+            if row is not None and row[0] == names:
+                return
+            assert time.monotonic() < end, "the configuration was not reloaded"
+            time.sleep(0.02)
 
     def wait_synchronous_standby(self, deadline: float = 60.0) -> None:
         end = time.monotonic() + deadline
