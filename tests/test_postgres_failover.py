@@ -102,13 +102,19 @@ async def test_asynchronous_replication_loses_what_the_docs_say_and_doctor_warne
 
 
 def replayed(standby: Node, version: int, deadline: float = 30.0) -> None:
+    """Wait until the standby has replayed ``version`` of thread ``t`` (and, before that,
+    the database and the migrations that created the table)."""
     end = time.monotonic() + deadline
-    with psycopg.connect(standby.url(failover_scenario.DB), autocommit=True) as conn:
-        while True:
-            row = conn.execute(
-                "SELECT coalesce(max(version), 0) FROM wakeful.checkpoints WHERE thread_id = 't'"
-            ).fetchone()
-            if row is not None and row[0] >= version:
-                return
-            assert time.monotonic() < end, "the standby did not replay"
-            time.sleep(0.02)
+    while True:
+        try:
+            with psycopg.connect(standby.url(failover_scenario.DB), autocommit=True) as conn:
+                row = conn.execute(
+                    "SELECT coalesce(max(version), 0) FROM wakeful.checkpoints"
+                    " WHERE thread_id = 't'"
+                ).fetchone()
+        except (psycopg.errors.UndefinedTable, psycopg.OperationalError):
+            row = None  # not replayed that far yet
+        if row is not None and row[0] >= version:
+            return
+        assert time.monotonic() < end, "the standby did not replay"
+        time.sleep(0.02)
