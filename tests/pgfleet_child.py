@@ -7,7 +7,8 @@ until the conversation holds the tool's result, then answers) calls ``charge``, 
 returns. So DIR/charges.txt holds one line per execution of the tool, and a tool that ran
 twice for one thread shows as two lines. The worker wakes through ``PostgresWake`` at
 WAKE_URL (a direct URL: a transaction pooler cannot carry LISTEN), polls every 0.2 s, and
-publishes its runs' model deltas on the live channel ``PostgresLive`` at WAKE_URL.
+publishes its runs' model deltas on the live channel ``PostgresLive`` at WAKE_URL, and
+takes part in the election of the outbox relay (``relay=True``).
 SIGTERM stops it gracefully; it then prints its stats as JSON.
 """
 
@@ -75,7 +76,7 @@ async def main(url: str, wake_url: str, worker_id: str, directory: Path) -> None
         poll_interval=0.2,
         retry_backoff=0.05,
         max_retry_backoff=0.5,
-        relay=False,
+        relay=True,  # the outbox relay (elected among the workers) rides the failovers too
         live=live,
     )
     loop = asyncio.get_running_loop()
