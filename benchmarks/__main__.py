@@ -72,6 +72,10 @@ PLAN = (
     Module("flow_control", 150, postgres=True),
     # Issue 24's experiment: its targets at N = 1000 with its 18.1 s streams; N = 100 and
     # 5,000 (every run ended exactly once) with 6 s streams. One round: waiting, mostly.
+    # Issue 41: three failovers of a private synchronous pair under load (about a minute),
+    # and the capacity steps on a private server (per-operation costs, then saturation).
+    Module("failover", 150, postgres=True),
+    Module("capacity", 240, ("--steps", "25,50,100,200,400", "--seconds", "4"), postgres=True),
     Module(
         "concurrency",
         480,

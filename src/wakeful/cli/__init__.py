@@ -13,6 +13,7 @@ import click
 from wakeful.cli.admin import migrate, prune, status
 from wakeful.cli.common import as_failure, usage_failure
 from wakeful.cli.deploys import runs
+from wakeful.cli.doctor import doctor
 from wakeful.cli.inspect import dispatches, threads, workers
 from wakeful.cli.langgraph import langgraph
 from wakeful.cli.limits import limits
@@ -77,6 +78,7 @@ for command in (
     migrate,
     prune,
     status,
+    doctor,
     bench,
     threads,
     dispatches,

@@ -76,6 +76,13 @@ def _wake(kind: str, url: str | None, store: str) -> Any:
     return LocalWake() if kind == "local" else NoWake()
 
 
+def _listen_options(store: str, wake_url: str | None) -> dict[str, Any]:
+    """A PostgreSQL store LISTENs at ``wake_url`` (docs/postgres-store.md, PgBouncer)."""
+    if wake_url and _is_postgres(store) and _is_postgres(wake_url):
+        return {"wake_url": wake_url}
+    return {}
+
+
 def _live_url(kind: str, url: str | None, store: str) -> str | None:
     """``--live-url``, or for ``--live postgres`` the store's URL when it is PostgreSQL."""
     if kind == "postgres" and not url:
@@ -331,7 +338,9 @@ async def worker(
     channel = _live(live, live_url, url)
     loop = asyncio.get_running_loop()
     started = loop.time()
-    async with open_store(url) as opened:
+    async with open_store(
+        url, **_listen_options(url, wake_url if wake == "postgres" else None)
+    ) as opened:
         w = Worker(
             opened,
             registry,
@@ -466,6 +475,11 @@ async def relay(store: str | None, drain: bool, ttl: float, as_json: bool) -> No
     type=click.FloatRange(min=0, min_open=True),
     help="Seconds a request body may take to arrive; later it is answered 408.",
 )
+@click.option(
+    "--wake-url",
+    default=None,
+    help="PostgreSQL: the server's own URL to LISTEN on when --store is PgBouncer.",
+)
 @live_options
 @exposure_options
 def serve(
@@ -475,6 +489,7 @@ def serve(
     port: int,
     tokens: str | None,
     body_timeout: float,
+    wake_url: str | None,
     live: str,
     live_url: str | None,
     allowed_hosts: tuple[str, ...],
@@ -506,6 +521,7 @@ def serve(
             body_timeout=body_timeout,
             live=live,
             live_url=live_url,
+            store_options=_listen_options(url, wake_url),
             log_level=level if level in ("debug", "info", "warning", "error") else "info",
             allowed_hosts=names,
             header_timeout=header_timeout,

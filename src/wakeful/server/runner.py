@@ -7,6 +7,7 @@ import asyncio
 import os
 import socket
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from wakeful.fleet.livechannels import open_live
 from wakeful.fleet.registry import Registry
@@ -70,8 +71,10 @@ async def run_server(
     allowed_hosts: Iterable[str] = (),
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    store_options: Mapping[str, Any] | None = None,
 ) -> None:
-    """Open the store, serve the API until uvicorn stops (SIGINT / SIGTERM, or ``stop`` is
+    """Open the store (with ``store_options``, e.g. a PostgreSQL store's ``wake_url``),
+    serve the API until uvicorn stops (SIGINT / SIGTERM, or ``stop`` is
     set), close the store. ``port=0`` picks a free port; ``on_ready(host, port)`` is called
     once listening. Open event streams end at shutdown (clients resume with
     ``Last-Event-ID``). A request body that has not arrived after ``body_timeout`` seconds
@@ -83,7 +86,7 @@ async def run_server(
     (fewer when the process's file descriptor limit is lower; ``wakeful.fleet.serving``)."""
     table = resolve_tokens(tokens)
     channel = open_live(live, live_url)
-    async with open_store(store_url) as store:
+    async with open_store(store_url, **dict(store_options or {})) as store:
         app = create_app(
             store,
             registry,
@@ -135,6 +138,7 @@ def serve(
     allowed_hosts: Iterable[str] = (),
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    store_options: Mapping[str, Any] | None = None,
 ) -> None:
     """Blocking: serve the API over the store at ``store_url`` (``wakeful serve``)."""
     asyncio.run(
@@ -152,6 +156,7 @@ def serve(
             allowed_hosts=allowed_hosts,
             header_timeout=header_timeout,
             max_connections=max_connections,
+            store_options=store_options,
         )
     )
 

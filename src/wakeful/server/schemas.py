@@ -538,6 +538,15 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+class Readiness(Health):
+    """``/readyz``: the store answered. ``server``, for a PostgreSQL store: its role
+    (``primary``/``standby``), replication (``none``, ``synchronous``, ``asynchronous``,
+    ``waiting``, ``unknown``, ``standby``), standbys, pooler mode, clock skew and warnings
+    (``wakeful.store.postgres.serverinfo.ServerReport``)."""
+
+    server: dict[str, Any] | None = None
+
+
 class Problem(BaseModel):
     """An RFC 7807 problem document (``application/problem+json``). Domain fields
     (``thread_id``, ``dispatch_id``, ``field``, ``earliest_seq``, ``errors`` ...) appear where

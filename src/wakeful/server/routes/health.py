@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from datetime import UTC, datetime
+from typing import Any
 
 from fastapi import APIRouter, Response
 
@@ -14,7 +15,7 @@ from wakeful.fleet.webhooks import webhook_counts
 from wakeful.metrics import CONTENT_TYPE, Gauge
 from wakeful.records import DispatchStatus
 from wakeful.server.access import ServerState, StateDep
-from wakeful.server.schemas import Health
+from wakeful.server.schemas import Health, Readiness
 from wakeful.server.views import errors
 from wakeful.store.contract import RateLimitStore
 
@@ -39,11 +40,17 @@ async def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", responses=errors(503))
-async def readyz(state: StateDep) -> Health:
-    """The store answers a cheap read within a few seconds; 503 otherwise."""
+@router.get("/readyz", responses=errors(503), response_model_exclude_none=True)
+async def readyz(state: StateDep) -> Readiness:
+    """The store answers a cheap read within a few seconds; 503 otherwise. A PostgreSQL
+    store also reports its server: role, replication, pooler mode, clock skew, warnings."""
+    report: dict[str, Any] | None = None
     try:
         await asyncio.wait_for(state.store.read("wakeful-readyz"), READY_TIMEOUT)
+        server_report = getattr(state.store, "server_report", None)
+        if server_report is not None:
+            found = await asyncio.wait_for(server_report(), READY_TIMEOUT)
+            report = found.to_json()
     except TimeoutError:
         raise StoreUnavailable(f"no answer within {READY_TIMEOUT} s") from None
     except StoreUnavailable:
@@ -51,7 +58,7 @@ async def readyz(state: StateDep) -> Health:
     except Exception as exc:
         log.warning("readiness check failed: %s: %s", type(exc).__name__, exc)
         raise StoreUnavailable(type(exc).__name__) from None
-    return Health(status="ok")
+    return Readiness(status="ok", server=report)
 
 
 async def _queue_gauges(state: ServerState) -> list[Gauge]:

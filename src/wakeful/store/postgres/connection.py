@@ -38,6 +38,7 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import TupleRow
 
 from wakeful.errors import InvalidInput, StoreClosed, StoreUnavailable
+from wakeful.store.postgres import pooler
 from wakeful.store.postgres.translate import (
     connect_error,
     is_disconnect,
@@ -237,6 +238,9 @@ class Database:
         self.idle_timeout = idle_timeout
         """Seconds a transaction of several round trips may sit idle (``bound_idle``)."""
         self.closed = False
+        self.pooler: pooler.Pooler | None = None
+        """What sits between the store and the server, found at opening (``None``: a
+        caller's pool, not probed)."""
         self._sql: dict[str, str] = {}
         self._pool_check: asyncio.Task[None] | None = None
 
@@ -251,9 +255,13 @@ class Database:
         pool_min_size: int | None,
         timeout: float,
         idle_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
+        prepare_threshold: int | str | None = "auto",
     ) -> Database:
         """Open a pool of ``pool_size`` connections (``pool_min_size`` kept open), or use the
-        caller's ``pool``, which is then never closed by the store."""
+        caller's ``pool``, which is then never closed by the store. ``prepare_threshold``:
+        psycopg's (executions before a statement is prepared on the server; ``None``:
+        never); ``"auto"``: never behind a transaction pooler (``pooler.detect``), else
+        psycopg's default."""
         if pool is not None:
             return cls(
                 pool,
@@ -264,6 +272,16 @@ class Database:
                 idle_timeout=idle_timeout,
             )
         await probe(conninfo, timeout)
+        try:
+            found = await pooler.detect(conninfo, timeout)
+        except (psycopg.Error, TimeoutError):  # a hint only: the pool's own errors follow
+            found = pooler.Pooler(pooler.UNKNOWN, None, None)
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if prepare_threshold == "auto":
+            if found.transaction_pooling:
+                kwargs["prepare_threshold"] = None
+        else:
+            kwargs["prepare_threshold"] = prepare_threshold
         min_size = pool_size if pool_min_size is None else pool_min_size
         owned: psycopg_pool.AsyncConnectionPool[Conn] = WarmPool(
             conninfo,
@@ -272,7 +290,7 @@ class Database:
             open=False,
             timeout=timeout,
             name=f"wakeful-{schema}",
-            kwargs={"autocommit": True},
+            kwargs=kwargs,
         )
         try:
             await owned.open(wait=True, timeout=timeout)
@@ -281,7 +299,7 @@ class Database:
             raise StoreUnavailable(
                 f"PostgreSQL did not accept connections within {timeout} s ({exc})"
             ) from exc
-        return cls(
+        db = cls(
             owned,
             owns_pool=True,
             schema=schema,
@@ -289,6 +307,8 @@ class Database:
             timeout=timeout,
             idle_timeout=idle_timeout,
         )
+        db.pooler = found
+        return db
 
     def sql(self, template: str) -> str:
         """The statement for ``template`` in this schema (rendered once, then cached)."""

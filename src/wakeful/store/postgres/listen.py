@@ -55,8 +55,12 @@ class Listener:
         probe_timeout: float = PROBE_TIMEOUT,
         reconnect_delay: float = 0.2,
         max_reconnect_delay: float = 2.0,
+        enabled: bool = True,
     ) -> None:
         self._conninfo = conninfo
+        self.enabled = enabled
+        """False behind a transaction pooler without a direct URL: nothing listens and
+        waiters rely on polling alone."""
         self._channel = channel
         self._health_interval = health_interval
         self._probe_timeout = probe_timeout
@@ -96,6 +100,8 @@ class Listener:
     async def ready(self, timeout: float) -> bool:
         """Start listening if needed and wait up to ``timeout`` seconds until LISTEN is
         active. False if it is not (the caller then relies on polling)."""
+        if not self.enabled:
+            return False
         self._start()
         assert self._listening is not None
         if self._listening.is_set():
@@ -105,7 +111,7 @@ class Listener:
         return self._listening.is_set()
 
     def _start(self) -> None:
-        if self._closed or (self._task is not None and self._task.running):
+        if not self.enabled or self._closed or (self._task is not None and self._task.running):
             return
         if self._listening is None:
             self._listening = asyncio.Event()

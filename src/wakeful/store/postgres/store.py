@@ -17,7 +17,7 @@ from wakeful.clock import Clock
 from wakeful.errors import UnsupportedStore
 from wakeful.ids import check_count, check_seconds
 from wakeful.records import Event
-from wakeful.store.postgres import migrations
+from wakeful.store.postgres import migrations, serverinfo
 from wakeful.store.postgres.connection import (
     DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
     DEFAULT_SCHEMA,
@@ -33,9 +33,11 @@ from wakeful.store.postgres.limits import LimitOps
 from wakeful.store.postgres.listen import Listener
 from wakeful.store.postgres.messaging import MessagingOps, PostgresStreamCheckpoints
 from wakeful.store.postgres.notify import Notifier
+from wakeful.store.postgres.pooler import Pooler
 from wakeful.store.postgres.queue import QueueOps
 from wakeful.store.postgres.renewals import GroupRenew
 from wakeful.store.postgres.schedules import ScheduleOps
+from wakeful.store.postgres.serverinfo import ServerReport
 from wakeful.store.postgres.threads import COMMIT, ThreadOps
 
 DEFAULT_POOL_SIZE = 10
@@ -50,6 +52,8 @@ OPTIONS = (
     "migrate",
     "poll_interval",
     "idle_in_transaction_timeout",
+    "wake_url",
+    "prepare_threshold",
 )
 
 
@@ -57,10 +61,23 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps, LimitOps, ScheduleOps, Fi
     """The store contract (``wakeful.store.contract.Store``) on PostgreSQL. Open it with
     ``open_store("postgresql://...")`` or ``open_postgres_store``."""
 
-    def __init__(self, db: Database, *, poll_interval: float = DEFAULT_POLL_INTERVAL) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        wake_url: str | None = None,
+    ) -> None:
         self._db = db
         self._poll_interval = poll_interval
-        self._listener = Listener(db.conninfo, channel_name(db.schema))
+        # LISTEN needs a session of its own: behind a transaction pooler only a direct URL
+        # can carry it; without one, wait_events polls (pooler.py).
+        pooled = db.pooler is not None and db.pooler.transaction_pooling
+        self._listener = Listener(
+            wake_url or db.conninfo,
+            channel_name(db.schema),
+            enabled=wake_url is not None or not pooled,
+        )
         self._notifier = Notifier(db, channel_name(db.schema), local=self._listener.wake)
         self._stream = PostgresStreamCheckpoints(db)
         self._group = GroupCommit(db, COMMIT)
@@ -78,6 +95,12 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps, LimitOps, ScheduleOps, Fi
     def conninfo(self) -> str:
         """The URL or DSN the store was opened with (it may hold credentials)."""
         return self._db.conninfo
+
+    @property
+    def pooler(self) -> Pooler | None:
+        """What opening found between the store and the server (``None`` with a caller's
+        pool): ``pooler.mode`` is ``none``, ``session`` or ``transaction``."""
+        return self._db.pooler
 
     @property
     def stream_checkpoints(self) -> PostgresStreamCheckpoints:
@@ -102,6 +125,16 @@ class PostgresStore(ThreadOps, QueueOps, MessagingOps, LimitOps, ScheduleOps, Fi
         """The store's clock: what ``store_now()`` reads on the server right now."""
         row = await self._db.fetchone("SELECT @schema@.store_now()", None, idempotent=True)
         return utc(row[0])
+
+    async def server_report(self) -> ServerReport:
+        """The server's role, replication, the pooler found at opening and the clock skew
+        between this host and the server (``serverinfo``; one statement)."""
+        mode = self._db.pooler.mode if self._db.pooler is not None else "unknown"
+
+        async def op(conn: Conn) -> ServerReport:
+            return await serverinfo.inspect(conn, mode, self._listener.enabled)
+
+        return await self._db.run(op, idempotent=True)
 
     async def wait_events(
         self, thread_id: str, after_seq: int = 0, limit: int = 100, timeout: float = 30.0
@@ -159,6 +192,8 @@ async def open_postgres_store(
     migrate: bool = True,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     idle_in_transaction_timeout: float = DEFAULT_IDLE_IN_TRANSACTION_TIMEOUT,
+    wake_url: str | None = None,
+    prepare_threshold: int | str | None = "auto",
     **unknown: object,
 ) -> PostgresStore:
     """Open the store in ``schema`` of the database at ``url`` (a libpq URL or DSN).
@@ -176,6 +211,11 @@ async def open_postgres_store(
       commit with ``drop_checkpoints``, the migrations, any call on a ``pool`` that is not in
       autocommit) may sit idle before the server ends its session and releases its locks
       (``SET LOCAL idle_in_transaction_session_timeout``); ``0`` leaves the server's setting.
+    - ``wake_url``: the URL of the LISTEN connection behind ``wait_events`` (default: ``url``).
+      Behind a transaction pooler (PgBouncer's ``pool_mode = transaction``) give the server's
+      own address here: a pooler cannot carry LISTEN. Without it there, ``wait_events`` polls.
+    - ``prepare_threshold``: psycopg's, for the store's own pool (``None``: never prepare);
+      ``"auto"`` (default) turns preparing off when opening finds a transaction pooler.
 
     ``clock`` is ignored: time is the server's ``now()``.
     """
@@ -191,6 +231,10 @@ async def open_postgres_store(
         "idle_in_transaction_timeout", idle_in_transaction_timeout, allow_zero=True
     )
     pool_timeout = check_seconds("pool_timeout", pool_timeout)
+    if wake_url is not None and not isinstance(wake_url, str):
+        raise UnsupportedStore(migrations.describe(url), "wake_url must be a PostgreSQL URL")
+    if prepare_threshold != "auto" and prepare_threshold is not None:
+        prepare_threshold = check_count("prepare_threshold", prepare_threshold, maximum=10**6)
     pool_size = check_count("pool_size", pool_size, minimum=1, maximum=1000)
     if pool_min_size is not None:
         pool_min_size = check_count("pool_min_size", pool_min_size, maximum=pool_size)
@@ -202,6 +246,7 @@ async def open_postgres_store(
         pool_min_size=pool_min_size,
         timeout=pool_timeout,
         idle_timeout=idle_in_transaction_timeout,
+        prepare_threshold=prepare_threshold,
     )
     try:
 
@@ -214,7 +259,7 @@ async def open_postgres_store(
     except BaseException:
         await db.close()
         raise
-    return PostgresStore(db, poll_interval=poll_interval)
+    return PostgresStore(db, poll_interval=poll_interval, wake_url=wake_url)
 
 
 __all__ = ["PostgresStore", "open_postgres_store"]

@@ -1,0 +1,110 @@
+"""The schema rule (issue 41): every table's primary key includes ``thread_id`` (and so does
+every unique index of such a table, as Citus requires of a distributed table), and every
+function takes the thread(s) it works on, or the table or function is listed in
+``wakeful.store.postgres.sharding`` with its reason, which ``docs/sharding.md`` states word
+for word. Read from the catalog of a freshly migrated database."""
+
+from __future__ import annotations
+
+import re
+
+import psycopg
+import pytest
+
+from tests.postgres_support import ROOT, SCHEMA, Databases
+from wakeful.store.postgres import sharding
+
+pytest_plugins = ["tests.postgres_fixtures"]
+pytestmark = [pytest.mark.postgres]
+
+DOC = ROOT / "docs" / "sharding.md"
+
+KEYS = """
+SELECT t.relname, i.indisprimary,
+       array(SELECT a.attname FROM unnest(i.indkey) WITH ORDINALITY k(attnum, n)
+               JOIN pg_attribute a ON a.attrelid = t.oid AND a.attnum = k.attnum
+              ORDER BY k.n)
+  FROM pg_class t
+  JOIN pg_namespace n ON n.oid = t.relnamespace
+  LEFT JOIN pg_index i ON i.indrelid = t.oid AND (i.indisprimary OR i.indisunique)
+ WHERE n.nspname = %s AND t.relkind IN ('r', 'p')
+"""
+FUNCTIONS = """
+SELECT p.proname, coalesce(p.proargnames, '{}')
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = %s
+"""
+
+
+def catalog_keys(dsn: str) -> tuple[dict[str, list[tuple[bool, list[str]]]], dict[str, set[str]]]:
+    tables: dict[str, list[tuple[bool, list[str]]]] = {}
+    functions: dict[str, set[str]] = {}
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        for table, primary, columns in conn.execute(KEYS, (SCHEMA,)).fetchall():
+            keys = tables.setdefault(table, [])
+            if primary is not None:
+                keys.append((primary, list(columns)))
+        for name, args in conn.execute(FUNCTIONS, (SCHEMA,)).fetchall():
+            functions.setdefault(name, set()).update(args)
+    return tables, functions
+
+
+def breaches(
+    tables: dict[str, list[tuple[bool, list[str]]]], functions: dict[str, set[str]]
+) -> list[str]:
+    """What breaks the rule, one line each."""
+    found = []
+    listed = sharding.REFERENCE_TABLES | sharding.QUEUE_TABLES
+    for table, keys in sorted(tables.items()):
+        if table in listed:
+            continue
+        primary = [cols for is_pk, cols in keys if is_pk]
+        if not primary or sharding.THREAD_KEY not in primary[0]:
+            found.append(f"table {table}: primary key {primary} lacks thread_id, not listed")
+        for is_pk, cols in keys:
+            if not is_pk and sharding.THREAD_KEY not in cols:
+                found.append(f"table {table}: unique key {cols} lacks thread_id")
+    for name, args in sorted(functions.items()):
+        if name in sharding.CROSS_THREAD_FUNCTIONS:
+            continue
+        if not args.intersection(sharding.THREAD_ARGUMENTS):
+            found.append(f"function {name}: no thread argument and not listed")
+    found += [f"listed table {t} does not exist" for t in sorted(set(listed) - set(tables))]
+    found += [
+        f"listed function {f} does not exist"
+        for f in sorted(set(sharding.CROSS_THREAD_FUNCTIONS) - set(functions))
+    ]
+    return found
+
+
+@pytest.mark.asyncio
+async def test_every_table_and_function_is_thread_keyed_or_listed(
+    pg_databases: Databases,
+) -> None:
+    tables, functions = catalog_keys(await pg_databases.clone())
+    assert breaches(tables, functions) == []
+    assert {"threads", "checkpoints", "events", "messages", "receipts"} <= set(tables)
+
+
+@pytest.mark.asyncio
+async def test_the_rule_sees_an_unkeyed_table_and_function(pg_databases: Databases) -> None:
+    dsn = await pg_databases.clone()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE "{SCHEMA}".notes (note_id text PRIMARY KEY, thread_id text)')
+        conn.execute(f'CREATE UNIQUE INDEX notes_by_event ON "{SCHEMA}".events (at, seq)')
+        conn.execute(
+            f'CREATE FUNCTION "{SCHEMA}".touch(p_note text) RETURNS void'
+            " LANGUAGE sql AS $$ SELECT 1 $$"
+        )
+    assert breaches(*catalog_keys(dsn)) == [
+        "table events: unique key ['at', 'seq'] lacks thread_id",
+        "table notes: primary key [['note_id']] lacks thread_id, not listed",
+        "function touch: no thread argument and not listed",
+    ]
+
+
+def test_every_exception_is_documented_with_its_reason() -> None:
+    text = re.sub(r"\s+", " ", DOC.read_text(encoding="utf-8"))
+    entries = sharding.REFERENCE_TABLES | sharding.QUEUE_TABLES | sharding.CROSS_THREAD_FUNCTIONS
+    missing = [name for name, reason in entries.items() if f"| `{name}` | {reason} |" not in text]
+    assert missing == [], f"docs/sharding.md lacks the row `| name | reason |` of {missing}"
