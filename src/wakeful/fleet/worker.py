@@ -30,6 +30,7 @@ from wakeful.errors import (
     WakefulError,
     WorkerSuperseded,
 )
+from wakeful.fleet import joins
 from wakeful.fleet.attempts import (
     UNFINISHED,
     Settled,
@@ -377,6 +378,7 @@ class Worker:
         if owned_run is not None and owned_run.status != "running":
             if wake_at(owned_run) is not None:  # asleep, and due by the store's clock
                 return await wake(self._runtime, self.registry, lease, owned_run, snap)
+            await joins.wake_parent(self.store, self.wake, d.thread_id, owned_run)  # a child's
             # The run ended or suspended before an earlier owner could settle: the thread says
             # what happened, whatever the budget (a redelivery never records a second ending).
             return Awaiting() if owned_run.status == "suspended" else Done()
@@ -402,11 +404,14 @@ class Worker:
             unfinished = latest if latest is not None and latest.status in UNFINISHED else None
             end = await cancel_ending(self.store, d.thread_id, unfinished, payload, self.registry)
             self._endings[d.dispatch_id] = end.log
-            ending = end.commit(claim.token, unfinished, self.clock.now(), d.dispatch_id)
+            child = await joins.before_ending(self.store, self.wake, d.thread_id, unfinished)
+            settle = None if child else d.dispatch_id  # a child's: settled after the wake-up
+            ending = end.commit(claim.token, unfinished, self.clock.now(), settle)
             await self._observe.calls(
                 "commit", lambda: self.store.commit(d.thread_id, ending), d.thread_id
             )
-            return Settled(Done())
+            await joins.wake_parent(self.store, self.wake, d.thread_id, ending.checkpoint)
+            return Done() if child else Settled(Done())
         if d.released_from is not None and (moved := await version_change(self, lease, latest)):
             return moved
         if owned_run is not None:
@@ -440,10 +445,11 @@ class Worker:
         latest = snap.checkpoint if snap is not None else None
         run_id = str(payload.get("run_id") or f"run-{dispatch_id}")
         consume: tuple[str, ...] = ()
+        spawned: dict[str, Any] = {}  # a child run's parent link
         try:
             if kind == "message":
                 target, input, consume = await message_input(
-                    self.store, self.registry, claim.thread_id, latest, payload
+                    self.store, self.registry, claim.thread_id, latest, payload, spawned
                 )
                 if target is None:
                     return Done()  # already consumed by an earlier delivery
@@ -455,6 +461,8 @@ class Worker:
             state, messages = target.prepare_coalesced(inputs, run_id)
         except (NotFound, TypeError, ValueError) as refused:
             # an unknown target or an input the target cannot take: retrying cannot help
+            now, reason = self.clock.now(), str(refused)
+            await joins.refused_spawn(self.store, self.wake, claim, snap, payload, reason, now)
             await self._note(claim, "dispatch.refused", {"reason": str(refused)}, dispatch_id)
             return Settled(Done())
         relayed = kind == "message" and not payload.get("external")
@@ -478,7 +486,7 @@ class Worker:
                 claim=claim,
                 snapshot=snap,
                 dispatch_id=dispatch_id,
-                metadata={"target": target.name, "version": self.version},
+                metadata={"target": target.name, "version": self.version, **spawned},
             )
         except RunInProgress as busy:
             if kind == "message":
@@ -497,22 +505,24 @@ class Worker:
     ) -> Outcome | Settled | RunHandle:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
+        answers = await joins.resume_answers(self.store, latest, payload)
+        if answers is None:  # a child's wake-up with nothing left to answer
+            return Done()
         if latest is None or latest.status != "suspended":
             reason = {"reason": "the thread is not suspended"}
             await self._note(claim, "dispatch.refused", reason, dispatch_id)
             return Settled(Done())
         target = self.registry.for_checkpoint(latest)
-        handle = await self._runtime.resume(
+        return await self._runtime.resume(
             claim.thread_id,
             target.graph,
-            dict(payload.get("answers") or {}),
+            answers,
             tenant=tenant,
             claim=claim,
             resumed_by=dispatch_id,
             snapshot=snap,
             dispatch_id=dispatch_id,
         )
-        return handle
 
     async def _continue(
         self, dispatch_id: str, claim: Claim, latest: Checkpoint, snap: ThreadSnapshot | None
@@ -520,7 +530,7 @@ class Worker:
         """The dispatch's running run was admitted before (this is a redelivery)."""
         assert self._runtime is not None
         target = self.registry.for_checkpoint(latest)
-        handle = await self._runtime.recover(
+        return await self._runtime.recover(
             claim.thread_id,
             target.graph,
             tenant=latest.tenant,
@@ -528,7 +538,6 @@ class Worker:
             snapshot=snap,
             dispatch_id=dispatch_id,
         )
-        return handle
 
     async def _follow(self, dispatch_id: str, handle: RunHandle) -> Outcome | Settled:
         self._handles[dispatch_id] = handle
@@ -542,6 +551,7 @@ class Worker:
             self._endings[dispatch_id] = f"run {failed.run_id} failed: {failed.error}"
         except RunInterrupted as exc:
             return Retry(self._backoff(1), str(exc))
+        await joins.wake_parent(self.store, self.wake, handle.thread_id, handle.checkpoint)
         return Settled(ending) if handle.settled else ending
 
     async def _terminate(

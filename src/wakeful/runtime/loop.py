@@ -311,7 +311,7 @@ class Execution(TaskWrites):
         )
         try:
             await self._writer.submit(
-                self._commit(nxt, events=(*carried, event), messages=messages)
+                self._commit(nxt, events=(*carried, event), messages=messages, outbox=outbox)
             )
         except StaleClaim as exc:  # taken over: the run stops as fenced, as at its other commits
             self._fenced(exc)
@@ -383,8 +383,12 @@ class Execution(TaskWrites):
             try:
                 updates = await call_node(spec, entry, cp.state, ctx)
                 break
-            except Interrupt as interrupt:
-                return TaskResult(entry, tickets=interrupt.tickets, carry=interrupt.carry)
+            except Interrupt as interrupt:  # its spawns go with the suspension (a join's)
+                spawned = tuple(e for e in ctx.events if e.type == "child.spawned")
+                return TaskResult(
+                    entry, tickets=interrupt.tickets, carry=interrupt.carry,
+                    events=spawned, outbox=tuple(ctx.outbox),
+                )  # fmt: skip
             except Exception as exc:
                 retry = spec.retry
                 if (
@@ -505,6 +509,8 @@ class Execution(TaskWrites):
         ends the claim in the same atomic step: settling the worker's dispatch with
         ``ending``, or releasing a claim this runtime took."""
         commit = self._commit(checkpoint, (*events, event), writes, messages, outbox)
+        if isinstance(ending, Done) and "parent" in checkpoint.metadata:
+            ending = None  # a child's end: its worker wakes the parent, then settles
         ends_claim = ending is not None and (self.settle_dispatch is not None or self.release_claim)
         if ending is not None and self.settle_dispatch is not None:
             settle = Settle(dispatch_id=self.settle_dispatch, outcome=ending)
@@ -550,7 +556,12 @@ class Execution(TaskWrites):
         )
         event = suspension_event(self.run_id, tickets, wake_at)
         ending = sleep_ending(wake_at, self.clock.now()) if self.settle_dispatch else Awaiting()
-        await self._commit_now(suspended, event, carried, ending=ending)
+        outbox = tuple(o for r in results if r.tickets for o in r.outbox)
+        if outbox:  # the spawns a resumed task must not record again (``NodeContext.spawn``)
+            spawned = [*cp.metadata.get("spawned", ()), *(o.message_id for o in outbox)]
+            suspended.metadata["spawned"] = sorted(set(spawned))
+        events = tuple(e for r in results if r.tickets for e in r.events)
+        await self._commit_now(suspended, event, carried, events, outbox=outbox, ending=ending)
         self.status = "suspended"
         return RunOutcome(
             thread_id=self.thread_id,

@@ -1,0 +1,310 @@
+"""Child runs (issue 43 item 2): ``ctx.spawn`` records the child in the parent's commit
+(an outbox entry the relay delivers once), ``ctx.join`` suspends the parent without its
+claim or a worker slot and the child's end resumes it with the child's outcome; a child's
+failure raises in the parent; cancelling the parent cancels its children unless detached.
+Workers in this process over the memory and SQLite stores; the store's clock is manual."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import pytest
+import pytest_asyncio
+
+from tests.runtime_support import eventually
+from wakeful import ManualClock, open_store
+from wakeful.errors import ChildFailed, InvalidInput
+from wakeful.fleet import LocalWake, Registry, Worker, cancel, submit
+from wakeful.fleet.joins import wake_id
+from wakeful.records import Checkpoint
+from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, append
+from wakeful.runtime.children import JOIN_SCHEMA, ChildRun, child_run_id, plan_child
+from wakeful.store.contract import Store
+from wakeful.store.memory import MemoryStore
+from wakeful.store.projected_queue import message_dispatch_id
+
+POLICY = ClaimPolicy(ttl=30, renew_every=10)
+
+
+class Job(TypedDict):
+    n: int
+    out: int
+
+
+class Boss(TypedDict):
+    results: Annotated[list[Any], append]
+    errors: Annotated[list[str], append]
+
+
+class Env:
+    def __init__(self, store: Store, clock: ManualClock) -> None:
+        self.clock = clock
+        self.store = store
+        self.wake = LocalWake()
+        self.calls: dict[str, int] = {}
+        self.gate = asyncio.Event()
+        self.registry = Registry()
+        self.registry.add("double", self._double())
+        self.registry.add("broken", self._broken())
+        self.registry.add("waiter", self._waiter())
+        self.workers: list[tuple[Worker, asyncio.Task[None]]] = []
+
+    def count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def _double(self) -> Any:
+        async def compute(state: dict[str, Any]) -> dict[str, Any]:
+            self.count(f"double-{state['n']}")
+            return {"out": state["n"] * 2}
+
+        return Graph(Job, name="double").node("compute", compute).edge(START, "compute").compile()
+
+    def _broken(self) -> Any:
+        async def explode(state: dict[str, Any]) -> dict[str, Any]:
+            self.count("broken")
+            raise RuntimeError(f"cannot handle {state['n']}")
+
+        return Graph(Job, name="broken").node("explode", explode).edge(START, "explode").compile()
+
+    def _waiter(self) -> Any:
+        async def ask(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+            self.count("waiter")
+            return {"out": ctx.interrupt("go on?")}
+
+        return Graph(Job, name="waiter").node("ask", ask).edge(START, "ask").compile()
+
+    def add(self, name: str, fn: Any) -> None:
+        self.registry.add(
+            name, Graph(Boss, name=name).node("boss", fn).edge(START, "boss").compile()
+        )
+
+    def worker(self, worker_id: str, concurrency: int = 4) -> Worker:
+        worker = Worker(
+            self.store,
+            self.registry,
+            concurrency=concurrency,
+            claims=POLICY,
+            wake=self.wake,
+            worker_id=worker_id,
+            poll_interval=0.02,
+            retry_backoff=0.0,
+            clock=self.clock,
+        )
+        self.workers.append((worker, asyncio.create_task(worker.run())))
+        return worker
+
+    async def latest(self, thread_id: str) -> Checkpoint | None:
+        snap = await self.store.read(thread_id)
+        return snap.checkpoint if snap is not None else None
+
+    async def ended(self, thread_id: str, status: str = "completed") -> Checkpoint:
+        async def check() -> bool:
+            cp = await self.latest(thread_id)
+            return cp is not None and cp.status == status
+
+        await eventually(check, deadline=20)
+        cp = await self.latest(thread_id)
+        assert cp is not None
+        return cp
+
+    async def close(self) -> None:
+        self.gate.set()
+        for worker, task in self.workers:
+            await worker.stop(grace=5)
+            await asyncio.wait_for(task, 10)
+
+
+@pytest_asyncio.fixture(params=["memory", "sqlite"])
+async def env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Env]:
+    clock = ManualClock()
+    if request.param == "memory":
+        store: Store = MemoryStore(clock)
+    else:
+        store = await open_store(f"sqlite:///{tmp_path / 'children.db'}", clock=clock)
+    async with store:
+        environment = Env(store, clock)
+        try:
+            yield environment
+        finally:
+            await environment.close()
+
+
+def fan_out(env: Env, *, target: str = "double") -> Any:
+    async def boss(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        env.count("boss")
+        kids = [await ctx.spawn(target, {"n": n}) for n in (1, 2, 3)]
+        try:
+            outcomes = await ctx.join_all(kids)
+        except ChildFailed as failed:
+            return {"errors": [f"{failed.status}: {failed.error}"]}
+        return {"results": [o.state["out"] for o in outcomes]}
+
+    return boss
+
+
+@pytest.mark.asyncio
+async def test_a_parent_spawns_three_children_joins_them_and_each_runs_once(env: Env) -> None:
+    env.add("boss", fan_out(env))
+    worker = env.worker("w1")
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+    done = await env.ended("p")
+    assert done.state["results"] == [2, 4, 6]
+    assert {k: v for k, v in env.calls.items() if k.startswith("double")} == {
+        "double-1": 1,
+        "double-2": 1,
+        "double-3": 1,
+    }
+    assert env.calls["boss"] >= 2, "the parent suspended on the join and ran again"
+    events = await env.store.events_after("p", 0, 1000)
+    spawned = [e.data for e in events if e.type == "child.spawned"]
+    assert len(spawned) == 3, "a node that runs again does not record its spawns again"
+    kids = [ChildRun.of(s) for s in spawned]
+    assert len({k.thread_id for k in kids}) == 3
+    for kid in kids:
+        assert kid.thread_id.startswith("p:boss:")
+        cp = await env.latest(kid.thread_id)
+        assert cp is not None and cp.status == "completed" and cp.run_id == kid.run_id
+        assert cp.metadata["parent"] == {"thread": "p", "run_id": done.run_id}
+        started = [
+            e for e in await env.store.events_after(kid.thread_id) if e.type == "run.started"
+        ]
+        assert started[0].data["parent"] == {"thread": "p", "run_id": done.run_id}
+        wake = await env.store.get_dispatch(wake_id(kid.thread_id, kid.run_id))
+        assert wake is not None and wake.thread_id == "p" and wake.kind == "resume"
+
+        async def settled(ident: str = wake.dispatch_id) -> bool:
+            found = await env.store.get_dispatch(ident)
+            return found is not None and found.status == "done"
+
+        await eventually(settled)  # once the parent ended, a late wake-up has nothing to do
+    suspended = [e for e in events if e.type == "run.suspended"]
+    assert suspended, "the parent waited for its children"
+    assert worker.stats.done >= 4
+
+
+@pytest.mark.asyncio
+async def test_a_waiting_parent_holds_no_claim_and_no_worker_slot(env: Env) -> None:
+    env.add("boss", fan_out(env, target="waiter"))
+    worker = env.worker("w1", concurrency=1)  # one slot: a parent holding it would starve
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+
+    async def three_waiting() -> bool:
+        return env.calls.get("waiter", 0) == 3 and worker.busy == 0
+
+    await eventually(three_waiting, deadline=20)
+    parent = await env.latest("p")
+    assert parent is not None and parent.status == "suspended"
+    assert [t["schema"] for t in parent.metadata["tickets"]] == [JOIN_SCHEMA] * 3
+    snap = await env.store.read("p")
+    assert snap is not None and snap.claim is None
+    d = await env.store.get_dispatch("d1")
+    assert d is not None and d.status == "awaiting"
+
+
+@pytest.mark.asyncio
+async def test_a_child_failure_raises_in_the_parent(env: Env) -> None:
+    async def boss(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        good = await ctx.spawn("double", {"n": 5})
+        bad = await ctx.spawn("broken", {"n": 7})
+        first = await ctx.join(good)
+        try:
+            await ctx.join(bad)
+        except ChildFailed as failed:
+            return {"results": [first.state["out"]], "errors": [f"{failed.status}: {failed.error}"]}
+        return {"errors": ["no failure seen"]}
+
+    env.add("boss", boss)
+    env.worker("w1")
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+    done = await env.ended("p")
+    assert done.state["results"] == [10]
+    assert len(done.state["errors"]) == 1
+    assert done.state["errors"][0].startswith("failed: node 'explode' failed: RuntimeError")
+    assert "cannot handle 7" in done.state["errors"][0]
+    assert env.calls["broken"] == 1
+
+
+@pytest.mark.asyncio
+async def test_an_unknown_target_fails_the_child_and_the_parent_learns(env: Env) -> None:
+    env.add("boss", fan_out(env, target="nobody"))
+    env.worker("w1")
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+    done = await env.ended("p")
+    assert done.state["errors"] == ["failed: target 'nobody' does not exist"]
+
+
+@pytest.mark.asyncio
+async def test_cancelling_the_parent_cancels_its_children_but_not_a_detached_one(
+    env: Env,
+) -> None:
+    async def boss(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        kept = await ctx.spawn("waiter", {"n": 1})
+        free = await ctx.spawn("waiter", {"n": 2}, detached=True)
+        await ctx.join_all([kept, free])
+        return {}
+
+    env.add("boss", boss)
+    env.worker("w1")
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+    await eventually(lambda: env.calls.get("waiter", 0) == 2, deadline=20)
+    events = await env.store.events_after("p", 0, 100)
+    kept, free = (ChildRun.of(e.data) for e in events if e.type == "child.spawned")
+    await env.ended(kept.thread_id, "suspended")
+    await env.ended(free.thread_id, "suspended")
+    await env.ended("p", "suspended")
+    await cancel(env.store, "p", "changed my mind", wake=env.wake)
+    await env.ended("p", "cancelled")
+    gone = await env.ended(kept.thread_id, "cancelled")
+    assert gone.run_id == kept.run_id
+    await asyncio.sleep(0.2)  # ten polls: nothing touches the detached child
+    still = await env.latest(free.thread_id)
+    assert still is not None and still.status == "suspended" and still.run_id == free.run_id
+
+
+@pytest.mark.asyncio
+async def test_a_child_joined_in_a_later_node_is_read_from_its_thread(env: Env) -> None:
+    async def start(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        env.count("start")
+        child = await ctx.spawn("double", {"n": 21})
+        return {"results": [child]}
+
+    async def finish(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        env.count("finish")
+        outcome = await ctx.join(state["results"][0])
+        return {"results": [outcome.state["out"]]}
+
+    g = Graph(Boss, name="later").node("start", start).node("finish", finish)
+    env.registry.add("later", g.edge(START, "start").edge("start", "finish").compile())
+    env.worker("w1")
+    await submit(env.store, "p", "later", {}, dispatch_id="d1", wake=env.wake)
+    done = await env.ended("p")
+    assert done.state["results"][1] == 42
+    assert env.calls["start"] == 1 and env.calls["double-21"] == 1
+
+
+def test_child_ids_are_deterministic_valid_and_match_the_relayed_dispatch() -> None:
+    args = dict(
+        parent_thread="p",
+        parent_run="run-1",
+        step=0,
+        task_id="s0-t0",
+        node="boss",
+        target="double",
+        thread_id=None,
+        detached=False,
+    )
+    first = plan_child(position=1, **args)  # type: ignore[arg-type]
+    again = plan_child(position=1, **args)  # type: ignore[arg-type]
+    other = plan_child(position=2, **args)  # type: ignore[arg-type]
+    assert first == again and first.thread_id != other.thread_id
+    assert first.run_id == f"run-{message_dispatch_id(first.thread_id, first.spawn_id)}"
+    assert first.run_id == child_run_id(first.thread_id, first.spawn_id)
+    with pytest.raises(InvalidInput, match="limit is 200"):
+        plan_child(position=1, **{**args, "parent_thread": "p" * 195})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput, match="thread of its own"):
+        plan_child(position=1, **{**args, "thread_id": "p"})  # type: ignore[arg-type]
+    with pytest.raises(InvalidInput):
+        plan_child(position=1, **{**args, "thread_id": "a/b"})  # type: ignore[arg-type]
