@@ -308,3 +308,39 @@ def test_child_ids_are_deterministic_valid_and_match_the_relayed_dispatch() -> N
         plan_child(position=1, **{**args, "thread_id": "p"})  # type: ignore[arg-type]
     with pytest.raises(InvalidInput):
         plan_child(position=1, **{**args, "thread_id": "a/b"})  # type: ignore[arg-type]
+
+
+@pytest.mark.asyncio
+async def test_an_agent_delegates_to_another_agent_through_a_child_run(env: Env) -> None:
+    from wakeful.agent import Agent, delegate
+    from wakeful.providers.scripted import Scripted, calls, reply
+
+    boss_model = Scripted.of(
+        calls(
+            ("c1", "ask_researcher", {"request": "capital of France?"}),
+            ("c2", "ask_researcher", {"request": "capital of Italy?"}),
+        ),
+        reply("Paris and Rome."),
+    )
+    researcher_model = Scripted.of(reply("Paris."), reply("Rome."))
+    boss = Agent("boss", boss_model, "Delegate.", [delegate("researcher")])
+    env.registry.add("supervisor", boss)
+    env.registry.add("researcher", Agent("researcher", researcher_model, "Answer."))
+    env.worker("w1")
+    await submit(env.store, "chat", "supervisor", "Two capitals?", dispatch_id="d1", wake=env.wake)
+    done = await env.ended("chat")
+    assert done.state["final"] == "Paris and Rome."
+    messages = await env.store.messages("chat")
+    results = {m.tool_call_id: m.content for m in messages if m.role == "tool"}
+    assert sorted(results.values()) == ["Paris.", "Rome."]
+    assert all(m.metadata["outcome"] == "ok" for m in messages if m.role == "tool")
+    events = await env.store.events_after("chat", 0, 1000)
+    kids = [ChildRun.of(e.data) for e in events if e.type == "child.spawned"]
+    assert len(kids) == 2 and all(k.target == "researcher" for k in kids)
+    asked = set()
+    for kid in kids:
+        child_messages = await env.store.messages(kid.thread_id)
+        assert [m.role for m in child_messages] == ["user", "assistant"]
+        asked.add(child_messages[0].content)
+    assert asked == {"capital of France?", "capital of Italy?"}
+    assert len(boss_model.requests) == 2 and len(researcher_model.requests) == 2

@@ -15,6 +15,7 @@ from typing import Any, TypedDict
 
 import msgspec
 
+from wakeful.agent.delegation import delegated
 from wakeful.agent.limiting import CallLimits, limits_of
 from wakeful.agent.observe import ToolObserver
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery
@@ -236,6 +237,8 @@ class Agent:
             approved, reason = _decision(decision)
             if not approved:
                 return "denied", f"denied: {reason}" if reason else "denied by the user"
+        if tool.delegate is not None:  # a child run: its join suspends this run meanwhile
+            return await delegated(tool, arguments, ctx)
         seen = ToolObserver(
             name, str(call.get("id")), tool.replay, ctx.idempotency_key, self.metrics
         )

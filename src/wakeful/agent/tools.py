@@ -65,6 +65,8 @@ class Tool:
     arguments: type[msgspec.Struct]
     takes_ctx: bool
     is_async: bool
+    delegate: str | None = None
+    """For a ``delegate`` tool: the registered target each call runs as a child run."""
 
     @property
     def spec(self) -> ToolSpec:
