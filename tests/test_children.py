@@ -16,11 +16,11 @@ import pytest_asyncio
 
 from tests.runtime_support import eventually
 from wakeful import ManualClock, open_store
-from wakeful.errors import ChildFailed, InvalidInput
+from wakeful.errors import ChildFailed, InvalidInput, StoreUnavailable
 from wakeful.fleet import LocalWake, Registry, Worker, cancel, submit
 from wakeful.fleet.joins import wake_id
 from wakeful.records import Checkpoint
-from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, append
+from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, append
 from wakeful.runtime.children import JOIN_SCHEMA, ChildRun, child_run_id, plan_child
 from wakeful.store.contract import Store
 from wakeful.store.memory import MemoryStore
@@ -344,3 +344,67 @@ async def test_an_agent_delegates_to_another_agent_through_a_child_run(env: Env)
         asked.add(child_messages[0].content)
     assert asked == {"capital of France?", "capital of Italy?"}
     assert len(boss_model.requests) == 2 and len(researcher_model.requests) == 2
+
+
+class LosesOneWakeUp(MemoryStore):
+    """A memory store whose first enqueue of a parent's wake-up fails, as a store that is
+    briefly unreachable (or a worker killed right after the child's ending commit) would."""
+
+    failed = 0
+
+    async def enqueue(self, dispatch: Any) -> Any:
+        if dispatch.dispatch_id.startswith("join-") and not self.failed:
+            self.failed += 1
+            raise StoreUnavailable("the store is briefly unreachable")
+        return await super().enqueue(dispatch)
+
+
+@pytest.mark.asyncio
+async def test_a_wake_up_lost_after_the_childs_end_is_enqueued_by_its_redelivery() -> None:
+    clock = ManualClock()
+    async with LosesOneWakeUp(clock) as store:
+        env = Env(store, clock)
+        try:
+
+            async def boss(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+                child = await ctx.spawn("double", {"n": 4})
+                return {"results": [(await ctx.join(child)).state["out"]]}
+
+            env.add("boss", boss)
+            env.worker("w1")
+            await submit(store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+            done = await env.ended("p")
+            assert done.state["results"] == [8]
+            assert store.failed == 1
+            assert env.calls["double-4"] == 1, "the redelivery did not run the child again"
+            (kid,) = [
+                ChildRun.of(e.data)
+                for e in await store.events_after("p")
+                if e.type == "child.spawned"
+            ]
+            child_dispatch = await store.get_dispatch(kid.run_id.removeprefix("run-"))
+            assert child_dispatch is not None and child_dispatch.attempts == 2
+            assert child_dispatch.status == "done"
+        finally:
+            await env.close()
+
+
+@pytest.mark.asyncio
+async def test_a_send_in_a_step_that_is_not_the_last_is_delivered() -> None:
+    """The barrier commit of a single-task superstep that is not the run's last carries the
+    task's outbox (it was dropped before child runs needed it)."""
+
+    async def first(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        ctx.send("other", {"hi": 1}, message_id="m1")
+        return {"out": 1}
+
+    async def second(state: dict[str, Any]) -> dict[str, Any]:
+        return {"out": 2}
+
+    store = MemoryStore(ManualClock())
+    g = Graph(Job, name="two").node("first", first).node("second", second)
+    graph = g.edge(START, "first").edge("first", "second").compile()
+    outcome = await (await Runtime(store).start("t", graph, {})).result()
+    assert outcome.status == "completed"
+    assert await store.relay_outbox() == 1
+    assert [m.payload for m in await store.inbox("other")] == [{"hi": 1}]
