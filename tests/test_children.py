@@ -14,8 +14,8 @@ from typing import Annotated, Any, TypedDict
 import pytest
 import pytest_asyncio
 
-from tests.runtime_support import eventually
-from wakeful import ManualClock, open_store
+from tests.runtime_support import STORE_KINDS, eventually, open_kind
+from wakeful import ManualClock
 from wakeful.errors import ChildFailed, InvalidInput, StoreUnavailable
 from wakeful.fleet import LocalWake, Registry, Worker, cancel, submit
 from wakeful.fleet.joins import wake_id
@@ -117,14 +117,10 @@ class Env:
             await asyncio.wait_for(task, 10)
 
 
-@pytest_asyncio.fixture(params=["memory", "sqlite"])
+@pytest_asyncio.fixture(params=STORE_KINDS)
 async def env(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Env]:
     clock = ManualClock()
-    if request.param == "memory":
-        store: Store = MemoryStore(clock)
-    else:
-        store = await open_store(f"sqlite:///{tmp_path / 'children.db'}", clock=clock)
-    async with store:
+    async with await open_kind(request.param, tmp_path, clock) as store:
         environment = Env(store, clock)
         try:
             yield environment
@@ -172,14 +168,17 @@ async def test_a_parent_spawns_three_children_joins_them_and_each_runs_once(env:
             e for e in await env.store.events_after(kid.thread_id) if e.type == "run.started"
         ]
         assert started[0].data["parent"] == {"thread": "p", "run_id": done.run_id}
-        wake = await env.store.get_dispatch(wake_id(kid.thread_id, kid.run_id))
-        assert wake is not None and wake.thread_id == "p" and wake.kind == "resume"
+        ident = wake_id(kid.thread_id, kid.run_id)
 
-        async def settled(ident: str = wake.dispatch_id) -> bool:
+        async def settled(ident: str = ident) -> bool:
             found = await env.store.get_dispatch(ident)
             return found is not None and found.status == "done"
 
-        await eventually(settled)  # once the parent ended, a late wake-up has nothing to do
+        # the parent may have read the child's end before the wake-up was enqueued: once
+        # the parent ended, a late wake-up has nothing to do
+        await eventually(settled)
+        wake = await env.store.get_dispatch(ident)
+        assert wake is not None and wake.thread_id == "p" and wake.kind == "resume"
     suspended = [e for e in events if e.type == "run.suspended"]
     assert suspended, "the parent waited for its children"
     assert worker.stats.done >= 4
