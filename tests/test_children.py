@@ -407,3 +407,18 @@ async def test_a_send_in_a_step_that_is_not_the_last_is_delivered() -> None:
     assert outcome.status == "completed"
     assert await store.relay_outbox() == 1
     assert [m.payload for m in await store.inbox("other")] == [{"hi": 1}]
+
+
+@pytest.mark.asyncio
+async def test_a_child_runs_for_its_parents_tenant(env: Env) -> None:
+    env.add("boss", fan_out(env))
+    env.worker("w1")
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", tenant="acme", wake=env.wake)
+    done = await env.ended("p")
+    assert done.state["results"] == [2, 4, 6] and done.tenant == "acme"
+    for event in await env.store.events_after("p", 0, 1000):
+        if event.type == "child.spawned":
+            snap = await env.store.read(event.data["thread_id"])
+            assert snap is not None and snap.tenant == "acme"
+            assert snap.checkpoint is not None and snap.checkpoint.tenant == "acme"
+            assert snap.checkpoint.metadata["parent"]["tenant"] == "acme"

@@ -108,6 +108,7 @@ async def test_a_supervisor_joins_three_children_through_two_killed_workers(
         assert parent is not None and parent.status == "awaiting"
         snap = await store.read("boss")
         assert snap is not None and snap.claim is None, "no process holds the waiting parent"
+        assert snap.checkpoint is not None
         joined = {t["question"]["join"]["thread"] for t in snap.checkpoint.metadata["tickets"]}
         assert len(joined) == 3
         alive = [w for w in procs if procs[w].poll() is None]

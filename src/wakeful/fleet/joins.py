@@ -68,6 +68,7 @@ async def wake_parent(store: Store, wake: Wake, thread_id: str, ended: Checkpoin
             thread_id=str(parent["thread"]),
             kind="resume",
             payload={"join": {"thread": thread_id, "run_id": ended.run_id}},
+            tenant=parent.get("tenant"),  # the parent's run resumes for its tenant
         )
     )
     await wake.notify()
@@ -199,7 +200,7 @@ async def refused_spawn(
         status="failed",
         state=None,
         created_at=now,
-        tenant=latest.tenant if latest is not None else None,
+        tenant=relayed_tenant(snap, spawn_metadata(found[0].payload), None),
         metadata={**spawn_metadata(found[0].payload), "target": spawn["target"], "error": reason},
     )
     event = EventDraft(type="run.failed", data={"error": reason}, run_id=run_id)
@@ -213,6 +214,19 @@ async def refused_spawn(
     await store.commit(claim.thread_id, commit)
     await wake_parent(store, wake, claim.thread_id, failed)
     return True
+
+
+def relayed_tenant(
+    snap: ThreadSnapshot | None, spawned: dict[str, Any], tenant: str | None
+) -> str | None:
+    """The tenant a relayed message's run acts for: the target thread's once fixed, else
+    for a child run its parent's (``spawned``: the child's metadata), else ``tenant``."""
+    if snap is not None and snap.tenant_bound:
+        return snap.tenant
+    parent = spawned.get("parent")
+    if isinstance(parent, dict) and isinstance(parent.get("tenant"), str):
+        return str(parent["tenant"])
+    return tenant
 
 
 def spawn_metadata(inbox_payload: Any) -> dict[str, Any]:
@@ -229,6 +243,7 @@ __all__ = [
     "joined_answers",
     "parent_gone",
     "refused_spawn",
+    "relayed_tenant",
     "spawn_metadata",
     "spawned_children",
     "wake_id",

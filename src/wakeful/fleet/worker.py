@@ -466,8 +466,8 @@ class Worker:
             await self._note(claim, "dispatch.refused", {"reason": str(refused)}, dispatch_id)
             return Settled(Done())
         relayed = kind == "message" and not payload.get("external")
-        if relayed and snap is not None and snap.tenant_bound:
-            tenant = snap.tenant  # relayed between threads: the target thread's tenant
+        if relayed:  # relayed between threads: the target thread's tenant (a child: its parent's)
+            tenant = joins.relayed_tenant(snap, spawned, tenant)
         if kind == "start" and "from_checkpoint" in payload:
             start = Start(
                 dispatch_id, claim, snap, payload, target, state, messages, run_id, tenant,

@@ -118,13 +118,19 @@ def plan_child(
     )
 
 
-def envelope(child: ChildRun, input: Any, parent_thread: str, parent_run: str) -> dict[str, Any]:
-    """The payload of the spawn's outbox entry: what the child's worker starts."""
+def envelope(
+    child: ChildRun, input: Any, parent_thread: str, parent_run: str, tenant: str | None = None
+) -> dict[str, Any]:
+    """The payload of the spawn's outbox entry: what the child's worker starts. The parent
+    link names the parent's tenant (when it has one): the child's thread gets it too."""
+    parent = {"thread": parent_thread, "run_id": parent_run}
+    if tenant is not None:
+        parent["tenant"] = tenant
     return {
         SPAWN_KEY: {
             "target": child.target,
             "input": input,
-            "parent": {"thread": parent_thread, "run_id": parent_run},
+            "parent": parent,
             "detached": child.detached,
         }
     }

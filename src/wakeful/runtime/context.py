@@ -304,7 +304,9 @@ class NodeContext:
             OutboxEntry(
                 message_id=child.spawn_id,
                 target_thread=child.thread_id,
-                payload=children.envelope(child, input, self.thread_id, self.run_id),
+                payload=children.envelope(
+                    child, input, self.thread_id, self.run_id, self._services.checkpoint.tenant
+                ),
                 correlation_id=self.run_id,
             )
         )
