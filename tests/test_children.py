@@ -422,3 +422,52 @@ async def test_a_child_runs_for_its_parents_tenant(env: Env) -> None:
             assert snap is not None and snap.tenant == "acme"
             assert snap.checkpoint is not None and snap.checkpoint.tenant == "acme"
             assert snap.checkpoint.metadata["parent"]["tenant"] == "acme"
+
+
+@pytest.mark.asyncio
+async def test_the_http_api_links_a_parent_and_its_children() -> None:
+    from tests.server_support import ALPHA, BETA, running_api
+
+    clock = ManualClock()
+    async with MemoryStore(clock) as store:
+        env = Env(store, clock)
+        try:
+
+            async def boss(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+                done = await ctx.spawn("double", {"n": 1})
+                waiting = await ctx.spawn("waiter", {"n": 2}, detached=True)
+                await ctx.join_all([done, waiting])
+                return {}
+
+            env.add("boss", boss)
+            env.worker("w1")
+            await submit(store, "p", "boss", {}, dispatch_id="d1", tenant="alpha", wake=env.wake)
+            await eventually(lambda: env.calls.get("waiter") == 1, deadline=20)
+            await env.ended("p", "suspended")
+            parent = await env.latest("p")
+            assert parent is not None
+            async with running_api(store) as api:
+                alpha = api.client(ALPHA)
+                listed = (await alpha.get("/v1/threads/p/children")).json()["children"]
+                assert [(c["target"], c["detached"]) for c in listed] == [
+                    ("double", False),
+                    ("waiter", True),
+                ]
+                assert all(c["parent_run_id"] == parent.run_id for c in listed)
+                await env.ended(listed[1]["thread_id"], "suspended")
+                await env.ended(listed[0]["thread_id"], "completed")
+                listed = (await alpha.get("/v1/threads/p/children")).json()["children"]
+                assert [c["status"] for c in listed] == ["completed", "suspended"]
+                child = (await alpha.get(f"/v1/threads/{listed[0]['thread_id']}")).json()
+                assert child["parent"] == {
+                    "thread": "p",
+                    "run_id": parent.run_id,
+                    "tenant": "alpha",
+                }
+                assert (await alpha.get("/v1/threads/p")).json()["parent"] is None
+                other = await alpha.get("/v1/threads/p/children", params={"run_id": "run-x"})
+                assert other.json()["children"] == []
+                hidden = await api.client(BETA).get("/v1/threads/p/children")
+                assert hidden.status_code == 404
+        finally:
+            await env.close()

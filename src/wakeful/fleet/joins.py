@@ -30,6 +30,7 @@ from wakeful.records import (
     Claim,
     Commit,
     Dispatch,
+    Event,
     EventDraft,
     ThreadSnapshot,
 )
@@ -105,20 +106,23 @@ async def joined_answers(store: Store, latest: Checkpoint | None) -> dict[str, A
     return answers
 
 
-async def spawned_children(store: Store, thread_id: str, run_id: str) -> list[dict[str, Any]]:
-    """The children run ``run_id`` of ``thread_id`` spawned (its ``child.spawned``
-    events), in order."""
-    found: list[dict[str, Any]] = []
+async def spawned_children(
+    store: Store, thread_id: str, run_id: str | None = None, limit: int | None = None
+) -> list[Event]:
+    """The ``child.spawned`` events of ``thread_id`` (of run ``run_id`` only, when given),
+    in order; the first ``limit`` when given."""
+    found: list[Event] = []
     after = 0
-    while True:
+    while limit is None or len(found) < limit:
         page = await store.events_after(thread_id, after, EVENT_PAGE)
         for event in page:
-            wanted = event.type == "child.spawned" and event.run_id == run_id
+            wanted = event.type == "child.spawned" and run_id in (None, event.run_id)
             if wanted and isinstance(event.data, dict):
-                found.append(event.data)
+                found.append(event)
         if len(page) < EVENT_PAGE:
-            return found
+            break
         after = page[-1].seq
+    return found if limit is None else found[:limit]
 
 
 async def cancel_children(store: Store, wake: Wake, run: Checkpoint, thread_id: str) -> int:
@@ -126,7 +130,8 @@ async def cancel_children(store: Store, wake: Wake, run: Checkpoint, thread_id: 
     ended; how many. A child whose thread has moved on to another run is left alone (it
     never starts: ``parent_gone``)."""
     cancelled = 0
-    for child in await spawned_children(store, thread_id, run.run_id):
+    for event in await spawned_children(store, thread_id, run.run_id):
+        child = event.data
         if child.get("detached"):
             continue
         child_thread, child_run = str(child["thread_id"]), str(child["run_id"])
