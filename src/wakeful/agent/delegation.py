@@ -1,5 +1,5 @@
-"""``delegate``: a built-in tool that hands a request to another registered agent (or
-graph) as a child run (``NodeContext.spawn``) and returns its reply to the model.
+"""``delegate``: a built-in tool that hands a request to another registered agent as a
+child run (``NodeContext.spawn``) and returns its reply to the model.
 
 The calling agent's run waits for the child without its claim or a worker slot (a join:
 ``NodeContext.join``) and is resumed by the child's end; the child runs once, on its own
@@ -33,8 +33,8 @@ def delegate(
     approval: bool = False,
 ) -> Tool:
     """A tool (default name ``ask_<target>``) that sends the model's ``request`` to the
-    registered ``target`` as a child run and returns its reply (an agent's final answer; a
-    graph's final state as JSON). Needs a worker fleet whose registry has ``target``.
+    registered agent ``target`` as a child run (the request is its user message) and
+    returns its final answer. Needs a worker fleet whose registry has ``target``.
     ``approval``: a person approves each call first (as for any tool)."""
     check_id("target", target)
     tool_name = check_id("tool name", name or f"ask_{target}".replace(".", "_"))

@@ -107,12 +107,15 @@ async def joined_answers(store: Store, latest: Checkpoint | None) -> dict[str, A
 
 
 async def spawned_children(
-    store: Store, thread_id: str, run_id: str | None = None, limit: int | None = None
+    store: Store,
+    thread_id: str,
+    run_id: str | None = None,
+    limit: int | None = None,
+    after: int = 0,
 ) -> list[Event]:
-    """The ``child.spawned`` events of ``thread_id`` (of run ``run_id`` only, when given),
-    in order; the first ``limit`` when given."""
+    """The ``child.spawned`` events of ``thread_id`` after event ``after`` (of run
+    ``run_id`` only, when given), in order; the first ``limit`` when given."""
     found: list[Event] = []
-    after = 0
     while limit is None or len(found) < limit:
         page = await store.events_after(thread_id, after, EVENT_PAGE)
         for event in page:

@@ -240,6 +240,8 @@ async def list_checkpoints(
 
 
 MAX_CHILDREN = 1000
+SCANNED_EVENTS = 5000
+"""Events a children listing reads at most (the thread's latest): a bounded cost per call."""
 
 
 @router.get("/threads/{thread_id}/children", responses=errors(404))
@@ -253,11 +255,14 @@ async def list_children(
     ] = None,
 ) -> ChildPage:
     """The child runs the thread's runs spawned (``ctx.spawn``, an agent's ``delegate``
-    tool), in spawn order, the first 1000, each with its current status. A child's own
-    thread names its parent (``parent``)."""
-    await visible_thread(state.store, caller, thread_id)
+    tool), in spawn order, each with its current status: those recorded among the thread's
+    latest 5000 events, the first 1000 of them. A child's own thread names its parent
+    (``parent``)."""
+    owner = await visible_thread(state.store, caller, thread_id)
+    snap = owner.snapshot
+    after = 0 if snap is None else max(snap.event_floor - 1, snap.last_seq - SCANNED_EVENTS)
     views = []
-    for event in await spawned_children(state.store, thread_id, run_id, MAX_CHILDREN):
+    for event in await spawned_children(state.store, thread_id, run_id, MAX_CHILDREN, after):
         child = ChildRun.of(event.data)
         snap = await state.store.read(child.thread_id)
         cp = snap.checkpoint if snap is not None else None
