@@ -81,10 +81,11 @@ class Env:
             name, Graph(Boss, name=name).node("boss", fn).edge(START, "boss").compile()
         )
 
-    def worker(self, worker_id: str, concurrency: int = 4) -> Worker:
+    def worker(self, worker_id: str, concurrency: int = 4, relay: bool = True) -> Worker:
         worker = Worker(
             self.store,
             self.registry,
+            relay=relay,
             concurrency=concurrency,
             claims=POLICY,
             wake=self.wake,
@@ -471,3 +472,46 @@ async def test_the_http_api_links_a_parent_and_its_children() -> None:
                 assert hidden.status_code == 404
         finally:
             await env.close()
+
+
+@pytest.mark.asyncio
+async def test_a_child_whose_parent_was_cancelled_before_it_started_never_starts(
+    env: Env,
+) -> None:
+    async def boss(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        await ctx.join(await ctx.spawn("waiter", {"n": 1}))
+        return {}
+
+    env.add("boss", boss)
+    env.worker("w1", relay=False)  # the spawn stays staged until the test relays it
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+    await env.ended("p", "suspended")
+    await cancel(env.store, "p", "changed my mind", wake=env.wake)
+    cancelled = await env.ended("p", "cancelled")
+    assert await env.store.relay_outbox() == 1
+    await env.wake.notify()
+    (kid,) = [
+        ChildRun.of(e.data) for e in await env.store.events_after("p") if e.type == "child.spawned"
+    ]
+    failed = await env.ended(kid.thread_id, "failed")
+    assert failed.run_id == kid.run_id
+    assert failed.metadata["error"] == (
+        f"invalid spawn: its parent run {cancelled.run_id} was cancelled before it started"
+    )
+    assert "waiter" not in env.calls
+    assert await env.store.inbox(kid.thread_id) == [], "the spawn was consumed"
+
+
+@pytest.mark.asyncio
+async def test_a_child_that_spends_its_attempts_fails_the_parents_join(env: Env) -> None:
+    async def flaky(state: dict[str, Any]) -> dict[str, Any]:
+        env.count("flaky")
+        raise StoreUnavailable("the service it needs is down")  # retryable: no ending
+
+    env.registry.add("flaky", Graph(Job, name="flaky").node("f", flaky).edge(START, "f").compile())
+    env.add("boss", fan_out(env, target="flaky"))
+    env.worker("w1")
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+    done = await env.ended("p")
+    assert done.state["errors"] == ["indeterminate: run.indeterminate"]
+    assert env.calls["flaky"] == 3 * 5, "five attempts of each of the three children"

@@ -570,7 +570,7 @@ class Worker:
         for observers, under the lease's claim. With only an event to record, ``operation_id``
         makes a redelivered attempt return the first one's receipt instead of a second
         event. ``settle``: the dispatch settled ``Done`` by the same commit. ``messages``
-        and ``metadata`` (merged into the checkpoint's) go with the ending checkpoint."""
+        and ``metadata`` go with the ending checkpoint. A child's end wakes its parent."""
         commit = ending_commit(
             claim.token, latest, status, event_type, data, self.clock.now(),
             operation_id=operation_id, settle=settle, messages=messages, metadata=metadata,
@@ -578,6 +578,7 @@ class Worker:
         await self._observe.calls(
             "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )
+        await joins.wake_parent(self.store, self.wake, claim.thread_id, commit.checkpoint)
 
     async def _note(
         self, claim: Claim, event_type: str, data: dict[str, Any], settle: str | None = None
