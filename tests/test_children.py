@@ -515,3 +515,23 @@ async def test_a_child_that_spends_its_attempts_fails_the_parents_join(env: Env)
     done = await env.ended("p")
     assert done.state["errors"] == ["indeterminate: run.indeterminate"]
     assert env.calls["flaky"] == 3 * 5, "five attempts of each of the three children"
+
+
+@pytest.mark.asyncio
+async def test_a_node_of_a_subgraph_spawns_and_joins(env: Env) -> None:
+    async def inner(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        env.count("inner")
+        outcome = await ctx.join(await ctx.spawn("double", {"n": state["n"]}))
+        return {"out": outcome.state["out"]}
+
+    sub = Graph(Job, name="sub").node("inner", inner).edge(START, "inner").compile()
+    outer = Graph(Job, name="outer").node("sub", sub).edge(START, "sub").compile()
+    env.registry.add("outer", outer)
+    env.worker("w1")
+    await submit(env.store, "p", "outer", {"n": 9}, dispatch_id="d1", wake=env.wake)
+    done = await env.ended("p")
+    assert done.state["out"] == 18
+    events = await env.store.events_after("p", 0, 1000)
+    (kid,) = [ChildRun.of(e.data) for e in events if e.type == "child.spawned"]
+    assert kid.thread_id.startswith("p:inner:")
+    assert env.calls["double-9"] == 1

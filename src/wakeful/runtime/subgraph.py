@@ -152,7 +152,9 @@ class ChildRun:
                 )
             results = await self._superstep(step, state, frontier, answers, first)
             tickets = [t for r in results for t in r.tickets]
-            if tickets:
+            if tickets:  # the interrupted tasks' spawns go with the parent's suspension
+                self.ctx.events.extend(e for r in results if r.tickets for e in r.events)
+                self.ctx.outbox.extend(o for r in results if r.tickets for o in r.outbox)
                 raise Interrupt(*tickets, carry=self._carry(frontier, results))
             state, tasks = self.graph.barrier(
                 state, [(r.entry["node"], r.updates) for r in results]
@@ -269,7 +271,11 @@ class ChildRun:
                 updates = await call_node(spec, entry, state, ctx)
                 break
             except Interrupt as interrupt:
-                return TaskResult(entry, tickets=interrupt.tickets, carry=interrupt.carry)
+                spawned = tuple(e for e in ctx.events if e.type == "child.spawned")
+                return TaskResult(
+                    entry, tickets=interrupt.tickets, carry=interrupt.carry,
+                    events=spawned, outbox=tuple(ctx.outbox),
+                )  # fmt: skip
             except Exception as exc:
                 retry = spec.retry
                 if retry is None or attempt >= retry.max_attempts:
