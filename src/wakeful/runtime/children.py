@@ -19,7 +19,7 @@ import msgspec
 
 from wakeful.errors import ChildFailed, InvalidInput
 from wakeful.ids import MAX_ID_LENGTH, check_id
-from wakeful.records import TERMINAL_STATUSES, Checkpoint
+from wakeful.records import TERMINAL_STATUSES, Checkpoint, EventDraft, OutboxEntry
 from wakeful.store.contract import ThreadStore
 
 JOIN_SCHEMA = "wakeful.join"
@@ -145,6 +145,19 @@ def spawn_of(payload: Any) -> dict[str, Any] | None:
     return None
 
 
+def spawns_of(
+    events: list[EventDraft], outbox: list[OutboxEntry]
+) -> tuple[tuple[EventDraft, ...], tuple[OutboxEntry, ...]]:
+    """What an interrupted task keeps of its events and outbox: its spawns (their
+    ``child.spawned`` events and outbox entries), which its run's suspension commits so
+    that the child it joins exists. The rest is dropped, as before: the task runs again
+    on resume and records it then."""
+    return (
+        tuple(e for e in events if e.type == "child.spawned"),
+        tuple(o for o in outbox if spawn_of(o.payload) is not None),
+    )
+
+
 def parent_of(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
     """The parent link a child run records in its checkpoints (``metadata["parent"]``)."""
     if checkpoint is None:
@@ -232,4 +245,5 @@ __all__ = [
     "read_outcome",
     "result_of",
     "spawn_of",
+    "spawns_of",
 ]

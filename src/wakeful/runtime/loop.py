@@ -45,6 +45,7 @@ from wakeful.records import (
     RunStatus,
     Settle,
 )
+from wakeful.runtime.children import spawns_of
 from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket, call_node
 from wakeful.runtime.durability import Writer, make_writer
@@ -384,10 +385,10 @@ class Execution(TaskWrites):
                 updates = await call_node(spec, entry, cp.state, ctx)
                 break
             except Interrupt as interrupt:  # its spawns go with the suspension (a join's)
-                spawned = tuple(e for e in ctx.events if e.type == "child.spawned")
+                spawned, spawns = spawns_of(ctx.events, ctx.outbox)
                 return TaskResult(
                     entry, tickets=interrupt.tickets, carry=interrupt.carry,
-                    events=spawned, outbox=tuple(ctx.outbox),
+                    events=spawned, outbox=spawns,
                 )  # fmt: skip
             except Exception as exc:
                 retry = spec.retry

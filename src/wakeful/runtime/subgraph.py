@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from wakeful.errors import GraphInvalid
 from wakeful.records import EventDraft, PendingWrite
+from wakeful.runtime.children import spawns_of
 from wakeful.runtime.context import Interrupt, NodeContext, call_node
 from wakeful.runtime.results import TaskResult, frontier_entries, reused, task_value
 
@@ -271,10 +272,10 @@ class ChildRun:
                 updates = await call_node(spec, entry, state, ctx)
                 break
             except Interrupt as interrupt:
-                spawned = tuple(e for e in ctx.events if e.type == "child.spawned")
+                spawned, spawns = spawns_of(ctx.events, ctx.outbox)
                 return TaskResult(
                     entry, tickets=interrupt.tickets, carry=interrupt.carry,
-                    events=spawned, outbox=tuple(ctx.outbox),
+                    events=spawned, outbox=spawns,
                 )  # fmt: skip
             except Exception as exc:
                 retry = spec.retry
