@@ -535,3 +535,36 @@ async def test_a_node_of_a_subgraph_spawns_and_joins(env: Env) -> None:
     (kid,) = [ChildRun.of(e.data) for e in events if e.type == "child.spawned"]
     assert kid.thread_id.startswith("p:inner:")
     assert env.calls["double-9"] == 1
+
+
+class CountsEventReads(MemoryStore):
+    reads = 0
+
+    async def events_after(self, thread_id: str, after_seq: int = 0, limit: int = 100) -> Any:
+        self.reads += 1
+        return await super().events_after(thread_id, after_seq, limit)
+
+
+@pytest.mark.asyncio
+async def test_a_cancel_reads_only_the_cancelled_runs_events_for_its_children() -> None:
+    from wakeful.fleet.joins import run_children
+    from wakeful.records import Commit, EventDraft
+
+    store = CountsEventReads(ManualClock())
+    claim = await store.claim("p", "seeder", 30)
+
+    async def record(*events: EventDraft) -> None:
+        await store.commit("p", Commit(token=claim.token, events=events))
+
+    for _ in range(6):  # an earlier run's long history: 3,000 events
+        await record(*(EventDraft(type="step", run_id="run-old") for _ in range(500)))
+    await record(EventDraft(type="child.spawned", data={"thread_id": "x"}, run_id="run-old"))
+    await record(EventDraft(type="run.started", run_id="run-new"))
+    spawned = [
+        EventDraft(type="child.spawned", data={"thread_id": f"c{i}"}, run_id="run-new")
+        for i in range(3)
+    ]
+    await record(*spawned, *(EventDraft(type="step", run_id="run-new") for _ in range(600)))
+    found = await run_children(store, "p", "run-new")
+    assert [e.data["thread_id"] for e in found] == ["c0", "c1", "c2"]
+    assert store.reads == 2, "two pages back to the run's start, not the 3,600 events"

@@ -128,12 +128,35 @@ async def spawned_children(
     return found if limit is None else found[:limit]
 
 
+async def run_children(store: Store, thread_id: str, run_id: str) -> list[Event]:
+    """The ``child.spawned`` events of run ``run_id``, the thread's latest, in order: read
+    backwards from the thread's last event, a page at a time, down to the run's
+    ``run.started`` (so a cancel costs what the run recorded, not the thread's history)."""
+    snap = await store.read(thread_id)
+    if snap is None:
+        return []
+    found: list[Event] = []
+    high, floor = snap.last_seq, snap.event_floor - 1
+    while high > floor:
+        low = max(floor, high - EVENT_PAGE)
+        page = await store.events_after(thread_id, low, high - low)
+        for event in reversed(page):
+            if event.run_id != run_id:
+                continue
+            if event.type == "child.spawned" and isinstance(event.data, dict):
+                found.append(event)
+            elif event.type == "run.started":
+                return found[::-1]
+        high = low
+    return found[::-1]
+
+
 async def cancel_children(store: Store, wake: Wake, run: Checkpoint, thread_id: str) -> int:
     """Cancel every child of ``run`` (spawned on ``thread_id``, not detached) that has not
     ended; how many. A child whose thread has moved on to another run is left alone (it
     never starts: ``parent_gone``)."""
     cancelled = 0
-    for event in await spawned_children(store, thread_id, run.run_id):
+    for event in await run_children(store, thread_id, run.run_id):
         child = event.data
         if child.get("detached"):
             continue
@@ -252,6 +275,7 @@ __all__ = [
     "parent_gone",
     "refused_spawn",
     "relayed_tenant",
+    "run_children",
     "spawn_metadata",
     "spawned_children",
     "wake_id",
