@@ -428,6 +428,7 @@ async def test_a_child_runs_for_its_parents_tenant(env: Env) -> None:
 @pytest.mark.asyncio
 async def test_the_http_api_links_a_parent_and_its_children() -> None:
     from tests.server_support import ALPHA, BETA, running_api
+    from wakeful.client import Client
 
     clock = ManualClock()
     async with MemoryStore(clock) as store:
@@ -470,6 +471,11 @@ async def test_the_http_api_links_a_parent_and_its_children() -> None:
                 assert other.json()["children"] == []
                 hidden = await api.client(BETA).get("/v1/threads/p/children")
                 assert hidden.status_code == 404
+                async with Client(api.url, token=ALPHA) as client:
+                    page = await client.threads.children("p", run_id=parent.run_id)
+                assert [c["thread_id"] for c in page["children"]] == [
+                    c["thread_id"] for c in listed
+                ]
         finally:
             await env.close()
 
