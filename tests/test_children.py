@@ -574,3 +574,24 @@ async def test_a_cancel_reads_only_the_cancelled_runs_events_for_its_children() 
     found = await run_children(store, "p", "run-new")
     assert [e.data["thread_id"] for e in found] == ["c0", "c1", "c2"]
     assert store.reads == 2, "two pages back to the run's start, not the 3,600 events"
+
+
+@pytest.mark.asyncio
+async def test_a_relay_in_the_process_delivers_a_joined_spawn_without_waiting_its_interval(
+    env: Env,
+) -> None:
+    from wakeful.fleet import RelayLoop
+
+    env.add("boss", fan_out(env))
+    env.worker("w1", relay=False)
+    relay = RelayLoop(env.store, "relay", POLICY, env.wake, interval=3600.0, ttl=40000.0)
+    stop = asyncio.Event()
+    relaying = asyncio.create_task(relay.run(stop))
+    try:
+        await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+        done = await env.ended("p")  # an hour's interval: only the nudge delivers the spawns
+        assert done.state["results"] == [2, 4, 6]
+        assert relay.delivered == 3
+    finally:
+        stop.set()
+        await asyncio.wait_for(relaying, 10)

@@ -13,6 +13,7 @@ child's outcome (``outcome_of``). See docs/composition.md and decision 0043."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -26,6 +27,23 @@ JOIN_SCHEMA = "wakeful.join"
 """The ``schema`` of a join's ticket: the child's end answers it, not a person."""
 SPAWN_KEY = "wakeful.spawn"
 """The key of a spawn's envelope in the payload of its outbox entry (and inbox message)."""
+
+
+_WATCHERS: set[Callable[[], None]] = set()
+
+
+def watch_spawns(callback: Callable[[], None]) -> Callable[[], None]:
+    """Call ``callback`` each time a run of this process has committed spawns its join
+    waits for (a relay in this process delivers them at once instead of at its next
+    step); returns what stops it."""
+    _WATCHERS.add(callback)
+    return lambda: _WATCHERS.discard(callback)
+
+
+def spawns_committed() -> None:
+    """A run of this process committed spawns it now waits for (``watch_spawns``)."""
+    for callback in list(_WATCHERS):
+        callback()
 
 
 class ChildRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -245,5 +263,7 @@ __all__ = [
     "read_outcome",
     "result_of",
     "spawn_of",
+    "spawns_committed",
     "spawns_of",
+    "watch_spawns",
 ]

@@ -45,7 +45,7 @@ from wakeful.records import (
     RunStatus,
     Settle,
 )
-from wakeful.runtime.children import spawns_of
+from wakeful.runtime.children import spawns_committed, spawns_of
 from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket, call_node
 from wakeful.runtime.durability import Writer, make_writer
@@ -563,6 +563,8 @@ class Execution(TaskWrites):
             suspended.metadata["spawned"] = sorted(set(spawned))
         events = tuple(e for r in results if r.tickets for e in r.events)
         await self._commit_now(suspended, event, carried, events, outbox=outbox, ending=ending)
+        if outbox:
+            spawns_committed()  # the children it joins start now, not at the relay's next step
         self.status = "suspended"
         return RunOutcome(
             thread_id=self.thread_id,
