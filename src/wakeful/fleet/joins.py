@@ -218,9 +218,11 @@ async def refused_spawn(
     ``failed`` with ``reason`` (an unknown target, an input it cannot take, a parent gone)
     and wake the parent, whose join then raises ``ChildFailed``; whether it was one."""
     message_id = payload.get("message_id") if isinstance(payload, dict) else None
+    if message_id is None:  # not a relayed message (a start, an external message)
+        return False
     found = [m for m in await store.inbox(claim.thread_id) if m.message_id == message_id]
     spawn = spawn_of(found[0].payload) if found else None
-    if spawn is None or message_id is None:
+    if spawn is None:
         return False
     run_id = child_run_id(claim.thread_id, str(message_id))
     latest = snap.checkpoint if snap is not None else None
