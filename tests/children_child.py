@@ -10,8 +10,9 @@ Targets:
   in DIR/effects.txt (fsynced), waits until DIR/release exists, and answers
   ``answer <request>``.
 
-Every 10 ms the worker writes DIR/<worker id>.gauge: the dispatches it runs now (its
-concurrency gauge, ``Worker.busy``, and the ids behind it). On SIGTERM it stops gracefully."""
+Every 10 ms the worker writes DIR/<worker id>.gauge: the dispatches it runs now
+(``Worker.busy``, the ids behind it, and its gauge ``wakeful_worker_running_dispatches``).
+On SIGTERM it stops gracefully."""
 
 from __future__ import annotations
 
@@ -89,7 +90,8 @@ async def gauge(worker: Worker, path: Path) -> None:
     partial = path.with_name(path.name + ".partial")
     while True:
         running = sorted(worker._running)  # the dispatches behind ``busy``
-        partial.write_text(json.dumps({"busy": worker.busy, "running": running}))
+        gauge = worker.metrics.running.value()  # wakeful_worker_running_dispatches
+        partial.write_text(json.dumps({"busy": worker.busy, "running": running, "gauge": gauge}))
         partial.replace(path)
         await asyncio.sleep(0.01)
 

@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -73,7 +74,7 @@ async def until(check: Callable[[], object], what: str, deadline: float = 60.0) 
         await asyncio.sleep(0.02)
 
 
-def gauge(directory: Path, worker_id: str) -> dict[str, object]:
+def gauge(directory: Path, worker_id: str) -> dict[str, Any]:
     return dict(json.loads((directory / f"{worker_id}.gauge").read_text()))
 
 
@@ -116,11 +117,14 @@ async def test_a_supervisor_joins_three_children_through_two_killed_workers(
         await asyncio.sleep(0.1)  # fresh samples of both gauges, all taken while it waits
         for worker_id in alive:
             sample = gauge(tmp_path, worker_id)
-            running = [str(d) for d in sample["running"]]  # type: ignore[attr-defined]
+            running = [str(d) for d in sample["running"]]
             assert sample["busy"] == len(running)
+            assert float(sample["gauge"]) <= len(running)
             assert "d1" not in running and not any(d.startswith("join-") for d in running)
-        busy = sum(int(gauge(tmp_path, w)["busy"]) for w in alive)  # type: ignore[call-overload]
+        busy = sum(int(gauge(tmp_path, w)["busy"]) for w in alive)
         assert busy <= 3, "only the children hold slots"
+        gauges = sum(float(gauge(tmp_path, w)["gauge"]) for w in alive)
+        assert gauges <= 3, "the running-dispatches gauge counts only the children"
 
         # Second kill: a random moment around the children's end and the parent's wake-up.
         (tmp_path / "release").write_text("go")
