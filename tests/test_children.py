@@ -16,9 +16,11 @@ import pytest_asyncio
 
 from tests.runtime_support import STORE_KINDS, eventually, open_kind
 from wakeful import ManualClock
+from wakeful.agent import Agent, ToolContext, tool
 from wakeful.errors import ChildFailed, InvalidInput, StoreUnavailable
 from wakeful.fleet import LocalWake, Registry, Worker, cancel, submit
 from wakeful.fleet.joins import wake_id
+from wakeful.providers.scripted import Scripted, calls, reply
 from wakeful.records import Checkpoint
 from wakeful.runtime import START, ClaimPolicy, Graph, NodeContext, Runtime, append
 from wakeful.runtime.children import JOIN_SCHEMA, ChildRun, child_run_id, plan_child
@@ -312,8 +314,7 @@ def test_child_ids_are_deterministic_valid_and_match_the_relayed_dispatch() -> N
 
 @pytest.mark.asyncio
 async def test_an_agent_delegates_to_another_agent_through_a_child_run(env: Env) -> None:
-    from wakeful.agent import Agent, delegate
-    from wakeful.providers.scripted import Scripted, calls, reply
+    from wakeful.agent import delegate
 
     boss_model = Scripted.of(
         calls(
@@ -595,3 +596,28 @@ async def test_a_relay_in_the_process_delivers_a_joined_spawn_without_waiting_it
     finally:
         stop.set()
         await asyncio.wait_for(relaying, 10)
+
+
+@pytest.mark.asyncio
+async def test_a_tool_spawns_a_graph_and_joins_it(env: Env) -> None:
+    ran: list[int] = []
+
+    @tool
+    async def double(n: int, ctx: ToolContext) -> str:
+        """Double a number in a child run."""
+        ran.append(n)
+        outcome = await ctx.join(await ctx.spawn("double", {"n": n}))
+        return str(outcome.state["out"])
+
+    model = Scripted.of(calls(("c1", "double", {"n": 21})), reply("It is 42."))
+    env.registry.add("helper", Agent("helper", model, "Use the tool.", [double]))
+    env.worker("w1")
+    await submit(env.store, "chat", "helper", "Double 21.", dispatch_id="d1", wake=env.wake)
+    done = await env.ended("chat")
+    assert done.state["final"] == "It is 42."
+    results = [m for m in await env.store.messages("chat") if m.role == "tool"]
+    assert [(m.content, m.metadata["outcome"]) for m in results] == [("42", "ok")]
+    assert env.calls["double-21"] == 1
+    # the spawn is committed with the suspension, so the first join always waits; the call
+    # runs again on resume and its join returns the answer
+    assert ran == [21, 21]

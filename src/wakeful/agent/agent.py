@@ -27,6 +27,7 @@ from wakeful.metrics import Metrics
 from wakeful.providers.base import ModelRequest, Provider
 from wakeful.records import Event, Message
 from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime, Send
+from wakeful.runtime.context import Interrupt
 from wakeful.runtime.events import LiveEvent
 from wakeful.runtime.handle import RunHandle
 from wakeful.runtime.history import committed_at, last_user_count, message_position
@@ -244,6 +245,8 @@ class Agent:
         )
         try:
             outcome, content = await self._run_tool(tool, arguments, call, ctx, seen)
+        except Interrupt:  # the call waits for a child run; it is not over
+            raise
         except BaseException as exc:
             seen.done("error", ran=False, error=exc)
             raise
@@ -273,11 +276,14 @@ class Agent:
             fencing_token=ctx.fencing_token,
             replay=tool.replay,
             patches=ctx.patches,
+            node=ctx,
         )
         try:
             # a tool call may take long: the claim stays renewed meanwhile
             with ctx.waiting(), seen.run("replayed" if ctx.recovered else "run"):
                 value = await tool.call(arguments, tool_ctx)
+        except Interrupt:  # a join (``ToolContext.join``): the run suspends
+            raise
         except OutcomeUnknown:
             # Not an error: the effect may have happened, and a model told "failed" may call
             # again under a new idempotency key.

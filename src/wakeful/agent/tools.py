@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, TypeAlias, get_type_hints, overload
 
 import msgspec
@@ -24,6 +24,8 @@ import msgspec
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
 from wakeful.providers.base import ToolSpec
+from wakeful.runtime.children import ChildOutcome, ChildRun
+from wakeful.runtime.context import NodeContext
 
 Replay: TypeAlias = Literal["safe", "keyed", "never"]
 REPLAYS = ("safe", "keyed", "never")
@@ -45,10 +47,28 @@ class ToolContext:
     (``never``)."""
     patches: Collection[str] = ()
     """The patches the run started with (``patched``)."""
+    node: NodeContext | None = field(default=None, repr=False)
+    """The context of the tool task running the call (``spawn``, ``join``)."""
 
     def patched(self, change_id: str) -> bool:
         """As ``NodeContext.patched``: whether the run started on code declaring the patch."""
         return change_id in self.patches
+
+    async def spawn(self, target: str, input: Any = None, **options: Any) -> ChildRun:
+        """``NodeContext.spawn`` from a tool: a child run, started once per call (a call
+        run again after a crash or a resume gets the same child). Use ``replay="safe"`` or
+        ``"keyed"`` for a tool that joins: a ``never`` tool is not run again on resume."""
+        return await self._node_context().spawn(target, input, **options)
+
+    async def join(self, child: ChildRun | dict[str, Any]) -> ChildOutcome:
+        """``NodeContext.join`` from a tool: the agent's run waits for the child (without
+        its claim or a worker slot) and the call runs again from its start once it ended."""
+        return await self._node_context().join(child)
+
+    def _node_context(self) -> NodeContext:
+        if self.node is None:
+            raise InvalidInput("ctx", "this tool context has no run to spawn children from")
+        return self.node
 
 
 class ArgumentsInvalid(ValueError):
