@@ -621,3 +621,38 @@ async def test_a_tool_spawns_a_graph_and_joins_it(env: Env) -> None:
     # the spawn is committed with the suspension, so the first join always waits; the call
     # runs again on resume and its join returns the answer
     assert ran == [21, 21]
+
+
+@pytest.mark.asyncio
+async def test_a_spawn_decided_by_an_attempt_that_lost_its_claim_is_the_same_child(
+    env: Env,
+) -> None:
+    """The first attempt spawns, then hangs before recording anything; its lease lapses and
+    another worker runs the node again: it spawns the same child, which runs once; the
+    first attempt, released later, records nothing."""
+    attempts: list[str] = []
+
+    async def boss(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        child = await ctx.spawn("double", {"n": 3})
+        attempts.append(child.thread_id)
+        if len(attempts) == 1:
+            await env.gate.wait()  # the first attempt hangs here: nothing is recorded
+        return {"results": [(await ctx.join(child)).state["out"]]}
+
+    env.add("boss", boss)
+    env.worker("w1")
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", wake=env.wake)
+    await eventually(lambda: len(attempts) == 1)
+    env.clock.advance(31)  # past the claim's ttl: the lease lapses
+    env.worker("w2")
+    done = await env.ended("p")
+    env.gate.set()  # the first attempt goes on, and is fenced at its first commit
+    await asyncio.sleep(0.2)
+    assert done.state["results"] == [6]
+    assert len(attempts) >= 2 and len(set(attempts)) == 1, "the same child both times"
+    assert env.calls["double-3"] == 1
+    events = await env.store.events_after("p", 0, 1000)
+    assert [e.type for e in events].count("child.spawned") == 1
+    assert [e.type for e in events].count("run.recovered") == 1
+    latest = await env.latest("p")
+    assert latest is not None and latest.id == done.id, "the fenced attempt recorded nothing"
