@@ -3,7 +3,8 @@ whose model is the local OpenAI-compatible server at ``$CONSOLE_MODEL_URL``.
 
 - ``chat``: answers (the test scripts its replies, e.g. a slow or stalling stream);
 - ``shipper``: calls its ``ship`` tool, which needs an operator's approval (a ticket);
-- ``sorter``: a graph whose node sorts ``numbers``, for checkpoint states.
+- ``sorter``: a graph whose node sorts ``numbers``, for checkpoint states;
+- ``lead``: a graph that hands its ``numbers`` to ``sorter`` as a child run and joins it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any, TypedDict
 from wakeful.agent import Agent, tool
 from wakeful.fleet import Registry
 from wakeful.providers.openai import OpenAIChat
-from wakeful.runtime import END, START, Graph
+from wakeful.runtime import END, START, Graph, NodeContext
 
 
 @tool(approval=True)
@@ -36,6 +37,11 @@ def _sum(state: Numbers) -> dict[str, Any]:
     return {"total": sum(state.get("numbers", []))}
 
 
+async def _lead(state: Numbers, ctx: NodeContext) -> dict[str, Any]:
+    child = await ctx.spawn("sorter", {"numbers": state.get("numbers", [])})
+    return {"total": (await ctx.join(child)).state["total"]}
+
+
 def registry() -> Registry:
     model = OpenAIChat("local-model", base_url=os.environ["CONSOLE_MODEL_URL"], api_key="sk-x")
     sorter = (
@@ -51,4 +57,5 @@ def registry() -> Registry:
         .add("chat", Agent("chat", model, "Answer."))
         .add("shipper", Agent("shipper", model, "Ship orders.", tools=[ship]))
         .add("sorter", sorter.compile())
+        .add("lead", Graph(Numbers, name="lead").node("lead", _lead).edge(START, "lead").compile())
     )

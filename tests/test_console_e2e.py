@@ -279,6 +279,25 @@ def test_checkpoint_state_and_diff(page: Any, rig: Fleet) -> None:
     shoot(page, "checkpoint-diff")
 
 
+def test_a_parent_links_to_its_child_run_and_back(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-lead", "lead", {"numbers": [5, 4]})
+    page.goto(f"{rig.url}/console/#/threads/console-lead")
+    page.wait_for_selector("#thread-status .s-completed")
+    row = page.locator("#children tr[data-child]")
+    row.locator(".s-completed").wait_for()
+    assert row.locator("td").nth(1).inner_text() == "sorter"
+    child = row.get_attribute("data-child")
+    assert child is not None and child.startswith("console-lead:lead:")
+    row.locator("a").click()
+    page.wait_for_url(re.compile(r"#/threads/console-lead%3Alead%3A|#/threads/console-lead:lead:"))
+    page.wait_for_selector("#parent-link a:has-text('console-lead')")
+    page.wait_for_selector("#thread-status .s-completed")
+    page.click("#parent-link a")
+    page.wait_for_selector("#children tr[data-child]")
+
+
 def test_quarantine_then_requeue_a_dispatch(page: Any, rig: Fleet) -> None:
     for w in rig.workers:  # no worker may take the exhausted work before the operator does
         if w.poll() is None:

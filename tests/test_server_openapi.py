@@ -27,6 +27,7 @@ ROUTES = {
     ("get", "/v1/threads/{thread_id}/stream"),
     ("post", "/v1/threads/{thread_id}/runs/stream"),
     ("get", "/v1/threads/{thread_id}/checkpoints"),
+    ("get", "/v1/threads/{thread_id}/children"),
     ("get", "/v1/threads/{thread_id}/history"),
     ("get", "/v1/threads/{thread_id}/checkpoints/{checkpoint_id}"),
     ("post", "/v1/threads/{thread_id}/state"),

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from wakeful.clock import Clock, ManualClock, SystemClock
 from wakeful.errors import (
     CheckpointWriteFailed,
+    ChildFailed,
     CorruptStore,
     DispatchConflict,
     GraphChanged,
@@ -187,6 +188,7 @@ __all__ = [
     "CheckpointEntry",
     "CheckpointView",
     "CheckpointWriteFailed",
+    "ChildFailed",
     "Claim",
     "ClaimPolicy",
     "Client",

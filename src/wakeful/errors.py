@@ -441,6 +441,21 @@ class RunCancelled(WakefulError):
         super().__init__(f"run {run_id!r} on thread {thread_id!r} was cancelled")
 
 
+class ChildFailed(WakefulError):
+    """A child run (``NodeContext.spawn``) that a ``join`` waited for did not complete: it
+    failed, was cancelled or interrupted, or was recorded indeterminate. ``status`` is how it
+    ended and ``error`` what its thread recorded; handle it in the parent (a failed child
+    never fails its parent on its own)."""
+
+    def __init__(self, thread_id: str, run_id: str, status: str, error: str | None) -> None:
+        self.thread_id = thread_id
+        self.run_id = run_id
+        self.status = status
+        self.error = error
+        reason = f": {error}" if error else ""
+        super().__init__(f"child run {run_id!r} on thread {thread_id!r} ended {status}{reason}")
+
+
 class RunYielded(WakefulError):
     """The run stopped at a superstep boundary because its process is shutting down. Its
     committed progress stays; another process recovers it."""

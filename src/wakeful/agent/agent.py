@@ -16,6 +16,7 @@ from typing import Any, TypedDict
 
 import msgspec
 
+from wakeful.agent.delegation import delegated
 from wakeful.agent.limiting import CallLimits, limits_of
 from wakeful.agent.observe import ToolObserver
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery
@@ -27,6 +28,7 @@ from wakeful.metrics import Metrics
 from wakeful.providers.base import ModelRequest, Provider
 from wakeful.records import Event, Message
 from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime, Send
+from wakeful.runtime.context import Interrupt
 from wakeful.runtime.events import LiveEvent
 from wakeful.runtime.handle import RunHandle
 from wakeful.runtime.history import committed_at, last_user_count, message_position
@@ -244,6 +246,8 @@ class Agent:
             until = datetime.fromisoformat(str(woke))
             await ctx.sleep_until(until)
             return "ok", f"slept until {until.isoformat()}"
+        if tool.delegate is not None:  # a child run: its join suspends this run meanwhile
+            return await delegated(tool, arguments, ctx)
         seen = ToolObserver(
             name, str(call.get("id")), tool.replay, ctx.idempotency_key, self.metrics
         )
@@ -253,6 +257,8 @@ class Agent:
             seen.done("slept", ran=True)
             await ctx.sleep_until(sleep.until)  # the run sleeps: its claim is released
             raise AssertionError("an unanswered sleep returned") from None
+        except Interrupt:  # the call waits for a child run; it is not over
+            raise
         except BaseException as exc:
             seen.done("error", ran=False, error=exc)
             raise
@@ -283,11 +289,14 @@ class Agent:
             replay=tool.replay,
             patches=ctx.patches,
             clock=ctx.clock,
+            node=ctx,
         )
         try:
             # a tool call may take long: the claim stays renewed meanwhile
             with ctx.waiting(), seen.run("replayed" if ctx.recovered else "run"):
                 value = await tool.call(arguments, tool_ctx)
+        except Interrupt:  # a join (``ToolContext.join``): the run suspends
+            raise
         except OutcomeUnknown:
             # Not an error: the effect may have happened, and a model told "failed" may call
             # again under a new idempotency key.

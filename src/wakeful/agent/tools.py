@@ -26,6 +26,8 @@ from wakeful.clock import Clock, SystemClock
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
 from wakeful.providers.base import ToolSpec
+from wakeful.runtime.children import ChildOutcome, ChildRun
+from wakeful.runtime.context import NodeContext
 
 Replay: TypeAlias = Literal["safe", "keyed", "never"]
 REPLAYS = ("safe", "keyed", "never")
@@ -47,6 +49,8 @@ class ToolContext:
     (``never``)."""
     patches: Collection[str] = ()
     """The patches the run started with (``patched``)."""
+    node: NodeContext | None = field(default=None, repr=False)
+    """The context of the tool task running the call (``spawn``, ``join``)."""
 
     clock: Clock = field(default_factory=SystemClock, repr=False, compare=False)
     """The run's clock (what ``sleep`` measures from)."""
@@ -76,6 +80,22 @@ class ToolContext:
             raise InvalidInput("when", "must be a timezone-aware datetime")
         raise ToolSleep(when)
 
+    async def spawn(self, target: str, input: Any = None, **options: Any) -> ChildRun:
+        """``NodeContext.spawn`` from a tool: a child run, started once per call (a call
+        run again after a crash or a resume gets the same child). Use ``replay="safe"`` or
+        ``"keyed"`` for a tool that joins: a ``never`` tool is not run again on resume."""
+        return await self._node_context().spawn(target, input, **options)
+
+    async def join(self, child: ChildRun | dict[str, Any]) -> ChildOutcome:
+        """``NodeContext.join`` from a tool: the agent's run waits for the child (without
+        its claim or a worker slot) and the call runs again from its start once it ended."""
+        return await self._node_context().join(child)
+
+    def _node_context(self) -> NodeContext:
+        if self.node is None:
+            raise InvalidInput("ctx", "this tool context has no run to spawn children from")
+        return self.node
+
 
 class ToolSleep(BaseException):
     """Raised by ``ToolContext.sleep``: the call ends and its agent records the sleep. A
@@ -100,6 +120,8 @@ class Tool:
     arguments: type[msgspec.Struct]
     takes_ctx: bool
     is_async: bool
+    delegate: str | None = None
+    """For a ``delegate`` tool: the registered target each call runs as a child run."""
 
     @property
     def spec(self) -> ToolSpec:

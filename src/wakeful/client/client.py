@@ -178,6 +178,11 @@ class Threads(_Group):
         params = {"before": before, "limit": limit}
         return await self.client.request("GET", f"/v1/threads/{thread_id}/runs", params=params)
 
+    async def children(self, thread_id: str, *, run_id: str | None = None) -> Any:
+        """The child runs the thread's runs spawned, each with its status."""
+        path = f"/v1/threads/{thread_id}/children"
+        return await self.client.request("GET", path, params={"run_id": run_id})
+
     def stream(
         self,
         thread_id: str,

@@ -89,9 +89,10 @@ class CancelEnding:
         return f"{self.status} ({self.data.get('reason')})"
 
     def commit(
-        self, token: int, unfinished: Checkpoint | None, now: datetime, settle: str
+        self, token: int, unfinished: Checkpoint | None, now: datetime, settle: str | None
     ) -> Commit:
-        """The ending commit under claim ``token``, settling dispatch ``settle`` ``Done``."""
+        """The ending commit under claim ``token``, settling dispatch ``settle`` ``Done``
+        (``None``: the caller settles it)."""
         if self.rollback is not None and unfinished is not None:
             return rollback_commit(
                 token, unfinished, self.rollback, self.data, now, settle_done(settle)

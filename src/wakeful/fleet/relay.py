@@ -18,6 +18,7 @@ from wakeful.errors import InvalidInput, StaleClaim, ThreadBusy, WakefulError
 from wakeful.fleet.wake import Wake
 from wakeful.fleet.webhooks import prune_webhooks
 from wakeful.records import Claim, RetentionPolicy
+from wakeful.runtime.children import watch_spawns
 from wakeful.runtime.claims import ClaimPolicy
 from wakeful.store.contract import Store
 
@@ -66,12 +67,19 @@ class RelayLoop:
         self.batch = batch
         self.delivered = 0
         self._claim: Claim | None = None
+        self._poke: asyncio.Event | None = None
 
     async def run(self, stop: StopSignal | asyncio.Event) -> None:
         """Until ``stop`` is set: each step ends before the flag is looked at again, and the
         waits between steps end as soon as it is set (never only by cancellation)."""
         loop = asyncio.get_running_loop()
         next_sweep = loop.time()
+        poke = self._poke = asyncio.Event()
+
+        def nudge() -> None:  # from any thread: a spawn's commit may be another loop's
+            loop.call_soon_threadsafe(poke.set)
+
+        unwatch = watch_spawns(nudge)
         try:
             while not stop.is_set():
                 if await self._elected() and not stop.is_set():
@@ -87,12 +95,30 @@ class RelayLoop:
                             gone = await prune_webhooks(self.store, age)
                             log.info("retention: %d finished webhook deliveries", gone)
                         next_sweep = loop.time() + self.sweep_every
-                if await pause(stop, self.interval):
+                if await self._rest(stop):
                     break
         finally:
+            unwatch()
             if self._claim is not None:
                 with contextlib.suppress(WakefulError):
                     await self.store.release(RELAY_THREAD, self._claim.token)
+
+    async def _rest(self, stop: StopSignal | asyncio.Event) -> bool:
+        """Wait ``interval`` seconds, or less if a run of this process committed spawns
+        it waits for (``watch_spawns``); True when ``stop`` is set."""
+        poke = self._poke
+        if poke is not None and not poke.is_set():
+            poked = asyncio.ensure_future(poke.wait())
+            resting = asyncio.ensure_future(pause(stop, self.interval))
+            try:
+                await asyncio.wait({poked, resting}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                poked.cancel()
+                resting.cancel()
+        elif poke is None:
+            return await pause(stop, self.interval)
+        poke.clear()
+        return stop.is_set()
 
     async def drain(self) -> int:
         """Deliver until the outbox is empty; returns how many entries were handled."""

@@ -29,7 +29,7 @@ from wakeful.errors import (
     StaleClaim,
     WakefulError,
 )
-from wakeful.fleet import deploys
+from wakeful.fleet import deploys, joins
 from wakeful.fleet.attempts import (
     UNFINISHED,
     Settled,
@@ -353,6 +353,7 @@ class Worker:
         if owned_run is not None and owned_run.status != "running":
             if wake_at(owned_run) is not None:  # asleep, and due by the store's clock
                 return await deploys.wake_or_move(self, lease, owned_run, snap)
+            await joins.wake_parent(self.store, self.wake, d.thread_id, owned_run)  # a child's
             # The run ended or suspended before an earlier owner could settle: the thread says
             # what happened, whatever the budget (a redelivery never records a second ending).
             return Awaiting() if owned_run.status == "suspended" else Done()
@@ -378,12 +379,15 @@ class Worker:
             unfinished = latest if latest is not None and latest.status in UNFINISHED else None
             end = await cancel_ending(self.store, d.thread_id, unfinished, payload, self.registry)
             self._endings[d.dispatch_id] = end.log
-            ending = end.commit(claim.token, unfinished, self.clock.now(), d.dispatch_id)
+            child = await joins.before_ending(self.store, self.wake, d.thread_id, unfinished)
+            settle = None if child else d.dispatch_id  # a child's: settled after the wake-up
+            ending = end.commit(claim.token, unfinished, self.clock.now(), settle)
             ending = with_webhook(d.thread_id, ending)  # the run's ending, or nothing
             await self._observe.calls(
                 "commit", lambda: self.store.commit(d.thread_id, ending), d.thread_id
             )
-            return Settled(Done())
+            await joins.wake_parent(self.store, self.wake, d.thread_id, ending.checkpoint)
+            return Done() if child else Settled(Done())
         if deploys.moved_here(d, latest, self.version) and (
             moved := await deploys.version_change(self, lease, latest)
         ):
@@ -419,10 +423,11 @@ class Worker:
         latest = snap.checkpoint if snap is not None else None
         run_id = str(payload.get("run_id") or f"run-{dispatch_id}")
         consume: tuple[str, ...] = ()
+        spawned: dict[str, Any] = {}  # a child run's parent link
         try:
             if kind == "message":
                 target, input, consume = await message_input(
-                    self.store, self.registry, claim.thread_id, latest, payload
+                    self.store, self.registry, claim.thread_id, latest, payload, spawned
                 )
                 if target is None:
                     return Done()  # already consumed by an earlier delivery
@@ -434,11 +439,13 @@ class Worker:
             state, messages = target.prepare_coalesced(inputs, run_id)
         except (NotFound, TypeError, ValueError) as refused:
             # an unknown target or an input the target cannot take: retrying cannot help
+            now, reason = self.clock.now(), str(refused)
+            await joins.refused_spawn(self.store, self.wake, claim, snap, payload, reason, now)
             await self._note(claim, "dispatch.refused", {"reason": str(refused)}, dispatch_id)
             return Settled(Done())
         relayed = kind == "message" and not payload.get("external")
-        if relayed and snap is not None and snap.tenant_bound:
-            tenant = snap.tenant  # relayed between threads: the target thread's tenant
+        if relayed:  # relayed between threads: the target thread's tenant (a child: its parent's)
+            tenant = joins.relayed_tenant(snap, spawned, tenant)
         if kind == "start" and "from_checkpoint" in payload:
             start = Start(
                 dispatch_id, claim, snap, payload, target, state, messages, run_id, tenant,
@@ -457,7 +464,7 @@ class Worker:
                 claim=claim,
                 snapshot=snap,
                 dispatch_id=dispatch_id,
-                metadata=run_metadata(payload, target, self.version),
+                metadata={**run_metadata(payload, target, self.version), **spawned},
             )
         except RunInProgress as busy:
             if kind == "message":
@@ -476,22 +483,24 @@ class Worker:
     ) -> Outcome | Settled | RunHandle:
         assert self._runtime is not None
         latest = snap.checkpoint if snap is not None else None
+        answers = await joins.resume_answers(self.store, latest, payload)
+        if answers is None:  # a child's wake-up with nothing left to answer
+            return Done()
         if latest is None or latest.status != "suspended":
             reason = {"reason": "the thread is not suspended"}
             await self._note(claim, "dispatch.refused", reason, dispatch_id)
             return Settled(Done())
         target = self.registry.for_checkpoint(latest)
-        handle = await self._runtime.resume(
+        return await self._runtime.resume(
             claim.thread_id,
             target.graph,
-            dict(payload.get("answers") or {}),
+            answers,
             tenant=tenant,
             claim=claim,
             resumed_by=dispatch_id,
             snapshot=snap,
             dispatch_id=dispatch_id,
         )
-        return handle
 
     async def _continue(
         self, dispatch_id: str, claim: Claim, latest: Checkpoint, snap: ThreadSnapshot | None
@@ -499,7 +508,7 @@ class Worker:
         """The dispatch's running run was admitted before (this is a redelivery)."""
         assert self._runtime is not None
         target = self.registry.for_checkpoint(latest)
-        handle = await self._runtime.recover(
+        return await self._runtime.recover(
             claim.thread_id,
             target.graph,
             tenant=latest.tenant,
@@ -507,22 +516,24 @@ class Worker:
             snapshot=snap,
             dispatch_id=dispatch_id,
         )
-        return handle
 
     async def _follow(self, dispatch_id: str, handle: RunHandle) -> Outcome | Settled:
         self._handles[dispatch_id] = handle
         ending: Outcome
+        wake_at = None  # a failed run does not sleep
         try:
             outcome: RunOutcome = await handle.result()
             ending = Awaiting() if outcome.status == "suspended" else Done()
-            asleep = f" until {outcome.wake_at.isoformat()}" if outcome.wake_at else ""
+            wake_at = outcome.wake_at
+            asleep = f" until {wake_at.isoformat()}" if wake_at else ""
             self._endings[dispatch_id] = f"run {outcome.run_id} {outcome.status}{asleep}"
         except RunFailed as failed:
             ending = Done()  # recorded as failed on the thread
             self._endings[dispatch_id] = f"run {failed.run_id} failed: {failed.error}"
         except RunInterrupted as exc:
             return Retry(self._backoff(1), str(exc))
-        return Settled(ending, outcome.wake_at) if handle.settled else ending
+        await joins.wake_parent(self.store, self.wake, handle.thread_id, handle.checkpoint)
+        return Settled(ending, wake_at) if handle.settled else ending
 
     async def _terminate(
         self,
@@ -540,7 +551,7 @@ class Worker:
         for observers, under the lease's claim. With only an event to record, ``operation_id``
         makes a redelivered attempt return the first one's receipt instead of a second
         event. ``settle``: the dispatch settled ``Done`` by the same commit. ``messages``
-        and ``metadata`` (merged into the checkpoint's) go with the ending checkpoint."""
+        and ``metadata`` go with the ending checkpoint. A child's end wakes its parent."""
         commit = ending_commit(
             claim.token, latest, status, event_type, data, self.clock.now(),
             operation_id=operation_id, settle=settle, messages=messages, metadata=metadata,
@@ -549,6 +560,7 @@ class Worker:
         await self._observe.calls(
             "commit", lambda: self.store.commit(claim.thread_id, commit), claim.thread_id
         )
+        await joins.wake_parent(self.store, self.wake, claim.thread_id, commit.checkpoint)
 
     async def _note(
         self, claim: Claim, event_type: str, data: dict[str, Any], settle: str | None = None

@@ -1,6 +1,7 @@
 """The graph runtime: supersteps under fenced claims, durability modes, recovery,
 interrupts and subscriptions."""
 
+from wakeful.runtime.children import ChildOutcome, ChildRun
 from wakeful.runtime.claims import ClaimPolicy
 from wakeful.runtime.context import NodeContext, Ticket
 from wakeful.runtime.events import LiveEvent
@@ -30,6 +31,8 @@ __all__ = [
     "END",
     "START",
     "CheckpointView",
+    "ChildOutcome",
+    "ChildRun",
     "ClaimPolicy",
     "CompiledGraph",
     "Graph",

@@ -85,7 +85,7 @@ class Admission:
             ),
         )
         started = {"graph": graph.name}
-        for key in ("version", "patches"):  # the code the run started on (issue 40)
+        for key in ("version", "patches", "parent"):  # its code (issue 40), its parent run
             if key in self.metadata:
                 started[key] = self.metadata[key]
         event = EventDraft(

@@ -15,6 +15,8 @@ import msgspec
 from wakeful.clock import Clock, SystemClock
 from wakeful.errors import InvalidInput
 from wakeful.records import Checkpoint, EventDraft, Message, OutboxEntry, PendingWrite
+from wakeful.runtime import children
+from wakeful.runtime.children import ChildOutcome, ChildRun
 from wakeful.runtime.claims import Progress, Sleep
 from wakeful.store.contract import ThreadStore
 
@@ -143,6 +145,7 @@ class NodeContext:
         """The patches the run's code declared when it started (``patched``)."""
         self._interrupts = 0
         self._sleeps = 0
+        self._spawns = 0
         self._clock: Clock = clock or SystemClock()
         self._emit_live = emit_live
         self._wants_live = wants_live
@@ -272,6 +275,91 @@ class NodeContext:
         the run was woken from it, else ``None``: what a task that must not run its work
         again after a sleep (an agent's tool call) checks first."""
         return self._answers.get(f"{self.path or self.task_id}-s{self._sleeps + 1}")
+
+    async def spawn(
+        self,
+        target: str,
+        input: Any = None,
+        *,
+        thread_id: str | None = None,
+        if_busy: str = "enqueue",
+        detached: bool = False,
+    ) -> ChildRun:
+        """Start a run of the registered ``target`` (a worker's ``Registry`` name) with
+        ``input`` on a thread of its own: by default a new one,
+        ``<this thread>:<node>:<digest>``. Recorded in this task's commit (an outbox entry
+        the relay delivers once), so the child starts exactly once, after that commit; the
+        same call of the same task (a task run again after a crash or a resume) returns the
+        same child. Join it with ``join``/``join_all``, here or in a later node (the
+        ``ChildRun`` is JSON: keep it in the state). Cancelling this run cancels the child
+        while it runs, unless ``detached``. Needs a worker fleet (the relay and a worker
+        whose registry has ``target``). ``if_busy``: a child on a busy ``thread_id`` waits
+        (``"enqueue"``, the only policy so far)."""
+        if if_busy != "enqueue":
+            raise InvalidInput("if_busy", "a child run waits for a busy thread: only 'enqueue'")
+        self._spawns += 1
+        child = children.plan_child(
+            parent_thread=self.thread_id,
+            parent_run=self.run_id,
+            step=self.step,
+            task_id=self.task_id,
+            node=self.node,
+            position=self._spawns,
+            target=target,
+            thread_id=thread_id,
+            detached=detached,
+        )
+        if child.spawn_id in self._services.checkpoint.metadata.get("spawned", ()):
+            return child  # recorded by the suspension this task resumes from
+        self.outbox.append(
+            OutboxEntry(
+                message_id=child.spawn_id,
+                target_thread=child.thread_id,
+                payload=children.envelope(
+                    child, input, self.thread_id, self.run_id, self._services.checkpoint.tenant
+                ),
+                correlation_id=self.run_id,
+            )
+        )
+        self.emit("child.spawned", msgspec.to_builtins(child))
+        return child
+
+    async def join(self, child: ChildRun | dict[str, Any]) -> ChildOutcome:
+        """Wait for ``child`` to end and return its outcome (final state; an agent's reply);
+        raises ``ChildFailed`` if it failed, was cancelled or interrupted. While it runs the
+        run suspends without its claim or a worker slot, and the child's end resumes it
+        (this node then runs again from its start, and its spawns return the same
+        children)."""
+        (outcome,) = await self.join_all([child])
+        return outcome
+
+    async def join_all(self, runs: Collection[ChildRun | dict[str, Any]]) -> list[ChildOutcome]:
+        """``join`` for several children: their outcomes in order once all have ended (the
+        run suspends on every unfinished one at once). A child that ended other than
+        completed raises ``ChildFailed``, the first in order, as soon as it is known."""
+        answers: list[Any] = []
+        waiting: list[Ticket] = []
+        for raw in runs:
+            child = ChildRun.of(raw)
+            answer = self._answers.get(child.ticket_id)
+            if answer is None:
+                answer = await children.read_outcome(self.store, child.thread_id, child.run_id)
+            if answer is None:
+                waiting.append(
+                    Ticket(
+                        id=child.ticket_id,
+                        task_id=self.task_id,
+                        node=self.node,
+                        question=children.join_question(child),
+                        schema=children.JOIN_SCHEMA,
+                    )
+                )
+            elif not isinstance(answer, dict) or answer.get("status") != "completed":
+                children.result_of(answer)  # a failure is raised at once
+            answers.append(answer)
+        if waiting:
+            raise Interrupt(*waiting)
+        return [children.result_of(a) for a in answers]
 
     def child(
         self,

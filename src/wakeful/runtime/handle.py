@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from wakeful.records import Checkpoint
 from wakeful.runtime.alarms import Then
 from wakeful.runtime.loop import Execution
 from wakeful.runtime.results import RunOutcome
@@ -36,6 +37,12 @@ class RunHandle:
     @property
     def status(self) -> str:
         return self._execution.status
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The run's latest checkpoint as this process committed it (its ending one once
+        the run has ended)."""
+        return self._execution.checkpoint
 
     @property
     def token(self) -> int:

@@ -45,6 +45,7 @@ from wakeful.records import (
     RunStatus,
     Settle,
 )
+from wakeful.runtime.children import spawns_committed, spawns_of
 from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket, call_node
 from wakeful.runtime.durability import Writer, make_writer
@@ -312,7 +313,7 @@ class Execution(TaskWrites):
         )
         try:
             await self._writer.submit(
-                self._commit(nxt, events=(*carried, event), messages=messages)
+                self._commit(nxt, events=(*carried, event), messages=messages, outbox=outbox)
             )
         except StaleClaim as exc:  # taken over: the run stops as fenced, as at its other commits
             self._fenced(exc)
@@ -384,8 +385,12 @@ class Execution(TaskWrites):
             try:
                 updates = await call_node(spec, entry, cp.state, ctx)
                 break
-            except Interrupt as interrupt:
-                return TaskResult(entry, tickets=interrupt.tickets, carry=interrupt.carry)
+            except Interrupt as interrupt:  # its spawns go with the suspension (a join's)
+                spawned, spawns = spawns_of(ctx.events, ctx.outbox)
+                return TaskResult(
+                    entry, tickets=interrupt.tickets, carry=interrupt.carry,
+                    events=spawned, outbox=spawns,
+                )  # fmt: skip
             except Exception as exc:
                 retry = spec.retry
                 if (
@@ -507,6 +512,8 @@ class Execution(TaskWrites):
         ``ending``, or releasing a claim this runtime took."""
         commit = self._commit(checkpoint, (*events, event), writes, messages, outbox)
         commit = with_webhook(self.thread_id, commit)  # stored with the ending, or not at all
+        if isinstance(ending, Done) and "parent" in checkpoint.metadata:
+            ending = None  # a child's end: its worker wakes the parent, then settles
         ends_claim = ending is not None and (self.settle_dispatch is not None or self.release_claim)
         if ending is not None and self.settle_dispatch is not None:
             settle = Settle(dispatch_id=self.settle_dispatch, outcome=ending)
@@ -552,7 +559,14 @@ class Execution(TaskWrites):
         )
         event = suspension_event(self.run_id, tickets, wake_at)
         ending = sleep_ending(wake_at, self.clock.now()) if self.settle_dispatch else Awaiting()
-        await self._commit_now(suspended, event, carried, ending=ending)
+        outbox = tuple(o for r in results if r.tickets for o in r.outbox)
+        if outbox:  # the spawns a resumed task must not record again (``NodeContext.spawn``)
+            spawned = [*cp.metadata.get("spawned", ()), *(o.message_id for o in outbox)]
+            suspended.metadata["spawned"] = sorted(set(spawned))
+        events = tuple(e for r in results if r.tickets for e in r.events)
+        await self._commit_now(suspended, event, carried, events, outbox=outbox, ending=ending)
+        if outbox:
+            spawns_committed()  # the children it joins start now, not at the relay's next step
         self.status = "suspended"
         return RunOutcome(
             thread_id=self.thread_id,

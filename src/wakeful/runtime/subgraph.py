@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from wakeful.errors import GraphInvalid
 from wakeful.records import EventDraft, PendingWrite
+from wakeful.runtime.children import spawns_of
 from wakeful.runtime.context import Interrupt, NodeContext, call_node
 from wakeful.runtime.results import TaskResult, frontier_entries, reused, task_value
 
@@ -152,7 +153,9 @@ class ChildRun:
                 )
             results = await self._superstep(step, state, frontier, answers, first)
             tickets = [t for r in results for t in r.tickets]
-            if tickets:
+            if tickets:  # the interrupted tasks' spawns go with the parent's suspension
+                self.ctx.events.extend(e for r in results if r.tickets for e in r.events)
+                self.ctx.outbox.extend(o for r in results if r.tickets for o in r.outbox)
                 raise Interrupt(*tickets, carry=self._carry(frontier, results))
             state, tasks = self.graph.barrier(
                 state, [(r.entry["node"], r.updates) for r in results]
@@ -269,7 +272,11 @@ class ChildRun:
                 updates = await call_node(spec, entry, state, ctx)
                 break
             except Interrupt as interrupt:
-                return TaskResult(entry, tickets=interrupt.tickets, carry=interrupt.carry)
+                spawned, spawns = spawns_of(ctx.events, ctx.outbox)
+                return TaskResult(
+                    entry, tickets=interrupt.tickets, carry=interrupt.carry,
+                    events=spawned, outbox=spawns,
+                )  # fmt: skip
             except Exception as exc:
                 retry = spec.retry
                 if retry is None or attempt >= retry.max_attempts:

@@ -283,6 +283,30 @@ class ThreadView(BaseModel):
     tickets: list[dict[str, Any]] = Field(
         description="Open tickets of a suspended run (id, task_id, node, question, schema)."
     )
+    parent: dict[str, Any] | None = Field(
+        default=None,
+        description="For a child run (``ctx.spawn``): the run that spawned it "
+        "(``thread``, ``run_id``).",
+    )
+
+
+class ChildView(BaseModel):
+    """A child run a thread's run spawned (``ctx.spawn``), and how far it got."""
+
+    thread_id: str
+    run_id: str
+    target: str
+    detached: bool
+    parent_run_id: str | None = Field(description="The run of this thread that spawned it.")
+    spawned_at: datetime
+    status: RunStatus | Literal["sleeping"] | None = Field(
+        description="The child run's status; null: not started yet (or its thread has moved "
+        "on to another run)."
+    )
+
+
+class ChildPage(BaseModel):
+    children: list[ChildView]
 
 
 class ThreadSummaryView(_View):

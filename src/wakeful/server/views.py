@@ -7,6 +7,7 @@ from typing import Any
 
 from wakeful.fleet.delays import waits_until
 from wakeful.records import Dispatch
+from wakeful.runtime.children import parent_of
 from wakeful.runtime.sleeps import wake_at
 from wakeful.server.access import Owner, json_field
 from wakeful.server.problems import MEDIA_TYPE
@@ -87,6 +88,7 @@ def thread_view(owner: Owner) -> ThreadView:
         last_seq=snap.last_seq if snap is not None else 0,
         event_floor=snap.event_floor if snap is not None else 1,
         tickets=tickets,
+        parent=parent_of(cp),
     )
 
 

@@ -7,7 +7,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from wakeful.fleet.joins import spawned_children
 from wakeful.records import ThreadSummary
+from wakeful.runtime.children import ChildRun
+from wakeful.runtime.sleeps import wake_at
 from wakeful.server.access import CallerDep, ServerState, StateDep, json_field, visible_thread
 from wakeful.server.problems import Forbidden
 from wakeful.server.routes.params import MAX_SEQ, IdCursor, Limit, ThreadId
@@ -16,6 +19,8 @@ from wakeful.server.schemas import (
     MAX_ID,
     CheckpointPage,
     CheckpointView,
+    ChildPage,
+    ChildView,
     MessagePage,
     MessageView,
     RunStatus,
@@ -232,3 +237,45 @@ async def list_checkpoints(
     return CheckpointPage(
         checkpoints=views, next_before=rows[-1][0].id if len(rows) == limit else None
     )
+
+
+MAX_CHILDREN = 1000
+SCANNED_EVENTS = 5000
+"""Events a children listing reads at most (the thread's latest): a bounded cost per call."""
+
+
+@router.get("/threads/{thread_id}/children", responses=errors(404))
+async def list_children(
+    thread_id: ThreadId,
+    state: StateDep,
+    caller: CallerDep,
+    run_id: Annotated[
+        str | None,
+        Query(pattern=ID_PATTERN, max_length=MAX_ID, description="Only this run's children."),
+    ] = None,
+) -> ChildPage:
+    """The child runs the thread's runs spawned (``ctx.spawn``, an agent's ``delegate``
+    tool), in spawn order, each with its current status: those recorded among the thread's
+    latest 5000 events, the first 1000 of them. A child's own thread names its parent
+    (``parent``)."""
+    owner = await visible_thread(state.store, caller, thread_id)
+    snap = owner.snapshot
+    after = 0 if snap is None else max(snap.event_floor - 1, snap.last_seq - SCANNED_EVENTS)
+    views = []
+    for event in await spawned_children(state.store, thread_id, run_id, MAX_CHILDREN, after):
+        child = ChildRun.of(event.data)
+        snap = await state.store.read(child.thread_id)
+        cp = snap.checkpoint if snap is not None else None
+        ours = cp is not None and cp.run_id == child.run_id
+        views.append(
+            ChildView(
+                thread_id=child.thread_id,
+                run_id=child.run_id,
+                target=child.target,
+                detached=child.detached,
+                parent_run_id=event.run_id,
+                spawned_at=event.at,
+                status=("sleeping" if wake_at(cp) else cp.status) if ours and cp else None,
+            )
+        )
+    return ChildPage(children=views)

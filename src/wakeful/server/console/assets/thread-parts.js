@@ -2,6 +2,7 @@
 // waiting for the thread, the timeline and checkpoints with a diff.
 
 import { diff } from "./diff.js";
+import { enc } from "./api.js";
 import { ago, badge, clear, h, json, short, table, time } from "./dom.js";
 
 // Recovery marks from durable events, per run. Data of another shape gives no mark (the
@@ -80,6 +81,26 @@ export function renderRuns(node, runs, marks, dispatches) {
     );
   });
   clear(node, rows.length ? table(["run", "outcome", "graph", "recoveries", "attempts", "started", "updated"], rows, { class: "list", id: "runs" }) : h("p", { class: "muted" }, "No runs."));
+}
+
+// The child runs this thread's runs spawned (ctx.spawn, an agent's delegate tool), each a
+// link to its own thread, with its status and whether the suspended run waits on it (a join).
+export function renderChildren(node, children, joins) {
+  const awaited = new Set(joins.map((t) => t.question?.join?.thread));
+  const rows = children.map((c) =>
+    h(
+      "tr",
+      { "data-child": c.thread_id },
+      h("td", {}, h("a", { href: `#/threads/${enc(c.thread_id)}` }, c.thread_id)),
+      h("td", {}, c.target),
+      h("td", {}, c.status ? badge(c.status) : h("span", { class: "muted" }, "not started")),
+      h("td", {}, awaited.has(c.thread_id) ? "joined: the run waits for it" : ""),
+      h("td", {}, c.detached ? "detached" : ""),
+      h("td", {}, c.parent_run_id ?? ""),
+      h("td", { title: c.spawned_at ?? "" }, time(c.spawned_at)),
+    ),
+  );
+  clear(node, rows.length ? table(["thread", "target", "status", "join", "", "spawned by run", "spawned"], rows, { class: "list", id: "children" }) : h("p", { class: "muted" }, "No child runs."));
 }
 
 // Submissions that wait for the thread's run slot (status queued, behind whom), for a time

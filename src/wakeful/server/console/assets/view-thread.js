@@ -5,7 +5,7 @@
 import { ApiError, enc, get, post } from "./api.js";
 import { ago, askDialog, badge, clear, confirmAction, h, json, time } from "./dom.js";
 import { follow } from "./sse.js";
-import { marksOf, rawRow, renderCheckpoints, renderMessages, renderRuns, renderWaiting, timelineRow } from "./thread-parts.js";
+import { marksOf, rawRow, renderCheckpoints, renderChildren, renderMessages, renderRuns, renderWaiting, timelineRow } from "./thread-parts.js";
 import { historyPanel } from "./view-history.js";
 
 const TIMELINE_BACKLOG = 200;
@@ -19,6 +19,7 @@ export function threadView(main, threadId, { showError, navigate }) {
     tickets: h("div", { id: "tickets" }),
     conversation: h("div", { class: "conversation", id: "conversation" }),
     runs: h("div", { id: "runs-panel" }),
+    children: h("div", { id: "children-panel" }),
     waiting: h("div", { id: "waiting-panel" }),
     timeline: h("ol", { class: "timeline", id: "timeline", reversed: true }),
     checkpoints: h("div", { id: "checkpoints" }),
@@ -36,6 +37,7 @@ export function threadView(main, threadId, { showError, navigate }) {
       h("section", {}, h("h2", {}, "Events ", parts.link), parts.timeline),
     ),
     h("section", {}, h("h2", {}, "Runs"), parts.runs),
+    h("section", {}, h("h2", {}, "Child runs"), parts.children),
     h("section", {}, h("h2", {}, "Waiting submissions"), parts.waiting),
     h("section", {}, h("h2", {}, "History"), parts.history),
     h("section", {}, h("h2", {}, "Checkpoints"), parts.checkpoints),
@@ -116,6 +118,7 @@ export function threadView(main, threadId, { showError, navigate }) {
         h("dt", {}, "tenant"), h("dd", {}, t.tenant ?? "—"),
         h("dt", {}, "graph"), h("dd", {}, t.graph ?? "—"),
         h("dt", {}, "run"), h("dd", {}, t.run_id ?? "—"),
+        t.parent ? [h("dt", {}, "parent"), h("dd", { id: "parent-link" }, h("a", { href: `#/threads/${enc(t.parent.thread)}` }, t.parent.thread), ` (run ${t.parent.run_id})`)] : null,
         h("dt", {}, "version"), h("dd", {}, t.version),
         h("dt", {}, "claim"), h("dd", {}, claim ? `${claim.holder} (token ${claim.token}, expires ${ago(claim.expires_at)})` : "none"),
         h("dt", {}, "updated"), h("dd", { title: t.updated_at ?? "" }, time(t.updated_at)),
@@ -126,8 +129,8 @@ export function threadView(main, threadId, { showError, navigate }) {
   }
 
   function drawTickets() {
-    // a sleep's ticket is answered by its wake-up, not by a person
-    const open = (state.thread.tickets || []).filter((t) => !state.answered.has(t.id) && t.schema !== "wakeful.sleep");
+    // a sleep's ticket is answered by its wake-up, a join's by its child's end: not by a person
+    const open = (state.thread.tickets || []).filter((t) => !state.answered.has(t.id) && t.schema !== "wakeful.sleep" && t.schema !== "wakeful.join");
     // An answer's note stays after the run resumes and the ticket closes: a fast run would
     // otherwise erase the only confirmation the operator gets before they can read it.
     const answered = [...state.answered.values()];
@@ -183,11 +186,12 @@ export function threadView(main, threadId, { showError, navigate }) {
 
   async function refresh() {
     try {
-      const [thread, runs, dispatches, checkpoints] = await Promise.all([
+      const [thread, runs, dispatches, checkpoints, children] = await Promise.all([
         get(base),
         get(`${base}/runs`, { limit: 20 }),
         get("/v1/dispatches", { thread_id: threadId, limit: 200 }),
         get(`${base}/checkpoints`, { limit: 30 }),
+        get(`${base}/children`),
       ]);
       const messages = await allMessages();
       if (closed) return;
@@ -203,6 +207,7 @@ export function threadView(main, threadId, { showError, navigate }) {
       drawTickets();
       drawConversation();
       renderRuns(parts.runs, state.runs, state.marks, state.dispatches);
+      renderChildren(parts.children, children.children, (thread.tickets || []).filter((t) => t.schema === "wakeful.join"));
       renderWaiting(parts.waiting, dispatches.dispatches);
       renderCheckpoints(parts.checkpoints, state.checkpoints, state.picked, pick);
       if (thread.version > 0) await history.refresh();
