@@ -164,6 +164,7 @@ class Agent:
                 live=ctx.emit_live,
                 metrics=self.metrics,
                 run_id=ctx.run_id,
+                thread_id=ctx.thread_id,
             ),
         )
         turn = await recovery.turn(request)

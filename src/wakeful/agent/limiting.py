@@ -4,6 +4,13 @@ until the bucket's predicted refill (at most ``MAX_LIMIT_WAIT`` at a time, then 
 never spinning); after it, reconcile with the provider's reported usage; on a 429, block the
 keys for the whole fleet until the provider's reset.
 
+The reconcile is not a store call of its own: the difference is added to the process's
+pending settle for the key (one ledger per store handle) and paid by the next take of the key
+from this process, in the same statement (``take_limit(..., settle=)``): one store round trip
+per model call. A credit for an overestimate thus returns to the fleet at the process's next
+call on the key; a store that cannot hold a ledger (not weak-referenceable) reconciles at
+once.
+
 A run waiting here is inside ``NodeContext.waiting`` (its claim stays renewed by the renewal
 task, independently) and is visible: a live ``waiting_for_limit`` event names the key and
 the wait, and ``Metrics`` counts the waits per key."""
@@ -11,14 +18,15 @@ the wait, and ``Metrics`` counts the waits per key."""
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
 from wakeful.errors import UnsupportedStore
-from wakeful.limits import MAX_LIMIT_WAIT, RateLimit, check_limits
+from wakeful.limits import MAX_LIMIT_WAIT, LimitWaiter, RateLimit, check_limits
 from wakeful.providers.base import ModelRequest, ProviderError, Usage
 from wakeful.store.contract import RateLimitStore
 
@@ -34,6 +42,20 @@ UNHINTED_BLOCK = 1.0
 """Seconds a 429 without any reset hint blocks its keys."""
 CHARS_PER_TOKEN = 4
 """The estimate's ratio: about four characters a token for English text and JSON."""
+MAX_SETTLE = 10**9
+"""The most a pending settle holds (``take_limit``'s bound); beyond it, reconciled at once."""
+
+_LEDGERS: weakref.WeakKeyDictionary[object, dict[str, int]] = weakref.WeakKeyDictionary()
+"""Per store handle: each key's tokens to pay (negative: to give back) at the next take."""
+
+
+def ledger_of(store: object) -> dict[str, int] | None:
+    """The pending settles of ``store``'s keys in this process (``None``: the store cannot
+    hold one; reconcile at once)."""
+    try:
+        return _LEDGERS.setdefault(store, {})
+    except TypeError:
+        return None
 
 
 def estimate_tokens(request: ModelRequest) -> int:
@@ -70,6 +92,14 @@ class CallLimits:
     live: Live | None = None
     metrics: Metrics | None = None
     run_id: str = ""
+    thread_id: str = ""
+    _ledger: dict[str, int] | None = field(default=None, init=False)
+    _waiter: LimitWaiter | None = field(default=None, init=False)
+
+    def __post_init__(self) -> None:
+        self._ledger = ledger_of(self.store)
+        if self.run_id and self.thread_id:
+            self._waiter = LimitWaiter(run_id=self.run_id, thread_id=self.thread_id)
 
     @classmethod
     def for_store(
@@ -87,11 +117,29 @@ class CallLimits:
         return cls(limits, store, sleep, **options)
 
     async def acquire(self, request: ModelRequest) -> int:
-        """Wait for and take every key's request and estimated tokens; the estimate taken."""
+        """Wait for and take every key's request and estimated tokens (paying the key's
+        pending settle in the same step); the estimate taken. While a take is refused the
+        run is recorded as waiting for the key (``limit_buckets`` lists it)."""
         estimate = estimate_tokens(request)
+        ledger = self._ledger
         for limit in self.limits:
             waited = False
-            while (wait := await self.store.take_limit(limit, 1, estimate)) > 0:
+            while True:
+                settle = 0
+                if ledger is not None and limit.tokens_per_minute is not None:
+                    settle = ledger.get(limit.key, 0)
+                wait = await self.store.take_limit(
+                    limit, 1, estimate, settle=settle, waiter=self._waiter
+                )
+                if settle:
+                    assert ledger is not None
+                    left = ledger.get(limit.key, 0) - settle  # calls may have added meanwhile
+                    if left:
+                        ledger[limit.key] = left
+                    else:
+                        ledger.pop(limit.key, None)
+                if wait <= 0:
+                    break
                 if not waited:
                     waited = True
                     self._waiting(limit.key, wait)
@@ -99,13 +147,26 @@ class CallLimits:
         return estimate
 
     async def settle(self, estimate: int, usage: Usage | None) -> None:
-        """Pay or give back the difference between the usage and the estimate taken."""
+        """Pay or give back the difference between the usage and the estimate taken: added
+        to the key's pending settle, which the process's next take of the key pays."""
         if usage is None:
             return  # the estimate stands
-        used = usage.input_tokens + usage.output_tokens
+        delta = usage.input_tokens + usage.output_tokens - estimate
+        if delta == 0:
+            return
+        ledger = self._ledger
         for limit in self.limits:
-            if limit.tokens_per_minute is not None and used != estimate:
-                await self.store.reconcile_limit(limit.key, used - estimate)
+            if limit.tokens_per_minute is None:
+                continue
+            pending = delta if ledger is None else ledger.get(limit.key, 0) + delta
+            if ledger is None or abs(pending) > MAX_SETTLE:
+                if ledger is not None:
+                    ledger.pop(limit.key, None)
+                await self.store.reconcile_limit(
+                    limit.key, max(-MAX_SETTLE, min(MAX_SETTLE, pending))
+                )
+            else:
+                ledger[limit.key] = pending
 
     async def refused(self, error: ProviderError) -> None:
         """A rate-limit refusal blocks every key until the provider's reset (its retry hint,
