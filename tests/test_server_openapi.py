@@ -40,6 +40,7 @@ ROUTES = {
     ("post", "/v1/threads/{thread_id}/cancel"),
     ("post", "/v1/threads/{thread_id}/messages"),
     ("get", "/v1/workers"),
+    ("get", "/v1/limits"),
     ("get", "/v1/dispatches"),
     ("get", "/v1/dispatches/{dispatch_id}"),
     ("post", "/v1/dispatches/{dispatch_id}/quarantine"),

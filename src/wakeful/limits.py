@@ -110,6 +110,19 @@ class LimitBucket(msgspec.Struct, frozen=True, kw_only=True):
     blocked_until: datetime | None
     at: datetime
     waiting: tuple[LimitWait, ...] = ()
+    burst_seconds: float = 1.0
+    """Seconds of the rates the full bucket holds (the last configured)."""
+
+    @property
+    def request_capacity(self) -> float | None:
+        """Requests the full bucket holds (``None``: requests not limited)."""
+        rpm = self.requests_per_minute
+        return None if rpm is None else max(1.0, rpm * self.burst_seconds / 60.0)
+
+    @property
+    def token_capacity(self) -> float | None:
+        tpm = self.tokens_per_minute
+        return None if tpm is None else max(1.0, tpm * self.burst_seconds / 60.0)
 
 
 def check_limits(limits: object) -> tuple[RateLimit, ...]:

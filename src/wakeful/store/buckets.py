@@ -78,6 +78,7 @@ def listed(
             )
             for w in current
         ),
+        burst_seconds=state.burst,
     )
 
 
