@@ -3,7 +3,8 @@ whose model is the local OpenAI-compatible server at ``$CONSOLE_MODEL_URL``.
 
 - ``chat``: answers (the test scripts its replies, e.g. a slow or stalling stream);
 - ``shipper``: calls its ``ship`` tool, which needs an operator's approval (a ticket);
-- ``sorter``: a graph whose node sorts ``numbers``, for checkpoint states.
+- ``sorter``: a graph whose node sorts ``numbers``, for checkpoint states;
+- ``limited``: answers, each model call taking from the rate limit ``console:limited``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any, TypedDict
 
 from wakeful.agent import Agent, tool
 from wakeful.fleet import Registry
+from wakeful.limits import RateLimit
 from wakeful.providers.openai import OpenAIChat
 from wakeful.runtime import END, START, Graph
 
@@ -36,6 +38,9 @@ def _sum(state: Numbers) -> dict[str, Any]:
     return {"total": sum(state.get("numbers", []))}
 
 
+LIMITED = RateLimit(key="console:limited", requests_per_minute=60)
+
+
 def registry() -> Registry:
     model = OpenAIChat("local-model", base_url=os.environ["CONSOLE_MODEL_URL"], api_key="sk-x")
     sorter = (
@@ -51,4 +56,5 @@ def registry() -> Registry:
         .add("chat", Agent("chat", model, "Answer."))
         .add("shipper", Agent("shipper", model, "Ship orders.", tools=[ship]))
         .add("sorter", sorter.compile())
+        .add("limited", Agent("limited", model, "Answer.", limits=LIMITED))
     )

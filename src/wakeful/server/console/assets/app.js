@@ -11,6 +11,7 @@ const queueView = lazy("./view-queue.js", "queueView");
 const workersView = lazy("./view-workers.js", "workersView");
 const overviewView = lazy("./view-overview.js", "overviewView");
 const schedulesView = lazy("./view-schedules.js", "schedulesView");
+const limitsView = lazy("./view-limits.js", "limitsView");
 
 const IDENTITY = "wakeful.console.identity";
 const main = document.getElementById("main");
@@ -115,6 +116,7 @@ const ROUTES = [
   [/^#\/workers$/, () => workersView(main, context), true],
   [/^#\/overview$/, () => overviewView(main, context), true],
   [/^#\/schedules$/, () => schedulesView(main, context), false],
+  [/^#\/limits$/, () => limitsView(main, context), false],
   [/^#\/threads(\?.*)?$/, (m) => threadsView(main, new URLSearchParams((m[1] || "").slice(1)), context), false],
 ];
 
