@@ -42,6 +42,9 @@ UNHINTED_BLOCK = 1.0
 """Seconds a 429 without any reset hint blocks its keys."""
 CHARS_PER_TOKEN = 4
 """The estimate's ratio: about four characters a token for English text and JSON."""
+MAX_BLOCK = 3600.0
+"""The longest block a successful answer's rate-limit headers set (a daily quota's reset
+hours away is the provider's to enforce; the bucket need not hold the fleet that long)."""
 MAX_SETTLE = 10**9
 """The most a pending settle holds (``take_limit``'s bound); beyond it, reconciled at once."""
 
@@ -146,9 +149,16 @@ class CallLimits:
                 await self.sleep(min(wait, MAX_LIMIT_WAIT))
         return estimate
 
-    async def settle(self, estimate: int, usage: Usage | None) -> None:
+    async def settle(
+        self, estimate: int, usage: Usage | None, exhausted: float | None = None
+    ) -> None:
         """Pay or give back the difference between the usage and the estimate taken: added
-        to the key's pending settle, which the process's next take of the key pays."""
+        to the key's pending settle, which the process's next take of the key pays.
+        ``exhausted``: the provider's rate-limit headers said this call used a limit up
+        (``StreamEnd.limit_reset``): every key is blocked until its reset, for the fleet,
+        as a 429 would have done for the next call."""
+        if exhausted is not None and exhausted > 0:
+            await self._block(min(exhausted, MAX_BLOCK))
         if usage is None:
             return  # the estimate stands
         delta = usage.input_tokens + usage.output_tokens - estimate
@@ -174,6 +184,9 @@ class CallLimits:
         if error.kind != "rate_limited":
             return
         seconds = UNHINTED_BLOCK if error.retry_after is None else error.retry_after
+        await self._block(seconds)
+
+    async def _block(self, seconds: float) -> None:
         for limit in self.limits:
             await self.store.block_limit(limit.key, seconds)
         if self.metrics is not None:
