@@ -113,8 +113,32 @@ async def _child(store_url: str, base_url: str, rpm: float, seconds: float, runs
         await model.aclose()
 
 
-async def _throughput(store_url: str, base_url: str, limited: bool, runs: int) -> float:
-    """Agent runs per second, 8 at a time, with a limit that is never reached or none."""
+class _Timed:
+    """Counts the rate-limit store calls and their wall time (the cost a limit adds)."""
+
+    def __init__(self, store: Any) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+        for name in ("take_limit", "reconcile_limit"):
+            setattr(store, name, self._wrap(getattr(store, name)))
+
+    def _wrap(self, method: Any) -> Any:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+                self.calls += 1
+
+        return timed
+
+
+async def _throughput(
+    store_url: str, base_url: str, limited: bool, runs: int, seen: list[_Timed] | None = None
+) -> float:
+    """Agent runs per second, 8 at a time, with a limit that is never reached or none; with
+    ``seen``, the limit's store calls are counted and timed into it."""
     from wakeful import open_store
     from wakeful.agent import Agent
     from wakeful.limits import RateLimit
@@ -123,6 +147,8 @@ async def _throughput(store_url: str, base_url: str, limited: bool, runs: int) -
 
     roomy = RateLimit(key=KEY, requests_per_minute=1e7, tokens_per_minute=1e10)
     async with open_store(store_url) as store:
+        if seen is not None and limited:
+            seen.append(_Timed(store))
         model = OpenAIChat("bench", base_url=base_url, limits=[roomy] if limited else None)
         agent = Agent("bench", model)
         runtime = Runtime(store)
@@ -189,15 +215,17 @@ def run(args: argparse.Namespace) -> list[Result]:
 
 def _overhead(args: argparse.Namespace, out: Collector) -> None:
     """Agent runs per second with a limit configured but never reached, against none: one
-    take and one reconcile per model call (two statements on PostgreSQL)."""
+    take per model call (one statement on PostgreSQL; it pays the process's pending reconcile
+    too). Then what the limit's store calls cost per model call: how many, how long."""
     rates: dict[bool, list[float]] = {True: [], False: []}
+    timed: list[_Timed] = []
     db = Database(args.dsn, "wakeful_bench_flow_overhead").create()
     provider = Provider()
     try:
         for r in range(max(args.rounds, 3)):
             for limited in (r % 2 == 0, r % 2 != 0):  # alternate which goes first
                 rate = asyncio.run(
-                    _throughput(db.dsn, provider.base_url, limited, args.overhead_runs)
+                    _throughput(db.dsn, provider.base_url, limited, args.overhead_runs, timed)
                 )
                 rates[limited].append(rate)
                 print(f"  round {r + 1}: limits {'on ' if limited else 'off'} {rate:6.1f} runs/s")
@@ -212,6 +240,19 @@ def _overhead(args: argparse.Namespace, out: Collector) -> None:
         anchor_samples=rates[False],
         target=0.9,
         note=f"{args.overhead_runs} runs of one model call, 8 at a time, PostgreSQL",
+    )
+    out.add(
+        "rate-limit store calls per model call",
+        [t.calls / args.overhead_runs for t in timed],
+        "calls",
+        note="take_limit (and reconcile_limit, before the reconcile was folded into the take)",
+    )
+    out.add(
+        "rate-limit store time per model call",
+        [t.seconds / args.overhead_runs * 1000 for t in timed],
+        "ms",
+        higher_is_better=False,
+        note="wall time in the limit's store calls, 8 runs at a time",
     )
 
 

@@ -49,6 +49,10 @@ async def test_limits_list_shows_the_buckets_as_a_table_and_as_json(tmp_path: Pa
         assert isinstance(store, RateLimitStore)
         await store.take_limit(GPT, 1, 40)
         await store.block_limit("anthropic:claude", 600)
+        # a run refused by the blocked key asks again in 5 s (MAX_LIMIT_WAIT): listed for 7 s
+        waiter = LimitWaiter(run_id="run-waits", thread_id="t-1")
+        limit = RateLimit(key="anthropic:claude", tokens_per_minute=6000)
+        assert await store.take_limit(limit, 1, 10, waiter=waiter) > 0
     listed = cli("limits", "list", "--json", store=url)
     assert listed.returncode == 0, listed.stderr
     rows = json.loads(listed.stdout)
@@ -57,9 +61,11 @@ async def test_limits_list_shows_the_buckets_as_a_table_and_as_json(tmp_path: Pa
     assert claude["blocked_until"] is not None and gpt["blocked_until"] is None
     assert (gpt["requests_per_minute"], gpt["tokens_per_minute"]) == (120, 6000)
     assert 1.0 <= gpt["requests_available"] <= 2.0 and 60 <= gpt["tokens_available"] <= 100
+    assert [w["run_id"] for w in claude["waiting"]] == ["run-waits"] and gpt["waiting"] == []
     shown = cli("limits", "list", store=url)
     assert shown.returncode == 0, shown.stderr
     assert "openai:gpt-4o" in shown.stdout and "of 120/min" in shown.stdout
+    assert "run-waits" in shown.stdout
     missing = cli("limits", "list", store=f"sqlite:///{tmp_path / 'none.db'}")
     assert missing.returncode == 3 and "no store at" in error_line(missing)
 

@@ -43,21 +43,22 @@ def _amount(value: float | None, rate: float | None) -> str:
 @json_option
 @run_async
 async def limits_list(store: str | None, as_json: bool) -> None:
-    """Every rate-limit key used on the store: its rates, what its bucket holds now, and the
-    end of a provider's block (a 429), if one holds it."""
+    """Every rate-limit key used on the store: its rates, what its bucket holds now, the
+    end of a provider's block (a 429), if one holds it, and the runs waiting for it."""
     found = await with_store(store_url(store), _buckets, existing=True)
     emit(
         [builtins(b) for b in found],
         as_json,
         lambda _: table(
             "rate limits",
-            ["key", "requests available", "tokens available", "blocked until"],
+            ["key", "requests available", "tokens available", "blocked until", "waiting"],
             [
                 (
                     b.key,
                     _amount(b.requests_available, b.requests_per_minute),
                     _amount(b.tokens_available, b.tokens_per_minute),
                     "-" if b.blocked_until is None else b.blocked_until.isoformat(),
+                    ", ".join(w.run_id for w in b.waiting) or "-",
                 )
                 for b in found
             ],
