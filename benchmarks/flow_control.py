@@ -166,6 +166,32 @@ async def _throughput(
     return runs / elapsed
 
 
+async def _statements(store_url: str, batches: int, size: int = 100) -> dict[bool, list[float]]:
+    """Milliseconds of store time per model call on one connection, in alternating batches:
+    a take folding the previous call's reconcile (``True``) against a take and then a
+    reconcile statement (``False``, how calls were limited before the fold)."""
+    from wakeful import open_store
+    from wakeful.limits import LimitWaiter, RateLimit
+    from wakeful.store.contract import RateLimitStore
+
+    roomy = RateLimit(key=KEY, requests_per_minute=1e9, tokens_per_minute=1e12)
+    waiter = LimitWaiter(run_id="bench-run", thread_id="bench-thread")
+    found: dict[bool, list[float]] = {True: [], False: []}
+    async with open_store(store_url) as store:
+        assert isinstance(store, RateLimitStore)
+        for batch in range(batches):
+            for folded in (batch % 2 == 0, batch % 2 != 0):
+                started = time.perf_counter()
+                for _ in range(size):
+                    if folded:
+                        await store.take_limit(roomy, 1, 100, settle=-40, waiter=waiter)
+                    else:
+                        await store.take_limit(roomy, 1, 100, waiter=waiter)
+                        await store.reconcile_limit(KEY, -40)
+                found[folded].append((time.perf_counter() - started) / size * 1000)
+    return found
+
+
 def _round(dsn: str, rpm: float, seconds: float, runs: int) -> float:
     """Requests the provider saw in the first ``seconds`` of traffic."""
     provider = Provider()
@@ -240,6 +266,20 @@ def _overhead(args: argparse.Namespace, out: Collector) -> None:
         anchor_samples=rates[False],
         target=0.9,
         note=f"{args.overhead_runs} runs of one model call, 8 at a time, PostgreSQL",
+    )
+    db = Database(args.dsn, "wakeful_bench_flow_statements").create()
+    try:
+        per_call = asyncio.run(_statements(db.dsn, 2 * max(args.rounds, 3)))
+    finally:
+        db.drop()
+    out.add(
+        "rate-limit store time per model call, one connection",
+        per_call[True],
+        "ms",
+        anchor="a take, then a reconcile statement",
+        anchor_samples=per_call[False],
+        higher_is_better=False,
+        note="a take that pays the previous call's reconcile (decision 0043); batches of 100",
     )
     out.add(
         "rate-limit store calls per model call",
