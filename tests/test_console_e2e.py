@@ -465,9 +465,14 @@ def test_the_limits_panel_shows_a_blocked_key_and_the_run_waiting_for_it(
     page.goto(f"{rig.url}/console/#/limits")
     page.locator(f"{row}[data-waiting='0']").wait_for()
     assert page.locator(f"{row} a.chip").count() == 0
+    # the run must end here: a worker waits for its runs when it stops
     with rig.api(ALPHA) as api:
         r = api.post("/v1/threads/console-limited/cancel", json={"reason": "test over"})
         assert r.status_code in (200, 202), r.text
+        wait_until(
+            lambda: api.get("/v1/threads/console-limited").json().get("status") == "cancelled",
+            "the waiting run cancelled",
+        )
 
 
 def test_history_shows_branches_and_edit_state_then_replay_runs_on(page: Any, rig: Fleet) -> None:

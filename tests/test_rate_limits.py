@@ -18,9 +18,9 @@ from tests.postgres_support import Databases, open_test_store
 from tests.provider_server import Reply, openai_text
 from wakeful import ManualClock, open_store
 from wakeful.agent import Agent
-from wakeful.agent.limiting import CallLimits, estimate_tokens, limits_of
-from wakeful.errors import InvalidInput, UnsupportedStore
-from wakeful.limits import LimitWaiter, RateLimit
+from wakeful.agent.limiting import CLAIM_CHECK_EVERY, CallLimits, estimate_tokens, limits_of
+from wakeful.errors import CheckpointWriteFailed, InvalidInput, StaleClaim, UnsupportedStore
+from wakeful.limits import MAX_LIMIT_WAIT, LimitWaiter, RateLimit
 from wakeful.providers import AnthropicMessages, ModelRequest, OpenAIChat, Scripted
 from wakeful.providers.http import error_from_response, reset_from_headers
 from wakeful.records import Message
@@ -257,3 +257,29 @@ def test_limits_are_validated_where_they_are_configured() -> None:
     assert limits_of(OpenAIChat("m", limits=limit), Agent("a", Scripted([]), limits=other)) == (
         limit,
     )
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_loses_its_claim_while_it_waits_for_its_limit_stops_waiting() -> None:
+    """A cancel or a takeover takes the claim of a run waiting out a long block: the run
+    notices within ``CLAIM_CHECK_EVERY`` of waiting, sends nothing and records nothing."""
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    await store.block_limit(KEY, 600)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(seconds)
+        if len(slept) == 1:  # the thread's claim is taken while the run waits
+            snap = await store.read("t")
+            assert snap is not None and snap.claim is not None
+            await store.release("t", snap.claim.token)
+
+    model = Scripted.replies("never sent")
+    agent = Agent("a", model, limits=RateLimit(key=KEY, requests_per_minute=60), sleep=sleep)
+    with pytest.raises(CheckpointWriteFailed, match="StaleClaim") as stopped:
+        await asyncio.wait_for(agent.run(Runtime(store, clock=clock), "t", "hi"), 10)
+    assert model.requests == []
+    assert sum(slept) <= CLAIM_CHECK_EVERY + MAX_LIMIT_WAIT, slept
+    assert isinstance(stopped.value.cause, StaleClaim)

@@ -165,6 +165,7 @@ class Agent:
                 metrics=self.metrics,
                 run_id=ctx.run_id,
                 thread_id=ctx.thread_id,
+                fencing_token=ctx.fencing_token,
             ),
         )
         turn = await recovery.turn(request)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from wakeful.errors import UnsupportedStore
+from wakeful.errors import StaleClaim, UnsupportedStore
 from wakeful.limits import MAX_LIMIT_WAIT, LimitWaiter, RateLimit, check_limits
 from wakeful.providers.base import ModelRequest, ProviderError, Usage
 from wakeful.store.contract import RateLimitStore
@@ -42,6 +42,10 @@ UNHINTED_BLOCK = 1.0
 """Seconds a 429 without any reset hint blocks its keys."""
 CHARS_PER_TOKEN = 4
 """The estimate's ratio: about four characters a token for English text and JSON."""
+CLAIM_CHECK_EVERY = 2.0
+"""Seconds of waiting between two checks that the run still holds its claim: a run
+cancelled or taken over while it waits stops waiting (``StaleClaim``) instead of waiting
+out the bucket; it would stop at its next commit anyway, later."""
 MAX_BLOCK = 3600.0
 """The longest block a successful answer's rate-limit headers set (a daily quota's reset
 hours away is the provider's to enforce; the bucket need not hold the fleet that long)."""
@@ -96,6 +100,8 @@ class CallLimits:
     metrics: Metrics | None = None
     run_id: str = ""
     thread_id: str = ""
+    fencing_token: int | None = None
+    """The run's claim token: while waiting, the run checks it still holds the claim."""
     _ledger: dict[str, int] | None = field(default=None, init=False)
     _waiter: LimitWaiter | None = field(default=None, init=False)
 
@@ -127,6 +133,7 @@ class CallLimits:
         ledger = self._ledger
         for limit in self.limits:
             waited = False
+            unchecked = 0.0
             while True:
                 settle = 0
                 if ledger is not None and limit.tokens_per_minute is not None:
@@ -147,7 +154,22 @@ class CallLimits:
                     waited = True
                     self._waiting(limit.key, wait)
                 await self.sleep(min(wait, MAX_LIMIT_WAIT))
+                unchecked += min(wait, MAX_LIMIT_WAIT)
+                if unchecked >= CLAIM_CHECK_EVERY:
+                    unchecked = 0.0
+                    await self._check_claim()
         return estimate
+
+    async def _check_claim(self) -> None:
+        """``StaleClaim`` when the run's claim is no longer the thread's (cancelled, taken
+        over); nothing without a token or a store that reads threads."""
+        read = getattr(self.store, "read", None)
+        if self.fencing_token is None or not self.thread_id or read is None:
+            return
+        snap = await read(self.thread_id)
+        current = None if snap is None or snap.claim is None else snap.claim.token
+        if current != self.fencing_token:
+            raise StaleClaim(self.thread_id, self.fencing_token, current)
 
     async def settle(
         self, estimate: int, usage: Usage | None, exhausted: float | None = None
