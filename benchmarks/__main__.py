@@ -64,8 +64,9 @@ PLAN = (
     Module("busy_threads", 150, ("--n", "40"), postgres=True),
     Module("langgraph_saver", 240, ("--runs", "120"), postgres=True),
     Module("console", 240),
-    # Issue 39: two workers against one 120 rpm key for 60 s (mostly waiting).
-    Module("flow_control", 150, postgres=True),
+    # Issue 39: two workers against one 120 rpm key for 60 s (mostly waiting), once per
+    # round; then 12 interleaved pairs of 100 agent runs with and without a roomy limit.
+    Module("flow_control", 420, postgres=True),
     # Issue 24's experiment: its targets at N = 1000 with its 18.1 s streams; N = 100 and
     # 5,000 (every run ended exactly once) with 6 s streams. One round: waiting, mostly.
     Module(
