@@ -38,6 +38,14 @@ def _amount(value: float | None, rate: float | None) -> str:
     return f"{value:.1f} of {rate:g}/min"
 
 
+def _waiting(runs: list[str]) -> str:
+    """How many runs wait, and the oldest few."""
+    if not runs:
+        return "-"
+    shown = ", ".join(runs[:3])
+    return f"{len(runs)}: {shown}" + (", ..." if len(runs) > 3 else "")
+
+
 @limits.command("list")
 @store_option
 @json_option
@@ -58,7 +66,7 @@ async def limits_list(store: str | None, as_json: bool) -> None:
                     _amount(b.requests_available, b.requests_per_minute),
                     _amount(b.tokens_available, b.tokens_per_minute),
                     "-" if b.blocked_until is None else b.blocked_until.isoformat(),
-                    ", ".join(w.run_id for w in b.waiting) or "-",
+                    _waiting([w.run_id for w in b.waiting]),
                 )
                 for b in found
             ],
