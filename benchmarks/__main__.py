@@ -68,8 +68,9 @@ PLAN = (
     # firer processes, two ticks 30 s apart) and 10,000 spread over a minute (PostgreSQL);
     # 2,000 due at once on SQLite. Mostly waiting for the ticks.
     Module("schedules", 480, postgres=True),
-    # Issue 39: two workers against one 120 rpm key for 60 s (mostly waiting).
-    Module("flow_control", 150, postgres=True),
+    # Issue 39: two workers against one 120 rpm key for 60 s (mostly waiting), once per
+    # round; then 12 interleaved pairs of 100 agent runs with and without a roomy limit.
+    Module("flow_control", 420, postgres=True),
     # Issue 24's experiment: its targets at N = 1000 with its 18.1 s streams; N = 100 and
     # 5,000 (every run ended exactly once) with 6 s streams. One round: waiting, mostly.
     # Issue 41: three failovers of a private synchronous pair under load (about a minute),

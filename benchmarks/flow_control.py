@@ -9,7 +9,10 @@ same key, for ``--seconds`` plus a margin. Measured: the requests the server saw
 ``--seconds`` window starting at the first one, against the budget ``rpm * seconds / 60``
 (target 1.0 +- 5 %; the bucket's one second of burst adds 2 requests to a 60 s window at 120
 rpm, +1.7 %). Then the cost of a limit that is never reached: agent runs per second in this
-process with and without it (target >= 0.9x), ``--overhead-runs`` runs per sample.
+process with and without it, in interleaved pairs of ``--overhead-runs`` runs, the figure the
+median of the pairs' ratios (target >= 0.9x); the limit's store calls per model call and
+their time; and the store time per model call on one connection of a take that folds the
+reconcile against a take and a reconcile statement (decision 0047).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import statistics
 import subprocess
 import sys
 import threading
@@ -113,8 +117,34 @@ async def _child(store_url: str, base_url: str, rpm: float, seconds: float, runs
         await model.aclose()
 
 
-async def _throughput(store_url: str, base_url: str, limited: bool, runs: int) -> float:
-    """Agent runs per second, 8 at a time, with a limit that is never reached or none."""
+class _Timed:
+    """Counts the rate-limit store calls and their wall time (the cost a limit adds)."""
+
+    def __init__(self, store: Any) -> None:
+        self.calls = 0
+        self.seconds = 0.0
+        for name in ("take_limit", "reconcile_limit"):
+            setattr(store, name, self._wrap(getattr(store, name)))
+
+    def _wrap(self, method: Any) -> Any:
+        async def timed(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return await method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - started
+                self.calls += 1
+
+        return timed
+
+
+async def _paired(
+    store_url: str, base_url: str, pairs: int, batch: int
+) -> tuple[dict[bool, list[float]], list[float], _Timed]:
+    """Agent runs per second, 8 at a time, on one store: batches of ``batch`` runs of an
+    agent whose provider has a limit that is never reached, alternating with batches of the
+    same agent without it (the order alternating too). The rates of each kind, each pair's
+    ratio (limited / not), and the limit's store calls counted and timed."""
     from wakeful import open_store
     from wakeful.agent import Agent
     from wakeful.limits import RateLimit
@@ -122,22 +152,65 @@ async def _throughput(store_url: str, base_url: str, limited: bool, runs: int) -
     from wakeful.runtime import Runtime
 
     roomy = RateLimit(key=KEY, requests_per_minute=1e7, tokens_per_minute=1e10)
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    ratios: list[float] = []
     async with open_store(store_url) as store:
-        model = OpenAIChat("bench", base_url=base_url, limits=[roomy] if limited else None)
-        agent = Agent("bench", model)
+        timed = _Timed(store)
+        models = {on: OpenAIChat("bench", base_url=base_url, limits=[roomy] if on else None)
+                  for on in (True, False)}  # fmt: skip
+        agents = {on: Agent("bench", model) for on, model in models.items()}
         runtime = Runtime(store)
-        tag = "on" if limited else "off"
-        queue = list(range(runs))
 
-        async def lane() -> None:
-            while queue:
-                await agent.run(runtime, f"{tag}-{queue.pop()}-{time.monotonic_ns()}", "hi")
+        async def rate(limited: bool, runs: int) -> float:
+            queue = list(range(runs))
 
-        started = time.perf_counter()
-        await asyncio.gather(*(lane() for _ in range(8)))
-        elapsed = time.perf_counter() - started
-        await model.aclose()
-    return runs / elapsed
+            async def lane() -> None:
+                while queue:
+                    thread = f"{limited:d}-{queue.pop()}-{time.monotonic_ns()}"
+                    await agents[limited].run(runtime, thread, "hi")
+
+            started = time.perf_counter()
+            await asyncio.gather(*(lane() for _ in range(8)))
+            return runs / (time.perf_counter() - started)
+
+        await rate(True, 16)  # the key's row, connections and code paths warm
+        await rate(False, 16)
+        timed.calls, timed.seconds = 0, 0.0
+        for pair in range(pairs):
+            found = {}
+            for limited in (pair % 2 == 0, pair % 2 != 0):
+                found[limited] = await rate(limited, batch)
+                rates[limited].append(found[limited])
+            ratios.append(found[True] / found[False])
+        for model in models.values():
+            await model.aclose()
+    return rates, ratios, timed
+
+
+async def _statements(store_url: str, batches: int, size: int = 100) -> dict[bool, list[float]]:
+    """Milliseconds of store time per model call on one connection, in alternating batches:
+    a take folding the previous call's reconcile (``True``) against a take and then a
+    reconcile statement (``False``, how calls were limited before the fold)."""
+    from wakeful import open_store
+    from wakeful.limits import LimitWaiter, RateLimit
+    from wakeful.store.contract import RateLimitStore
+
+    roomy = RateLimit(key=KEY, requests_per_minute=1e9, tokens_per_minute=1e12)
+    waiter = LimitWaiter(run_id="bench-run", thread_id="bench-thread")
+    found: dict[bool, list[float]] = {True: [], False: []}
+    async with open_store(store_url) as store:
+        assert isinstance(store, RateLimitStore)
+        for batch in range(batches):
+            for folded in (batch % 2 == 0, batch % 2 != 0):
+                started = time.perf_counter()
+                for _ in range(size):
+                    if folded:
+                        await store.take_limit(roomy, 1, 100, settle=-40, waiter=waiter)
+                    else:
+                        await store.take_limit(roomy, 1, 100, waiter=waiter)
+                        await store.reconcile_limit(KEY, -40)
+                found[folded].append((time.perf_counter() - started) / size * 1000)
+    return found
 
 
 def _round(dsn: str, rpm: float, seconds: float, runs: int) -> float:
@@ -189,29 +262,60 @@ def run(args: argparse.Namespace) -> list[Result]:
 
 def _overhead(args: argparse.Namespace, out: Collector) -> None:
     """Agent runs per second with a limit configured but never reached, against none: one
-    take and one reconcile per model call (two statements on PostgreSQL)."""
-    rates: dict[bool, list[float]] = {True: [], False: []}
+    take per model call (one statement on PostgreSQL; it pays the process's pending reconcile
+    too), in interleaved pairs of batches (a ratio of medians across rounds would measure
+    the shared machine's load between rounds). Then what the limit's store calls cost per
+    model call: how many, how long."""
+    pairs = 4 * max(args.rounds, 3)
     db = Database(args.dsn, "wakeful_bench_flow_overhead").create()
     provider = Provider()
     try:
-        for r in range(max(args.rounds, 3)):
-            for limited in (r % 2 == 0, r % 2 != 0):  # alternate which goes first
-                rate = asyncio.run(
-                    _throughput(db.dsn, provider.base_url, limited, args.overhead_runs)
-                )
-                rates[limited].append(rate)
-                print(f"  round {r + 1}: limits {'on ' if limited else 'off'} {rate:6.1f} runs/s")
+        rates, ratios, timed = asyncio.run(
+            _paired(db.dsn, provider.base_url, pairs, args.overhead_runs)
+        )
     finally:
         provider.close()
         db.drop()
+    on, off = statistics.median(rates[True]), statistics.median(rates[False])
+    print(f"  limits on {on:6.1f} runs/s, off {off:6.1f} runs/s (medians of {pairs} batches)")
+    print(f"  paired ratios: {' '.join(f'{r:.2f}' for r in ratios)}")
     out.add(
         "agent runs/s, a limit configured but not reached",
-        rates[True],
-        "runs/s",
-        anchor="no limit",
-        anchor_samples=rates[False],
+        ratios,
+        "x no limit",
+        anchor="no limit, interleaved",
+        anchor_samples=1.0,
         target=0.9,
-        note=f"{args.overhead_runs} runs of one model call, 8 at a time, PostgreSQL",
+        note=f"{on:,.0f} against {off:,.0f} runs/s; pairs of {args.overhead_runs} runs of one "
+        "model call, 8 at a time, PostgreSQL",
+    )
+    runs = pairs * args.overhead_runs
+    db = Database(args.dsn, "wakeful_bench_flow_statements").create()
+    try:
+        per_call = asyncio.run(_statements(db.dsn, 2 * max(args.rounds, 3)))
+    finally:
+        db.drop()
+    out.add(
+        "rate-limit store time per model call, one connection",
+        per_call[True],
+        "ms",
+        anchor="a take, then a reconcile statement",
+        anchor_samples=per_call[False],
+        higher_is_better=False,
+        note="a take that pays the previous call's reconcile (decision 0047); batches of 100",
+    )
+    out.add(
+        "rate-limit store calls per model call",
+        [timed.calls / runs],
+        "calls",
+        note="take_limit (and reconcile_limit, before the reconcile was folded into the take)",
+    )
+    out.add(
+        "rate-limit store time per model call",
+        [timed.seconds / runs * 1000],
+        "ms",
+        higher_is_better=False,
+        note="wall time in the limit's store calls, 8 runs at a time",
     )
 
 
@@ -222,7 +326,7 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--runs", type=int, default=4, help="concurrent runs per worker")
     parser.add_argument(
-        "--overhead-runs", type=int, default=300, help="runs per overhead sample (0: skip)"
+        "--overhead-runs", type=int, default=100, help="runs per overhead batch (0: skip)"
     )
     parser.add_argument(
         "--child", nargs=2, metavar=("STORE_URL", "BASE_URL"), help=argparse.SUPPRESS

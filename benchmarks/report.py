@@ -111,6 +111,19 @@ METHOD = {
         "checked to have run its three steps once and to end in a durable checkpoint; "
         "transactions, server CPU and worker CPU per job as in `dispatch`."
     ),
+    "flow_control": (
+        "Issue 39's rate limits on PostgreSQL. Accuracy: two worker processes keep 4 agent "
+        "runs each going against a loopback OpenAI-compatible server, every model call "
+        "taking from one `RateLimit(requests_per_minute=120)`; the server counts the "
+        "requests of the 60 s from the first (the bucket's one second of burst adds 2). "
+        "Cost: agent runs of one model call against the instant loopback model, 8 at a "
+        "time, with a limit that is never reached, in 12 pairs of 100-run batches "
+        "interleaved with the same agent without it; the figure is the median of the pairs' "
+        "ratios (a ratio of medians across rounds measures the shared machine's load). "
+        "Then the limit's store calls per model call (one: the take pays the previous "
+        "call's reconcile, [decision 0047](decisions/0047-limit-fold-and-waiters.md)) and "
+        "their time, 8 at a time and on one connection against a take plus a reconcile."
+    ),
     "langgraph_saver": (
         'The same 3-node linear LangGraph graph (`durability="sync"`, a fresh thread per '
         'run) on `WakefulSaver` (default `fencing="auto"`: each run claims its thread '

@@ -5,6 +5,7 @@ whose model is the local OpenAI-compatible server at ``$CONSOLE_MODEL_URL``.
 - ``shipper``: calls its ``ship`` tool, which needs an operator's approval (a ticket);
 - ``sorter``: a graph whose node sorts ``numbers``, for checkpoint states;
 - ``lead``: a graph that hands its ``numbers`` to ``sorter`` as a child run and joins it.
+- ``limited``: answers, each model call taking from the rate limit ``console:limited``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any, TypedDict
 
 from wakeful.agent import Agent, tool
 from wakeful.fleet import Registry
+from wakeful.limits import RateLimit
 from wakeful.providers.openai import OpenAIChat
 from wakeful.runtime import END, START, Graph, NodeContext
 
@@ -42,6 +44,9 @@ async def _lead(state: Numbers, ctx: NodeContext) -> dict[str, Any]:
     return {"total": (await ctx.join(child)).state["total"]}
 
 
+LIMITED = RateLimit(key="console:limited", requests_per_minute=60)
+
+
 def registry() -> Registry:
     model = OpenAIChat("local-model", base_url=os.environ["CONSOLE_MODEL_URL"], api_key="sk-x")
     sorter = (
@@ -58,4 +63,5 @@ def registry() -> Registry:
         .add("shipper", Agent("shipper", model, "Ship orders.", tools=[ship]))
         .add("sorter", sorter.compile())
         .add("lead", Graph(Numbers, name="lead").node("lead", _lead).edge(START, "lead").compile())
+        .add("limited", Agent("limited", model, "Answer.", limits=LIMITED))
     )

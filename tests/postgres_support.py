@@ -35,6 +35,7 @@ TABLE_TIMES = {
     "stream_checkpoints": ("updated_at",),
     "schedules": ("next_fire_at", "created_at", "updated_at"),
     "limit_buckets": ("stamp", "blocked"),
+    "limit_waits": ("since", "until"),
 }
 """Every stored time, per table: what ``advance_store_clock`` moves back."""
 

@@ -14,7 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
-from wakeful.limits import LimitBucket, RateLimit
+from wakeful.limits import LimitBucket, LimitWaiter, RateLimit
 from wakeful.records import (
     Branch,
     Checkpoint,
@@ -106,8 +106,15 @@ class Alternating:
         assert isinstance(store, RateLimitStore)
         return store
 
-    async def take_limit(self, limit: RateLimit, requests: int, tokens: int) -> float:
-        return await self._limits().take_limit(limit, requests, tokens)
+    async def take_limit(
+        self,
+        limit: RateLimit,
+        requests: int,
+        tokens: int,
+        settle: int = 0,
+        waiter: LimitWaiter | None = None,
+    ) -> float:
+        return await self._limits().take_limit(limit, requests, tokens, settle, waiter)
 
     async def reconcile_limit(self, key: str, tokens: int) -> None:
         await self._limits().reconcile_limit(key, tokens)

@@ -547,6 +547,39 @@ def test_schedules_pause_resume_run_now_and_delete(page: Any, rig: Fleet) -> Non
     assert [d["dispatch_id"].split(":")[2] for d in fired["dispatches"]] == ["trigger"]
 
 
+def test_the_limits_panel_shows_a_blocked_key_and_the_run_waiting_for_it(
+    page: Any, rig: Fleet
+) -> None:
+    # a 429 blocked the key for ten minutes: the run's model call waits (and never reaches
+    # the model server, whose scripted replies the other tests use)
+    with_store(rig, lambda store: store.block_limit("console:limited", 600))
+    running_worker(rig)
+    run_id = submit(rig, "console-limited", "limited", "Hello")
+    sign_in(page, rig, ALPHA)
+    page.click("#nav a[data-view=limits]")
+    row = "#rate-limits tr[data-key='console:limited']"
+    page.locator(f"{row}[data-waiting='1'] a.chip:has-text('console-limited')").wait_for()
+    assert page.locator(f"{row} .s-blocked").count() == 1
+    assert "of 1.0 (60/min)" in page.inner_text(row)
+    assert page.get_attribute(f"{row} a.chip", "title").startswith(run_id)
+    page.locator("#concurrency-keys:has-text('No concurrency key is in use')").wait_for()
+    shoot(page, "limits")
+    # another tenant sees the key, not the run
+    page.click("#signout")
+    sign_in(page, rig, BETA)
+    page.goto(f"{rig.url}/console/#/limits")
+    page.locator(f"{row}[data-waiting='0']").wait_for()
+    assert page.locator(f"{row} a.chip").count() == 0
+    # the run must end here: a worker waits for its runs when it stops
+    with rig.api(ALPHA) as api:
+        r = api.post("/v1/threads/console-limited/cancel", json={"reason": "test over"})
+        assert r.status_code in (200, 202), r.text
+        wait_until(
+            lambda: api.get("/v1/threads/console-limited").json().get("status") == "cancelled",
+            "the waiting run cancelled",
+        )
+
+
 def test_history_shows_branches_and_edit_state_then_replay_runs_on(page: Any, rig: Fleet) -> None:
     running_worker(rig)
     sign_in(page, rig, ALPHA)

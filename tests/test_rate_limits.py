@@ -18,15 +18,16 @@ from tests.postgres_support import Databases, open_test_store
 from tests.provider_server import Reply, openai_text
 from wakeful import ManualClock, open_store
 from wakeful.agent import Agent
-from wakeful.agent.limiting import CallLimits, estimate_tokens, limits_of
-from wakeful.errors import InvalidInput, UnsupportedStore
-from wakeful.limits import RateLimit
+from wakeful.agent.limiting import CLAIM_CHECK_EVERY, CallLimits, estimate_tokens, limits_of
+from wakeful.errors import CheckpointWriteFailed, InvalidInput, StaleClaim, UnsupportedStore
+from wakeful.limits import MAX_LIMIT_WAIT, LimitWaiter, RateLimit
 from wakeful.providers import AnthropicMessages, ModelRequest, OpenAIChat, Scripted
 from wakeful.providers.http import error_from_response, reset_from_headers
 from wakeful.records import Message
 from wakeful.runtime import ClaimPolicy, Runtime
 from wakeful.runtime.events import LiveEvent
 from wakeful.store.contract import RateLimitStore, Store
+from wakeful.store.memory import MemoryStore
 
 pytest_plugins = ["tests.postgres_fixtures"]
 KEY = "local:chat"
@@ -116,23 +117,58 @@ async def _fleet_backs_off_together(first: Store, second: Store) -> None:
     assert min(later) - refused_at >= 1.95, [t - refused_at for t in later]
 
 
+class CountingStore(MemoryStore):
+    """Counts the rate-limit calls that reach the store."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(clock)
+        self.calls: list[str] = []
+
+    async def take_limit(
+        self,
+        limit: RateLimit,
+        requests: int,
+        tokens: int,
+        settle: int = 0,
+        waiter: LimitWaiter | None = None,
+    ) -> float:
+        self.calls.append(f"take settle={settle}")
+        return await super().take_limit(limit, requests, tokens, settle, waiter)
+
+    async def reconcile_limit(self, key: str, tokens: int) -> None:
+        self.calls.append(f"reconcile {tokens}")
+        await super().reconcile_limit(key, tokens)
+
+
 @pytest.mark.asyncio
-async def test_a_run_reconciles_its_token_estimate_with_the_reported_usage() -> None:
+async def test_a_run_reconciles_its_token_estimate_with_the_reported_usage_at_its_next_take() -> (
+    None
+):
     clock = ManualClock()
-    store = await open_store("memory://", clock=clock)
+    store = CountingStore(clock)
     limit = RateLimit(key=KEY, tokens_per_minute=600_000)  # 10,000 tokens in the bucket
+    available: list[float] = []
     with ChatServer() as server:
-        server.push(Reply(events=openai_text("Hello.", usage=(19, 10))))
+        server.push(*(Reply(events=openai_text("Hello.", usage=(19, 10))) for _ in range(2)))
         provider = OpenAIChat("m", base_url=server.base_url, limits=limit)
+        runtime = Runtime(store, clock=clock)
         try:
-            reply = await Agent("a", provider).run(Runtime(store, clock=clock), "t", "hi")
+            for thread in ("t-1", "t-2"):
+                reply = await Agent("a", provider).run(runtime, thread, "hi")
+                assert reply.text == "Hello."
+                (bucket,) = await store.limit_buckets()
+                assert bucket.tokens_available is not None
+                available.append(bucket.tokens_available)
         finally:
             await provider.aclose()
-    assert reply.text == "Hello."
-    assert isinstance(store, RateLimitStore)
-    (bucket,) = await store.limit_buckets()
-    # the frozen clock refills nothing: what is missing is what the call used, 19 + 10
-    assert bucket.tokens_available == pytest.approx(10_000 - 29)
+    # the frozen clock refills nothing. After the first call its estimate is missing (its
+    # usage is pending in the process); the second call's take paid the first call's usage
+    # minus its estimate first, so between the two exactly the first call's 19 + 10 went
+    estimate = round(10_000 - available[0])
+    assert estimate > 29
+    assert available[1] == pytest.approx(available[0] - 29)
+    # one store call per model call: no reconcile statement of its own
+    assert store.calls == ["take settle=0", f"take settle={29 - estimate}"]
 
 
 @pytest.mark.asyncio
@@ -221,3 +257,29 @@ def test_limits_are_validated_where_they_are_configured() -> None:
     assert limits_of(OpenAIChat("m", limits=limit), Agent("a", Scripted([]), limits=other)) == (
         limit,
     )
+
+
+@pytest.mark.asyncio
+async def test_a_run_that_loses_its_claim_while_it_waits_for_its_limit_stops_waiting() -> None:
+    """A cancel or a takeover takes the claim of a run waiting out a long block: the run
+    notices within ``CLAIM_CHECK_EVERY`` of waiting, sends nothing and records nothing."""
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    await store.block_limit(KEY, 600)
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+        clock.advance(seconds)
+        if len(slept) == 1:  # the thread's claim is taken while the run waits
+            snap = await store.read("t")
+            assert snap is not None and snap.claim is not None
+            await store.release("t", snap.claim.token)
+
+    model = Scripted.replies("never sent")
+    agent = Agent("a", model, limits=RateLimit(key=KEY, requests_per_minute=60), sleep=sleep)
+    with pytest.raises(CheckpointWriteFailed, match="StaleClaim") as stopped:
+        await asyncio.wait_for(agent.run(Runtime(store, clock=clock), "t", "hi"), 10)
+    assert model.requests == []
+    assert sum(slept) <= CLAIM_CHECK_EVERY + MAX_LIMIT_WAIT, slept
+    assert isinstance(stopped.value.cause, StaleClaim)

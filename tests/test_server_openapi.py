@@ -44,6 +44,7 @@ ROUTES = {
     ("get", "/v1/versions"),
     ("post", "/v1/versions/migrate"),
     ("get", "/v1/webhooks"),
+    ("get", "/v1/limits"),
     ("get", "/v1/dispatches"),
     ("get", "/v1/dispatches/{dispatch_id}"),
     ("post", "/v1/dispatches/{dispatch_id}/quarantine"),

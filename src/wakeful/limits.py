@@ -33,6 +33,12 @@ EPSILON = 1e-6
 MAX_LIMIT_WAIT = 5.0
 """A waiting call re-checks its bucket at least this often (seconds): the bucket is
 shared, so a prediction can change (a 429 elsewhere, a changed limit)."""
+WAITER_GRACE = 2.0
+"""Seconds past its next expected check that a waiting run stays listed: a run that does
+not ask again by then (its worker died, it was cancelled) is no longer shown as waiting."""
+WAITER_PURGE = 60.0
+"""Seconds past its next expected check after which a refused take deletes a waiter's
+record (what a crashed worker left behind)."""
 
 
 class RateLimit(msgspec.Struct, frozen=True, kw_only=True):
@@ -68,10 +74,33 @@ class RateLimit(msgspec.Struct, frozen=True, kw_only=True):
         return 0.0 if tpm is None else max(1.0, tpm * self.burst_seconds / 60.0)
 
 
+class LimitWaiter(msgspec.Struct, frozen=True, kw_only=True):
+    """The run a ``take_limit`` is for, so that a refused take can show it waiting."""
+
+    run_id: str
+    thread_id: str
+
+    def __post_init__(self) -> None:
+        check_id("run_id", self.run_id)
+        check_id("thread_id", self.thread_id)
+
+
+class LimitWait(msgspec.Struct, frozen=True, kw_only=True):
+    """A run waiting for a key's bucket: since its first refused take, and ``until`` when it
+    expects to ask again (the store's clock)."""
+
+    run_id: str
+    thread_id: str
+    since: datetime
+    until: datetime
+
+
 class LimitBucket(msgspec.Struct, frozen=True, kw_only=True):
     """One key's bucket as the store holds it, read at ``at`` (the store's clock): the
     rates last configured, what is available now (``None`` for a rate not limited; negative
-    while a call larger than the bucket is being paid off) and the block of a 429."""
+    while a call larger than the bucket is being paid off), the block of a 429 and the runs
+    waiting for it (oldest first; a run is listed until ``WAITER_GRACE`` after the check it
+    announced)."""
 
     key: str
     requests_per_minute: float | None
@@ -80,6 +109,20 @@ class LimitBucket(msgspec.Struct, frozen=True, kw_only=True):
     tokens_available: float | None
     blocked_until: datetime | None
     at: datetime
+    waiting: tuple[LimitWait, ...] = ()
+    burst_seconds: float = 1.0
+    """Seconds of the rates the full bucket holds (the last configured)."""
+
+    @property
+    def request_capacity(self) -> float | None:
+        """Requests the full bucket holds (``None``: requests not limited)."""
+        rpm = self.requests_per_minute
+        return None if rpm is None else max(1.0, rpm * self.burst_seconds / 60.0)
+
+    @property
+    def token_capacity(self) -> float | None:
+        tpm = self.tokens_per_minute
+        return None if tpm is None else max(1.0, tpm * self.burst_seconds / 60.0)
 
 
 def check_limits(limits: object) -> tuple[RateLimit, ...]:
@@ -110,6 +153,12 @@ def check_wait(seconds: object) -> float:
     if not isinstance(seconds, int | float) or not (_finite(seconds) and 0 <= seconds <= 86400):
         raise InvalidInput("seconds", f"must be a number of seconds in [0, 86400], got {seconds!r}")
     return float(seconds)
+
+
+def check_waiter(waiter: object) -> LimitWaiter | None:
+    if waiter is not None and not isinstance(waiter, LimitWaiter):
+        raise InvalidInput("waiter", f"must be a LimitWaiter or None, got {type(waiter).__name__}")
+    return waiter
 
 
 def check_delta(tokens: object) -> int:
@@ -195,6 +244,27 @@ def take(
     return replace(state, requests=taken_r, tokens=taken_t), 0.0
 
 
+def settle_and_take(
+    state: BucketState | None,
+    limit: RateLimit,
+    requests: int,
+    tokens: int,
+    settle: int,
+    now: float,
+) -> tuple[BucketState, float]:
+    """``reconcile`` by ``settle`` (earlier calls' usage minus their estimates), then
+    ``take``: what a take folding the process's pending reconciles does in one step. The
+    settle stands whether or not the take is granted."""
+    if state is not None and settle:
+        state = reconcile(state, settle)
+    return take(state, limit, requests, tokens, now)
+
+
+def next_check(wait: float) -> float:
+    """Seconds until a refused caller asks again (it sleeps at most ``MAX_LIMIT_WAIT``)."""
+    return min(wait, MAX_LIMIT_WAIT)
+
+
 def reconcile(state: BucketState, tokens: int) -> BucketState:
     """Pay ``tokens`` more (negative: give them back, up to a full bucket)."""
     if state.tpm is None:
@@ -239,4 +309,11 @@ def _finite(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
-__all__ = ["MAX_LIMIT_WAIT", "LimitBucket", "RateLimit", "check_limits"]
+__all__ = [
+    "MAX_LIMIT_WAIT",
+    "LimitBucket",
+    "LimitWait",
+    "LimitWaiter",
+    "RateLimit",
+    "check_limits",
+]

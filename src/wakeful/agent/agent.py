@@ -167,6 +167,8 @@ class Agent:
                 live=ctx.emit_live,
                 metrics=self.metrics,
                 run_id=ctx.run_id,
+                thread_id=ctx.thread_id,
+                fencing_token=ctx.fencing_token,
             ),
         )
         turn = await recovery.turn(request)

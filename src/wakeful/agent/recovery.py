@@ -241,7 +241,7 @@ class StreamRecovery:
                     estimate = 0 if gate is None else await gate.acquire(current)
                     end = await self._consume(current, acc, attempts)
                 if gate is not None:
-                    await gate.settle(estimate, end.usage)
+                    await gate.settle(estimate, end.usage, end.limit_reset)
                 return self._finish(acc, end.stop_reason, end.usage, recoveries)
             except ProviderError as error:
                 if gate is not None:

@@ -38,26 +38,35 @@ def _amount(value: float | None, rate: float | None) -> str:
     return f"{value:.1f} of {rate:g}/min"
 
 
+def _waiting(runs: list[str]) -> str:
+    """How many runs wait, and the oldest few."""
+    if not runs:
+        return "-"
+    shown = ", ".join(runs[:3])
+    return f"{len(runs)}: {shown}" + (", ..." if len(runs) > 3 else "")
+
+
 @limits.command("list")
 @store_option
 @json_option
 @run_async
 async def limits_list(store: str | None, as_json: bool) -> None:
-    """Every rate-limit key used on the store: its rates, what its bucket holds now, and the
-    end of a provider's block (a 429), if one holds it."""
+    """Every rate-limit key used on the store: its rates, what its bucket holds now, the
+    end of a provider's block (a 429), if one holds it, and the runs waiting for it."""
     found = await with_store(store_url(store), _buckets, existing=True)
     emit(
         [builtins(b) for b in found],
         as_json,
         lambda _: table(
             "rate limits",
-            ["key", "requests available", "tokens available", "blocked until"],
+            ["key", "requests available", "tokens available", "blocked until", "waiting"],
             [
                 (
                     b.key,
                     _amount(b.requests_available, b.requests_per_minute),
                     _amount(b.tokens_available, b.tokens_per_minute),
                     "-" if b.blocked_until is None else b.blocked_until.isoformat(),
+                    _waiting([w.run_id for w in b.waiting]),
                 )
                 for b in found
             ],

@@ -268,6 +268,7 @@ class AnthropicMessages(HTTPProvider):
         async with self._post_stream(
             url, self.request_body(request), self._request_headers(), observation
         ) as exchange:
+            reset = exchange.limit_reset()
             async for event in aiter_sse(exchange.aiter_bytes()):
                 if observation is not None:
                     observation.events += 1
@@ -281,4 +282,5 @@ class AnthropicMessages(HTTPProvider):
                     break
             if not events.done:
                 raise truncated("message_stop")
-        yield events.end()
+        end = events.end()
+        yield end if reset is None else msgspec.structs.replace(end, limit_reset=reset)

@@ -103,6 +103,10 @@ class StreamEnd(msgspec.Struct, frozen=True, tag="end"):
 
     stop_reason: str
     usage: Usage | None = None
+    limit_reset: float | None = None
+    """Seconds until the provider's rate limit resets when its rate-limit headers said a
+    limit is used up by this call (``remaining: 0``): the next call would be refused until
+    then. ``None``: not used up, or not said."""
 
 
 StreamItem: TypeAlias = TextDelta | ToolCallDelta | StreamEnd

@@ -102,11 +102,9 @@ def _instant(value: str, now: float) -> float | None:
     return max(0.0, when.timestamp() - now)
 
 
-def reset_from_headers(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
-    """Seconds until a rate limit resets, from the headers OpenAI
-    (``x-ratelimit-reset-requests``/``-tokens``: durations) and Anthropic
-    (``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset``: times) send:
-    the latest reset of the exhausted resources (``...-remaining: 0``), else of all given."""
+def _resets(headers: Mapping[str, str], now: float | None) -> tuple[list[float], list[float]]:
+    """The resets (seconds from now) of the exhausted limits (``...-remaining: 0``) and of
+    all the limits the headers name."""
     at = time.time() if now is None else now
     exhausted: list[float] = []
     every: list[float] = []
@@ -118,8 +116,26 @@ def reset_from_headers(headers: Mapping[str, str], *, now: float | None = None) 
         every.append(seconds)
         if (headers.get(remaining) or "").strip() == "0":
             exhausted.append(seconds)
+    return exhausted, every
+
+
+def reset_from_headers(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """Seconds until a rate limit resets, from the headers OpenAI
+    (``x-ratelimit-reset-requests``/``-tokens``: durations) and Anthropic
+    (``anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-reset``: times) send:
+    the latest reset of the exhausted resources (``...-remaining: 0``), else of all given."""
+    exhausted, every = _resets(headers, now)
     found = exhausted or every
     return max(found) if found else None
+
+
+def exhausted_from_headers(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
+    """For a successful answer: seconds until the latest reset of a limit its rate-limit
+    headers say is used up (``...-remaining: 0``; the next request would be refused until
+    then), else ``None``. A reset already past is ``None`` too."""
+    exhausted, _ = _resets(headers, now)
+    latest = max(exhausted, default=0.0)
+    return latest if latest > 0 else None
 
 
 # ------------------------------------------------------------------------ classification
@@ -442,6 +458,12 @@ class Exchange:
                 self.observation.first_byte_after = time.monotonic() - self.started
             self.body_bytes += len(chunk)
             yield chunk
+
+    def limit_reset(self) -> float | None:
+        """``exhausted_from_headers`` of the response (``None`` before it arrived)."""
+        if self.response is None:
+            return None
+        return exhausted_from_headers(self.response.headers)
 
     def where(self) -> str:
         elapsed = time.monotonic() - self.started

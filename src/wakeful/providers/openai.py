@@ -302,6 +302,7 @@ class OpenAIChat(HTTPProvider):
         ``error`` event) raises its classified ``ProviderError``, never a ``StreamEnd``.
         ``observation``, if given, records the exchange for diagnostics."""
         chunks = _Chunks(observation)
+        reset: float | None = None
         url = f"{self.base_url}/chat/completions"
         try:
             async with self._post_stream(
@@ -311,6 +312,7 @@ class OpenAIChat(HTTPProvider):
                 observation,
                 params=self._params,
             ) as exchange:
+                reset = exchange.limit_reset()
                 async for event in aiter_sse(exchange.aiter_bytes()):
                     if observation is not None:
                         observation.events += 1
@@ -331,4 +333,5 @@ class OpenAIChat(HTTPProvider):
             if chunks.finish is None or exc.kind not in ("connection", "timeout"):
                 raise
             chunks.note("took a cut after finish_reason as the end (usage may be missing)")
-        yield chunks.end()
+        end = chunks.end()
+        yield end if reset is None else msgspec.structs.replace(end, limit_reset=reset)

@@ -28,6 +28,7 @@ from wakeful.server.problems import HANDLERS, MEDIA_TYPE
 from wakeful.server.routes import (
     events,
     health,
+    limits,
     operators,
     runs,
     schedules,
@@ -205,6 +206,7 @@ def create_app(
         stream.router,
         operators.router,
         operators.operators,
+        limits.router,
         schedules.router,
         session.router,
         versions.router,

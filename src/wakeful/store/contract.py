@@ -22,7 +22,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
-from wakeful.limits import LimitBucket, RateLimit
+from wakeful.limits import LimitBucket, LimitWaiter, RateLimit
 from wakeful.records import (
     Branch,
     Checkpoint,
@@ -481,12 +481,26 @@ class RateLimitStore(Protocol):
     Memory and file stores keep their buckets in the process (the file store has one process):
     a restart starts them full and unblocked."""
 
-    async def take_limit(self, limit: RateLimit, requests: int, tokens: int) -> float:
+    async def take_limit(
+        self,
+        limit: RateLimit,
+        requests: int,
+        tokens: int,
+        settle: int = 0,
+        waiter: LimitWaiter | None = None,
+    ) -> float:
         """Take ``requests`` and ``tokens`` from ``limit.key``'s bucket (created full on first
         use; ``limit``'s rates replace the stored ones) and return ``0.0``; or, while the key
         is blocked or the bucket is short, take nothing and return the seconds until the take
         could succeed. A need larger than the bucket is granted when the bucket is full and
-        leaves it negative."""
+        leaves it negative.
+
+        ``settle``: first, in the same atomic step, pay that many tokens more as
+        ``reconcile_limit`` would (earlier calls' usage minus their estimates, which the
+        caller folds into its next take instead of a statement of their own); it stands
+        whether or not the take is granted. ``waiter``: the run the take is for; a refused
+        take records it as waiting for the key (until it asks again: ``limit_buckets``
+        lists it), a granted one removes that record."""
         ...
 
     async def reconcile_limit(self, key: str, tokens: int) -> None:
@@ -501,7 +515,7 @@ class RateLimitStore(Protocol):
         ...
 
     async def limit_buckets(self) -> list[LimitBucket]:
-        """Every key's bucket, by key, as it reads now."""
+        """Every key's bucket, by key, as it reads now, with the runs waiting for it."""
         ...
 
 

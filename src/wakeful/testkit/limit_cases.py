@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from wakeful.errors import InvalidInput
-from wakeful.limits import RateLimit
+from wakeful.limits import LimitWaiter, RateLimit
 from wakeful.store.contract import RateLimitStore
 from wakeful.testkit.harness import Harness, Kit
 
@@ -70,6 +70,57 @@ class LimitCases(Harness):
         await store.reconcile_limit("never-used", 5)  # an unknown key: nothing to pay
 
     @case
+    async def test_a_take_pays_its_settle_first_granted_or_not(self, kit: Kit) -> None:
+        store = _buckets(kit)
+        assert await store.take_limit(TPM_600, 1, 10) == 0.0
+        # an earlier call used 8 fewer than it took: given back before this take
+        assert await store.take_limit(TPM_600, 1, 8, settle=-8) == 0.0
+        assert await store.take_limit(TPM_600, 1, 1) == _near(0.1)
+        # a debt of 5 is paid even by a refused take: the next take waits for it too
+        assert await store.take_limit(TPM_600, 1, 1, settle=5) == _near(0.6)
+        assert await store.take_limit(TPM_600, 1, 1) == _near(0.6)
+        # a settle never fills the bucket above full, and a key without a token rate
+        # ignores it
+        assert await store.take_limit(TPM_600, 1, 10, settle=-1000) == 0.0
+        assert await store.take_limit(TPM_600, 1, 1) == _near(0.1)
+        assert await store.take_limit(RPM_120, 1, 0, settle=50) == 0.0
+        assert await store.take_limit(RPM_120, 1, 0, settle=-50) == 0.0
+        assert await store.take_limit(RPM_120, 1, 0) == _near(0.5)
+
+    @case
+    async def test_a_refused_take_lists_its_run_as_waiting_until_a_take_is_granted(
+        self, kit: Kit
+    ) -> None:
+        store = _buckets(kit)
+        first = LimitWaiter(run_id="run-1", thread_id="t-1")
+        second = LimitWaiter(run_id="run-2", thread_id="t-2")
+        assert await store.take_limit(RPM_120, 2, 0, waiter=first) == 0.0
+        (bucket,) = await store.limit_buckets()
+        assert bucket.waiting == (), "a granted take records nothing"
+        assert await store.take_limit(RPM_120, 1, 0, waiter=first) == _near(0.5)
+        await kit.advance(0.1)
+        assert await store.take_limit(RPM_120, 1, 0, waiter=second) == _near(0.4)
+        assert await store.take_limit(RPM_120, 1, 0, waiter=first) == _near(0.4)
+        (bucket,) = await store.limit_buckets()
+        assert [(w.run_id, w.thread_id) for w in bucket.waiting] == [
+            ("run-1", "t-1"),
+            ("run-2", "t-2"),
+        ]
+        one, two = bucket.waiting
+        assert (bucket.at - one.since).total_seconds() == _near(0.1), "since its first refusal"
+        assert (one.until - bucket.at).total_seconds() == _near(0.4), "when it asks again"
+        assert (two.until - two.since).total_seconds() == _near(0.4)
+        await kit.advance(0.4)
+        assert await store.take_limit(RPM_120, 1, 0, waiter=first) == 0.0
+        (bucket,) = await store.limit_buckets()
+        assert [w.run_id for w in bucket.waiting] == ["run-2"]
+        # a waiter that never asks again (its worker died) is listed no longer than
+        # WAITER_GRACE past the check it announced
+        await kit.advance(3.0)
+        (bucket,) = await store.limit_buckets()
+        assert bucket.waiting == ()
+
+    @case
     async def test_a_block_holds_every_take_until_its_end_and_the_bucket_refills_from_empty(
         self, kit: Kit
     ) -> None:
@@ -129,4 +180,10 @@ class LimitCases(Harness):
             await store.block_limit("bad key", 1.0)
         with pytest.raises(InvalidInput):
             await store.reconcile_limit(RPM_120.key, 1.5)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput):
+            await store.take_limit(RPM_120, 1, 0, settle=10**10)
+        with pytest.raises(InvalidInput):
+            await store.take_limit(RPM_120, 1, 0, waiter="run-1")  # type: ignore[arg-type]
+        with pytest.raises(InvalidInput):
+            LimitWaiter(run_id="no spaces", thread_id="t")
         assert await store.limit_buckets() == []

@@ -164,6 +164,12 @@ async def _limit_gauges(state: ServerState) -> list[Gauge]:
             known("tokens_per_minute"),
         ),
         Gauge(
+            "wakeful_limit_waiting_runs",
+            "Runs whose model call waits for a rate-limit key's bucket now.",
+            ("key",),
+            {(b.key,): float(len(b.waiting)) for b in buckets},
+        ),
+        Gauge(
             "wakeful_limit_blocked_until_seconds",
             "Unix time until which a provider's 429 blocks a rate-limit key (0: not blocked).",
             ("key",),
@@ -180,7 +186,7 @@ async def _limit_gauges(state: ServerState) -> list[Gauge]:
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format: HTTP requests by route and status, submits, conflicts,
     stale claims, worker counters, queue depth by status (computed now, bounded) and each
-    rate-limit key's bucket (available, rates, blocked until)."""
+    rate-limit key's bucket (available, rates, blocked until, waiting runs)."""
     gauges: list[Gauge] = []
     try:
         gauges = await _queue_gauges(state) + await _worker_gauges(state)

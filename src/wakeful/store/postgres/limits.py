@@ -1,20 +1,21 @@
 """Rate-limit buckets on PostgreSQL (``RateLimitStore``): one row per key, each change one
 statement judged by the server's clock (``take_limit()`` of migration 0016 locks the row and
-writes it back in the same call). Takes and reconciles commit without waiting for the WAL
-flush (soft state on a hot row: see the migration); a block waits for it."""
+writes it back in the same call; since migration 0019 it also pays the process's pending
+reconciles first and records the run a refused take is for). Takes and reconciles commit
+without waiting for the WAL flush (soft state on a hot row: see the migration); a block waits
+for it."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from wakeful import limits
-from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
-from wakeful.limits import BucketState, LimitBucket, RateLimit
-from wakeful.store.buckets import listed, seconds
+from wakeful.limits import BucketState, LimitBucket, LimitWaiter, RateLimit
+from wakeful.store.buckets import Wait, check_take_call, listed, seconds
 from wakeful.store.postgres.connection import Database, utc
 
-_TAKE = "SELECT @schema@.take_limit(%s, %s, %s, %s, %s, %s)"
+_TAKE = "SELECT @schema@.take_limit(%s, %s, %s, %s, %s, %s, %s, %s, %s)"
 _RECONCILE = "SELECT @schema@.reconcile_limit(%s, %s)"
 # A block drains the bucket (a debt stays) and never moves an existing block earlier.
 _BLOCK = """
@@ -29,6 +30,7 @@ _LIST = """
 SELECT key, rpm, tpm, burst, requests, tokens, stamp, blocked, @schema@.store_now()
   FROM @schema@.limit_buckets ORDER BY key
 """
+_WAITS = "SELECT key, run_id, thread_id, since, until FROM @schema@.limit_waits"
 
 
 class LimitOps:
@@ -36,10 +38,15 @@ class LimitOps:
 
     _db: Database
 
-    async def take_limit(self, limit: RateLimit, requests: int, tokens: int) -> float:
-        if not isinstance(limit, RateLimit):
-            raise InvalidInput("limit", f"must be a RateLimit, got {type(limit).__name__}")
-        limits.check_take(requests, tokens)
+    async def take_limit(
+        self,
+        limit: RateLimit,
+        requests: int,
+        tokens: int,
+        settle: int = 0,
+        waiter: LimitWaiter | None = None,
+    ) -> float:
+        check_take_call(limit, requests, tokens, settle, waiter)
         params = (
             limit.key,
             limit.requests_per_minute,
@@ -47,6 +54,9 @@ class LimitOps:
             limit.burst_seconds,
             requests,
             tokens,
+            settle,
+            None if waiter is None else waiter.run_id,
+            None if waiter is None else waiter.thread_id,
         )
         (wait,) = await self._db.fetchone(_TAKE, params)
         return float(wait)
@@ -61,6 +71,12 @@ class LimitOps:
 
     async def limit_buckets(self) -> list[LimitBucket]:
         rows = await self._db.fetchall(_LIST, None, idempotent=True)
+        waits: dict[str, list[Wait]] = {}
+        if rows:
+            for key, run_id, thread_id, since, until in await self._db.fetchall(
+                _WAITS, None, idempotent=True
+            ):
+                waits.setdefault(key, []).append(Wait(run_id, thread_id, _at(since), _at(until)))
         found = []
         for key, rpm, tpm, burst, requests, tokens, stamp, blocked, now in rows:
             state = BucketState(
@@ -72,7 +88,7 @@ class LimitOps:
                 _at(stamp),
                 0.0 if blocked is None else _at(blocked),
             )
-            found.append(listed(key, state, _at(now)))
+            found.append(listed(key, state, _at(now), waits.get(key)))
         return found
 
 

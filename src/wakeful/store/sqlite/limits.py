@@ -1,6 +1,7 @@
 """Rate-limit buckets on SQLite (``RateLimitStore``): each call is one write transaction
 that reads the key's row and writes it back with ``wakeful.limits``' arithmetic, at the
-store's clock read inside the transaction."""
+store's clock read inside the transaction. A take's waiter is a row of ``limit_waits``
+(migration 0012), written in the same transaction."""
 
 from __future__ import annotations
 
@@ -10,19 +11,23 @@ from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from wakeful import limits
-from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
-from wakeful.limits import BucketState, LimitBucket, RateLimit
-from wakeful.store.buckets import listed, seconds
+from wakeful.limits import BucketState, LimitBucket, LimitWaiter, RateLimit
+from wakeful.store.buckets import Wait, check_take_call, listed, seconds, waited
 from wakeful.store.sqlite.codec import to_us
 
 T = TypeVar("T")
 _COLUMNS = "rpm, tpm, burst, requests, tokens, stamp_us, blocked_us"
+_WAITS = "run_id, thread_id, since_us, until_us"
 
 
 def _state(row: tuple[float | None, float | None, float, float, float, int, int]) -> BucketState:
     rpm, tpm, burst, requests, tokens, stamp, blocked = row
     return BucketState(rpm, tpm, burst, requests, tokens, stamp / 1e6, blocked / 1e6)
+
+
+def _wait(row: tuple[str, str, int, int]) -> Wait:
+    return Wait(row[0], row[1], row[2] / 1e6, row[3] / 1e6)
 
 
 def _load(conn: sqlite3.Connection, key: str) -> BucketState | None:
@@ -38,6 +43,24 @@ def _save(conn: sqlite3.Connection, key: str, s: BucketState) -> None:
     )  # fmt: skip
 
 
+def _waited(
+    conn: sqlite3.Connection, key: str, waiter: LimitWaiter, wait: float, at: float
+) -> None:
+    """Record a refused take's waiter (and purge the key's long-gone ones) with the
+    arithmetic of ``store.buckets.waited``."""
+    rows = conn.execute(f"SELECT {_WAITS} FROM limit_waits WHERE key = ?", (key,))
+    waits = {w.run_id: w for w in map(_wait, rows)}
+    before = set(waits)
+    waited(waits, waiter, wait, at)
+    for run_id in before - set(waits):
+        conn.execute("DELETE FROM limit_waits WHERE key = ? AND run_id = ?", (key, run_id))
+    w = waits[waiter.run_id]
+    conn.execute(
+        f"INSERT OR REPLACE INTO limit_waits (key, {_WAITS}) VALUES (?, ?, ?, ?, ?)",
+        (key, w.run_id, w.thread_id, round(w.since * 1e6), round(w.until * 1e6)),
+    )
+
+
 class SqliteLimits:
     """Mixin of ``SqliteStore``: the store's ``_write`` and ``_read`` jobs."""
 
@@ -49,15 +72,28 @@ class SqliteLimits:
 
         def now(self) -> datetime: ...
 
-    async def take_limit(self, limit: RateLimit, requests: int, tokens: int) -> float:
-        if not isinstance(limit, RateLimit):
-            raise InvalidInput("limit", f"must be a RateLimit, got {type(limit).__name__}")
-        limits.check_take(requests, tokens)
+    async def take_limit(
+        self,
+        limit: RateLimit,
+        requests: int,
+        tokens: int,
+        settle: int = 0,
+        waiter: LimitWaiter | None = None,
+    ) -> float:
+        check_take_call(limit, requests, tokens, settle, waiter)
 
         def job(conn: sqlite3.Connection, now: datetime) -> float:
             at = to_us(now) / 1e6
-            state, wait = limits.take(_load(conn, limit.key), limit, requests, tokens, at)
+            before = _load(conn, limit.key)
+            state, wait = limits.settle_and_take(before, limit, requests, tokens, settle, at)
             _save(conn, limit.key, state)
+            if waiter is not None and wait > 0:
+                _waited(conn, limit.key, waiter, wait, at)
+            elif waiter is not None:
+                conn.execute(
+                    "DELETE FROM limit_waits WHERE key = ? AND run_id = ?",
+                    (limit.key, waiter.run_id),
+                )
             return wait
 
         return await self._write(job)
@@ -83,10 +119,14 @@ class SqliteLimits:
         await self._write(job)
 
     async def limit_buckets(self) -> list[LimitBucket]:
-        def job(conn: sqlite3.Connection) -> list[tuple[str, BucketState]]:
+        def job(
+            conn: sqlite3.Connection,
+        ) -> tuple[list[tuple[str, BucketState]], list[tuple[str, Wait]]]:
             rows = conn.execute(f"SELECT key, {_COLUMNS} FROM limit_buckets ORDER BY key")
-            return [(row[0], _state(row[1:])) for row in rows]
+            found = [(row[0], _state(row[1:])) for row in rows]
+            waits = conn.execute(f"SELECT key, {_WAITS} FROM limit_waits")
+            return found, [(row[0], _wait(row[1:])) for row in waits]
 
-        found = await self._read(job)
+        found, waits = await self._read(job)
         at = seconds(self.now())
-        return [listed(key, state, at) for key, state in found]
+        return [listed(key, state, at, [w for k, w in waits if k == key]) for key, state in found]

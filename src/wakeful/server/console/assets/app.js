@@ -12,6 +12,7 @@ const workersView = lazy("./view-workers.js", "workersView");
 const overviewView = lazy("./view-overview.js", "overviewView");
 const schedulesView = lazy("./view-schedules.js", "schedulesView");
 const webhooksView = lazy("./view-webhooks.js", "webhooksView");
+const limitsView = lazy("./view-limits.js", "limitsView");
 
 const IDENTITY = "wakeful.console.identity";
 const main = document.getElementById("main");
@@ -117,6 +118,7 @@ const ROUTES = [
   [/^#\/overview$/, () => overviewView(main, context), true],
   [/^#\/schedules$/, () => schedulesView(main, context), false],
   [/^#\/webhooks$/, () => webhooksView(main, context), false],
+  [/^#\/limits$/, () => limitsView(main, context), false],
   [/^#\/threads(\?.*)?$/, (m) => threadsView(main, new URLSearchParams((m[1] || "").slice(1)), context), false],
 ];
 
