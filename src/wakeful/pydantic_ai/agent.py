@@ -1,0 +1,256 @@
+"""``WakefulAgent``: a PydanticAI agent run as a durable wakeful run.
+
+The run is a one-node wakeful graph (``step``, looping until done) under a fenced claim on
+the thread. Each superstep replays the PydanticAI run through PydanticAI's public
+interface (``Agent.override`` with a journal model and journal toolsets, the way its own
+Temporal and DBOS integrations wrap an agent) and takes exactly one new step, a model
+request or a tool call, whose result is committed with the superstep as a thread message
+(``wakeful.pydantic_ai.journal``). The superstep after the last model response finds
+nothing new to do: the PydanticAI run completes there, from recorded results only."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+import pydantic_core
+from pydantic_ai import Agent
+from pydantic_ai.agent import AgentRunResult
+from pydantic_ai.messages import ModelRequest, ToolReturnPart
+
+from wakeful.errors import InvalidInput
+from wakeful.ids import check_id
+from wakeful.pydantic_ai.codec import message_history, tool_message
+from wakeful.pydantic_ai.journal import (
+    REPLAY_POLICIES,
+    Journal,
+    JournalModel,
+    activate,
+    deactivate,
+    journal_toolset,
+)
+from wakeful.records import Message
+from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime
+
+
+class PydaiState(TypedDict):
+    prompt: str
+    done: bool
+    output: Any
+
+
+class WakefulAgent:
+    """``WakefulAgent(agent, name="support", runtime=Runtime(store))`` wraps a PydanticAI
+    ``Agent``. ``replay`` sets a tool's replay policy by name (``safe``: runs again after a
+    crash; ``keyed``: runs again, ``idempotency_key()`` unchanged; ``never``: once its start
+    is recorded it is not run again, its result is ``INDETERMINATE`` if it was lost);
+    ``default_replay`` applies to the others. ``max_steps`` bounds the supersteps (model
+    requests plus tool calls plus one) of a run."""
+
+    def __init__(
+        self,
+        agent: Agent[Any, Any],
+        *,
+        name: str,
+        runtime: Runtime | None = None,
+        replay: Mapping[str, str] | None = None,
+        default_replay: str = "safe",
+        durability: str = "sync",
+        max_steps: int = 200,
+    ) -> None:
+        self.wrapped = agent
+        self.name = check_id("agent name", name)
+        self.runtime = runtime
+        self.replay = dict(replay or {})
+        for tool, policy in [*self.replay.items(), ("default_replay", default_replay)]:
+            if policy not in REPLAY_POLICIES:
+                raise InvalidInput(
+                    "replay", f"{tool}: {policy!r} is not one of {', '.join(REPLAY_POLICIES)}"
+                )
+        self.default_replay = default_replay
+        uses_never = "never" in self.replay.values() or default_replay == "never"
+        if durability == "exit" and uses_never:
+            raise InvalidInput(
+                "durability", "tools with replay='never' need sync or async durability"
+            )
+        self.durability = durability
+        self.graph = self._compile(max_steps)
+        # In-process only: the framework's run arguments (deps, settings) are Python objects;
+        # a recovering process passes its own to ``recover``.
+        self._arguments: dict[str, dict[str, Any]] = {}
+        self._results: dict[str, AgentRunResult[Any]] = {}
+        self.steps_taken = 0
+        """Model requests and tool calls this process ran for real (not replayed)."""
+
+    def _compile(self, max_steps: int) -> CompiledGraph:
+        g = Graph(PydaiState, name=f"pydantic-ai:{self.name}")
+        g.node("step", self._step)
+        g.edge(START, "step")
+        g.conditional_edge("step", _after_step, ["step"])
+        return g.compile(max_steps=max_steps)
+
+    # ---------------------------------------------------------------- the step
+
+    async def _step(self, state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        history = await ctx.history()
+        arguments = dict(self._arguments.get(ctx.run_id, self._arguments.get("*", {})))
+        journal = Journal.read(ctx, history, self.replay, self.default_replay)
+        result = await self._replay(journal, str(state.get("prompt") or ""), history, arguments)
+        if result is None:
+            self.steps_taken += 1
+            return {"done": False}
+        self._results[ctx.run_id] = result
+        for message in _trailing_returns(result, ctx.run_id, ctx.idempotency_key):
+            ctx.append_message(message)
+        return {"done": True, "output": pydantic_core.to_jsonable_python(result.output)}
+
+    async def _replay(
+        self,
+        journal: Journal,
+        prompt: str,
+        history: list[Message],
+        arguments: dict[str, Any],
+    ) -> AgentRunResult[Any] | None:
+        """Run the PydanticAI agent over the journal: its result, or ``None`` when a new
+        step was recorded instead."""
+        model = arguments.pop("model", None) or self.wrapped.model
+        if model is None:
+            raise InvalidInput("model", "the PydanticAI agent has no model; pass model=")
+        extra = arguments.pop("toolsets", None) or ()
+        toolsets = [journal_toolset(t) for t in [*self.wrapped.toolsets, *extra]]
+        if arguments.get("message_history") is None:
+            arguments["message_history"] = message_history(history, journal.run_id) or None
+        token = activate(journal)
+        try:
+            with self.wrapped.override(model=JournalModel(model), toolsets=toolsets, tools=[]):
+                result = await self.wrapped.run(prompt, **arguments)
+        except Exception:
+            if journal.staged:
+                return None
+            raise
+        finally:
+            deactivate(token)
+        if journal.staged:  # pragma: no cover - a swallowed StepTaken
+            return None
+        return result
+
+    # ---------------------------------------------------------------- entry points
+
+    def _runtime(self, runtime: Runtime | None) -> Runtime:
+        chosen = runtime or self.runtime
+        if chosen is None:
+            raise InvalidInput("runtime", "pass runtime= to WakefulAgent or to this call")
+        return chosen
+
+    async def run(
+        self,
+        user_prompt: str,
+        *,
+        thread_id: str | None = None,
+        runtime: Runtime | None = None,
+        tenant: str | None = None,
+        **kwargs: Any,
+    ) -> AgentRunResult[Any]:
+        """Run like PydanticAI's ``Agent.run`` (its keyword arguments kept), as a durable
+        run on ``thread_id`` (a fresh thread without it): the prompt, every model response
+        and every tool result become the thread's messages, and the thread's earlier
+        messages are the run's ``message_history``."""
+        rt = self._runtime(runtime)
+        thread = check_id("thread_id", thread_id or f"t-{uuid.uuid4().hex}")
+        run_id = f"run-{uuid.uuid4().hex}"
+        user = Message(id=f"m-{run_id}-u", role="user", content=user_prompt, run_id=run_id)
+        self._arguments[run_id] = kwargs
+        try:
+            handle = await rt.start(
+                thread,
+                self.graph,
+                {"prompt": user_prompt, "done": False, "output": None},
+                durability=self.durability,
+                tenant=tenant,
+                run_id=run_id,
+                messages=(user,),
+            )
+            await handle.result()
+            return await self._result(rt, thread, run_id, user_prompt, kwargs)
+        finally:
+            self._arguments.pop(run_id, None)
+
+    def run_sync(self, user_prompt: str, **kwargs: Any) -> AgentRunResult[Any]:
+        """``run`` on a new event loop (refused inside a running loop, as PydanticAI's)."""
+        return asyncio.run(self.run(user_prompt, **kwargs))
+
+    async def recover(
+        self,
+        thread_id: str,
+        *,
+        runtime: Runtime | None = None,
+        tenant: str | None = None,
+        **kwargs: Any,
+    ) -> AgentRunResult[Any]:
+        """Continue the thread's run whose process died (once its claim expired): recorded
+        model responses and tool results are reused, the rest runs (``kwargs``: the run's
+        PydanticAI arguments, e.g. ``deps``)."""
+        rt = self._runtime(runtime)
+        self._arguments["*"] = kwargs
+        try:
+            handle = await rt.recover(thread_id, self.graph, tenant=tenant)
+            outcome = await handle.result()
+            snap = await rt.store.read(thread_id)
+            prompt = ""
+            if snap is not None:
+                for message in await _all_messages(rt, thread_id):
+                    if message.run_id == outcome.run_id and message.role == "user":
+                        prompt = str(message.content or "")
+            return await self._result(rt, thread_id, outcome.run_id, prompt, kwargs)
+        finally:
+            self._arguments.pop("*", None)
+
+    async def _result(
+        self, rt: Runtime, thread_id: str, run_id: str, prompt: str, kwargs: dict[str, Any]
+    ) -> AgentRunResult[Any]:
+        found = self._results.pop(run_id, None)
+        if found is not None:
+            return found
+        # Finished elsewhere: replay the recorded run (no step may be new).
+        history = await _all_messages(rt, thread_id)
+        journal = Journal.read(None, history, self.replay, self.default_replay, run_id=run_id)
+        journal.live = False
+        result = await self._replay(journal, prompt, history, dict(kwargs))
+        if result is None:  # pragma: no cover - live=False refuses new steps
+            raise InvalidInput("run", f"run {run_id!r} has not finished")
+        return result
+
+
+def _after_step(state: dict[str, Any]) -> str:
+    return END if state.get("done") else "step"
+
+
+def _trailing_returns(result: AgentRunResult[Any], run_id: str, key: str) -> list[Message]:
+    """The tool returns PydanticAI adds after the last response (the output tool's), so the
+    thread's conversation has no tool call without its result."""
+    messages = result.new_messages()
+    if not messages or not isinstance(messages[-1], ModelRequest):
+        return []
+    return [
+        tool_message(
+            f"m-{key}-o{i}",
+            run_id,
+            part.tool_call_id,
+            part.tool_name,
+            "safe",
+            {"outcome": "ok", "value": part.content},
+        )
+        for i, part in enumerate(messages[-1].parts)
+        if isinstance(part, ToolReturnPart)
+    ]
+
+
+async def _all_messages(rt: Runtime, thread_id: str) -> list[Message]:
+    out: list[Message] = []
+    while True:
+        page = await rt.store.messages(thread_id, after=len(out), limit=500)
+        out.extend(page)
+        if len(page) < 500:
+            return out
