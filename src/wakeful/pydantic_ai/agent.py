@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any, TypedDict
 
 import pydantic_core
 from pydantic_ai import Agent
-from pydantic_ai.agent import AgentRunResult
+from pydantic_ai.agent import AgentRun, AgentRunResult
 from pydantic_ai.messages import ModelRequest, ToolReturnPart
+from pydantic_ai.result import StreamedRunResult
 
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
@@ -106,15 +108,12 @@ class WakefulAgent:
             ctx.append_message(message)
         return {"done": True, "output": pydantic_core.to_jsonable_python(result.output)}
 
-    async def _replay(
-        self,
-        journal: Journal,
-        prompt: str,
-        history: list[Message],
-        arguments: dict[str, Any],
-    ) -> AgentRunResult[Any] | None:
-        """Run the PydanticAI agent over the journal: its result, or ``None`` when a new
-        step was recorded instead."""
+    @contextmanager
+    def _over(
+        self, journal: Journal, history: list[Message], arguments: dict[str, Any]
+    ) -> Iterator[dict[str, Any]]:
+        """PydanticAI's agent with the journal model and toolsets in place (its public
+        ``override``), for the duration; yields the run's keyword arguments."""
         model = arguments.pop("model", None) or self.wrapped.model
         if model is None:
             raise InvalidInput("model", "the PydanticAI agent has no model; pass model=")
@@ -125,13 +124,26 @@ class WakefulAgent:
         token = activate(journal)
         try:
             with self.wrapped.override(model=JournalModel(model), toolsets=toolsets, tools=[]):
-                result = await self.wrapped.run(prompt, **arguments)
+                yield arguments
+        finally:
+            deactivate(token)
+
+    async def _replay(
+        self,
+        journal: Journal,
+        prompt: str,
+        history: list[Message],
+        arguments: dict[str, Any],
+    ) -> AgentRunResult[Any] | None:
+        """Run the PydanticAI agent over the journal: its result, or ``None`` when a new
+        step was recorded instead."""
+        try:
+            with self._over(journal, history, arguments) as kwargs:
+                result = await self.wrapped.run(prompt, **kwargs)
         except Exception:
             if journal.staged:
                 return None
             raise
-        finally:
-            deactivate(token)
         if journal.staged:  # pragma: no cover - a swallowed StepTaken
             return None
         return result
@@ -144,19 +156,15 @@ class WakefulAgent:
             raise InvalidInput("runtime", "pass runtime= to WakefulAgent or to this call")
         return chosen
 
-    async def run(
+    async def _execute(
         self,
         user_prompt: str,
-        *,
-        thread_id: str | None = None,
-        runtime: Runtime | None = None,
-        tenant: str | None = None,
-        **kwargs: Any,
-    ) -> AgentRunResult[Any]:
-        """Run like PydanticAI's ``Agent.run`` (its keyword arguments kept), as a durable
-        run on ``thread_id`` (a fresh thread without it): the prompt, every model response
-        and every tool result become the thread's messages, and the thread's earlier
-        messages are the run's ``message_history``."""
+        thread_id: str | None,
+        runtime: Runtime | None,
+        tenant: str | None,
+        kwargs: dict[str, Any],
+    ) -> tuple[Runtime, str, str]:
+        """Run the durable run to its end: ``(runtime, thread_id, run_id)``."""
         rt = self._runtime(runtime)
         thread = check_id("thread_id", thread_id or f"t-{uuid.uuid4().hex}")
         run_id = f"run-{uuid.uuid4().hex}"
@@ -173,9 +181,76 @@ class WakefulAgent:
                 messages=(user,),
             )
             await handle.result()
-            return await self._result(rt, thread, run_id, user_prompt, kwargs)
         finally:
             self._arguments.pop(run_id, None)
+        return rt, thread, run_id
+
+    async def run(
+        self,
+        user_prompt: str,
+        *,
+        thread_id: str | None = None,
+        runtime: Runtime | None = None,
+        tenant: str | None = None,
+        **kwargs: Any,
+    ) -> AgentRunResult[Any]:
+        """Run like PydanticAI's ``Agent.run`` (its keyword arguments kept), as a durable
+        run on ``thread_id`` (a fresh thread without it): the prompt, every model response
+        and every tool result become the thread's messages, and the thread's earlier
+        messages are the run's ``message_history``."""
+        rt, thread, run_id = await self._execute(user_prompt, thread_id, runtime, tenant, kwargs)
+        return await self._result(rt, thread, run_id, user_prompt, kwargs)
+
+    @asynccontextmanager
+    async def run_stream(
+        self,
+        user_prompt: str,
+        *,
+        thread_id: str | None = None,
+        runtime: Runtime | None = None,
+        tenant: str | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[StreamedRunResult[Any, Any]]:
+        """PydanticAI's ``run_stream`` over the durable run: the run is taken to its end
+        durably first, then its recorded responses stream through PydanticAI's
+        ``StreamedRunResult`` (text, structured output, ``get_output``) without a model
+        call. Live token deltas are not streamed in this version."""
+        async with self._recorded(user_prompt, thread_id, runtime, tenant, kwargs) as kw:
+            async with self.wrapped.run_stream(user_prompt, **kw) as stream:
+                yield stream
+
+    @asynccontextmanager
+    async def iter(
+        self,
+        user_prompt: str,
+        *,
+        thread_id: str | None = None,
+        runtime: Runtime | None = None,
+        tenant: str | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AgentRun[Any, Any]]:
+        """PydanticAI's ``iter`` over the durable run (taken to its end durably first):
+        its graph nodes are those of the recorded run, replayed without model calls."""
+        async with self._recorded(user_prompt, thread_id, runtime, tenant, kwargs) as kw:
+            async with self.wrapped.iter(user_prompt, **kw) as agent_run:
+                yield agent_run
+
+    @asynccontextmanager
+    async def _recorded(
+        self,
+        user_prompt: str,
+        thread_id: str | None,
+        runtime: Runtime | None,
+        tenant: str | None,
+        kwargs: dict[str, Any],
+    ) -> AsyncIterator[dict[str, Any]]:
+        rt, thread, run_id = await self._execute(user_prompt, thread_id, runtime, tenant, kwargs)
+        self._results.pop(run_id, None)
+        history = await _all_messages(rt, thread)
+        journal = Journal.read(None, history, self.replay, self.default_replay, run_id=run_id)
+        journal.live = False
+        with self._over(journal, history, dict(kwargs)) as kw:
+            yield kw
 
     def run_sync(self, user_prompt: str, **kwargs: Any) -> AgentRunResult[Any]:
         """``run`` on a new event loop (refused inside a running loop, as PydanticAI's)."""

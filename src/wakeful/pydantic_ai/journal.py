@@ -18,13 +18,18 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import hashlib
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelResponse
-from pydantic_ai.models import ModelRequestParameters, StreamedResponse
+from pydantic_ai.models import (
+    CompletedStreamedResponse,
+    ModelRequestParameters,
+    StreamedResponse,
+)
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
@@ -255,15 +260,36 @@ class JournalModel(WrapperModel):
             raise
         return await journal.record_response(response)
 
-    def request_stream(
+    @asynccontextmanager
+    async def request_stream(
         self,
         messages: list[ModelMessage],
         model_settings: ModelSettings | None,
         model_request_parameters: ModelRequestParameters,
         run_context: RunContext[Any] | None = None,
-    ) -> AbstractAsyncContextManager[StreamedResponse]:
-        # The durable pass never streams (its steps are recorded whole).
-        raise InvalidInput("run", "a WakefulAgent step does not stream; use run")
+    ) -> AsyncIterator[StreamedResponse]:
+        """A recorded response streams its parts again (``run_stream`` and ``iter`` over a
+        recorded run); a new one is drained from the wrapped model's stream, recorded whole,
+        and ends the superstep."""
+        journal = active()
+        recorded = journal.recorded_response()
+        if recorded is None:
+            await journal._claim_step()
+            try:
+                with journal.node.waiting():
+                    async with self.wrapped.request_stream(
+                        messages, model_settings, model_request_parameters, run_context
+                    ) as stream:
+                        async for _ in stream:
+                            pass
+                        response = stream.get()
+            except BaseException:
+                journal._step_done.set()
+                raise
+            recorded = await journal.record_response(response)
+        yield CompletedStreamedResponse(
+            recorded, model_request_parameters=model_request_parameters, replay_events=True
+        )
 
 
 @dataclass
