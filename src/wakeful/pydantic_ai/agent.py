@@ -215,9 +215,9 @@ class WakefulAgent:
         durably first, then its recorded responses stream through PydanticAI's
         ``StreamedRunResult`` (text, structured output, ``get_output``) without a model
         call. Live token deltas are not streamed in this version."""
-        async with self._recorded(user_prompt, thread_id, runtime, tenant, kwargs) as kw:
-            async with self.wrapped.run_stream(user_prompt, **kw) as stream:
-                yield stream
+        recorded = self._recorded(user_prompt, thread_id, runtime, tenant, kwargs)
+        async with recorded as kw, self.wrapped.run_stream(user_prompt, **kw) as stream:
+            yield stream
 
     @asynccontextmanager
     async def iter(
@@ -231,9 +231,9 @@ class WakefulAgent:
     ) -> AsyncIterator[AgentRun[Any, Any]]:
         """PydanticAI's ``iter`` over the durable run (taken to its end durably first):
         its graph nodes are those of the recorded run, replayed without model calls."""
-        async with self._recorded(user_prompt, thread_id, runtime, tenant, kwargs) as kw:
-            async with self.wrapped.iter(user_prompt, **kw) as agent_run:
-                yield agent_run
+        recorded = self._recorded(user_prompt, thread_id, runtime, tenant, kwargs)
+        async with recorded as kw, self.wrapped.iter(user_prompt, **kw) as agent_run:
+            yield agent_run
 
     @asynccontextmanager
     async def _recorded(
