@@ -1,0 +1,83 @@
+"""Child process for WakefulAgent crash tests: ``python -m tests.pydai_child MODE URL DIR``.
+
+The agent (``crash_agent``) is a PydanticAI ``Agent`` on a ``FunctionModel``: its first
+model response calls the tool ``act`` (replay policy ``MODE``: safe, keyed or never; or
+``structured``: a safe tool and a structured output); the second answers. Every model call
+and every tool start is appended (fsynced) to DIR/model.txt and DIR/effects.txt. In the
+child the tool hangs after recording its start, so the parent can SIGKILL the process
+between the committed model response and the tool's recorded result."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from wakeful import open_store
+from wakeful.pydantic_ai import WakefulAgent, idempotency_key
+from wakeful.runtime import ClaimPolicy, Runtime
+
+
+class Invoice(BaseModel):
+    number: str
+    total: int
+
+
+def record(path: Path, line: str) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def tool_return(messages: list[ModelMessage]) -> str:
+    for message in reversed(messages):
+        for part in message.parts:
+            if part.part_kind == "tool-return":
+                return str(part.content)
+    return ""
+
+
+def crash_agent(mode: str, directory: Path, hang: bool) -> WakefulAgent:
+    structured = mode == "structured"
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        record(directory / "model.txt", f"call {len(messages)}")
+        returned = tool_return(messages)
+        if not returned:
+            return ModelResponse(parts=[ToolCallPart("act", {"amount": 7}, tool_call_id="c-act")])
+        if structured:
+            args = {"number": "INV-1", "total": int(returned)}
+            return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, args)])
+        return ModelResponse(parts=[TextPart(f"done: {returned}")])
+
+    agent: Agent[None, object] = Agent(
+        FunctionModel(model), output_type=Invoice if structured else str
+    )
+
+    @agent.tool_plain
+    async def act(amount: int) -> int:
+        record(directory / "effects.txt", f"act {amount} {idempotency_key()}")
+        if hang:
+            (directory / "started").write_text("x")
+            await asyncio.Event().wait()
+        return amount * 6
+
+    policy = "safe" if structured else mode
+    return WakefulAgent(agent, name="crash", replay={"act": policy})
+
+
+async def main(mode: str, url: str, directory: Path) -> None:
+    store = await open_store(url)
+    runtime = Runtime(store, ClaimPolicy(ttl=5, renew_every=1), holder="child")
+    await crash_agent(mode, directory, hang=True).run("go", thread_id="t", runtime=runtime)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))

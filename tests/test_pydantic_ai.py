@@ -1,0 +1,219 @@
+"""``wakeful.pydantic_ai.WakefulAgent``: a PydanticAI agent run as a durable wakeful run.
+
+PydanticAI's own TestModel and FunctionModel run unchanged under the wrapper; every model
+response and tool result is a thread message; a second run on the thread sees the first
+exchange; a SIGKILLed run recovers in another process paying for nothing recorded, with
+each tool following its replay policy."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pydantic_ai")
+
+from pydantic import BaseModel
+from pydantic_ai import Agent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+    UserPromptPart,
+)
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.test import TestModel
+
+from tests.pydai_child import Invoice, crash_agent
+from tests.runtime_support import kill_when_ready, store_url
+from wakeful import ManualClock, open_store
+from wakeful.pydantic_ai import INDETERMINATE, WakefulAgent
+from wakeful.runtime import ClaimPolicy, Runtime
+from wakeful.store.memory import MemoryStore
+
+
+class Weather(BaseModel):
+    city: str
+    degrees: int
+
+
+def function_model(calls: list[int]) -> FunctionModel:
+    """Calls ``add`` once, then answers with the tool's result."""
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.append(len(messages))
+        for message in messages:
+            for part in message.parts:
+                if part.part_kind == "tool-return":
+                    return ModelResponse(parts=[TextPart(f"sum is {part.content}")])
+        return ModelResponse(parts=[ToolCallPart("add", {"a": 2, "b": 3}, tool_call_id="c1")])
+
+    return FunctionModel(respond)
+
+
+def make_agent(
+    kind: str, model_calls: list[int], tool_runs: list[tuple[int, int]]
+) -> Agent[None, str]:
+    model = TestModel() if kind == "test" else function_model(model_calls)
+    agent: Agent[None, str] = Agent(model, instructions="Be brief.")
+
+    @agent.tool_plain
+    def add(a: int, b: int) -> int:
+        """Add two numbers."""
+        tool_runs.append((a, b))
+        return a + b
+
+    return agent
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("kind", ["test", "function"])
+async def test_framework_models_run_unchanged_under_the_wrapper(kind: str) -> None:
+    plain_calls: list[int] = []
+    plain_runs: list[tuple[int, int]] = []
+    plain = await make_agent(kind, plain_calls, plain_runs).run("add two and three")
+
+    calls: list[int] = []
+    runs: list[tuple[int, int]] = []
+    store = MemoryStore()
+    wa = WakefulAgent(make_agent(kind, calls, runs), name="support", runtime=Runtime(store))
+    result = await wa.run("add two and three", thread_id="t-1")
+
+    assert result.output == plain.output
+    assert runs == plain_runs and len(runs) == 1, "each tool call ran once"
+    assert calls == plain_calls, "each model request was made once, with the same history"
+    assert [m.kind for m in result.new_messages()] == [m.kind for m in plain.new_messages()]
+    messages = await store.messages("t-1", 0, 100)
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[0].content == "add two and three"
+    assert messages[1].tool_calls[0]["name"] == "add"
+    assert messages[2].metadata["outcome"] == "ok"
+    assert messages[2].content == {"test": "0", "function": "5"}[kind]
+    assert messages[3].content == plain.output
+    assert wa.steps_taken == 3, "two model requests and one tool call"
+
+
+@pytest.mark.asyncio
+async def test_a_second_run_on_the_thread_sees_the_first_exchange() -> None:
+    seen: list[list[str]] = []
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        texts = [
+            str(p.content)
+            for m in messages
+            for p in m.parts
+            if isinstance(p, UserPromptPart | TextPart)
+        ]
+        seen.append(texts)
+        return ModelResponse(parts=[TextPart(f"answer {len(seen)}")])
+
+    store = MemoryStore()
+    wa = WakefulAgent(Agent(FunctionModel(respond)), name="chat", runtime=Runtime(store))
+    await wa.run("my name is Ada", thread_id="t-2")
+    second = await wa.run("what is my name?", thread_id="t-2")
+    assert seen[1] == ["my name is Ada", "answer 1", "what is my name?"]
+    assert second.output == "answer 2"
+    assert len(second.all_messages()) == 4 and len(second.new_messages()) == 2
+    fresh = await wa.run("hello")
+    assert seen[2] == ["hello"], "without thread_id a run starts a fresh thread"
+    assert fresh.output == "answer 3"
+    assert [m.content for m in await store.messages("t-2", 0, 100)] == [
+        "my name is Ada",
+        "answer 1",
+        "what is my name?",
+        "answer 2",
+    ]
+
+
+@pytest.mark.asyncio
+async def test_structured_output_and_the_output_tool_return_are_on_the_thread() -> None:
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        name = info.output_tools[0].name
+        return ModelResponse(parts=[ToolCallPart(name, {"city": "Oslo", "degrees": -3})])
+
+    store = MemoryStore()
+    agent: Agent[None, Weather] = Agent(FunctionModel(respond), output_type=Weather)
+    wa = WakefulAgent(agent, name="weather", runtime=Runtime(store))
+    result = await wa.run("weather in Oslo?", thread_id="t-3")
+    assert result.output == Weather(city="Oslo", degrees=-3)
+    messages = await store.messages("t-3", 0, 100)
+    assert [m.role for m in messages] == ["user", "assistant", "tool"]
+    assert messages[2].tool_call_id == messages[1].tool_calls[0]["id"]
+
+
+@pytest.mark.asyncio
+async def test_run_stream_and_iter_replay_the_recorded_run_without_model_calls() -> None:
+    calls: list[int] = []
+    runs: list[tuple[int, int]] = []
+    store = MemoryStore()
+    wa = WakefulAgent(make_agent("function", calls, runs), name="s", runtime=Runtime(store))
+    async with wa.run_stream("add", thread_id="t-4") as stream:
+        chunks = [chunk async for chunk in stream.stream_text(delta=True)]
+    assert "".join(chunks) == "sum is 5"
+    assert len(calls) == 2 and len(runs) == 1, "the stream replayed; nothing ran twice"
+    async with wa.iter("add again", thread_id="t-5") as agent_run:
+        nodes = [type(node).__name__ async for node in agent_run]
+    assert agent_run.result is not None and agent_run.result.output == "sum is 5"
+    assert nodes.count("ModelRequestNode") == 2 and nodes[-1] == "End"
+    assert len(calls) == 4 and len(runs) == 2
+
+
+def test_run_sync_runs_on_its_own_loop() -> None:
+    calls: list[int] = []
+    runs: list[tuple[int, int]] = []
+    store = MemoryStore()
+    wa = WakefulAgent(make_agent("function", calls, runs), name="s", runtime=Runtime(store))
+    assert wa.run_sync("add", thread_id="t-6").output == "sum is 5"
+    assert runs == [(2, 3)]
+
+
+def test_an_unknown_replay_policy_is_refused() -> None:
+    from wakeful.errors import InvalidInput
+
+    with pytest.raises(InvalidInput, match="sometimes"):
+        WakefulAgent(Agent(TestModel()), name="x", replay={"t": "sometimes"})
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("mode", ["never", "keyed", "safe", "structured"])
+async def test_a_sigkilled_run_recovers_in_another_process(mode: str, tmp_path: Path) -> None:
+    url = store_url("sqlite", tmp_path)
+    argv = ["tests.pydai_child", mode, url, str(tmp_path)]
+    await asyncio.to_thread(kill_when_ready, argv, [tmp_path / "started"])
+    assert lines(tmp_path / "model.txt") == ["call 1"]
+    assert len(lines(tmp_path / "effects.txt")) == 1
+
+    clock = ManualClock(datetime.now(UTC) + timedelta(seconds=60))
+    store = await open_store(url, clock=clock)
+    try:
+        runtime = Runtime(store, ClaimPolicy(ttl=30, renew_every=10), clock, holder="new")
+        wa = crash_agent(mode, tmp_path, hang=False)
+        result = await wa.recover("t", runtime=runtime)
+        model_calls = lines(tmp_path / "model.txt")
+        effects = lines(tmp_path / "effects.txt")
+        assert model_calls == ["call 1", "call 3"], "the recorded first response was reused"
+        messages = await store.messages("t", 0, 100)
+        tool = next(m for m in messages if m.role == "tool")
+        if mode == "never":
+            assert len(effects) == 1, "a never tool whose start was recorded is not run again"
+            assert tool.metadata["outcome"] == "indeterminate"
+            assert result.output == f"done: {INDETERMINATE}"
+        else:
+            assert len(effects) == 2 and tool.metadata["outcome"] == "ok"
+            first_key, second_key = (line.split()[-1] for line in effects)
+            if mode == "keyed":
+                assert first_key == second_key, "a keyed tool keeps its idempotency key"
+        if mode == "structured":
+            assert result.output == Invoice(number="INV-1", total=42)
+        elif mode != "never":
+            assert result.output == "done: 42"
+        assert [m.role for m in messages][:4] == ["user", "assistant", "tool", "assistant"]
+    finally:
+        await store.close()
