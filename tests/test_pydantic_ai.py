@@ -217,3 +217,28 @@ async def test_a_sigkilled_run_recovers_in_another_process(mode: str, tmp_path: 
         assert [m.role for m in messages][:4] == ["user", "assistant", "tool", "assistant"]
     finally:
         await store.close()
+
+
+@pytest.mark.asyncio
+async def test_a_fleet_worker_runs_a_wakeful_agent_target() -> None:
+    from tests.test_fleet_worker import Env, dispatch_status
+    from wakeful.fleet import submit
+
+    env = Env()
+    try:
+        calls: list[int] = []
+        runs: list[tuple[int, int]] = []
+        wa = WakefulAgent(make_agent("function", calls, runs), name="adder")
+        env.registry.add("adder", wa)
+        assert env.registry.get("adder").input_schema()["type"] == "string"
+        env.worker("w1")
+        await submit(
+            env.store, "t-f", "adder", "add two and three", dispatch_id="d1", wake=env.wake
+        )
+        await dispatch_status(env, "d1", "done")
+        messages = await env.store.messages("t-f", 0, 100)
+        assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+        assert messages[0].content == "add two and three"
+        assert messages[-1].content == "sum is 5" and runs == [(2, 3)] and len(calls) == 2
+    finally:
+        await env.close()

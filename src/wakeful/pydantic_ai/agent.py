@@ -150,6 +150,14 @@ class WakefulAgent:
 
     # ---------------------------------------------------------------- entry points
 
+    def prepare_input(self, input: Any, run_id: str) -> tuple[dict[str, Any], list[Message]]:
+        """As a fleet target (``Registry.add(name, WakefulAgent(...))``): a dispatch's input
+        is the prompt (text; another JSON value is sent as its JSON text), appended as the
+        run's user message."""
+        prompt = input if isinstance(input, str) else pydantic_core.to_json(input).decode()
+        user = Message(id=f"m-{run_id}-u", role="user", content=prompt, run_id=run_id)
+        return {"prompt": prompt, "done": False, "output": None}, [user]
+
     def _runtime(self, runtime: Runtime | None) -> Runtime:
         chosen = runtime or self.runtime
         if chosen is None:
@@ -168,17 +176,17 @@ class WakefulAgent:
         rt = self._runtime(runtime)
         thread = check_id("thread_id", thread_id or f"t-{uuid.uuid4().hex}")
         run_id = f"run-{uuid.uuid4().hex}"
-        user = Message(id=f"m-{run_id}-u", role="user", content=user_prompt, run_id=run_id)
+        state, user = self.prepare_input(user_prompt, run_id)
         self._arguments[run_id] = kwargs
         try:
             handle = await rt.start(
                 thread,
                 self.graph,
-                {"prompt": user_prompt, "done": False, "output": None},
+                state,
                 durability=self.durability,
                 tenant=tenant,
                 run_id=run_id,
-                messages=(user,),
+                messages=user,
             )
             await handle.result()
         finally:
