@@ -22,6 +22,7 @@ from pydantic_ai.agent import AgentRun, AgentRunResult
 from pydantic_ai.messages import ModelRequest, ToolReturnPart
 from pydantic_ai.result import StreamedRunResult
 
+from wakeful.agent.recovery import StreamPolicy
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
 from wakeful.pydantic_ai.codec import message_history, tool_message
@@ -49,7 +50,10 @@ class WakefulAgent:
     crash; ``keyed``: runs again, ``idempotency_key()`` unchanged; ``never``: once its start
     is recorded it is not run again, its result is ``INDETERMINATE`` if it was lost);
     ``default_replay`` applies to the others. ``max_steps`` bounds the supersteps (model
-    requests plus tool calls plus one) of a run."""
+    requests plus tool calls plus one) of a run. ``stream_policy`` (wakeful's
+    ``StreamPolicy``): the checkpoint cadence of a new model step, which streams when the
+    model can (a ``FunctionModel`` without ``stream_function`` is requested whole) so a
+    crash mid-answer is continued (R1) rather than paid again."""
 
     def __init__(
         self,
@@ -61,6 +65,7 @@ class WakefulAgent:
         default_replay: str = "safe",
         durability: str = "sync",
         max_steps: int = 200,
+        stream_policy: StreamPolicy | None = None,
     ) -> None:
         self.wrapped = agent
         self.name = check_id("agent name", name)
@@ -78,6 +83,8 @@ class WakefulAgent:
                 "durability", "tools with replay='never' need sync or async durability"
             )
         self.durability = durability
+        self.stream_policy = stream_policy or StreamPolicy()
+        """Checkpoint cadence and continuation prompt of streamed model steps."""
         self.graph = self._compile(max_steps)
         # In-process only: the framework's run arguments (deps, settings) are Python objects;
         # a recovering process passes its own to ``recover``.
@@ -99,6 +106,7 @@ class WakefulAgent:
         history = await ctx.history()
         arguments = dict(self._arguments.get(ctx.run_id, self._arguments.get("*", {})))
         journal = Journal.read(ctx, history, self.replay, self.default_replay)
+        journal.stream_policy = self.stream_policy
         result = await self._replay(journal, str(state.get("prompt") or ""), history, arguments)
         if result is None:
             self.steps_taken += 1

@@ -27,15 +27,18 @@ from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.messages import ModelMessage, ModelResponse
 from pydantic_ai.models import (
     CompletedStreamedResponse,
+    Model,
     ModelRequestParameters,
     StreamedResponse,
 )
+from pydantic_ai.models.function import FunctionModel
 from pydantic_ai.models.wrapper import WrapperModel
 from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import RunContext
 from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
+from wakeful.agent.recovery import StreamPolicy
 from wakeful.errors import InvalidInput, OutcomeUnknown
 from wakeful.pydantic_ai.codec import (
     dump_response,
@@ -43,6 +46,7 @@ from wakeful.pydantic_ai.codec import (
     response_message,
     tool_message,
 )
+from wakeful.pydantic_ai.streams import streamed_step
 from wakeful.records import Message
 from wakeful.runtime import NodeContext
 
@@ -81,6 +85,8 @@ class Journal:
     tool_results: dict[str, dict[str, Any]]
     replay: dict[str, str]
     default_replay: str
+    stream_policy: StreamPolicy | None = None
+    """Set: new model steps stream with checkpoints (``wakeful.pydantic_ai.streams``)."""
     live: bool = True
     """False for a replay-only pass (the result of a finished run): any new step is an
     error, not work."""
@@ -147,12 +153,17 @@ class Journal:
             return response
         return None
 
-    async def record_response(self, response: ModelResponse) -> ModelResponse:
+    async def record_response(
+        self, response: ModelResponse, recoveries: list[str] | None = None
+    ) -> ModelResponse:
         """Stage ``response`` as this superstep's step and stop the replay (never returns)."""
         index = len(self.responses)
-        self._finish_step(
-            response_message(f"m-{self.node.idempotency_key}-a{index}", self.node.run_id, response)
+        message = response_message(
+            f"m-{self.node.idempotency_key}-a{index}", self.node.run_id, response
         )
+        if recoveries:
+            message.metadata["recoveries"] = recoveries
+        self._finish_step(message)
         raise StepTaken()
 
     # -------------------------------------------------------------- tool steps
@@ -250,15 +261,26 @@ class JournalModel(WrapperModel):
         if recorded is not None:
             return recorded
         await journal._claim_step()
+        recoveries: list[str] = []
         try:
             with journal.node.waiting():
-                response = await self.wrapped.request(
-                    messages, model_settings, model_request_parameters
-                )
+                if journal.stream_policy is not None and _streams(self.wrapped):
+                    response, recoveries = await streamed_step(
+                        journal.node,
+                        self.wrapped,
+                        messages,
+                        model_settings,
+                        model_request_parameters,
+                        journal.stream_policy,
+                    )
+                else:
+                    response = await self.wrapped.request(
+                        messages, model_settings, model_request_parameters
+                    )
         except BaseException:
             journal._step_done.set()
             raise
-        return await journal.record_response(response)
+        return await journal.record_response(response, recoveries)
 
     @asynccontextmanager
     async def request_stream(
@@ -290,6 +312,11 @@ class JournalModel(WrapperModel):
         yield CompletedStreamedResponse(
             recorded, model_request_parameters=model_request_parameters, replay_events=True
         )
+
+
+def _streams(model: Model) -> bool:
+    """Whether the model can stream (a ``FunctionModel`` needs a ``stream_function``)."""
+    return not isinstance(model, FunctionModel) or model.stream_function is not None
 
 
 @dataclass
