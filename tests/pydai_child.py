@@ -19,6 +19,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from tests.runtime_support import mark_ready
 from wakeful import open_store
 from wakeful.pydantic_ai import WakefulAgent, idempotency_key
 from wakeful.runtime import ClaimPolicy, Runtime
@@ -73,6 +74,33 @@ def crash_agent(mode: str, directory: Path, hang: bool) -> WakefulAgent:
     return WakefulAgent(agent, name="crash", replay={"act": policy})
 
 
+def writer(server_url: str) -> WakefulAgent:
+    """A PydanticAI agent on PydanticAI's own OpenAI model, pointed at the loopback
+    OpenAI-compatible server (tests/provider_server.py); checkpoints after every event."""
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    from wakeful.agent import StreamPolicy
+
+    provider = OpenAIProvider(base_url=server_url, api_key="test-key")
+    agent: Agent[None, str] = Agent(OpenAIChatModel("gpt-test", provider=provider))
+    policy = StreamPolicy(checkpoint_every_deltas=1, checkpoint_min_interval=0)
+    return WakefulAgent(agent, name="writer", stream_policy=policy)
+
+
+async def stream_until_checkpointed(url: str, server_url: str, ready: Path) -> None:
+    store = await open_store(url)
+    runtime = Runtime(store, ClaimPolicy(ttl=5, renew_every=1), holder="child")
+    handle = await writer(server_url).start("Tell me a story", thread_id="t", runtime=runtime)
+    while True:
+        saved = await store.stream_checkpoints.get(handle.run_id)
+        if saved is not None and saved.partial_text == "Once upon a ":
+            await asyncio.to_thread(mark_ready, ready, handle.run_id)
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.Event().wait()
+
+
 async def main(mode: str, url: str, directory: Path) -> None:
     store = await open_store(url)
     runtime = Runtime(store, ClaimPolicy(ttl=5, renew_every=1), holder="child")
@@ -80,4 +108,7 @@ async def main(mode: str, url: str, directory: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
+    if sys.argv[1] == "stream":
+        asyncio.run(stream_until_checkpointed(sys.argv[2], sys.argv[3], Path(sys.argv[4])))
+    else:
+        asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))

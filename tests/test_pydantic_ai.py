@@ -242,3 +242,36 @@ async def test_a_fleet_worker_runs_a_wakeful_agent_target() -> None:
         assert messages[-1].content == "sum is 5" and runs == [(2, 3)] and len(calls) == 2
     finally:
         await env.close()
+
+
+@pytest.mark.asyncio
+async def test_a_sigkilled_stream_is_continued_not_generated_again(tmp_path: Path) -> None:
+    from tests.provider_server import ProviderServer, Reply, openai_text
+    from tests.pydai_child import writer
+
+    url = store_url("sqlite", tmp_path)
+    ready = tmp_path / "ready"
+    with ProviderServer() as server:
+        server.push(Reply(events=openai_text("Once ", "upon ", "a "), stall_after=4))
+        argv = ["tests.pydai_child", "stream", url, server.url, str(ready)]
+        await asyncio.to_thread(kill_when_ready, argv, [ready])
+        run_id = ready.read_text()
+        server.push(Reply(events=openai_text("time.")))
+
+        clock = ManualClock(datetime.now(UTC) + timedelta(seconds=60))
+        store = await open_store(url, clock=clock)
+        try:
+            runtime = Runtime(store, ClaimPolicy(ttl=30, renew_every=10), clock, holder="new")
+            result = await writer(server.url).recover("t", runtime=runtime)
+            assert result.output == "Once upon a time.", "equals the uninterrupted answer"
+            assert len(server.bodies) == 2, "one continued request, no second generation"
+            continuation = server.bodies[1]["messages"]
+            assert continuation[-2] == {"role": "assistant", "content": "Once upon a "}
+            assert continuation[-1]["role"] == "user"
+            messages = await store.messages("t", 0, 100)
+            assert [m.role for m in messages] == ["user", "assistant"]
+            assert messages[1].content == "Once upon a time."
+            assert messages[1].metadata["recoveries"] == ["resumed", "R1"]
+            assert await store.stream_checkpoints.get(run_id) is None, "deleted after commit"
+        finally:
+            await store.close()

@@ -35,7 +35,7 @@ from wakeful.pydantic_ai.journal import (
     journal_toolset,
 )
 from wakeful.records import Message
-from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, Runtime
+from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, RunHandle, Runtime
 
 
 class PydaiState(TypedDict):
@@ -112,6 +112,7 @@ class WakefulAgent:
             self.steps_taken += 1
             return {"done": False}
         self._results[ctx.run_id] = result
+        self._arguments.pop(ctx.run_id, None)
         for message in _trailing_returns(result, ctx.run_id, ctx.idempotency_key):
             ctx.append_message(message)
         return {"done": True, "output": pydantic_core.to_jsonable_python(result.output)}
@@ -172,6 +173,33 @@ class WakefulAgent:
             raise InvalidInput("runtime", "pass runtime= to WakefulAgent or to this call")
         return chosen
 
+    async def start(
+        self,
+        user_prompt: str,
+        *,
+        thread_id: str | None = None,
+        runtime: Runtime | None = None,
+        tenant: str | None = None,
+        **kwargs: Any,
+    ) -> RunHandle:
+        """Start the durable run and return its handle (``run`` awaits it and returns
+        PydanticAI's result)."""
+        rt = self._runtime(runtime)
+        thread = check_id("thread_id", thread_id or f"t-{uuid.uuid4().hex}")
+        run_id = f"run-{uuid.uuid4().hex}"
+        state, user = self.prepare_input(user_prompt, run_id)
+        self._arguments[run_id] = kwargs
+        handle = await rt.start(
+            thread,
+            self.graph,
+            state,
+            durability=self.durability,
+            tenant=tenant,
+            run_id=run_id,
+            messages=user,
+        )
+        return handle
+
     async def _execute(
         self,
         user_prompt: str,
@@ -182,24 +210,14 @@ class WakefulAgent:
     ) -> tuple[Runtime, str, str]:
         """Run the durable run to its end: ``(runtime, thread_id, run_id)``."""
         rt = self._runtime(runtime)
-        thread = check_id("thread_id", thread_id or f"t-{uuid.uuid4().hex}")
-        run_id = f"run-{uuid.uuid4().hex}"
-        state, user = self.prepare_input(user_prompt, run_id)
-        self._arguments[run_id] = kwargs
+        handle = await self.start(
+            user_prompt, thread_id=thread_id, runtime=rt, tenant=tenant, **kwargs
+        )
         try:
-            handle = await rt.start(
-                thread,
-                self.graph,
-                state,
-                durability=self.durability,
-                tenant=tenant,
-                run_id=run_id,
-                messages=user,
-            )
             await handle.result()
         finally:
-            self._arguments.pop(run_id, None)
-        return rt, thread, run_id
+            self._arguments.pop(handle.run_id, None)
+        return rt, handle.thread_id, handle.run_id
 
     async def run(
         self,
