@@ -275,3 +275,33 @@ async def test_a_sigkilled_stream_is_continued_not_generated_again(tmp_path: Pat
             assert await store.stream_checkpoints.get(run_id) is None, "deleted after commit"
         finally:
             await store.close()
+
+
+@pytest.mark.asyncio
+async def test_parallel_tool_calls_are_taken_one_per_superstep_and_run_once() -> None:
+    def build(ran: list[str]) -> Agent[None, str]:
+        agent: Agent[None, str] = Agent(TestModel())
+
+        @agent.tool_plain
+        async def lookup(city: str) -> str:
+            ran.append("lookup")
+            return "sunny"
+
+        @agent.tool_plain
+        async def charge(amount: int) -> str:
+            ran.append("charge")
+            return "charged"
+
+        return agent
+
+    plain_ran: list[str] = []
+    plain = await build(plain_ran).run("go")
+    ran: list[str] = []
+    store = MemoryStore()
+    wa = WakefulAgent(build(ran), name="p", runtime=Runtime(store), replay={"charge": "never"})
+    result = await wa.run("go", thread_id="t-p")
+    assert result.output == plain.output
+    assert sorted(ran) == sorted(plain_ran) == ["charge", "lookup"]
+    assert wa.steps_taken == 4, "two model requests, two tool calls, one superstep each"
+    roles = [m.role for m in await store.messages("t-p", 0, 100)]
+    assert roles == ["user", "assistant", "tool", "tool", "assistant"]
