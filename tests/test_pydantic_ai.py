@@ -305,3 +305,44 @@ async def test_parallel_tool_calls_are_taken_one_per_superstep_and_run_once() ->
     assert wa.steps_taken == 4, "two model requests, two tool calls, one superstep each"
     roles = [m.role for m in await store.messages("t-p", 0, 100)]
     assert roles == ["user", "assistant", "tool", "tool", "assistant"]
+
+
+def test_the_example_desk_runs_against_a_local_openai_compatible_server(tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    from tests.chat_server import ChatServer
+
+    root = Path(__file__).resolve().parent.parent
+    args = {"lookup_order": {"order_id": 42}, "refund": {"order_id": 42}}
+    with ChatServer(args) as model:
+        env = {
+            **os.environ,
+            "OPENAI_BASE_URL": model.base_url,
+            "OPENAI_API_KEY": "sk-local-test",
+            "WAKEFUL_MODEL": "local-test-model",
+            "WAKEFUL_STORE": f"sqlite:///{tmp_path / 'desk.db'}",
+            "SUPPORT_LEDGER": str(tmp_path / "refunds.jsonl"),
+            "PYTHONPATH": os.pathsep.join([str(root / "src"), str(root)]),
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "examples.pydantic_ai_desk.app", "Refund order 42"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=root,
+            env=env,
+        )
+    assert done.returncode == 0, done.stderr
+    assert "refunded order 42" in done.stdout
+    assert len((tmp_path / "refunds.jsonl").read_text().splitlines()) == 1
+
+    async def roles() -> list[str]:
+        store = await open_store(f"sqlite:///{tmp_path / 'desk.db'}")
+        try:
+            return [m.role for m in await store.messages("desk-1", 0, 100)]
+        finally:
+            await store.close()
+
+    assert asyncio.run(roles()) == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
