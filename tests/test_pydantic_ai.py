@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -346,3 +347,47 @@ def test_the_example_desk_runs_against_a_local_openai_compatible_server(tmp_path
             await store.close()
 
     assert asyncio.run(roles()) == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("decision", ["approve", {"approve": False, "reason": "too much"}])
+async def test_deferred_approvals_suspend_the_run_with_a_ticket(decision: Any) -> None:
+    from pydantic_ai import DeferredToolRequests
+
+    transfers: list[int] = []
+
+    def respond(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        for message in messages:
+            for part in message.parts:
+                if part.part_kind == "tool-return":
+                    return ModelResponse(parts=[TextPart(f"result: {part.content}")])
+        return ModelResponse(parts=[ToolCallPart("transfer", {"amount": 100}, tool_call_id="c-t")])
+
+    agent: Agent[None, str | DeferredToolRequests] = Agent(
+        FunctionModel(respond), output_type=[str, DeferredToolRequests]
+    )
+
+    @agent.tool_plain(requires_approval=True)
+    def transfer(amount: int) -> str:
+        transfers.append(amount)
+        return f"moved {amount}"
+
+    store = MemoryStore()
+    wa = WakefulAgent(agent, name="bank", runtime=Runtime(store), replay={"transfer": "never"})
+    first = await wa.run("pay 100", thread_id="t-a")
+    assert isinstance(first.output, DeferredToolRequests), "PydanticAI's own answer"
+    assert [c.tool_call_id for c in first.output.approvals] == ["c-t"]
+    snap = await store.read("t-a")
+    assert snap is not None and snap.checkpoint is not None
+    assert snap.checkpoint.status == "suspended" and transfers == []
+    (ticket,) = snap.checkpoint.metadata["tickets"]
+    assert ticket["question"]["approval"][0]["tool"] == "transfer"
+
+    final = await wa.resume("t-a", decision)
+    if decision == "approve":
+        assert transfers == [100] and final.output == "result: moved 100"
+    else:
+        assert transfers == [] and final.output == "result: too much"
+    snap = await store.read("t-a")
+    assert snap is not None and snap.checkpoint is not None
+    assert snap.checkpoint.status == "completed"

@@ -25,6 +25,8 @@ from pydantic_ai.result import StreamedRunResult
 from wakeful.agent.recovery import StreamPolicy
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_id
+from wakeful.pydantic_ai.approvals import decisions, pending, question
+from wakeful.pydantic_ai.approvals import results as approval_results
 from wakeful.pydantic_ai.codec import message_history, tool_message
 from wakeful.pydantic_ai.journal import (
     REPLAY_POLICIES,
@@ -42,6 +44,7 @@ class PydaiState(TypedDict):
     prompt: str
     done: bool
     output: Any
+    approvals: dict[str, Any]
 
 
 class WakefulAgent:
@@ -108,14 +111,29 @@ class WakefulAgent:
         journal = Journal.read(ctx, history, self.replay, self.default_replay)
         journal.stream_policy = self.stream_policy
         result = await self._replay(journal, str(state.get("prompt") or ""), history, arguments)
+        decided: dict[str, Any] = dict(state.get("approvals") or {})
+        while result is not None and (requests := pending(result.output)) is not None:
+            ids = [c.tool_call_id for c in requests.approvals]
+            if not all(i in decided for i in ids):
+                # PydanticAI's answer to the caller until a decision comes: its own output
+                self._results[ctx.run_id] = result
+                decided.update(decisions(requests, ctx.interrupt(question(requests))))
+            again = dict(self._arguments.get(ctx.run_id, self._arguments.get("*", {})))
+            again["message_history"] = result.all_messages()
+            again["deferred_tool_results"] = approval_results({i: decided[i] for i in ids})
+            result = await self._replay(journal, None, history, again)
         if result is None:
             self.steps_taken += 1
-            return {"done": False}
+            return {"done": False, "approvals": decided}
         self._results[ctx.run_id] = result
         self._arguments.pop(ctx.run_id, None)
         for message in _trailing_returns(result, ctx.run_id, ctx.idempotency_key):
             ctx.append_message(message)
-        return {"done": True, "output": pydantic_core.to_jsonable_python(result.output)}
+        return {
+            "done": True,
+            "output": pydantic_core.to_jsonable_python(result.output),
+            "approvals": decided,
+        }
 
     @contextmanager
     def _over(
@@ -140,7 +158,7 @@ class WakefulAgent:
     async def _replay(
         self,
         journal: Journal,
-        prompt: str,
+        prompt: str | None,
         history: list[Message],
         arguments: dict[str, Any],
     ) -> AgentRunResult[Any] | None:
@@ -312,6 +330,37 @@ class WakefulAgent:
                 for message in await _all_messages(rt, thread_id):
                     if message.run_id == outcome.run_id and message.role == "user":
                         prompt = str(message.content or "")
+            return await self._result(rt, thread_id, outcome.run_id, prompt, kwargs)
+        finally:
+            self._arguments.pop("*", None)
+
+    async def resume(
+        self,
+        thread_id: str,
+        decision: Any,
+        *,
+        runtime: Runtime | None = None,
+        tenant: str | None = None,
+        **kwargs: Any,
+    ) -> AgentRunResult[Any]:
+        """Answer the approvals a suspended run waits for (its output was PydanticAI's
+        ``DeferredToolRequests``): ``"approve"``, ``"deny"``, ``{"approve": False,
+        "reason": ...}`` for all the calls, or ``{call_id: decision}``. The run continues
+        with them as PydanticAI's ``deferred_tool_results``; returns its result."""
+        rt = self._runtime(runtime)
+        snap = await rt.store.read(thread_id)
+        latest = snap.checkpoint if snap is not None else None
+        tickets = [t["id"] for t in (latest.metadata.get("tickets", []) if latest else [])]
+        if not tickets:
+            raise InvalidInput("thread_id", f"{thread_id!r} has no run waiting for approvals")
+        self._arguments["*"] = kwargs
+        try:
+            handle = await rt.resume(thread_id, self.graph, {tickets[-1]: decision}, tenant=tenant)
+            outcome = await handle.result()
+            prompt = ""
+            for message in await _all_messages(rt, thread_id):
+                if message.run_id == outcome.run_id and message.role == "user":
+                    prompt = str(message.content or "")
             return await self._result(rt, thread_id, outcome.run_id, prompt, kwargs)
         finally:
             self._arguments.pop("*", None)
