@@ -388,6 +388,10 @@ async def test_deferred_approvals_suspend_the_run_with_a_ticket(decision: Any) -
         assert transfers == [100] and final.output == "result: moved 100"
     else:
         assert transfers == [] and final.output == "result: too much"
+    messages = await store.messages("t-a", 0, 100)
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert messages[2].tool_call_id == "c-t"
+    assert messages[2].metadata["outcome"] == ("ok" if decision == "approve" else "deferred")
     snap = await store.read("t-a")
     assert snap is not None and snap.checkpoint is not None
     assert snap.checkpoint.status == "completed"

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic_ai.exceptions import ModelRetry
-from pydantic_ai.messages import ModelMessage, ModelResponse
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolReturnPart
 from pydantic_ai.models import (
     CompletedStreamedResponse,
     Model,
@@ -154,10 +154,29 @@ class Journal:
         return None
 
     async def record_response(
-        self, response: ModelResponse, recoveries: list[str] | None = None
+        self,
+        response: ModelResponse,
+        recoveries: list[str] | None = None,
+        sent: list[ModelMessage] | None = None,
     ) -> ModelResponse:
-        """Stage ``response`` as this superstep's step and stop the replay (never returns)."""
+        """Stage ``response`` as this superstep's step and stop the replay (never returns).
+        Tool returns PydanticAI made itself (a denied approval) in the request ``sent`` are
+        staged first, so the thread's conversation has every call's result."""
         index = len(self.responses)
+        last = sent[-1] if sent else None
+        if isinstance(last, ModelRequest):
+            for i, part in enumerate(last.parts):
+                if isinstance(part, ToolReturnPart) and part.tool_call_id not in self.tool_results:
+                    self.node.append_message(
+                        tool_message(
+                            f"m-{self.node.idempotency_key}-d{i}",
+                            self.node.run_id,
+                            part.tool_call_id,
+                            part.tool_name,
+                            self.replay.get(part.tool_name, self.default_replay),
+                            {"outcome": "deferred", "value": part.content},
+                        )
+                    )
         message = response_message(
             f"m-{self.node.idempotency_key}-a{index}", self.node.run_id, response
         )
@@ -280,7 +299,7 @@ class JournalModel(WrapperModel):
         except BaseException:
             journal._step_done.set()
             raise
-        return await journal.record_response(response, recoveries)
+        return await journal.record_response(response, recoveries, messages)
 
     @asynccontextmanager
     async def request_stream(
@@ -308,7 +327,7 @@ class JournalModel(WrapperModel):
             except BaseException:
                 journal._step_done.set()
                 raise
-            recorded = await journal.record_response(response)
+            recorded = await journal.record_response(response, None, messages)
         yield CompletedStreamedResponse(
             recorded, model_request_parameters=model_request_parameters, replay_events=True
         )
