@@ -70,24 +70,44 @@ def make_agent(
     return agent
 
 
+pytest_plugins = ["tests.postgres_fixtures"]
+
+
+@pytest.fixture(
+    params=["memory", "file", "sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+)
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    from tests.postgres_support import Databases
+
+    pg: Databases | None = None
+    if request.param == "postgres":
+        pg = request.getfixturevalue("pg_databases")
+    if pg is not None:
+        return asyncio.run(pg.clone())
+    return "memory://" if request.param == "memory" else store_url(request.param, tmp_path)
+
+
 @pytest.mark.asyncio
 @pytest.mark.parametrize("kind", ["test", "function"])
-async def test_framework_models_run_unchanged_under_the_wrapper(kind: str) -> None:
+async def test_framework_models_run_unchanged_under_the_wrapper(kind: str, url: str) -> None:
     plain_calls: list[int] = []
     plain_runs: list[tuple[int, int]] = []
     plain = await make_agent(kind, plain_calls, plain_runs).run("add two and three")
 
     calls: list[int] = []
     runs: list[tuple[int, int]] = []
-    store = MemoryStore()
+    store = await open_store(url)
     wa = WakefulAgent(make_agent(kind, calls, runs), name="support", runtime=Runtime(store))
-    result = await wa.run("add two and three", thread_id="t-1")
+    try:
+        result = await wa.run("add two and three", thread_id="t-1")
+        messages = await store.messages("t-1", 0, 100)
+    finally:
+        await store.close()
 
     assert result.output == plain.output
     assert runs == plain_runs and len(runs) == 1, "each tool call ran once"
     assert calls == plain_calls, "each model request was made once, with the same history"
     assert [m.kind for m in result.new_messages()] == [m.kind for m in plain.new_messages()]
-    messages = await store.messages("t-1", 0, 100)
     assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
     assert messages[0].content == "add two and three"
     assert messages[1].tool_calls[0]["name"] == "add"
