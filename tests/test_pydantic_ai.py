@@ -415,3 +415,23 @@ async def test_deferred_approvals_suspend_the_run_with_a_ticket(decision: Any) -
     snap = await store.read("t-a")
     assert snap is not None and snap.checkpoint is not None
     assert snap.checkpoint.status == "completed"
+
+
+@pytest.mark.asyncio
+async def test_a_run_stays_alive_between_supersteps_instead_of_replaying() -> None:
+    starts: list[int] = []
+    calls: list[int] = []
+    runs: list[tuple[int, int]] = []
+    agent = make_agent("function", calls, runs)
+
+    @agent.system_prompt
+    def started() -> str:
+        starts.append(1)  # PydanticAI evaluates it once per run start (empty history)
+        return "Add."
+
+    store = MemoryStore()
+    wa = WakefulAgent(agent, name="alive", runtime=Runtime(store))
+    result = await wa.run("add", thread_id="t-alive")
+    assert result.output == "sum is 5" and wa.steps_taken == 3
+    assert len(starts) == 1, "one PydanticAI run for three supersteps: nothing replayed"
+    assert wa._sessions == {}, "the session ends with the run"

@@ -14,12 +14,13 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any, TypedDict
 
 import pydantic_core
 from pydantic_ai import Agent
 from pydantic_ai.agent import AgentRun, AgentRunResult
-from pydantic_ai.messages import ModelRequest, ToolReturnPart
+from pydantic_ai.messages import ModelRequest, ModelResponse, ToolReturnPart
 from pydantic_ai.result import StreamedRunResult
 
 from wakeful.agent.recovery import StreamPolicy
@@ -93,6 +94,7 @@ class WakefulAgent:
         # a recovering process passes its own to ``recover``.
         self._arguments: dict[str, dict[str, Any]] = {}
         self._results: dict[str, AgentRunResult[Any]] = {}
+        self._sessions: dict[str, _Session] = {}
         self.steps_taken = 0
         """Model requests and tool calls this process ran for real (not replayed)."""
 
@@ -108,9 +110,7 @@ class WakefulAgent:
     async def _step(self, state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         history = await ctx.history()
         arguments = dict(self._arguments.get(ctx.run_id, self._arguments.get("*", {})))
-        journal = Journal.read(ctx, history, self.replay, self.default_replay)
-        journal.stream_policy = self.stream_policy
-        result = await self._replay(journal, str(state.get("prompt") or ""), history, arguments)
+        result = await self._advance(ctx, history, str(state.get("prompt") or ""), arguments, 0)
         decided: dict[str, Any] = dict(state.get("approvals") or {})
         while result is not None and (requests := pending(result.output)) is not None:
             ids = [c.tool_call_id for c in requests.approvals]
@@ -121,7 +121,8 @@ class WakefulAgent:
             again = dict(self._arguments.get(ctx.run_id, self._arguments.get("*", {})))
             again["message_history"] = result.all_messages()
             again["deferred_tool_results"] = approval_results({i: decided[i] for i in ids})
-            result = await self._replay(journal, None, history, again)
+            used = sum(isinstance(m, ModelResponse) for m in result.new_messages())
+            result = await self._advance(ctx, history, None, again, used)
         if result is None:
             self.steps_taken += 1
             return {"done": False, "approvals": decided}
@@ -134,6 +135,60 @@ class WakefulAgent:
             "output": pydantic_core.to_jsonable_python(result.output),
             "approvals": decided,
         }
+
+    async def _advance(
+        self,
+        ctx: NodeContext,
+        history: list[Message],
+        prompt: str | None,
+        arguments: dict[str, Any],
+        used: int,
+    ) -> AgentRunResult[Any] | None:
+        """Take the run's next step: resume this process's live session of the run when the
+        step it handed over is committed (no replay), else start one that replays the
+        journal from the start (after a recovery, or a lost commit). ``None``: a step was
+        staged; else the PydanticAI run's result."""
+        session = self._sessions.get(ctx.run_id)
+        if session is not None and not _in_step(session, ctx, history):
+            session.task.cancel()
+            self._sessions.pop(ctx.run_id, None)
+            session = None
+        handoff: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if session is None:
+            journal = Journal.read(ctx, history, self.replay, self.default_replay)
+            journal.stream_policy = self.stream_policy
+            journal.session = True
+            journal.next_response = used
+            journal.handoff = handoff
+            task = asyncio.ensure_future(self._drive(journal, prompt, history, arguments))
+            session = _Session(journal, task, ctx.fencing_token)
+            self._sessions[ctx.run_id] = session
+        else:
+            journal = session.journal
+            journal.ctx, journal.staged, journal.handoff = ctx, [], handoff
+            assert journal.resume is not None
+            journal.resume.set_result(None)
+        try:
+            waiting: set[asyncio.Future[Any]] = {handoff, session.task}
+            await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            session.task.cancel()
+            self._sessions.pop(ctx.run_id, None)
+            raise
+        if handoff.done():
+            return None
+        self._sessions.pop(ctx.run_id, None)
+        return session.task.result()
+
+    async def _drive(
+        self,
+        journal: Journal,
+        prompt: str | None,
+        history: list[Message],
+        arguments: dict[str, Any],
+    ) -> AgentRunResult[Any]:
+        with self._over(journal, history, arguments) as kwargs:
+            return await self.wrapped.run(prompt, **kwargs)
 
     @contextmanager
     def _over(
@@ -379,6 +434,26 @@ class WakefulAgent:
         if result is None:  # pragma: no cover - live=False refuses new steps
             raise InvalidInput("run", f"run {run_id!r} has not finished")
         return result
+
+
+@dataclass
+class _Session:
+    """A PydanticAI run alive between the supersteps of its wakeful run (this process)."""
+
+    journal: Journal
+    task: asyncio.Future[AgentRunResult[Any]]
+    token: int
+
+
+def _in_step(session: _Session, ctx: NodeContext, history: list[Message]) -> bool:
+    """Whether ``session`` waits for exactly this superstep: same claim, its last staged
+    step committed (on the thread), nothing else changed."""
+    journal = session.journal
+    if session.task.done() or session.token != ctx.fencing_token or journal.resume is None:
+        return False
+    if journal.resume.done() or not journal.staged:
+        return False
+    return journal.staged[-1].id in {m.id for m in history if m.run_id == ctx.run_id}
 
 
 def _after_step(state: dict[str, Any]) -> str:

@@ -93,7 +93,15 @@ class Journal:
     next_response: int = 0
     taken: bool = False
     staged: list[Message] = field(default_factory=list)
+    session: bool = False
+    """Set: the run stays alive between supersteps (``WakefulAgent``'s sessions): after a
+    new step is staged it hands over to the node (``handoff``) and waits until the next
+    superstep resumes it (``resume``), instead of stopping with ``StepTaken``."""
+    resume_timeout: float = 600.0
+    handoff: asyncio.Future[None] | None = None
+    resume: asyncio.Future[None] | None = None
     _step_done: asyncio.Event = field(default_factory=asyncio.Event)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @classmethod
     def read(
@@ -129,11 +137,15 @@ class Journal:
         return self.ctx
 
     async def _claim_step(self) -> None:
-        """Become this superstep's new step, or wait for it and stop."""
+        """Become this superstep's new step, or wait for it and stop (in a session: wait
+        for the steps before it to be committed)."""
         if not self.live:
             raise InvalidInput(
                 "run", "the recorded run diverged from its replay (a step has no record)"
             )
+        if self.session:
+            await self._lock.acquire()
+            return
         if self.taken:
             await self._step_done.wait()
             raise StepTaken()
@@ -143,6 +155,24 @@ class Journal:
         self.staged.append(message)
         self.node.append_message(message)
         self._step_done.set()
+
+    def _abort_step(self) -> None:
+        self._step_done.set()
+        if self.session and self._lock.locked():
+            self._lock.release()
+
+    async def _end_step(self) -> None:
+        """The step is staged: stop the replay, or, in a session, hand over to the node and
+        wait for the superstep that committed it to resume this run."""
+        if not self.session:
+            raise StepTaken()
+        self.resume = asyncio.get_running_loop().create_future()
+        if self.handoff is not None and not self.handoff.done():
+            self.handoff.set_result(None)
+        try:
+            await asyncio.wait_for(self.resume, self.resume_timeout)
+        finally:
+            self._lock.release()
 
     # -------------------------------------------------------------- model steps
 
@@ -183,7 +213,10 @@ class Journal:
         if recoveries:
             message.metadata["recoveries"] = recoveries
         self._finish_step(message)
-        raise StepTaken()
+        self.responses.append(response)
+        self.next_response = len(self.responses)
+        await self._end_step()
+        return response
 
     # -------------------------------------------------------------- tool steps
 
@@ -205,19 +238,21 @@ class Journal:
                     await self.node.mark(mark)
                 result = await self._run(name, call_id, policy, run)
         except BaseException:
-            self._step_done.set()
+            self._abort_step()
             raise
-        self._finish_step(
-            tool_message(
-                f"m-{self.node.idempotency_key}-t{len(self.tool_results)}",
-                self.node.run_id,
-                call_id,
-                name,
-                policy,
-                result,
-            )
+        message = tool_message(
+            f"m-{self.node.idempotency_key}-t{len(self.tool_results)}",
+            self.node.run_id,
+            call_id,
+            name,
+            policy,
+            result,
         )
-        raise StepTaken()
+        self._finish_step(message)
+        self.tool_results[call_id] = dict(message.metadata["result"])
+        await self._end_step()
+        # what a replay returns: the recorded (JSON) form, so both paths agree
+        return _replay_result(message.metadata["result"])
 
     async def _run(self, name: str, call_id: str, policy: str, run: Any) -> dict[str, Any]:
         raw = f"{self.node.thread_id}\x00{self.node.run_id}\x00{call_id}".encode()
@@ -297,7 +332,7 @@ class JournalModel(WrapperModel):
                         messages, model_settings, model_request_parameters
                     )
         except BaseException:
-            journal._step_done.set()
+            journal._abort_step()
             raise
         return await journal.record_response(response, recoveries, messages)
 
@@ -325,7 +360,7 @@ class JournalModel(WrapperModel):
                             pass
                         response = stream.get()
             except BaseException:
-                journal._step_done.set()
+                journal._abort_step()
                 raise
             recorded = await journal.record_response(response, None, messages)
         yield CompletedStreamedResponse(
