@@ -161,6 +161,7 @@ class WakefulAgent:
             journal.next_response = used
             journal.handoff = handoff
             task = asyncio.ensure_future(self._drive(journal, prompt, history, arguments))
+            task.add_done_callback(_quiet)
             session = _Session(journal, task, ctx.fencing_token)
             self._sessions[ctx.run_id] = session
         else:
@@ -443,6 +444,14 @@ class _Session:
     journal: Journal
     task: asyncio.Future[AgentRunResult[Any]]
     token: int
+
+
+def _quiet(task: asyncio.Future[Any]) -> None:
+    """Retrieve the exception of a session no node waits for any more (one that timed out
+    waiting for its next superstep) so it is not logged as never retrieved; a node that
+    waits gets it from ``task.result()``."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _in_step(session: _Session, ctx: NodeContext, history: list[Message]) -> bool:
