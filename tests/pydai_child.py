@@ -46,11 +46,17 @@ def tool_return(messages: list[ModelMessage]) -> str:
 
 
 def crash_agent(mode: str, directory: Path, hang: bool) -> WakefulAgent:
+    """``mode`` ``reuse``: the ``never`` tool finishes and the process hangs in the second
+    model call instead (its result is committed before the crash)."""
     structured = mode == "structured"
+    reuse = mode == "reuse"
 
-    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         record(directory / "model.txt", f"call {len(messages)}")
         returned = tool_return(messages)
+        if returned and reuse and hang:
+            (directory / "started").write_text("x")
+            await asyncio.Event().wait()
         if not returned:
             return ModelResponse(parts=[ToolCallPart("act", {"amount": 7}, tool_call_id="c-act")])
         if structured:
@@ -65,12 +71,12 @@ def crash_agent(mode: str, directory: Path, hang: bool) -> WakefulAgent:
     @agent.tool_plain
     async def act(amount: int) -> int:
         record(directory / "effects.txt", f"act {amount} {idempotency_key()}")
-        if hang:
+        if hang and not reuse:
             (directory / "started").write_text("x")
             await asyncio.Event().wait()
         return amount * 6
 
-    policy = "safe" if structured else mode
+    policy = "safe" if structured else "never" if reuse else mode
     return WakefulAgent(agent, name="crash", replay={"act": policy})
 
 

@@ -203,12 +203,12 @@ def lines(path: Path) -> list[str]:
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("mode", ["never", "keyed", "safe", "structured"])
+@pytest.mark.parametrize("mode", ["never", "keyed", "safe", "structured", "reuse"])
 async def test_a_sigkilled_run_recovers_in_another_process(mode: str, tmp_path: Path) -> None:
     url = store_url("sqlite", tmp_path)
     argv = ["tests.pydai_child", mode, url, str(tmp_path)]
     await asyncio.to_thread(kill_when_ready, argv, [tmp_path / "started"])
-    assert lines(tmp_path / "model.txt") == ["call 1"]
+    assert lines(tmp_path / "model.txt") == ["call 1"] + ["call 3"] * (mode == "reuse")
     assert len(lines(tmp_path / "effects.txt")) == 1
 
     clock = ManualClock(datetime.now(UTC) + timedelta(seconds=60))
@@ -219,13 +219,17 @@ async def test_a_sigkilled_run_recovers_in_another_process(mode: str, tmp_path: 
         result = await wa.recover("t", runtime=runtime)
         model_calls = lines(tmp_path / "model.txt")
         effects = lines(tmp_path / "effects.txt")
-        assert model_calls == ["call 1", "call 3"], "the recorded first response was reused"
+        # the recorded first response was reused (``reuse``: the second was interrupted)
+        assert model_calls == ["call 1", "call 3"] + ["call 3"] * (mode == "reuse")
         messages = await store.messages("t", 0, 100)
         tool = next(m for m in messages if m.role == "tool")
         if mode == "never":
             assert len(effects) == 1, "a never tool whose start was recorded is not run again"
             assert tool.metadata["outcome"] == "indeterminate"
             assert result.output == f"done: {INDETERMINATE}"
+        elif mode == "reuse":
+            assert len(effects) == 1, "the never tool's recorded result was reused"
+            assert tool.metadata["outcome"] == "ok"
         else:
             assert len(effects) == 2 and tool.metadata["outcome"] == "ok"
             first_key, second_key = (line.split()[-1] for line in effects)
