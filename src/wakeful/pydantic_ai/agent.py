@@ -109,7 +109,7 @@ class WakefulAgent:
 
     async def _step(self, state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         history = await ctx.history()
-        arguments = dict(self._arguments.get(ctx.run_id, self._arguments.get("*", {})))
+        arguments = self._run_arguments(ctx)
         result = await self._advance(ctx, history, str(state.get("prompt") or ""), arguments, 0)
         decided: dict[str, Any] = dict(state.get("approvals") or {})
         while result is not None and (requests := pending(result.output)) is not None:
@@ -118,7 +118,7 @@ class WakefulAgent:
                 # PydanticAI's answer to the caller until a decision comes: its own output
                 self._results[ctx.run_id] = result
                 decided.update(decisions(requests, ctx.interrupt(question(requests))))
-            again = dict(self._arguments.get(ctx.run_id, self._arguments.get("*", {})))
+            again = self._run_arguments(ctx)
             again["message_history"] = result.all_messages()
             again["deferred_tool_results"] = approval_results({i: decided[i] for i in ids})
             used = sum(isinstance(m, ModelResponse) for m in result.new_messages())
@@ -135,6 +135,12 @@ class WakefulAgent:
             "output": pydantic_core.to_jsonable_python(result.output),
             "approvals": decided,
         }
+
+    def _run_arguments(self, ctx: NodeContext) -> dict[str, Any]:
+        """The PydanticAI arguments of the run: those ``run`` was given, else those of a
+        ``recover`` / ``resume`` of its thread in this process, else none (a worker)."""
+        found = self._arguments.get(ctx.run_id, self._arguments.get(f"*{ctx.thread_id}", {}))
+        return dict(found)
 
     async def _advance(
         self,
@@ -376,7 +382,7 @@ class WakefulAgent:
         model responses and tool results are reused, the rest runs (``kwargs``: the run's
         PydanticAI arguments, e.g. ``deps``)."""
         rt = self._runtime(runtime)
-        self._arguments["*"] = kwargs
+        self._arguments[f"*{thread_id}"] = kwargs
         try:
             handle = await rt.recover(thread_id, self.graph, tenant=tenant)
             outcome = await handle.result()
@@ -388,7 +394,7 @@ class WakefulAgent:
                         prompt = str(message.content or "")
             return await self._result(rt, thread_id, outcome.run_id, prompt, kwargs)
         finally:
-            self._arguments.pop("*", None)
+            self._arguments.pop(f"*{thread_id}", None)
 
     async def resume(
         self,
@@ -409,7 +415,7 @@ class WakefulAgent:
         tickets = [t["id"] for t in (latest.metadata.get("tickets", []) if latest else [])]
         if not tickets:
             raise InvalidInput("thread_id", f"{thread_id!r} has no run waiting for approvals")
-        self._arguments["*"] = kwargs
+        self._arguments[f"*{thread_id}"] = kwargs
         try:
             handle = await rt.resume(thread_id, self.graph, {tickets[-1]: decision}, tenant=tenant)
             outcome = await handle.result()
@@ -419,7 +425,7 @@ class WakefulAgent:
                     prompt = str(message.content or "")
             return await self._result(rt, thread_id, outcome.run_id, prompt, kwargs)
         finally:
-            self._arguments.pop("*", None)
+            self._arguments.pop(f"*{thread_id}", None)
 
     async def _result(
         self, rt: Runtime, thread_id: str, run_id: str, prompt: str, kwargs: dict[str, Any]
