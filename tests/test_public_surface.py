@@ -207,6 +207,7 @@ LAYERS = {
     "runtime": 2,
     "providers": 3,
     "agent": 4,
+    "pydantic_ai": 4,  # the PydanticAI wrapper: a graph over the runtime (issue 42)
     "fleet": 5,
     "client": 6,
     "langgraph": 6,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
@@ -17,6 +17,19 @@ from wakeful.runtime.graph import CompiledGraph
 
 VersionPolicy: TypeAlias = Literal["continue", "fail", "hold"]
 VERSION_POLICIES = ("continue", "fail", "hold")
+
+
+@runtime_checkable
+class Adapted(Protocol):
+    """A target that brings its own graph and turns a dispatch's input (text, the user
+    message) into the run's input and messages: ``wakeful.pydantic_ai.WakefulAgent``."""
+
+    @property
+    def graph(self) -> CompiledGraph: ...
+
+    def prepare_input(self, input: Any, run_id: str) -> tuple[dict[str, Any], Sequence[Message]]:
+        """The state input and the messages to append when a run of it is admitted."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -34,6 +47,8 @@ class Target:
     webhook: str | None = None
     """The URL POSTed when a run of this target ends, unless its submission names one
     (``wakeful.fleet.webhooks``)."""
+    adapted: Adapted | None = None
+    """A target with its own input mapping (``Adapted``); it takes text like an agent."""
 
     def version_policy(self, run: Checkpoint) -> VersionPolicy:
         """The policy for ``run`` (a checkpoint of an unfinished run of this target)."""
@@ -45,6 +60,8 @@ class Target:
     def prepare(self, input: Any, run_id: str) -> tuple[dict[str, Any], Sequence[Message]]:
         """The state input and the messages to append at admission. ``InvalidInput``
         when the input does not fit the graph's state (see ``check_input``)."""
+        if self.adapted is not None:
+            return self.adapted.prepare_input(input, run_id)
         if self.agent is None:
             return self.check_input(input), ()
         content = input if isinstance(input, str) else msgspec.json.encode(input).decode()
@@ -58,8 +75,9 @@ class Target:
         (``if_busy="coalesce"``), in submit order: an agent gets one user message per input
         (one model turn answers them all); a graph gets the inputs folded through its
         state's reducers (``replace``: the last wins; ``append``: all, in order)."""
-        if len(inputs) == 1:
-            return self.prepare(inputs[0], run_id)
+        if len(inputs) == 1 or self.adapted is not None:
+            # an adapted target answers the last input (its run takes one prompt)
+            return self.prepare(inputs[-1], run_id)
         if self.agent is None:
             merged: dict[str, Any] = {}
             for input in inputs:
@@ -75,13 +93,15 @@ class Target:
         """Refuse (``InvalidInput``) an input this target cannot take: for a graph, anything
         but ``None`` or an object of its state fields of their declared types; an agent
         takes any JSON value (it becomes the user message)."""
-        return {} if self.agent is not None else self.graph.check_input(input)
+        if self.agent is not None or self.adapted is not None:
+            return {}
+        return self.graph.check_input(input)
 
     def input_schema(self) -> dict[str, Any]:
         """A JSON Schema of the input ``check_input`` takes. An agent: text, the user message
         (another JSON value is sent as its JSON text). A graph: an object of its state
         fields, typed where an input replaces the field, any JSON value elsewhere."""
-        if self.agent is not None:
+        if self.agent is not None or self.adapted is not None:
             return {"type": "string", "description": "the user message"}
         graph = self.graph.graph
         typed = [name for name in sorted(graph.channels) if name in graph.input_types]
@@ -112,7 +132,7 @@ class Registry:
     def add(
         self,
         name: str,
-        target: Agent | CompiledGraph,
+        target: Agent | CompiledGraph | Adapted,
         *,
         on_version_change: VersionPolicy | None = None,
         webhook: str | None = None,
@@ -130,6 +150,8 @@ class Registry:
             raise InvalidInput("on_version_change", f"must be one of {list(VERSION_POLICIES)}")
         if isinstance(target, Agent):
             entry = Target(name, target.graph, target, on_version_change, webhook)
+        elif not isinstance(target, CompiledGraph):
+            entry = Target(name, target.graph, None, on_version_change, webhook, adapted=target)
         else:
             entry = Target(name, target, None, on_version_change, webhook)
         for other in self._targets.values():

@@ -24,7 +24,8 @@ REFERENCE_TABLES: dict[str, str] = {
     "small and written once per heartbeat",
     "limit_buckets": "one row per rate-limit key shared by every thread using that provider "
     "or tenant; a token bucket must be one row to be exact",
-    "limit_waits": "the runs waiting for a rate-limit key, written with its bucket row by the same take; small (one row per waiting run) and carries thread_id",
+    "limit_waits": "the runs waiting for a rate-limit key, written with its bucket row by "
+    "the same take; small (one row per waiting run) and carries thread_id",
     "schedules": "one row per named schedule, fired by whichever worker ticks; small and "
     "fleet-wide",
     "schema_migrations": "the migration ledger: one row per applied migration",
