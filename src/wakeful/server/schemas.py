@@ -290,25 +290,6 @@ class ThreadView(BaseModel):
     )
 
 
-class ChildView(BaseModel):
-    """A child run a thread's run spawned (``ctx.spawn``), and how far it got."""
-
-    thread_id: str
-    run_id: str
-    target: str
-    detached: bool
-    parent_run_id: str | None = Field(description="The run of this thread that spawned it.")
-    spawned_at: datetime
-    status: RunStatus | Literal["sleeping"] | None = Field(
-        description="The child run's status; null: not started yet (or its thread has moved "
-        "on to another run)."
-    )
-
-
-class ChildPage(BaseModel):
-    children: list[ChildView]
-
-
 class ThreadSummaryView(_View):
     thread_id: str
     tenant: str | None
@@ -598,25 +579,3 @@ SSE_EVENT: dict[str, object] = {
     },
 }
 """The schema of each event of an SSE response (schemathesis validates every event by it)."""
-
-
-class WebhookView(_View):
-    """One webhook delivery (``wakeful.fleet.webhooks.WebhookRecord``)."""
-
-    webhook_id: str = Field(description="The webhook-id header of every attempt.")
-    status: Literal["pending", "delivered", "dead"]
-    url: str = Field(description="The URL without its query string.")
-    thread_id: str = Field(description="The thread of the run that ended.")
-    run_id: str
-    event: str = Field(description="The body's type: run.completed, run.failed, ...")
-    attempts: int = Field(description="POSTs made and recorded.")
-    last_error: str | None
-    last_status: int | None = Field(description="The last answer's HTTP status.")
-    next_attempt_at: datetime | None = Field(description="When a pending one is tried again.")
-    created_at: datetime | None
-    updated_at: datetime | None
-
-
-class WebhookList(BaseModel):
-    webhooks: list[WebhookView]
-    counts: dict[str, int] = Field(description="pending, delivered and dead among those scanned.")

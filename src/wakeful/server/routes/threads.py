@@ -12,6 +12,7 @@ from wakeful.records import ThreadSummary
 from wakeful.runtime.children import ChildRun
 from wakeful.runtime.sleeps import wake_at
 from wakeful.server.access import CallerDep, ServerState, StateDep, json_field, visible_thread
+from wakeful.server.composition_views import ChildPage, ChildView
 from wakeful.server.problems import Forbidden
 from wakeful.server.routes.params import MAX_SEQ, IdCursor, Limit, ThreadId
 from wakeful.server.schemas import (
@@ -19,8 +20,6 @@ from wakeful.server.schemas import (
     MAX_ID,
     CheckpointPage,
     CheckpointView,
-    ChildPage,
-    ChildView,
     MessagePage,
     MessageView,
     RunStatus,

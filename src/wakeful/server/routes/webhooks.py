@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 
 from wakeful.fleet.webhooks import recent_webhooks, webhook_counts
 from wakeful.server.access import CallerDep, StateDep
-from wakeful.server.schemas import WebhookList, WebhookView
+from wakeful.server.composition_views import WebhookList, WebhookView
 
 router = APIRouter(prefix="/v1", tags=["webhooks"])
 
