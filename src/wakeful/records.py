@@ -30,10 +30,13 @@ Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 DispatchKind: TypeAlias = Literal["start", "resume", "cancel", "message"]
 DispatchStatus: TypeAlias = Literal[
-    "queued", "pending", "leased", "awaiting", "done", "quarantined"
+    "scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined"
 ]
-"""``queued``: a run's dispatch waiting for its thread's run slot (the thread is busy with
-an unfinished run); it becomes ``pending`` when the slot frees (see ``Dispatch``)."""
+"""``scheduled``: waiting for its ``available_at`` (a delayed run, a retry's backoff, a
+sleeping run's wake-up, a debounced submission); the claim's due step moves it on when the
+store's clock reaches it. ``queued``: a run's dispatch waiting for its thread's run slot
+(the thread is busy with an unfinished run); it becomes ``pending`` when the slot frees
+(see ``Dispatch``)."""
 
 IfBusy: TypeAlias = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
 """What a new run does when its thread is busy (``Dispatch.if_busy``, docs/busy-threads.md)."""

@@ -176,6 +176,8 @@ async def submit_command(
     line = f"submitted {d.dispatch_id} (run {d.payload['run_id']})"
     if d.status == "queued":
         line += f", queued behind {d.queued_behind} (the thread is busy)"
+    elif d.status == "scheduled" and d.available_at is not None:
+        line += f", scheduled for {d.available_at.isoformat()}"
     show_dispatch(d, as_json, line, verbose=verbose)
     if missing is not None:
         stderr_line(f"warning: {missing}; a worker without it refuses dispatch {d.dispatch_id}")

@@ -43,10 +43,13 @@ def dispatch_view(d: Dispatch) -> DispatchView:
 
 
 def not_before(d: Dispatch) -> datetime | None:
-    """When pending work waits for a time (a delayed run, a retry's backoff, a sleeping
-    run's wake-up): its ``available_at``; ``None`` for work claimable since it was stored
-    or no longer pending."""
+    """When work waits for a time (``scheduled``: a delayed run, a retry's backoff, a
+    sleeping run's wake-up, a debounced submission): its ``available_at``; ``None`` for work
+    claimable since it was stored or no longer waiting. (A ``pending`` dispatch with a later
+    ``available_at`` is one stored before the ``scheduled`` status, in a file store's log.)"""
     at, created = d.available_at, d.created_at
+    if d.status == "scheduled":
+        return at
     if d.status != "pending" or at is None or created is None or at <= created:
         return None
     return at

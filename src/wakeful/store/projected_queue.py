@@ -37,6 +37,7 @@ from wakeful.store.projected_core import (
     claim_of,
     snapshot_of,
 )
+from wakeful.store.projected_due import due_record
 from wakeful.store.projection import (
     CLAIMABLE,
     Cancelled,
@@ -110,7 +111,9 @@ class ProjectedQueue(ProjectedCore):
             released_from=None,
         )
         fence = None
-        if d.kind in RUN_KINDS:
+        if stored.available_at is not None and stored.available_at > now:
+            stored = msgspec.structs.replace(stored, status="scheduled")  # admitted when due
+        elif d.kind in RUN_KINDS:
             stored, fence = _admission(state, stored, now)
         await self._record(Enqueued(stored, fence))
         return stored
@@ -132,6 +135,9 @@ class ProjectedQueue(ProjectedCore):
         if thread_id is not None:
             check_id("thread_id", thread_id)
         state, now = self._open(), self._now()
+        due = due_record(state, now)
+        if due is not None:
+            await self._record(due)
         expires = now + timedelta(seconds=ttl)
         grants: list[LeaseGrant] = []
         taken: set[str] = set()

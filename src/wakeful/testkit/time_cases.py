@@ -11,7 +11,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from wakeful.records import Done, Schedule
+from wakeful.records import Done, Retry, Schedule
 from wakeful.testkit.harness import Harness, Kit
 
 case = pytest.mark.asyncio
@@ -25,18 +25,23 @@ class TimeCases(Harness):
         later = now + timedelta(seconds=10)
         delayed = kit.dispatch("t1", dispatch_id="later", available_at=later)
         stored = await kit.store.enqueue(delayed)
-        assert stored.available_at == later
+        assert stored.available_at == later and stored.status == "scheduled"
+        listed = await kit.store.list_dispatches(status="scheduled")
+        assert [d.dispatch_id for d in listed] == ["later"]
         assert await kit.store.claim_next("w", 30) == []
         await kit.advance(9.9)
         assert await kit.store.claim_next("w", 30) == []
         await kit.advance(0.1)
         leases = await kit.store.claim_next("w", 30)
         assert [x.dispatch.dispatch_id for x in leases] == ["later"]
+        assert await kit.store.list_dispatches(status="scheduled") == []
 
     @case
     async def test_a_cancelled_delayed_dispatch_never_runs(self, kit: Kit) -> None:
         later = await kit.store.store_now() + timedelta(seconds=10)
         await kit.store.enqueue(kit.dispatch("t1", dispatch_id="later", available_at=later))
+        await kit.advance(5)
+        assert await kit.store.claim_next("w", 30) == []  # a due step that moves nothing
         await kit.store.cancel("t1", "changed my mind")
         await kit.advance(11)
         leases = await kit.store.claim_next("w", 30, limit=10)
@@ -46,6 +51,50 @@ class TimeCases(Harness):
         await kit.store.settle(leases[0].dispatch.dispatch_id, leases[0].claim.token, Done())
         await kit.advance(60)
         assert await kit.store.claim_next("w", 30, limit=10) == []
+
+    @case
+    async def test_a_retry_with_a_delay_keeps_the_thread_busy(self, kit: Kit) -> None:
+        await kit.store.enqueue(kit.dispatch("t1", dispatch_id="first"))
+        lease = (await kit.store.claim_next("w", 30))[0]
+        backoff = await kit.store.settle("first", lease.claim.token, Retry(5, "overloaded"))
+        assert backoff.status == "scheduled"
+        second = await kit.store.enqueue(kit.dispatch("t1", dispatch_id="second"))
+        assert second.status == "queued" and second.queued_behind == "first"
+        assert await kit.store.claim_next("w", 30, limit=5) == []
+        await kit.advance(5)
+        again = await kit.store.claim_next("w", 30, limit=5)
+        assert [x.dispatch.dispatch_id for x in again] == ["first"]
+        assert again[0].dispatch.attempts == 2
+        waiting = await kit.store.get_dispatch("second")
+        assert waiting is not None and waiting.status == "queued"
+        await kit.store.settle("first", again[0].claim.token, Done())
+        third = await kit.store.claim_next("w", 30, limit=5)
+        assert [x.dispatch.dispatch_id for x in third] == ["second"]
+
+    @case
+    async def test_a_delayed_run_due_on_a_busy_thread_waits_or_is_refused(self, kit: Kit) -> None:
+        now = await kit.store.store_now()
+        await kit.store.enqueue(
+            kit.dispatch("t1", dispatch_id="late", available_at=now + timedelta(seconds=10))
+        )
+        refused = msgspec.structs.replace(
+            kit.dispatch("t1", dispatch_id="late-r", available_at=now + timedelta(seconds=10)),
+            if_busy="reject",
+        )
+        assert (await kit.store.enqueue(refused)).status == "scheduled"
+        await kit.store.enqueue(kit.dispatch("t1", dispatch_id="busy"))
+        lease = (await kit.store.claim_next("w", 30))[0]
+        assert lease.dispatch.dispatch_id == "busy"
+        await kit.advance(10)
+        assert await kit.store.claim_next("w", 30, limit=5) == []  # the thread is busy
+        late = await kit.store.get_dispatch("late")
+        assert late is not None and late.status == "queued" and late.queued_behind == "busy"
+        rejected = await kit.store.get_dispatch("late-r")
+        assert rejected is not None and rejected.status == "done"
+        assert rejected.last_error is not None and "busy" in rejected.last_error
+        await kit.store.settle("busy", lease.claim.token, Done())
+        leases = await kit.store.claim_next("w", 30, limit=5)
+        assert [x.dispatch.dispatch_id for x in leases] == ["late"]
 
     @case
     async def test_put_schedule_is_a_compare_and_set_on_the_revision(self, kit: Kit) -> None:

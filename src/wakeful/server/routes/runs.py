@@ -285,7 +285,7 @@ async def _queued(
 ) -> list[RunView]:
     """Submitted runs no checkpoint records yet (newest first), those the caller may see."""
     queued: list[RunView] = []
-    for status in ("pending", "leased"):
+    for status in ("scheduled", "pending", "leased"):
         for d in await state.store.list_dispatches(status=status, thread_id=thread_id, limit=100):
             if d.kind not in ("start", "message") or not await visible.visible(d):
                 continue
