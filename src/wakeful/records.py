@@ -362,6 +362,11 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     """The version this dispatch was pinned to until no worker of it was left alive for the
     pin grace (``DispatchQueue.release_pins``): its claimant applies the target's
     ``on_version_change`` policy (set by the store)."""
+    debounce_key: str | None = None
+    """Debounce (issue 39): while a ``scheduled`` dispatch of the same thread and key exists,
+    enqueueing this one replaces that dispatch's ``payload`` and ``available_at`` and returns
+    it (its id, not this one's) instead of storing another: a burst of submissions within
+    the window starts one run, with the last input. ``None``: no debounce."""
 
     @property
     def exhausted(self) -> bool:

@@ -11,6 +11,8 @@ import sqlite3
 import uuid
 from datetime import datetime, timedelta
 
+import msgspec
+
 from wakeful.errors import (
     DispatchConflict,
     InvalidCommit,
@@ -39,6 +41,7 @@ from wakeful.store.sqlite.claims import (
     grant_claim,
 )
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
+from wakeful.store.sqlite.due import debounced, promote_due
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
 from wakeful.store.validate import (
     check_outcome,
@@ -70,7 +73,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
     assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
     conn.execute(
         f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES ({', '.join('?' * 23)}) ON CONFLICT DO NOTHING",
+        f"VALUES ({', '.join('?' * 24)}) ON CONFLICT DO NOTHING",
         (
             d.dispatch_id,
             d.thread_id,
@@ -95,6 +98,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             d.answered_by,
             d.pinned_version,
             d.released_from,
+            d.debounce_key,
         ),
     )
 
@@ -128,16 +132,23 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         pinned_version=pin_of_resume(slot_holder(conn, d.thread_id))
         if d.kind == "resume"
         else None,
+        debounce_key=d.debounce_key,
     )
     intent = None
-    if stored.kind in RUN_KINDS:
+    if d.debounce_key is not None and stored.available_at > now:
+        folded = debounced(conn, now, stored)
+        if folded is not None:
+            return folded
+    if stored.available_at > now:
+        stored = msgspec.structs.replace(stored, status="scheduled")  # admitted when due
+    elif stored.kind in RUN_KINDS:
         stored, intent = admission(conn, now, stored)
     if intent is not None:
         # the cancellation first: it holds the slot when the busy run's rows retire
         retire_for(conn, now, intent)
     insert(conn, stored)
     bind_tenant(conn, stored.thread_id, stored.tenant)
-    if stored.kind == "resume":
+    if stored.kind == "resume" and stored.status != "scheduled":  # (when due if delayed)
         # a resume takes over from the dispatches parked while the run waited for input
         conn.execute(
             "UPDATE dispatches SET status = 'done', updated_at = ? "
@@ -147,8 +158,9 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
     return stored
 
 
-# Available: pending and due, or leased with a lapsed lease (``lease_expires``, kept by
-# triggers from the thread's claim: migration 0003), on a thread without a live claim;
+# Available: pending (the due step moved delayed work on), or leased with a lapsed lease
+# (``lease_expires``, kept by triggers from the thread's claim: migration 0003), on a thread
+# without a live claim;
 # priority then enqueue order. Two index walks merged here: the pending range in claim order
 # stops after ``limit`` threads, and the lapsed range holds only the leases whose claim ended,
 # so neither steps over live leases. INDEXED BY: the planner may not sort the range instead.
@@ -157,13 +169,13 @@ _FREE = "(t.token IS NULL OR t.expires_at < :now)"
 _DUE = (
     f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_due "
     f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version IS NULL "
-    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.seq"
+    f"AND {_FREE} ORDER BY d.priority DESC, d.seq"
 )
 # the pending rows pinned to the claimer's version (issue 40): one range of their own index
 _PINNED = (
     f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_pinned "
     f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version = :version "
-    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.seq"
+    f"AND {_FREE} ORDER BY d.priority DESC, d.seq"
 )
 # only a crash leaves rows here, so the version filter walks few
 _LAPSED = (
@@ -178,7 +190,7 @@ _LAPSED = (
 # thread's own index range, however long the rest of the queue is.
 _DUE_ON_THREAD = (
     f"SELECT d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_by_thread_status "
-    f"{_LIVE} WHERE d.thread_id = :thread AND ((d.status = 'pending' AND d.available_at <= :now) "
+    f"{_LIVE} WHERE d.thread_id = :thread AND (d.status = 'pending' "
     f"OR (d.status = 'leased' AND d.lease_expires < :now)) AND {_FREE} "
     f"AND CASE WHEN d.pinned_version IS NULL THEN :starts ELSE d.pinned_version IS :version END "
     f"ORDER BY d.priority DESC, d.seq LIMIT 1"
@@ -224,6 +236,7 @@ def claim_next(
     version: str | None = None,
     take_starts: bool = True,
 ) -> list[Lease]:
+    promote_due(conn, now)
     if thread_id is None:
         chosen = _available(conn, now, limit, version, take_starts)
     else:
@@ -342,8 +355,9 @@ def settle_lease(
     thread's claim in the same transaction); returns the dispatch's new row."""
     status, delay, error = check_outcome(outcome)
     if status == "pending":
+        status = "scheduled" if delay > 0 else "pending"  # a backoff, a sleep: by due time
         row: tuple[object, ...] = conn.execute(
-            f"UPDATE dispatches SET status = 'pending', token = NULL, holder = NULL, "
+            f"UPDATE dispatches SET status = '{status}', token = NULL, holder = NULL, "
             f"lease_until = NULL, available_at = ?, last_error = ?, updated_at = ? "
             f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
             (to_us(now + timedelta(seconds=delay)), error, to_us(now), dispatch_id),
@@ -380,7 +394,8 @@ def retire_for(conn: sqlite3.Connection, now: datetime, intent: Dispatch) -> Non
     insert(conn, intent)
     conn.execute(
         "UPDATE dispatches SET status = 'done', lease_until = NULL, last_error = ?, "
-        "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting') "
+        "updated_at = ? WHERE thread_id = ? "
+        "AND status IN ('scheduled', 'pending', 'leased', 'awaiting') "
         "AND dispatch_id <> ?",
         (f"cancelled: {reason}", to_us(now), thread_id, intent.dispatch_id),
     )  # (nothing is admitted: the intent holds the run slot until it settles)
