@@ -116,13 +116,14 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
             return existing
         key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
         raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
+    due = d.available_at or now
     stored = Dispatch(
         dispatch_id=d.dispatch_id,
         thread_id=d.thread_id,
         kind=d.kind,
         payload=d.payload,
         priority=d.priority,
-        available_at=d.available_at or now,
+        available_at=due,
         max_attempts=d.max_attempts,
         dedupe_key=d.dedupe_key,
         created_at=now,
@@ -135,11 +136,11 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         debounce_key=d.debounce_key,
     )
     intent = None
-    if d.debounce_key is not None and stored.available_at > now:
+    if d.debounce_key is not None and due > now:
         folded = debounced(conn, now, stored)
         if folded is not None:
             return folded
-    if stored.available_at > now:
+    if due > now:
         stored = msgspec.structs.replace(stored, status="scheduled")  # admitted when due
     elif stored.kind in RUN_KINDS:
         stored, intent = admission(conn, now, stored)
