@@ -41,6 +41,7 @@ from wakeful.store.projected_due import due_record
 from wakeful.store.projection import (
     CLAIMABLE,
     Cancelled,
+    Debounced,
     Delivered,
     Enqueued,
     Leased,
@@ -91,9 +92,15 @@ class ProjectedQueue(ProjectedCore):
                 return existing
             key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
             raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
+        due = d.available_at or now
+        if d.debounce_key is not None and due > now:
+            folded = _debounce_target(state, d)
+            if folded is not None:
+                await self._record(Debounced(folded, d.payload, due, now))
+                return state.dispatches[folded]
         stored = msgspec.structs.replace(
             d,
-            available_at=d.available_at or now,
+            available_at=due,
             status="pending",
             attempts=0,
             token=None,
@@ -111,7 +118,7 @@ class ProjectedQueue(ProjectedCore):
             released_from=None,
         )
         fence = None
-        if stored.available_at is not None and stored.available_at > now:
+        if due > now:
             stored = msgspec.structs.replace(stored, status="scheduled")  # admitted when due
         elif d.kind in RUN_KINDS:
             stored, fence = _admission(state, stored, now)
@@ -495,6 +502,15 @@ def fencing_intent(d: Dispatch, now: datetime) -> Dispatch:
         interrupted_by=d.dispatch_id,
         rollback=d.if_busy == "rollback",
     )
+
+
+def _debounce_target(state: State, d: Dispatch) -> str | None:
+    """The still ``scheduled`` dispatch of ``d``'s thread and ``debounce_key``, if any."""
+    for did in state.open_by_thread.get(d.thread_id, ()):
+        other = state.dispatches[did]
+        if other.status == "scheduled" and other.debounce_key == d.debounce_key:
+            return did
+    return None
 
 
 def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:

@@ -72,6 +72,9 @@ from wakeful.store.mutations import (
     PinsReleased as PinsReleased,
 )
 from wakeful.store.mutations import (
+    Debounced as Debounced,
+)
+from wakeful.store.mutations import (
     Promoted as Promoted,
 )
 from wakeful.store.mutations import (
@@ -317,6 +320,11 @@ class State(QueueIndexes):
                 self._apply_settle(record)
             case Promoted():
                 promote(self, record)
+            case Debounced(dispatch_id=did, payload=payload, available_at=due, at=at):
+                d = self.dispatches[did]
+                self._put_dispatch(
+                    msgspec.structs.replace(d, payload=payload, available_at=due, updated_at=at)
+                )
             case Cancelled(thread_id=tid, reason=reason, epoch=epoch, dispatch=cancel, at=at):
                 for did in list(self.open_by_thread.get(tid, ())):
                     d = self.dispatches[did]

@@ -11,7 +11,7 @@ from datetime import timedelta
 import msgspec
 import pytest
 
-from wakeful.records import Done, Retry, Schedule
+from wakeful.records import Dispatch, Done, Retry, Schedule
 from wakeful.testkit.harness import Harness, Kit
 
 case = pytest.mark.asyncio
@@ -95,6 +95,39 @@ class TimeCases(Harness):
         await kit.store.settle("busy", lease.claim.token, Done())
         leases = await kit.store.claim_next("w", 30, limit=5)
         assert [x.dispatch.dispatch_id for x in leases] == ["late"]
+
+    @case
+    async def test_a_debounced_burst_starts_one_run_with_the_last_input(self, kit: Kit) -> None:
+        async def submit(dispatch_id: str, n: int, key: str = "digest") -> Dispatch:
+            at = await kit.store.store_now() + timedelta(seconds=2)
+            d = kit.dispatch("t1", dispatch_id=dispatch_id, payload={"n": n}, available_at=at)
+            return await kit.store.enqueue(msgspec.structs.replace(d, debounce_key=key))
+
+        first = await submit("b1", 1)
+        assert first.status == "scheduled" and first.debounce_key == "digest"
+        await kit.advance(1.5)
+        second = await submit("b2", 2)
+        assert second.dispatch_id == "b1" and second.payload == {"n": 2}
+        assert second.available_at == await kit.now() + timedelta(seconds=2)
+        await kit.advance(1.5)  # 3 s after the first, 1.5 s after the last: not yet
+        assert await kit.store.claim_next("w", 30, limit=5) == []
+        third = await submit("b3", 3)
+        assert third.dispatch_id == "b1"
+        await kit.advance(2)
+        leases = await kit.store.claim_next("w", 30, limit=5)
+        assert [(x.dispatch.dispatch_id, x.dispatch.payload) for x in leases] == [("b1", {"n": 3})]
+        for gone in ("b2", "b3"):
+            assert await kit.store.get_dispatch(gone) is None
+        fourth = await submit("b4", 4)  # b1 is no longer scheduled: a new window
+        assert fourth.dispatch_id == "b4" and fourth.status == "scheduled"
+        other = await submit("o1", 9, key="other")  # another key of the thread: its own
+        assert other.dispatch_id == "o1" and other.status == "scheduled"
+        await kit.store.settle("b1", leases[0].claim.token, Done())
+        await kit.advance(2)
+        after = await kit.store.claim_next("w", 30, limit=5)
+        assert [x.dispatch.dispatch_id for x in after] == ["b4"]  # o1 waits for the thread
+        waiting = await kit.store.get_dispatch("o1")
+        assert waiting is not None and waiting.status == "queued"
 
     @case
     async def test_put_schedule_is_a_compare_and_set_on_the_revision(self, kit: Kit) -> None:
