@@ -51,6 +51,9 @@ from wakeful.store.mutations import (
     Compacted as Compacted,
 )
 from wakeful.store.mutations import (
+    Debounced as Debounced,
+)
+from wakeful.store.mutations import (
     Deleted as Deleted,
 )
 from wakeful.store.mutations import (
@@ -70,9 +73,6 @@ from wakeful.store.mutations import (
 )
 from wakeful.store.mutations import (
     PinsReleased as PinsReleased,
-)
-from wakeful.store.mutations import (
-    Debounced as Debounced,
 )
 from wakeful.store.mutations import (
     Promoted as Promoted,
