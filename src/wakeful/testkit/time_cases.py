@@ -59,7 +59,7 @@ class TimeCases(Harness):
         backoff = await kit.store.settle("first", lease.claim.token, Retry(5, "overloaded"))
         assert backoff.status == "scheduled"
         second = await kit.store.enqueue(kit.dispatch("t1", dispatch_id="second"))
-        assert second.status == "queued" and second.queued_behind == "first"
+        assert (second.status, second.queued_behind) == ("queued", "first")
         assert await kit.store.claim_next("w", 30, limit=5) == []
         await kit.advance(5)
         again = await kit.store.claim_next("w", 30, limit=5)
