@@ -331,8 +331,12 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # and its helpers (the admission trigger's function); 0016 take_limit and
     # reconcile_limit (rate limits); 0018 deploys: register_worker and claim_next_read with a
     # version beside the old signatures, release_pins, and the function of the trigger that
-    # pins a resume
+    # pins a resume; 0019 the scheduled status: the due step, the trigger function that
+    # schedules a delayed retry, and the debounced enqueue
     assert {name for name, _, _ in version_6 - version_5} == {
+        "promote_due",
+        "schedule_retry",
+        "enqueue_debounced",
         "register_worker",
         "claim_next_read",
         "release_pins",

@@ -489,7 +489,8 @@ BEGIN
                                                ORDER BY u.priority DESC, u.seq) AS r
                   FROM (SELECT * FROM due UNION ALL SELECT * FROM pinned
                         UNION ALL SELECT * FROM lapsed) u
-                 WHERE u.status IN ('pending', 'leased')) c
+                 WHERE (u.status = 'pending' AND u.available_at <= n)
+                    OR u.status = 'leased') c
          WHERE c.r = 1
          ORDER BY c.priority DESC, c.seq
          LIMIT p_limit
