@@ -13,7 +13,9 @@ WAKEFUL = str(Path(sys.executable).parent / "wakeful")
 
 
 def cli_env(store: str | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), **extra}
+    # this checkout's sources first (a worktree's, not the one the venv installed)
+    path = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": path, **extra}
     env.pop("WAKEFUL_LOG_LEVEL", None)
     env.pop("WAKEFUL_LOG_FORMAT", None)
     if store is not None:
