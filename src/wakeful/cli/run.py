@@ -92,6 +92,13 @@ def dispatch_options(fn: Any) -> Any:
 )
 @click.option("--at", "at_text", default=None, help="Run it at this instant: 2026-12-08T09:00Z.")
 @click.option(
+    "--debounce",
+    "debounce_text",
+    default=None,
+    help="Debounce window (2s, 500ms): submissions of TARGET to THREAD_ID within it start one "
+    "run, with the last input; prints the dispatch that run is (not with --after or --at).",
+)
+@click.option(
     "--from-checkpoint",
     "from_checkpoint",
     default=None,
@@ -128,6 +135,7 @@ async def submit_command(
     app: str | None,
     after: str | None,
     at_text: str | None,
+    debounce_text: str | None,
     from_checkpoint: str | None,
     if_busy: Any,
     as_json: bool,
@@ -151,6 +159,7 @@ async def submit_command(
 
     delay = parse_duration(after) if after is not None else None
     at = parse_instant(at_text) if at_text is not None else None
+    debounce = parse_duration(debounce_text, "debounce") if debounce_text is not None else None
     value = read_input(message, input_json, input_file)
     missing = None if app is None else _missing_target(app, target)
     url = store_url(store)
@@ -170,10 +179,11 @@ async def submit_command(
             at=at,
             from_checkpoint=from_checkpoint,
             if_busy=if_busy,
+            debounce=debounce,
         )
         now = datetime.now(UTC)
         live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
-    line = f"submitted {d.dispatch_id} (run {d.payload['run_id']})"
+    line = f"submitted {d.dispatch_id} (run {d.payload.get('run_id') or 'run-' + d.dispatch_id})"
     if d.status == "queued":
         line += f", queued behind {d.queued_behind} (the thread is busy)"
     elif d.status == "scheduled" and d.available_at is not None:

@@ -49,11 +49,11 @@ def check_at(field: str, at: object) -> datetime:
         raise InvalidInput(field, f"{at.isoformat()} is out of range in UTC") from None
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, field: str = "after") -> float:
     """``"10m"``, ``"1h30m"``, ``"2d"``, ``"500ms"``, ``"90"`` (seconds) as seconds."""
     raw = text.strip()
     if re.fullmatch(r"\d+(\.\d+)?", raw):
-        return delay_seconds("after", float(raw))
+        return delay_seconds(field, float(raw))
     pos, total = 0, 0.0
     for match in _DURATION.finditer(raw):
         if match.start() != pos:
@@ -61,8 +61,16 @@ def parse_duration(text: str) -> float:
         total += float(match[1]) * _UNITS[match[2].lower()]
         pos = match.end()
     if pos != len(raw) or not raw:
-        raise InvalidInput("after", f"{text!r} is not a duration such as 90, 10m, 1h30m or 2d")
-    return delay_seconds("after", total)
+        raise InvalidInput(field, f"{text!r} is not a duration such as 90, 10m, 1h30m or 2d")
+    return delay_seconds(field, total)
+
+
+def debounce_seconds(debounce: object) -> float:
+    """A debounce window (seconds, or a ``timedelta``): more than 0, at most ``MAX_DELAY``."""
+    seconds = delay_seconds("debounce", debounce)
+    if seconds <= 0:
+        raise InvalidInput("debounce", "must be more than 0 seconds")
+    return seconds
 
 
 def parse_instant(text: str) -> datetime:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal, TypeAlias
 
 import msgspec
 
 from wakeful.agent.agent import Agent
 from wakeful.errors import InvalidInput, NotFound
+from wakeful.fleet.delays import debounce_seconds
 from wakeful.ids import check_id
 from wakeful.records import Checkpoint, Message
 from wakeful.runtime.graph import CompiledGraph
@@ -30,6 +32,9 @@ class Target:
     worker of that version is left (``docs/deploys.md``): ``continue`` it here, ``fail`` it,
     or ``hold`` it (quarantined) for an operator. ``None``: ``continue`` when the graph's
     structure is the one the run recorded, else ``fail``."""
+    debounce: float | None = None
+    """Seconds: the debounce window of submissions through a server that knows this
+    registry, when the submission names none (``wakeful.submit``'s ``debounce``)."""
 
     def version_policy(self, run: Checkpoint) -> VersionPolicy:
         """The policy for ``run`` (a checkpoint of an unfinished run of this target)."""
@@ -111,19 +116,22 @@ class Registry:
         target: Agent | CompiledGraph,
         *,
         on_version_change: VersionPolicy | None = None,
+        debounce: float | timedelta | None = None,
     ) -> Registry:
         """Register ``target`` as ``name`` (again: replace it). A thread records the graph
         that ran it (and, from a worker, the target's name), and its later work goes to that
         target: two targets whose graphs share a name would be indistinguishable in older
         threads, so that is ``InvalidInput`` unless they are the same compiled graph.
-        ``on_version_change``: see ``Target.on_version_change``."""
+        ``on_version_change``: see ``Target.on_version_change``. ``debounce``: see
+        ``Target.debounce`` (docs/flow-control.md)."""
         check_id("target name", name)
         if on_version_change is not None and on_version_change not in VERSION_POLICIES:
             raise InvalidInput("on_version_change", f"must be one of {list(VERSION_POLICIES)}")
+        window = None if debounce is None else debounce_seconds(debounce)
         if isinstance(target, Agent):
-            entry = Target(name, target.graph, target, on_version_change)
+            entry = Target(name, target.graph, target, on_version_change, window)
         else:
-            entry = Target(name, target, None, on_version_change)
+            entry = Target(name, target, None, on_version_change, window)
         for other in self._targets.values():
             if (
                 other.name != name

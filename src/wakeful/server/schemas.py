@@ -102,11 +102,20 @@ class SubmitRun(_Request):
         "that took effect) and runs next, 'coalesce' merges with the other coalesce "
         "submissions waiting with it into one run.",
     )
+    debounce: Annotated[float, Field(gt=0, le=MAX_DELAY_SECONDS)] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Debounce window in seconds (not with after or at): a burst of "
+        "submissions of the target to the thread within it starts one run, with the last "
+        "input, this long after the last one. While that run has not started, a "
+        "submission replaces its input and returns its dispatch_id and run_id (202, "
+        "status 'scheduled', not_before). Absent: the target's registered debounce, if "
+        "any.",
+    )
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
     )
 
-    @field_validator("after", "at", mode="before")
+    @field_validator("after", "at", "debounce", mode="before")
     @classmethod
     def _not_null(cls, value: Any) -> Any:
         if value is None:
@@ -117,6 +126,8 @@ class SubmitRun(_Request):
     def _one_delay(self) -> SubmitRun:
         if self.after is not None and self.at is not None:
             raise ValueError("give after or at, not both")
+        if self.debounce is not None and (self.after is not None or self.at is not None):
+            raise ValueError("give debounce, or after or at, not both")
         if self.at is not None and not 1900 <= self.at.year <= 2099:
             raise ValueError("at must be in the years 1900-2099")
         return self

@@ -22,6 +22,7 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
     check_id("dispatch_id", copy.dispatch_id)
     check_id("thread_id", copy.thread_id)
     check_optional_id("dedupe_key", copy.dedupe_key)
+    check_optional_id("debounce_key", copy.debounce_key)
     check_optional_id("tenant", copy.tenant)
     if copy.max_attempts < 1:
         raise InvalidInput("max_attempts", "must be at least 1")

@@ -154,7 +154,7 @@ class QueueOps:
             raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
         if d.max_attempts >= 2**63:
             raise InvalidInput("max_attempts", "must fit in 64 bits")
-        params = (
+        params: tuple[object, ...] = (
             d.dispatch_id,
             d.thread_id,
             d.kind,
