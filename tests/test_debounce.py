@@ -97,12 +97,16 @@ async def api() -> AsyncIterator[Api]:
 @pytest.mark.asyncio
 async def test_http_and_client_debounce_by_the_registry_or_the_request(api: Api) -> None:
     alpha = api.client(ALPHA)
-    first = await alpha.post("/v1/threads/t1/runs", json={"target": "echo", "input": {"log": ["1"]}})
+    first = await alpha.post(
+        "/v1/threads/t1/runs", json={"target": "echo", "input": {"log": ["1"]}}
+    )
     assert first.status_code == 202, first.text
     body = first.json()
     assert body["status"] == "scheduled"
     assert datetime.fromisoformat(body["not_before"]) == T0 + timedelta(seconds=30)
-    again = await alpha.post("/v1/threads/t1/runs", json={"target": "echo", "input": {"log": ["2"]}})
+    again = await alpha.post(
+        "/v1/threads/t1/runs", json={"target": "echo", "input": {"log": ["2"]}}
+    )
     assert again.status_code == 202, again.text
     assert again.json()["dispatch_id"] == body["dispatch_id"]
     assert again.json()["run_id"] == body["run_id"] == f"run-{body['dispatch_id']}"

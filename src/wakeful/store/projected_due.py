@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 import msgspec
 
 from wakeful.records import Dispatch
+from wakeful.store.intents import fencing_intent, run_id_of
 from wakeful.store.mutations import Cancelled, Promoted
+from wakeful.store.projected_index import QueueIndexes as State
 from wakeful.store.validate_queue import FENCING, RUN_KINDS, holds_slot
-
-if TYPE_CHECKING:
-    from wakeful.store.projection import State
 
 DUE_BATCH = 100
 """Scheduled dispatches one claim call moves on at most (the rest: the next calls)."""
@@ -54,8 +52,6 @@ def promote(state: State, record: Promoted) -> None:
 
 
 def _promote_one(state: State, d: Dispatch, cancel_id: str | None, at: datetime) -> None:
-    from wakeful.store.projected_queue import fencing_intent, run_id_of  # (imports this)
-
     replace = msgspec.structs.replace
     if holds_slot(d) or d.kind not in RUN_KINDS:
         if d.kind == "resume":

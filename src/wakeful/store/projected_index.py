@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from wakeful.records import Dispatch
+from wakeful.records import Dispatch, PruneReport
+from wakeful.store.mutations import Mutation
 from wakeful.store.validate_queue import holds_slot
 
 _K = TypeVar("_K", bound=tuple[Any, int, str])
@@ -37,6 +38,11 @@ class QueueIndexes:
     scheduled: list[tuple[datetime, int, str]]
     slots: dict[str, set[str]]
     queued: dict[str, list[str]]
+    epochs: dict[str, int]
+
+    def apply(self, record: Mutation) -> PruneReport | None:
+        """Apply one record (``State.apply``)."""
+        raise NotImplementedError
 
     def build_indexes(self) -> None:
         """Derive every index from ``dispatches`` (a state read from a snapshot)."""

@@ -16,7 +16,7 @@ import msgspec
 
 from wakeful.errors import ThreadBusy
 from wakeful.records import Dispatch
-from wakeful.store.projected_queue import fencing_intent, run_id_of
+from wakeful.store.intents import fencing_intent, run_id_of
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, to_us
 from wakeful.store.validate_queue import FENCING
 

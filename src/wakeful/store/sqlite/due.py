@@ -18,10 +18,11 @@ import sqlite3
 from datetime import datetime
 
 from wakeful.records import Dispatch
+from wakeful.store.intents import fencing_intent, run_id_of
 from wakeful.store.projected_due import DUE_BATCH
-from wakeful.store.projected_queue import fencing_intent, run_id_of
 from wakeful.store.sqlite.admission import admit, slot_holder
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, to_us
+from wakeful.store.sqlite.rows import retire_for
 from wakeful.store.validate_queue import FENCING, RUN_KINDS, holds_slot
 
 _DUE = (
@@ -49,8 +50,6 @@ def promote_due(conn: sqlite3.Connection, now: datetime, limit: int = DUE_BATCH)
 
 
 def _promote(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> None:
-    from wakeful.store.sqlite.queue import retire_for  # (it imports this module)
-
     at = to_us(now)
     where = "WHERE dispatch_id = ?"
     if holds_slot(d) or d.kind not in RUN_KINDS:

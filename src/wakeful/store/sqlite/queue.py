@@ -29,19 +29,20 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
+from wakeful.store.intents import cancel_intent
 from wakeful.store.pins import live_versions, pin_of_resume
-from wakeful.store.projected_queue import cancel_intent
 from wakeful.store.sqlite import reads
 from wakeful.store.sqlite.admission import admission, admit, slot_holder
 from wakeful.store.sqlite.claims import (
-    advance_epoch,
     current_token,
     end_claim,
     epoch_of,
     grant_claim,
 )
-from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
+from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, from_us, to_us
 from wakeful.store.sqlite.due import debounced, promote_due
+from wakeful.store.sqlite.rows import insert as insert
+from wakeful.store.sqlite.rows import retire_for as retire_for
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
 from wakeful.store.validate import (
     check_outcome,
@@ -65,42 +66,6 @@ def _existing(conn: sqlite3.Connection, dispatch_id: str) -> Dispatch:
     if found is None:
         raise NotFound("dispatch", dispatch_id)
     return found
-
-
-def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
-    """Store a complete dispatch record; ``ON CONFLICT DO NOTHING`` for the relay's
-    idempotent message dispatches."""
-    assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
-    conn.execute(
-        f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES ({', '.join('?' * 24)}) ON CONFLICT DO NOTHING",
-        (
-            d.dispatch_id,
-            d.thread_id,
-            d.kind,
-            dumps(d.payload),
-            d.priority,
-            to_us(d.available_at),
-            d.max_attempts,
-            d.dedupe_key,
-            d.status,
-            d.attempts,
-            d.token,
-            d.holder,
-            None if d.lease_until is None else to_us(d.lease_until),
-            d.last_error,
-            to_us(d.created_at),
-            to_us(d.updated_at),
-            d.tenant,
-            d.if_busy,
-            d.queued_behind,
-            dumps(list(d.coalesced)) if d.coalesced else None,
-            d.answered_by,
-            d.pinned_version,
-            d.released_from,
-            d.debounce_key,
-        ),
-    )
 
 
 def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
@@ -385,26 +350,6 @@ def cancel(conn: sqlite3.Connection, now: datetime, thread_id: str, reason: str)
     intent = cancel_intent(thread_id, reason, now)
     retire_for(conn, now, intent)
     return intent
-
-
-def retire_for(conn: sqlite3.Connection, now: datetime, intent: Dispatch) -> None:
-    """Persist the cancel ``intent`` and act on it: retire the thread's other open
-    dispatches (not the queued ones: the intent holds the run slot, so none is admitted
-    until it settles), advance the epoch and end the claim."""
-    thread_id, reason = intent.thread_id, intent.payload["reason"]
-    insert(conn, intent)
-    conn.execute(
-        "UPDATE dispatches SET status = 'done', lease_until = NULL, last_error = ?, "
-        "updated_at = ? WHERE thread_id = ? "
-        "AND status IN ('scheduled', 'pending', 'leased', 'awaiting') "
-        "AND dispatch_id <> ?",
-        (f"cancelled: {reason}", to_us(now), thread_id, intent.dispatch_id),
-    )  # (nothing is admitted: the intent holds the run slot until it settles)
-    advance_epoch(conn, thread_id)
-    conn.execute(
-        "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?",
-        (thread_id,),
-    )
 
 
 def quarantine(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispatch:
