@@ -61,7 +61,8 @@ def test_every_python_block_runs_as_written(
             "OPENAI_BASE_URL": model.base_url,
             "OPENAI_API_KEY": "sk-local-test",
             "WAKEFUL_MODEL": "local-test-model",
-            "PYTHONPATH": str(ROOT),
+            # this checkout's sources first (a worktree's, not the one the venv installed)
+            "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),
         }
         done = subprocess.run(
             [sys.executable, str(script)],
