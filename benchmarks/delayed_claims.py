@@ -32,6 +32,7 @@ import uuid
 import msgspec
 
 from benchmarks.common import DEFAULT_DSN, Collector, Database, Result
+from benchmarks.pgcost import cpu_ns
 from wakeful import open_store
 from wakeful.fleet.schedules import fire_due, schedule
 from wakeful.records import Retry
@@ -72,17 +73,37 @@ def _fill(dsn: str, delayed: int, ready: int) -> None:
         conn.execute(f"ANALYZE {SCHEMA}.threads")
 
 
-async def _claims(dsn: str, calls: int) -> list[float]:
-    async with open_store(dsn) as store:
-        times = []
-        for _ in range(calls):
+def _backends(admin_dsn: str, dbname: str) -> list[int]:
+    import psycopg
+
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s", (dbname,)
+        ).fetchall()
+    return [int(pid) for (pid,) in rows]
+
+
+async def _claims(db: Database, calls: int) -> tuple[list[float], list[float]]:
+    """Wall milliseconds of each ``claim_next`` call, and the server CPU (microseconds, the
+    database's backends: what a loaded machine's scheduling delays do not inflate)."""
+    async with open_store(db.dsn) as store:
+        times, cpu = [], []
+        pids: list[int] = []
+        for i in range(calls + 1):
+            if i == 1:  # the first call opened the pool's connections and warmed caches
+                pids = _backends(db.admin_dsn, db.name)
+            before = sum(cpu_ns(pid) or 0 for pid in pids)
             start = time.perf_counter()
             leases = await store.claim_next("bench", 60)
-            times.append((time.perf_counter() - start) * 1e3)
+            took = (time.perf_counter() - start) * 1e3
+            used = (sum(cpu_ns(pid) or 0 for pid in pids) - before) / 1e3
+            if i > 0:
+                times.append(took)
+                cpu.append(used)
             assert len(leases) == 1 and leases[0].dispatch.dispatch_id.startswith("dr-")
             lease = leases[0]
             await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Retry(0.0))
-        return times
+        return times, cpu
 
 
 async def _firing(dsn: str, count: int) -> tuple[float, int]:
@@ -115,7 +136,7 @@ def run(args: argparse.Namespace) -> list[Result]:
             started = time.perf_counter()
             _fill(db.dsn, n, args.ready)
             built = time.perf_counter() - started
-            times = asyncio.run(_claims(db.dsn, args.calls))
+            times, cpu = asyncio.run(_claims(db, args.calls))
             out.add(
                 f"claim_next, {n:,} delayed ahead",
                 times,
@@ -123,9 +144,17 @@ def run(args: argparse.Namespace) -> list[Result]:
                 higher_is_better=False,
                 note=f"median of {args.calls} calls; data built in {built:.1f} s",
             )
+            out.add(
+                f"claim_next, {n:,} delayed ahead, server CPU",
+                cpu,
+                "us",
+                higher_is_better=False,
+                note="the database's backends during the call",
+            )
             print(
                 f"claim_next with {n:>9,} delayed ahead: median {statistics.median(times):.2f} ms"
-                f" (p90 {sorted(times)[int(len(times) * 0.9) - 1]:.2f} ms)",
+                f" (p90 {sorted(times)[int(len(times) * 0.9) - 1]:.2f} ms), server CPU median "
+                f"{statistics.median(cpu):,.0f} us",
                 flush=True,
             )
         finally:
