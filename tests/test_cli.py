@@ -131,7 +131,11 @@ def test_worker_runs_work_and_stops_on_sigterm(tmp_path: Path) -> None:
             await submit(s, "t-w", "greeter", "hi", dispatch_id="d-w")
 
     asyncio.run(enqueue())
-    env = {**os.environ, "WAKEFUL_STORE": url, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "WAKEFUL_STORE": url,
+        "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),
+    }
     proc = subprocess.Popen(
         [WAKEFUL, "worker", "--app", "tests.cli_app:registry", "--poll", "0.1"],
         cwd=ROOT,
@@ -168,7 +172,7 @@ def serve_until_healthy(args: list[str], port: int, path: str, env_store: str | 
     the body it answered."""
     import httpx
 
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT)))}
     if env_store is not None:
         env["WAKEFUL_STORE"] = env_store
     proc = subprocess.Popen(
@@ -221,7 +225,11 @@ def test_hand_serve_answers_until_sigterm(tmp_path: Path) -> None:
 
 def test_relay_stops_on_sigterm(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'r.db'}"
-    env = {**os.environ, "WAKEFUL_STORE": url, "PYTHONPATH": str(ROOT)}
+    env = {
+        **os.environ,
+        "WAKEFUL_STORE": url,
+        "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),
+    }
     proc = subprocess.Popen(
         [WAKEFUL, "relay"],
         cwd=ROOT,

@@ -47,7 +47,12 @@ def server() -> Iterator[ProviderServer]:
 
 
 def check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environment = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), **env}
+    environment = {
+        **os.environ,
+        "COLUMNS": "200",
+        "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),
+        **env,
+    }
     return subprocess.run(
         [WAKEFUL, "providers", "check", *args],
         capture_output=True,

@@ -32,7 +32,11 @@ def test_the_client_streaming_example_prints_the_reply(tmp_path: Path) -> None:
     script.write_text(example, encoding="utf-8")
     port = _port()
     store = f"sqlite:///{tmp_path / 'demo.db'}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WAKEFUL_API": f"http://127.0.0.1:{port}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),
+        "WAKEFUL_API": f"http://127.0.0.1:{port}",
+    }
     env.pop("WAKEFUL_TOKENS", None)
     procs = [
         subprocess.Popen(

@@ -30,7 +30,7 @@ def example_env(model: ChatServer, **extra: str) -> dict[str, str]:
         "OPENAI_BASE_URL": model.base_url,
         "OPENAI_API_KEY": "sk-local-test",
         "WAKEFUL_MODEL": "local-test-model",
-        "PYTHONPATH": str(ROOT),
+        "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),
         **extra,
     }
     env.pop("WAKEFUL_LOG_LEVEL", None)

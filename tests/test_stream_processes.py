@@ -155,7 +155,11 @@ async def test_a_worker_killed_mid_reply_streams_the_whole_reply_once(
     with ProviderServer() as provider:
         provider.push(Reply(events=openai_text(*WORDS), pace=0.05))
         provider.push(Reply(events=openai_text("The ", "end."), pace=0.05))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "WAKEFUL_TEST_PROVIDER": provider.url}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),
+            "WAKEFUL_TEST_PROVIDER": provider.url,
+        }
         serve = ["serve", "--store", url, "--port", str(port), *_live(kind)]
         work = ["worker", "--store", url, "--app", "tests.stream_app:registry", "--ttl", "2"]
         work += ["--poll", "0.1", *_live(kind)]
@@ -190,7 +194,11 @@ async def test_a_stream_reconnects_after_the_server_dies_mid_reply(
     base = f"http://127.0.0.1:{port}"
     with ProviderServer() as provider:
         provider.push(Reply(events=openai_text(*WORDS, "The ", "end."), pace=0.08))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "WAKEFUL_TEST_PROVIDER": provider.url}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join((str(ROOT / "src"), str(ROOT))),
+            "WAKEFUL_TEST_PROVIDER": provider.url,
+        }
         serve = ["serve", "--store", url, "--port", str(port), *_live(kind)]
         work = ["worker", "--store", url, "--app", "tests.stream_app:registry", "--poll", "0.1"]
         work += _live(kind)
