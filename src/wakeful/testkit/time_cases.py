@@ -72,6 +72,16 @@ class TimeCases(Harness):
         assert [x.dispatch.dispatch_id for x in third] == ["second"]
 
     @case
+    async def test_a_resume_of_a_sleeping_run_is_pinned_to_its_version(self, kit: Kit) -> None:
+        await kit.store.enqueue(kit.dispatch("t1", dispatch_id="nap"))
+        lease = (await kit.store.claim_next("w", 30, version="v1"))[0]
+        asleep = await kit.store.settle("nap", lease.claim.token, Retry(3600))  # a sleep
+        assert asleep.status == "scheduled" and asleep.pinned_version == "v1"
+        early = kit.dispatch("t1", dispatch_id="wake", kind="resume", payload={"answers": {}})
+        resumed = await kit.store.enqueue(early)
+        assert resumed.status == "pending" and resumed.pinned_version == "v1"
+
+    @case
     async def test_a_delayed_run_due_on_a_busy_thread_waits_or_is_refused(self, kit: Kit) -> None:
         now = await kit.store.store_now()
         await kit.store.enqueue(

@@ -198,6 +198,21 @@ END
 $fn$;
 
 -- The functions below are those of versions 14, 15 and 18 with the 0019 lines marked.
+
+CREATE OR REPLACE FUNCTION @schema@.pin_resume() RETURNS trigger
+LANGUAGE plpgsql AS $fn$
+BEGIN
+    SELECT CASE WHEN h.kind = 'cancel' THEN NULL ELSE h.pinned_version END
+      INTO NEW.pinned_version
+      FROM @schema@.dispatches h
+     WHERE h.thread_id = NEW.thread_id
+       AND (h.status IN ('pending', 'leased', 'awaiting', 'quarantined')
+            OR (h.status = 'scheduled' AND h.attempts > 0))  -- 0019: a sleeping run's
+     ORDER BY h.seq
+     LIMIT 1;
+    RETURN NEW;
+END
+$fn$;
 CREATE OR REPLACE FUNCTION @schema@.slot_ahead(p_thread text, OUT o_behind text, OUT o_busy text,
                                     OUT o_busy_kind text, OUT o_busy_payload text,
                                     OUT o_holder boolean)
