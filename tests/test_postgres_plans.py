@@ -31,7 +31,7 @@ CALLS: dict[str, tuple[str, list[str]]] = {
     "claim_next_read": (
         f"SELECT (o_dispatch).dispatch_id FROM {S}.claim_next_read('probe', 30, 3)",
         [
-            "Index Scan using dispatches_scheduled",  # migration 0019: the due step's range
+            "Scan using dispatches_scheduled",  # migration 0019: the due step's range
             "Index Scan using dispatches_pending",
             "Index Scan using dispatches_lapsing",
             "Index Scan using threads_pkey",

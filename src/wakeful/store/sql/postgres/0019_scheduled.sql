@@ -66,10 +66,10 @@ CREATE TRIGGER dispatches_admit AFTER UPDATE OF status ON @schema@.dispatches
 
 -- The due step: up to p_limit scheduled rows due by n, in due order, through admission.
 -- Returns how many it moved on.
+-- (No SET clauses: a function's own settings cost a save and restore on every call, and
+-- claim_next_read's apply inside it.)
 CREATE FUNCTION @schema@.promote_due(n timestamptz, p_limit integer) RETURNS integer
 LANGUAGE plpgsql
-SET enable_seqscan = off
-SET jit = off
 AS $fn$
 DECLARE
     c record;
@@ -84,6 +84,11 @@ DECLARE
     intent text;
     moved integer := 0;
 BEGIN
+    -- the common case first: nothing is due (one probe, no cursor)
+    IF NOT EXISTS (SELECT FROM @schema@.dispatches x
+                    WHERE x.status = 'scheduled' AND x.available_at <= n) THEN
+        RETURN 0;
+    END IF;
     FOR c IN SELECT x.dispatch_id, x.thread_id FROM @schema@.dispatches x
               WHERE x.status = 'scheduled' AND x.available_at <= n
               ORDER BY x.available_at
