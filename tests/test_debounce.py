@@ -110,10 +110,12 @@ async def test_http_and_client_debounce_by_the_registry_or_the_request(api: Api)
     assert again.status_code == 202, again.text
     assert again.json()["dispatch_id"] == body["dispatch_id"]
     assert again.json()["run_id"] == body["run_id"] == f"run-{body['dispatch_id']}"
-    listed = (await alpha.get("/v1/dispatches", params={"thread_id": "t1"})).json()
+    listed = (await alpha.get("/v1/dispatches", params={"status": "scheduled"})).json()
     assert [(d["status"], d["payload"]["input"]) for d in listed["dispatches"]] == [
         ("scheduled", {"log": ["2"]})
     ]
+    waiting = datetime.fromisoformat(listed["dispatches"][0]["not_before"])
+    assert waiting == T0 + timedelta(seconds=30)
     # the request's own window wins; a target without one is not debounced
     async with Client(api.url, token=ALPHA) as client:
         own = await client.runs.create("t2", "plain", {"log": ["1"]}, debounce=timedelta(seconds=5))
