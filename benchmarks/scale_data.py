@@ -13,7 +13,9 @@ that has no commit yet (the version-0 rows ``enqueue`` creates, listed before th
 ones by id); ``leased`` dispatches held by live claims on committed threads; one ``big``
 thread with ``events`` events, ``messages`` messages and ``checkpoints`` checkpoints of one
 run; and a ``quiet`` tenant with one thread and two dispatches, which every other tenant's
-work must not slow down.
+work must not slow down. ``scheduled`` delayed dispatches (each on a thread of its own,
+enqueued first, due in a day) and ``schedules`` schedules due in a day (issue 38) are what
+``claim_next`` and ``due_schedules`` must not walk.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from wakeful.records import Checkpoint, EventDraft, Message
+from wakeful.records import Checkpoint, EventDraft, Message, Schedule
 
 TENANTS = 10
 SEGMENT = "run_id, status, graph, seg_first, ordinal"
@@ -43,6 +45,11 @@ class Shape:
     events: int = 1000
     messages: int = 100
     checkpoints: int = 100
+    scheduled: int = 0
+    """Delayed dispatches (due in a day, ``scheduled``), each on a thread of its own,
+    enqueued before the pending ones (issue 38: a claim must not walk them)."""
+    schedules: int = 0
+    """Schedules rows, next due in a day (``due_schedules`` must not walk them)."""
 
 
 def _json(value: Any) -> str:
@@ -67,6 +74,38 @@ CHECKPOINT = _checkpoint_body()
 EVENT = _json(EventDraft(type="step", data={"n": 1}, run_id="run-1"))
 MESSAGE = _json(Message(id="MSGID", role="user", content="x" * 200))
 START_PAYLOAD = '{"target":"echo","input":null,"tenant":"TENANT"}'
+
+
+SCHEDULE = msgspec.json.encode(
+    Schedule(name="SNAME", target="echo", every=86_400.0, thread="SNAME", revision=1)
+).decode()
+"""A schedule's body with the placeholder SNAME (its name and thread)."""
+
+
+def _pg_time_rows(s: str, shape: Shape) -> list[str]:
+    """The delayed dispatches and the schedules of ``shape`` (PostgreSQL)."""
+    d, k = shape.scheduled, shape.schedules
+    sid = "'s' || lpad(i::text, 8, '0')"
+    rows = []
+    if d:
+        rows += [
+            f"""INSERT INTO {s}.threads (thread_id, present)
+                SELECT {sid}, true FROM generate_series(1, {d}) i""",
+            f"""INSERT INTO {s}.dispatches (dispatch_id, thread_id, kind, payload, priority,
+                    available_at, max_attempts, status, attempts, created_at, updated_at)
+                SELECT 'ds-' || i, {sid}, 'start', replace('{START_PAYLOAD}', 'TENANT', 'x'),
+                       0, now() + interval '1 day', 5, 'scheduled', 0, now(), now()
+                  FROM generate_series(1, {d}) i""",
+        ]
+    if k:
+        rows.append(
+            f"""INSERT INTO {s}.schedules (name, tenant, paused, next_fire_at, revision,
+                    created_at, updated_at, body)
+                SELECT 'sch-' || i, NULL, false, now() + interval '1 day', 1, now(), now(),
+                       replace('{SCHEDULE}', 'SNAME', 'sch-' || i)
+                  FROM generate_series(1, {k}) i"""
+        )
+    return rows
 
 
 def _pg_checkpoint(cp_id: str, parent: str, tenant: str) -> str:
@@ -105,6 +144,7 @@ def postgres_statements(schema: str, shape: Shape) -> list[str]:
               FROM generate_series(1, {n}) i""",
         f"""INSERT INTO {s}.events (thread_id, seq, at, body)
             SELECT {tid}, 1, now(), '{EVENT}' FROM generate_series(1, {n}) i""",
+        *_pg_time_rows(s, shape),
         f"""INSERT INTO {s}.threads (thread_id, present, tenant)
             SELECT {qid}, true, {tenant} FROM generate_series(1, {p}) i""",
         f"""INSERT INTO {s}.dispatches (dispatch_id, thread_id, kind, payload, priority,
@@ -194,6 +234,22 @@ def fill_sqlite(conn: sqlite3.Connection, shape: Shape, now: datetime | None = N
         f"SELECT {tid}, 1, ?, 'step', '{{\"n\":1}}', 'run-1' FROM s",
         (n, at),
     )
+    if shape.scheduled:
+        sid = "printf('s%08d', i)"
+        run(f"{series} INSERT INTO threads (thread_id) SELECT {sid} FROM s", (shape.scheduled,))
+        run(
+            f"{series} INSERT INTO dispatches ({columns}) "
+            f"SELECT 'ds-' || i, {sid}, 'start', replace(?, 'TENANT', 'x'), 0, ?, 5, "
+            f"'scheduled', 0, NULL, NULL, NULL, NULL, ?, ?, NULL, NULL FROM s",
+            (shape.scheduled, START_PAYLOAD, later, at, at),
+        )
+    if shape.schedules:
+        run(
+            f"{series} INSERT INTO schedules (name, tenant, paused, next_fire_at, revision, "
+            f"created_at, updated_at, body) SELECT 'sch-' || i, NULL, 0, ?, 1, ?, ?, "
+            f"replace(?, 'SNAME', 'sch-' || i) FROM s",
+            (shape.schedules, later, at, at, SCHEDULE),
+        )
     run(
         f"{series} INSERT INTO threads (thread_id, tenant) SELECT {qid}, {tenant} FROM s",
         (p,),

@@ -27,9 +27,10 @@ one-event probe, the first page of 100), the tail of its messages, the first thr
 (operator and tenant), the first pending page (operator), a tenant's dispatch page (the
 quiet tenant's: <= 20 ms whatever the others hold; and a busy tenant's), one thread's
 dispatches of one status, ``queue_depths`` (what a ``/metrics`` scrape calls, bound 10,000),
-``claim_next``, and time travel's reads (issue 37): a page of the big thread's history
-(``min(size / 100, 10,000)`` checkpoints, at least 100) at its head and below a cursor in
-its middle, and one checkpoint by id.
+``claim_next`` (with ``size`` delayed dispatches ahead, issue 38), ``due_schedules`` (with
+``size / 10`` schedules, at most 100,000, none due), and time travel's reads (issue 37): a
+page of the big thread's history (``min(size / 100, 10,000)`` checkpoints, at least 100) at
+its head and below a cursor in its middle, and one checkpoint by id.
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ def shape_for(size: int, max_events: int) -> Shape:
         messages=min(size, 20_000),
         # the big thread's history: 10,000 checkpoints at a million threads (issue 37)
         checkpoints=min(max(size // 100, 100), 10_000),
+        # issue 38: delayed dispatches (a million at a million threads) and schedules
+        scheduled=size,
+        schedules=min(size // 10, 100_000),
     )
 
 
@@ -108,6 +112,7 @@ def paths(shape: Shape) -> dict[str, Call]:
         ),
         "queue_depths (metrics scrape)": lambda s: s.queue_depths(limit=SCRAPE_BOUND),
         "claim_next": claim,
+        "due_schedules (firing)": lambda s: s.due_schedules(),
         # time travel (issue 37): a page of the big thread's history at its head and from a
         # cursor in the middle, and one checkpoint by id
         "history page, head": lambda s: s.history(BIG, limit=50),
@@ -332,7 +337,12 @@ def run(args: argparse.Namespace) -> tuple[dict[Key, list[Figures]], str | None]
 def _note(name: str, small: Shape, large: Shape) -> str:
     """What grew under a path besides the threads (issue 22 asks for these two)."""
     if name == "claim_next":
-        return f"{large.pending:,} pending vs {small.pending:,}, {large.leased:,} leased"
+        return (
+            f"{large.pending:,} pending vs {small.pending:,}, {large.leased:,} leased, "
+            f"{large.scheduled:,} delayed vs {small.scheduled:,}"
+        )
+    if name.startswith("due_schedules"):
+        return f"{large.schedules:,} schedules vs {small.schedules:,}"
     if name in ("events tail", "SSE resume"):
         return f"a thread of {large.events:,} events vs {small.events:,}"
     return ""

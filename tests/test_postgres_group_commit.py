@@ -332,8 +332,13 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # reconcile_limit (rate limits); 0018 deploys: register_worker and claim_next_read with a
     # version beside the old signatures, release_pins, and the function of the trigger that
     # pins a resume; 0019 migrate_runs (an operator moves runs between versions)
-    # 0020 fire_schedules and unfinished_runs (schedule ticks in batches)
+    # 0020 fire_schedules and unfinished_runs (schedule ticks in batches); 0022 the
+    # scheduled status: the due step, the trigger function that schedules a delayed retry,
+    # and the debounced enqueue
     assert {name for name, _, _ in version_6 - version_5} == {
+        "promote_due",
+        "schedule_retry",
+        "enqueue_debounced",
         "register_worker",
         "claim_next_read",
         "release_pins",

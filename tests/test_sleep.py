@@ -118,7 +118,7 @@ async def test_a_sleeping_run_releases_its_claim_and_wakes_once_when_due(env: En
     assert asleep.status == "suspended"
     assert asleep.metadata["wake_at"] == (start + timedelta(hours=1)).isoformat()
     d = await env.store.get_dispatch("d1")
-    assert d is not None and d.status == "pending"
+    assert d is not None and d.status == "scheduled"  # until its wake time (issue 38)
     assert d.available_at == start + timedelta(hours=1)  # the wake-up, by the store's clock
     snap = await env.store.read("t1")
     assert snap is not None and snap.claim is None, "no process holds a sleeping run"

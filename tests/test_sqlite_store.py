@@ -153,6 +153,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (10, "0010_schedules"),
         (11, "0011_deploys"),
         (12, "0012_limit_waits"),
+        (13, "0013_scheduled"),
     ]
     later = ManualClock()
     later.advance(3600)

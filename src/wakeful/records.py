@@ -30,10 +30,13 @@ Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 DispatchKind: TypeAlias = Literal["start", "resume", "cancel", "message"]
 DispatchStatus: TypeAlias = Literal[
-    "queued", "pending", "leased", "awaiting", "done", "quarantined"
+    "scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined"
 ]
-"""``queued``: a run's dispatch waiting for its thread's run slot (the thread is busy with
-an unfinished run); it becomes ``pending`` when the slot frees (see ``Dispatch``)."""
+"""``scheduled``: waiting for its ``available_at`` (a delayed run, a retry's backoff, a
+sleeping run's wake-up, a debounced submission); the claim's due step moves it on when the
+store's clock reaches it. ``queued``: a run's dispatch waiting for its thread's run slot
+(the thread is busy with an unfinished run); it becomes ``pending`` when the slot frees
+(see ``Dispatch``)."""
 
 IfBusy: TypeAlias = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
 """What a new run does when its thread is busy (``Dispatch.if_busy``, docs/busy-threads.md)."""
@@ -359,6 +362,11 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     """The version this dispatch was pinned to until no worker of it was left alive for the
     pin grace (``DispatchQueue.release_pins``): its claimant applies the target's
     ``on_version_change`` policy (set by the store)."""
+    debounce_key: str | None = None
+    """Debounce (issue 39): while a ``scheduled`` dispatch of the same thread and key exists,
+    enqueueing this one replaces that dispatch's ``payload`` and ``available_at`` and returns
+    it (its id, not this one's) instead of storing another: a burst of submissions within
+    the window starts one run, with the last input. ``None``: no debounce."""
 
     @property
     def exhausted(self) -> bool:

@@ -293,7 +293,9 @@ def dispatches() -> None:
 @json_option
 @click.option(
     "--status",
-    type=click.Choice(["pending", "leased", "awaiting", "done", "quarantined"]),
+    type=click.Choice(
+        ["scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined"]
+    ),
     default=None,
     help="Only dispatches with this status.",
 )

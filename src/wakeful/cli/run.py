@@ -92,6 +92,13 @@ def dispatch_options(fn: Any) -> Any:
 )
 @click.option("--at", "at_text", default=None, help="Run it at this instant: 2026-12-08T09:00Z.")
 @click.option(
+    "--debounce",
+    "debounce_text",
+    default=None,
+    help="Debounce window (2s, 500ms): submissions of TARGET to THREAD_ID within it start one "
+    "run, with the last input; prints the dispatch that run is (not with --after or --at).",
+)
+@click.option(
     "--from-checkpoint",
     "from_checkpoint",
     default=None,
@@ -135,6 +142,7 @@ async def submit_command(
     app: str | None,
     after: str | None,
     at_text: str | None,
+    debounce_text: str | None,
     from_checkpoint: str | None,
     if_busy: Any,
     webhook: str | None,
@@ -159,6 +167,7 @@ async def submit_command(
 
     delay = parse_duration(after) if after is not None else None
     at = parse_instant(at_text) if at_text is not None else None
+    debounce = parse_duration(debounce_text, "debounce") if debounce_text is not None else None
     value = read_input(message, input_json, input_file)
     missing = None if app is None else _missing_target(app, target)
     url = store_url(store)
@@ -179,12 +188,15 @@ async def submit_command(
             from_checkpoint=from_checkpoint,
             if_busy=if_busy,
             webhook=webhook,
+            debounce=debounce,
         )
         now = datetime.now(UTC)
         live = [w for w in await opened.list_workers() if liveness(w, now) == "alive"]
-    line = f"submitted {d.dispatch_id} (run {d.payload['run_id']})"
+    line = f"submitted {d.dispatch_id} (run {d.payload.get('run_id') or 'run-' + d.dispatch_id})"
     if d.status == "queued":
         line += f", queued behind {d.queued_behind} (the thread is busy)"
+    elif d.status == "scheduled" and d.available_at is not None:
+        line += f", scheduled for {d.available_at.isoformat()}"
     show_dispatch(d, as_json, line, verbose=verbose)
     if missing is not None:
         stderr_line(f"warning: {missing}; a worker without it refuses dispatch {d.dispatch_id}")

@@ -255,6 +255,7 @@ class Runs(_Group):
         from_checkpoint: str | None = None,
         if_busy: str | None = None,
         webhook: str | None = None,
+        debounce: float | timedelta | None = None,
     ) -> Any:
         """``POST /v1/threads/{id}/runs``: the ``Accepted`` document (``run_id``, and
         ``queued_behind`` while the thread is busy). ``after`` (seconds or a ``timedelta``,
@@ -264,10 +265,16 @@ class Runs(_Group):
         ``if_busy``: ``"enqueue"`` (the server's default), ``"reject"`` (``ThreadBusy`` naming
         the busy ``run_id``), ``"interrupt"``, ``"rollback"`` or ``"coalesce"``
         (docs/busy-threads.md). ``webhook``: a URL the fleet POSTs a signed JSON body to when
-        the run ends or suspends on a question (docs/composition.md)."""
+        the run ends or suspends on a question (docs/composition.md). ``debounce`` (seconds or
+        a ``timedelta``): a burst of submissions of ``target`` to the thread within the window
+        starts one run with the last input; the answer names that run's dispatch
+        (docs/flow-control.md#debounce)."""
         body = _run_body(target, input, priority, max_attempts, from_checkpoint, webhook)
         if after is not None:
             body["after"] = after.total_seconds() if isinstance(after, timedelta) else after
+        if debounce is not None:
+            seconds = debounce.total_seconds() if isinstance(debounce, timedelta) else debounce
+            body["debounce"] = seconds
         if at is not None:
             body["at"] = at.isoformat()
         if if_busy is not None:

@@ -9,6 +9,7 @@ from wakeful.records import DispatchStatus, WorkerInfo
 from wakeful.store.contract import DispatchQueue
 
 QUEUE_STATUSES: tuple[DispatchStatus, ...] = (
+    "scheduled",
     "queued",
     "pending",
     "leased",

@@ -15,7 +15,7 @@ import msgspec
 
 from wakeful import telemetry
 from wakeful.errors import DispatchConflict, InvalidInput
-from wakeful.fleet.delays import not_before
+from wakeful.fleet.delays import debounce_seconds, not_before
 from wakeful.fleet.wake import Wake
 from wakeful.fleet.webhook_signing import check_webhook_url
 from wakeful.ids import check_id, check_optional_id
@@ -100,6 +100,7 @@ async def submit(
     keep_messages: int | None = None,
     if_busy: IfBusy = "enqueue",
     webhook: str | None = None,
+    debounce: float | timedelta | None = None,
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
@@ -124,7 +125,14 @@ async def submit(
     into one run (docs/busy-threads.md).
     ``webhook``: a URL the fleet POSTs a signed JSON body to when the run ends (completed,
     failed, cancelled, interrupted, indeterminate) or suspends on a question, instead of
-    the target's (docs/composition.md#webhooks-when-a-run-ends)."""
+    the target's (docs/composition.md#webhooks-when-a-run-ends).
+    ``debounce`` (seconds or a ``timedelta``, by the store's clock): a burst of
+    submissions of ``target`` to the thread within the window starts one run, with the last
+    input (docs/flow-control.md#debounce). The run starts ``debounce`` after the last
+    submission; while it has not started, a submission replaces its input and moves its
+    start, and returns *that* dispatch (its id, which may not be ``dispatch_id``: the run id
+    is ``run-<its id>``). Not with ``after``/``at``, ``from_checkpoint`` or
+    ``keep_messages``."""
     check_id("target", target)
     if webhook is not None:
         check_webhook_url(webhook)
@@ -136,7 +144,16 @@ async def submit(
     available_at = None
     if after is not None or at is not None:
         available_at = not_before(await _store_now(store, after), after, at)
+    debounce_key = None
+    if debounce is not None:
+        window = debounce_seconds(debounce)
+        if after is not None or at is not None or from_checkpoint is not None:
+            raise InvalidInput("debounce", "not with after, at or from_checkpoint")
+        available_at = await _store_now(store, window) + timedelta(seconds=window)
+        debounce_key = target  # one waiting run per (thread, target)
     payload = {"target": target, "input": input, "run_id": f"run-{dispatch_id}", "tenant": tenant}
+    if debounce_key is not None:
+        del payload["run_id"]  # the run is the one of the dispatch that takes it: run-<its id>
     if from_checkpoint is not None:  # absent otherwise: earlier payloads stay the same
         payload["from_checkpoint"] = from_checkpoint
     if keep_messages is not None:
@@ -155,6 +172,7 @@ async def submit(
             tenant=tenant,
             available_at=available_at,
             if_busy=if_busy,
+            debounce_key=debounce_key,
         ),
         wake,
     )

@@ -50,11 +50,11 @@ def check_at(field: str, at: object) -> datetime:
         raise InvalidInput(field, f"{at.isoformat()} is out of range in UTC") from None
 
 
-def parse_duration(text: str) -> float:
+def parse_duration(text: str, field: str = "after") -> float:
     """``"10m"``, ``"1h30m"``, ``"2d"``, ``"500ms"``, ``"90"`` (seconds) as seconds."""
     raw = text.strip()
     if re.fullmatch(r"\d+(\.\d+)?", raw):
-        return delay_seconds("after", float(raw))
+        return delay_seconds(field, float(raw))
     pos, total = 0, 0.0
     for match in _DURATION.finditer(raw):
         if match.start() != pos:
@@ -62,8 +62,16 @@ def parse_duration(text: str) -> float:
         total += float(match[1]) * _UNITS[match[2].lower()]
         pos = match.end()
     if pos != len(raw) or not raw:
-        raise InvalidInput("after", f"{text!r} is not a duration such as 90, 10m, 1h30m or 2d")
-    return delay_seconds("after", total)
+        raise InvalidInput(field, f"{text!r} is not a duration such as 90, 10m, 1h30m or 2d")
+    return delay_seconds(field, total)
+
+
+def debounce_seconds(debounce: object) -> float:
+    """A debounce window (seconds, or a ``timedelta``): more than 0, at most ``MAX_DELAY``."""
+    seconds = delay_seconds("debounce", debounce)
+    if seconds <= 0:
+        raise InvalidInput("debounce", "must be more than 0 seconds")
+    return seconds
 
 
 def parse_instant(text: str) -> datetime:
@@ -93,10 +101,13 @@ def not_before(now: datetime, after: object = None, at: object = None) -> dateti
 
 
 def waits_until(d: Dispatch) -> datetime | None:
-    """When pending work waits for a time (a delayed run, a retry's backoff, a sleeping
-    run's wake-up): its ``available_at``; ``None`` for work claimable since it was stored
-    or no longer pending."""
+    """When work waits for a time (``scheduled``: a delayed run, a retry's backoff, a
+    sleeping run's wake-up, a debounced submission): its ``available_at``; ``None`` for work
+    claimable since it was stored or no longer waiting. (A ``pending`` dispatch with a later
+    ``available_at`` is one stored before the ``scheduled`` status, in a file store's log.)"""
     at, created = d.available_at, d.created_at
+    if d.status == "scheduled":
+        return at
     if d.status != "pending" or at is None or created is None or at <= created:
         return None
     return at

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 import msgspec
 
 from wakeful.agent.agent import Agent
 from wakeful.errors import InvalidInput, NotFound
+from wakeful.fleet.delays import debounce_seconds
 from wakeful.fleet.webhook_signing import check_webhook_url
 from wakeful.ids import check_id
 from wakeful.records import Checkpoint, Message
@@ -49,6 +51,9 @@ class Target:
     (``wakeful.fleet.webhooks``)."""
     adapted: Adapted | None = None
     """A target with its own input mapping (``Adapted``); it takes text like an agent."""
+    debounce: float | None = None
+    """Seconds: the debounce window of submissions through a server that knows this
+    registry, when the submission names none (``wakeful.submit``'s ``debounce``)."""
 
     def version_policy(self, run: Checkpoint) -> VersionPolicy:
         """The policy for ``run`` (a checkpoint of an unfinished run of this target)."""
@@ -136,24 +141,34 @@ class Registry:
         *,
         on_version_change: VersionPolicy | None = None,
         webhook: str | None = None,
+        debounce: float | timedelta | None = None,
     ) -> Registry:
         """Register ``target`` as ``name`` (again: replace it). A thread records the graph
         that ran it (and, from a worker, the target's name), and its later work goes to that
         target: two targets whose graphs share a name would be indistinguishable in older
         threads, so that is ``InvalidInput`` unless they are the same compiled graph.
         ``on_version_change``: see ``Target.on_version_change``; ``webhook``: see
-        ``Target.webhook``."""
+        ``Target.webhook``. ``debounce``: see ``Target.debounce`` (docs/flow-control.md)."""
         check_id("target name", name)
         if webhook is not None:
             check_webhook_url(webhook)
         if on_version_change is not None and on_version_change not in VERSION_POLICIES:
             raise InvalidInput("on_version_change", f"must be one of {list(VERSION_POLICIES)}")
+        window = None if debounce is None else debounce_seconds(debounce)
         if isinstance(target, Agent):
-            entry = Target(name, target.graph, target, on_version_change, webhook)
+            entry = Target(name, target.graph, target, on_version_change, webhook, debounce=window)
         elif not isinstance(target, CompiledGraph):
-            entry = Target(name, target.graph, None, on_version_change, webhook, adapted=target)
+            entry = Target(
+                name,
+                target.graph,
+                None,
+                on_version_change,
+                webhook,
+                adapted=target,
+                debounce=window,
+            )
         else:
-            entry = Target(name, target, None, on_version_change, webhook)
+            entry = Target(name, target, None, on_version_change, webhook, debounce=window)
         for other in self._targets.values():
             if (
                 other.name != name

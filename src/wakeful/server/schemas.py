@@ -52,7 +52,9 @@ Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_len
 RunStatus = Literal[
     "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
 ]
-DispatchStatus = Literal["queued", "pending", "leased", "awaiting", "done", "quarantined"]
+DispatchStatus = Literal[
+    "scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined"
+]
 IfBusy = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
 SubmittedIfBusy = IfBusy
 """What a request may ask for: every policy (the name stays for callers that used it)."""
@@ -115,11 +117,20 @@ class SubmitRun(_Request):
         "run ends or suspends on a question; no credentials in it (user:password@).",
         json_schema_extra={"pattern": WEBHOOK_PATTERN, "maxLength": 2048},
     )
+    debounce: Annotated[float, Field(gt=0, le=MAX_DELAY_SECONDS)] | SkipJsonSchema[None] = Field(
+        default=None,
+        description="Debounce window in seconds (not with after or at): a burst of "
+        "submissions of the target to the thread within it starts one run, with the last "
+        "input, this long after the last one. While that run has not started, a "
+        "submission replaces its input and returns its dispatch_id and run_id (202, "
+        "status 'scheduled', not_before). Absent: the target's registered debounce, if "
+        "any.",
+    )
     model_config = ConfigDict(
         extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
     )
 
-    @field_validator("after", "at", "webhook", mode="before")
+    @field_validator("after", "at", "webhook", "debounce", mode="before")
     @classmethod
     def _not_null(cls, value: Any) -> Any:
         if value is None:
@@ -144,6 +155,8 @@ class SubmitRun(_Request):
     def _one_delay(self) -> SubmitRun:
         if self.after is not None and self.at is not None:
             raise ValueError("give after or at, not both")
+        if self.debounce is not None and (self.after is not None or self.at is not None):
+            raise ValueError("give debounce, or after or at, not both")
         if self.at is not None and not 1900 <= self.at.year <= 2099:
             raise ValueError("at must be in the years 1900-2099")
         return self

@@ -102,6 +102,26 @@ class Cancelled(msgspec.Struct, frozen=True, tag="cancelled"):
     at: datetime
 
 
+class Promoted(msgspec.Struct, frozen=True, tag="promoted"):
+    """The claim's due step (issue 38): ``scheduled`` dispatches whose time came, in this
+    order, each through admission; ``cancel_ids[i]`` is the id of the cancel intent the
+    ``i``-th makes if its ``interrupt``/``rollback`` policy fences the busy run."""
+
+    dispatch_ids: tuple[str, ...]
+    cancel_ids: tuple[str | None, ...]
+    at: datetime
+
+
+class Debounced(msgspec.Struct, frozen=True, tag="debounced"):
+    """A debounced submission folded into the still ``scheduled`` dispatch of its key: its
+    payload and due time replace that dispatch's (issue 39)."""
+
+    dispatch_id: str
+    payload: object
+    available_at: datetime
+    at: datetime
+
+
 class Quarantined(msgspec.Struct, frozen=True, tag="quarantined"):
     dispatch_id: str
     at: datetime
@@ -176,6 +196,8 @@ Mutation = (
     | Enqueued
     | Leased
     | Settled
+    | Promoted
+    | Debounced
     | Cancelled
     | Quarantined
     | Requeued
@@ -196,6 +218,7 @@ __all__ = [
     "Claimed",
     "Committed",
     "Compacted",
+    "Debounced",
     "Deleted",
     "Delivered",
     "Enqueued",
@@ -203,6 +226,7 @@ __all__ = [
     "Leased",
     "Mutation",
     "PinsReleased",
+    "Promoted",
     "Pruned",
     "Purged",
     "Quarantined",

@@ -29,7 +29,11 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
-from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
+from wakeful.store.intents import cancel_intent as cancel_intent
+from wakeful.store.intents import fencing_intent as fencing_intent
+from wakeful.store.intents import interrupt_reason as interrupt_reason
+from wakeful.store.intents import run_id_of as run_id_of
+from wakeful.store.kinds import DISPATCH_KINDS
 from wakeful.store.pins import (
     MOVABLE,
     check_migration,
@@ -46,9 +50,11 @@ from wakeful.store.projected_core import (
     claim_of,
     snapshot_of,
 )
+from wakeful.store.projected_due import due_record
 from wakeful.store.projection import (
     CLAIMABLE,
     Cancelled,
+    Debounced,
     Delivered,
     Enqueued,
     Leased,
@@ -99,9 +105,15 @@ class ProjectedQueue(ProjectedCore):
                 return existing
             key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
             raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
+        due = d.available_at or now
+        if d.debounce_key is not None and due > now:
+            folded = _debounce_target(state, d)
+            if folded is not None:
+                await self._record(Debounced(folded, d.payload, due, now))
+                return state.dispatches[folded]
         stored = msgspec.structs.replace(
             d,
-            available_at=d.available_at or now,
+            available_at=due,
             status="pending",
             attempts=0,
             token=None,
@@ -119,7 +131,9 @@ class ProjectedQueue(ProjectedCore):
             released_from=None,
         )
         fence = None
-        if d.kind in RUN_KINDS:
+        if due > now:
+            stored = msgspec.structs.replace(stored, status="scheduled")  # admitted when due
+        elif d.kind in RUN_KINDS:
             stored, fence = _admission(state, stored, now)
         await self._record(Enqueued(stored, fence))
         return stored
@@ -141,6 +155,9 @@ class ProjectedQueue(ProjectedCore):
         if thread_id is not None:
             check_id("thread_id", thread_id)
         state, now = self._open(), self._now()
+        due = due_record(state, now)
+        if due is not None:
+            await self._record(due)
         expires = now + timedelta(seconds=ttl)
         grants: list[LeaseGrant] = []
         taken: set[str] = set()
@@ -443,34 +460,6 @@ def message_dispatch_id(target_thread: str, message_id: str) -> str:
     return f"msg-{digest}"
 
 
-def cancel_intent(
-    thread_id: str,
-    reason: str,
-    now: datetime,
-    interrupted_by: str | None = None,
-    rollback: bool = False,
-) -> Dispatch:
-    """The ``cancel`` dispatch that ``cancel`` persists (every store builds it here); with
-    ``interrupted_by``, the one an ``if_busy="interrupt"`` submission makes: its claimant
-    ends the busy run ``interrupted`` rather than ``cancelled``; with ``rollback`` too
-    (``if_busy="rollback"``), its claimant also undoes what the run committed."""
-    payload: dict[str, str | bool] = {"reason": reason}
-    if interrupted_by is not None:
-        payload["interrupted_by"] = interrupted_by
-        if rollback:
-            payload["rollback"] = True
-    return Dispatch(
-        dispatch_id=f"cancel-{uuid.uuid4().hex}",
-        thread_id=thread_id,
-        kind="cancel",
-        payload=payload,
-        priority=CANCEL_PRIORITY,
-        available_at=now,
-        created_at=now,
-        updated_at=now,
-    )
-
-
 def _admission(state: State, d: Dispatch, now: datetime) -> tuple[Dispatch, Cancelled | None]:
     """``d`` as a busy thread takes it (``queued`` behind the last in line, or pending on a
     free thread), with the cancellation that ``interrupt`` makes of the busy run. ``reject``
@@ -499,33 +488,13 @@ def _admission(state: State, d: Dispatch, now: datetime) -> tuple[Dispatch, Canc
     return queued, fence
 
 
-def run_id_of(d: Dispatch) -> str | None:
-    """The run a ``start`` or ``message`` dispatch starts: as its payload names it, else
-    ``run-<dispatch_id>`` (as the worker names it); ``None`` for other kinds."""
-    if d.kind not in RUN_KINDS:
-        return None
-    payload = d.payload if isinstance(d.payload, dict) else {}
-    named = payload.get("run_id")
-    return named if isinstance(named, str) else f"run-{d.dispatch_id}"
-
-
-def interrupt_reason(dispatch_id: str, if_busy: str = "interrupt") -> str:
-    """The cancellation reason of a run interrupted (or, ``if_busy="rollback"``, rolled
-    back) by the submission ``dispatch_id``."""
-    if if_busy == "rollback":
-        return f"rolled back by {dispatch_id}"
-    return f"interrupted by {dispatch_id}"
-
-
-def fencing_intent(d: Dispatch, now: datetime) -> Dispatch:
-    """The cancel intent a ``d.if_busy`` of ``FENCING`` makes of the thread's busy run."""
-    return cancel_intent(
-        d.thread_id,
-        interrupt_reason(d.dispatch_id, d.if_busy),
-        now,
-        interrupted_by=d.dispatch_id,
-        rollback=d.if_busy == "rollback",
-    )
+def _debounce_target(state: State, d: Dispatch) -> str | None:
+    """The still ``scheduled`` dispatch of ``d``'s thread and ``debounce_key``, if any."""
+    for did in state.open_by_thread.get(d.thread_id, ()):
+        other = state.dispatches[did]
+        if other.status == "scheduled" and other.debounce_key == d.debounce_key:
+            return did
+    return None
 
 
 def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:

@@ -51,6 +51,9 @@ from wakeful.store.mutations import (
     Compacted as Compacted,
 )
 from wakeful.store.mutations import (
+    Debounced as Debounced,
+)
+from wakeful.store.mutations import (
     Deleted as Deleted,
 )
 from wakeful.store.mutations import (
@@ -70,6 +73,9 @@ from wakeful.store.mutations import (
 )
 from wakeful.store.mutations import (
     PinsReleased as PinsReleased,
+)
+from wakeful.store.mutations import (
+    Promoted as Promoted,
 )
 from wakeful.store.mutations import (
     Pruned as Pruned,
@@ -111,14 +117,12 @@ from wakeful.store.mutations import (
     WorkerRetired as WorkerRetired,
 )
 from wakeful.store.pins import apply_pins
+from wakeful.store.projected_due import promote
+from wakeful.store.projected_index import CLAIMABLE as CLAIMABLE
+from wakeful.store.projected_index import QueueIndexes
 from wakeful.store.projected_retention import prune_state
-from wakeful.store.validate_queue import SLOT_HOLDING
 
 # ------------------------------------------------------------------------ state
-
-
-CLAIMABLE = frozenset(("pending", "leased"))
-"""Statuses ``claim_next`` may lease from (pending once due, leased once the lease lapsed)."""
 
 
 @dataclass
@@ -214,7 +218,7 @@ class ThreadState:
 
 
 @dataclass
-class State:
+class State(QueueIndexes):
     threads: dict[str, ThreadState] = field(default_factory=dict)
     epochs: dict[str, int] = field(default_factory=dict)
     """The highest token issued (or epoch advanced to) per thread; survives deletion."""
@@ -230,27 +234,15 @@ class State:
     claimable: list[tuple[int, int, str]] = field(default_factory=list)
     """Derived (never persisted): the pending and leased dispatches in claim order, as
     ``(-priority, enqueue order, dispatch_id)``, so ``claim_next`` never sorts the queue."""
+    scheduled: list[tuple[datetime, int, str]] = field(default_factory=list)
+    """Derived: the ``scheduled`` dispatches as ``(available_at, enqueue order, id)``."""
     slots: dict[str, set[str]] = field(default_factory=dict)
-    """Derived: per thread, the dispatches holding its run slot (``SLOT_HOLDING``)."""
+    """Derived: per thread, the dispatches holding its run slot (``holds_slot``)."""
     queued: dict[str, list[str]] = field(default_factory=dict)
     """Derived: per thread, its ``queued`` dispatches in enqueue order."""
 
     def __post_init__(self) -> None:
-        self.claimable = sorted(
-            self._claim_key(d) for d in self.dispatches.values() if d.status in CLAIMABLE
-        )
-        for d in sorted(self.dispatches.values(), key=lambda d: self.dispatch_order[d.dispatch_id]):
-            self._index_slot(None, d)
-
-    def slot_holder(self, thread_id: str) -> Dispatch | None:
-        """The earliest dispatch holding the thread's run slot, if any."""
-        held = self.slots.get(thread_id)
-        if not held:
-            return None
-        return self.dispatches[min(held, key=self.dispatch_order.__getitem__)]
-
-    def _claim_key(self, d: Dispatch) -> tuple[int, int, str]:
-        return (-d.priority, self.dispatch_order[d.dispatch_id], d.dispatch_id)
+        self.build_indexes()
 
     def thread(self, thread_id: str) -> ThreadState:
         found = self.threads.get(thread_id)
@@ -300,8 +292,8 @@ class State:
             case Enqueued(dispatch=d, fence=fence):
                 if fence is not None:
                     self.apply(fence)
-                if d.kind == "resume":
-                    self._retire_awaiting(d.thread_id, d.created_at)
+                if d.kind == "resume" and d.status != "scheduled":
+                    self._retire_awaiting(d.thread_id, d.created_at)  # (when due if delayed)
                 self.dispatch_seq += 1
                 self.dispatch_order[d.dispatch_id] = self.dispatch_seq
                 if d.dedupe_key is not None:
@@ -327,6 +319,13 @@ class State:
                     )
             case Settled():
                 self._apply_settle(record)
+            case Promoted():
+                promote(self, record)
+            case Debounced(dispatch_id=did, payload=payload, available_at=due, at=at):
+                d = self.dispatches[did]
+                self._put_dispatch(
+                    msgspec.structs.replace(d, payload=payload, available_at=due, updated_at=at)
+                )
             case Cancelled(thread_id=tid, reason=reason, epoch=epoch, dispatch=cancel, at=at):
                 for did in list(self.open_by_thread.get(tid, ())):
                     d = self.dispatches[did]
@@ -458,9 +457,10 @@ class State:
         if t is not None and t.claim is not None and t.claim.token == record.token:
             t.claim = None
         if record.status == "pending":
+            later = record.available_at is not None and record.available_at > record.at
             d = msgspec.structs.replace(
                 d,
-                status="pending",
+                status="scheduled" if later else "pending",  # a retry's backoff, a sleep
                 token=None,
                 holder=None,
                 lease_until=None,
@@ -478,101 +478,6 @@ class State:
         self._put_dispatch(d)
         if record.status == "done":
             self._admit(d.thread_id, record.at)
-
-    def _admit(self, thread_id: str, at: datetime | None) -> None:
-        """Give a freed run slot to the thread's first queued dispatch. A ``coalesce`` one
-        takes the consecutive ``coalesce`` dispatches of its kind queued behind it into its
-        run: they settle ``done`` naming it."""
-        waiting = self.queued.get(thread_id)
-        if not waiting or self.slots.get(thread_id):
-            return
-        head = self.dispatches[waiting[0]]
-        merged: list[Dispatch] = []
-        if head.if_busy == "coalesce":
-            for did in waiting[1:]:
-                d = self.dispatches[did]
-                if d.if_busy != "coalesce" or d.kind != head.kind:
-                    break
-                merged.append(d)
-        for d in merged:
-            self._put_dispatch(
-                msgspec.structs.replace(
-                    d, status="done", answered_by=head.dispatch_id, updated_at=at
-                )
-            )
-        self._put_dispatch(
-            msgspec.structs.replace(
-                head,
-                status="pending",
-                available_at=at if at is not None else head.available_at,
-                coalesced=tuple(d.dispatch_id for d in merged),
-                updated_at=at,
-            )
-        )
-
-    def _retire_awaiting(self, thread_id: str, at: datetime | None) -> None:
-        """A resume takes over from the dispatches parked while the run waited for input."""
-        for did in list(self.open_by_thread.get(thread_id, ())):
-            d = self.dispatches[did]
-            if d.status == "awaiting":
-                self._put_dispatch(msgspec.structs.replace(d, status="done", updated_at=at))
-
-    def _index_slot(self, before: Dispatch | None, d: Dispatch | None) -> None:
-        """Keep ``slots`` and ``queued`` as ``before`` becomes ``d`` (``None``: absent)."""
-        if before is not None and (d is None or d.status != before.status):
-            if before.status in SLOT_HOLDING:
-                held = self.slots[before.thread_id]
-                held.discard(before.dispatch_id)
-                if not held:
-                    del self.slots[before.thread_id]
-            elif before.status == "queued":
-                waiting = self.queued[before.thread_id]
-                waiting.remove(before.dispatch_id)
-                if not waiting:
-                    del self.queued[before.thread_id]
-        if d is not None and (before is None or d.status != before.status):
-            if d.status in SLOT_HOLDING:
-                self.slots.setdefault(d.thread_id, set()).add(d.dispatch_id)
-            elif d.status == "queued":
-                # enqueued last (queued only by enqueue), so appending keeps enqueue order
-                self.queued.setdefault(d.thread_id, []).append(d.dispatch_id)
-
-    def _put_dispatch(self, d: Dispatch) -> None:
-        before = self.dispatches.get(d.dispatch_id)
-        self._index_slot(before, d)
-        was = before is not None and before.status in CLAIMABLE
-        if d.status in CLAIMABLE and not was:
-            bisect.insort(self.claimable, self._claim_key(d))
-        elif was and d.status not in CLAIMABLE:
-            self._unclaimable(d)
-        self.dispatches[d.dispatch_id] = d
-        open_ids = self.open_by_thread.setdefault(d.thread_id, set())
-        if d.status in ("pending", "leased", "awaiting"):
-            open_ids.add(d.dispatch_id)
-        else:
-            open_ids.discard(d.dispatch_id)
-            if not open_ids:
-                del self.open_by_thread[d.thread_id]
-
-    def _unclaimable(self, d: Dispatch) -> None:
-        key = self._claim_key(d)
-        at = bisect.bisect_left(self.claimable, key)
-        if at < len(self.claimable) and self.claimable[at] == key:
-            del self.claimable[at]
-
-    def _drop_dispatch(self, dispatch_id: str) -> None:
-        d = self.dispatches.pop(dispatch_id)
-        self._index_slot(d, None)
-        if d.status in CLAIMABLE:
-            self._unclaimable(d)
-        self.dispatch_order.pop(dispatch_id, None)
-        if d.dedupe_key is not None and self.dedupe.get(d.dedupe_key) == dispatch_id:
-            del self.dedupe[d.dedupe_key]
-        open_ids = self.open_by_thread.get(d.thread_id)
-        if open_ids is not None:
-            open_ids.discard(dispatch_id)
-            if not open_ids:
-                del self.open_by_thread[d.thread_id]
 
 
 def settled_record(dispatch: Dispatch, token: int, outcome: Outcome, now: datetime) -> Settled:

@@ -22,6 +22,7 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
     check_id("dispatch_id", copy.dispatch_id)
     check_id("thread_id", copy.thread_id)
     check_optional_id("dedupe_key", copy.dedupe_key)
+    check_optional_id("debounce_key", copy.debounce_key)
     check_optional_id("tenant", copy.tenant)
     if copy.max_attempts < 1:
         raise InvalidInput("max_attempts", "must be at least 1")
@@ -47,7 +48,16 @@ FENCING = frozenset(("interrupt", "rollback"))
 RUN_KINDS = frozenset(("start", "message"))
 """The dispatch kinds that start a run and so wait for their thread's run slot."""
 SLOT_HOLDING = frozenset(("pending", "leased", "awaiting", "quarantined"))
-"""The statuses in which a dispatch (of any kind) holds its thread's run slot."""
+"""The statuses in which a dispatch (of any kind) holds its thread's run slot; a
+``scheduled`` one holds it too once it was leased (``holds_slot``)."""
+
+
+def holds_slot(d: Dispatch) -> bool:
+    """Whether ``d`` holds its thread's run slot: in a ``SLOT_HOLDING`` status, or
+    ``scheduled`` after a lease (a ``Retry(delay)``, a durable sleep: its run is unfinished).
+    A ``scheduled`` dispatch never leased (a delayed submission) holds nothing: it is
+    admitted when it is due (decision 0035, amendment of issue 38)."""
+    return d.status in SLOT_HOLDING or (d.status == "scheduled" and d.attempts > 0)
 
 
 def same_request(a: Dispatch, b: Dispatch) -> bool:
@@ -61,7 +71,9 @@ def same_request(a: Dispatch, b: Dispatch) -> bool:
     ) and canonical(a.payload) == canonical(b.payload)
 
 
-DISPATCH_STATUSES = frozenset(("queued", "pending", "leased", "awaiting", "done", "quarantined"))
+DISPATCH_STATUSES = frozenset(
+    ("scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined")
+)
 
 
 def check_listing(
@@ -77,6 +89,7 @@ def check_listing(
 
 
 QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = (
+    "scheduled",
     "queued",
     "pending",
     "leased",

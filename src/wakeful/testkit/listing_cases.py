@@ -3,6 +3,8 @@ moved (renewed, released, deleted) as ``claim_next`` sees them (issue 27)."""
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 
 from wakeful.errors import InvalidInput
@@ -82,12 +84,22 @@ class ListingCases(Harness):
     @case
     async def test_queue_depths_count_open_work_by_status_up_to_the_limit(self, kit: Kit) -> None:
         empty = await kit.store.queue_depths()
-        assert empty == {"queued": 0, "pending": 0, "leased": 0, "awaiting": 0, "quarantined": 0}
+        assert empty == {
+            "scheduled": 0,
+            "queued": 0,
+            "pending": 0,
+            "leased": 0,
+            "awaiting": 0,
+            "quarantined": 0,
+        }
         for i in range(5):
             await kit.store.enqueue(kit.dispatch(f"t{i}", dispatch_id=f"d-{i}"))
+        later = await kit.now() + timedelta(seconds=60)
+        await kit.store.enqueue(kit.dispatch("t9", dispatch_id="d-later", available_at=later))
         leases = await kit.store.claim_next("worker-a", 30, limit=2)
         await kit.store.settle(leases[0].dispatch.dispatch_id, leases[0].claim.token, Done())
         assert await kit.store.queue_depths() == {
+            "scheduled": 1,
             "queued": 0,
             "pending": 3,
             "leased": 1,
@@ -95,6 +107,7 @@ class ListingCases(Harness):
             "quarantined": 0,
         }
         assert await kit.store.queue_depths(limit=2) == {
+            "scheduled": 1,
             "queued": 0,
             "pending": 2,
             "leased": 1,

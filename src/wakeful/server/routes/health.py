@@ -26,6 +26,7 @@ log = logging.getLogger("wakeful.server")
 
 READY_TIMEOUT = 5.0
 QUEUE_STATUSES: tuple[DispatchStatus, ...] = (
+    "scheduled",
     "queued",
     "pending",
     "leased",

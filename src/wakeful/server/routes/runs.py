@@ -157,12 +157,21 @@ async def submit_run(
         from_checkpoint=body.from_checkpoint,
         if_busy=body.if_busy,
         webhook=body.webhook,
+        debounce=_debounce(body, target),
     )
     if (d.priority, d.max_attempts) != (body.priority, body.max_attempts):
         raise DispatchConflict(d.dispatch_id, d.dispatch_id, "Idempotency-Key")
     state.metrics.submits.inc(kind="start")
     _location(response, d)
     return accepted(d, str(json_field(d.payload, "run_id") or f"run-{d.dispatch_id}"))
+
+
+def _debounce(body: SubmitRun, target: Target | None) -> float | None:
+    """The request's debounce window, else the registered target's for a plain submission."""
+    if body.debounce is not None:
+        return body.debounce
+    plain = body.after is None and body.at is None and body.from_checkpoint is None
+    return target.debounce if target is not None and plain else None
 
 
 @router.post("/threads/{thread_id}/resume", status_code=202, responses=errors(404, 409, 413, 422))
@@ -287,7 +296,7 @@ async def _queued(
 ) -> list[RunView]:
     """Submitted runs no checkpoint records yet (newest first), those the caller may see."""
     queued: list[RunView] = []
-    for status in ("pending", "leased"):
+    for status in ("scheduled", "pending", "leased"):
         for d in await state.store.list_dispatches(status=status, thread_id=thread_id, limit=100):
             if d.kind not in ("start", "message") or not await visible.visible(d):
                 continue

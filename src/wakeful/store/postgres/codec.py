@@ -40,7 +40,7 @@ _ANY = msgspec.json.Decoder()
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
     "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
-    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from"
+    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, debounce_key"
 )
 """The columns ``dispatch`` reads, in its order."""
 DISPATCH_WIDTH = len(DISPATCH_COLUMNS.split(","))
@@ -128,6 +128,7 @@ def dispatch(row: tuple[Any, ...]) -> Dispatch:
         answered_by=row[20],
         pinned_version=row[21],
         released_from=row[22],
+        debounce_key=row[23],
     )
 
 

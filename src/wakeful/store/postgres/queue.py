@@ -47,6 +47,13 @@ _ENQUEUE = (
     f"SELECT {DISPATCH_COLUMNS} "
     f"FROM @schema@.enqueue(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
+# a debounced submission (issue 39): folded into the scheduled dispatch of its key, or enqueued
+_ENQUEUE_DEBOUNCED = (
+    f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue_debounced("
+    f"%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+# the claim's due step, before claim_next(thread_id=...) reads the thread's range
+_PROMOTE_DUE = "SELECT @schema@.promote_due(@schema@.store_now(), 100)"
 _LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMNS.split(","))
 # The dispatches leased, each with its thread as read right after the grants.
 _CLAIM_NEXT = f"""
@@ -68,8 +75,7 @@ WITH k AS MATERIALIZED (
     SELECT x.dispatch_id, x.thread_id, x.tenant
       FROM @schema@.dispatches x, k
      WHERE x.thread_id = %(thread)s
-       AND ((x.status = 'pending' AND x.available_at <= k.n)
-            OR (x.status = 'leased' AND x.lease_expires < k.n))
+       AND (x.status = 'pending' OR (x.status = 'leased' AND x.lease_expires < k.n))
        -- pinned rows to their version's workers, unpinned ones to those taking starts
        AND CASE WHEN x.pinned_version IS NULL THEN %(starts)s
                 ELSE x.pinned_version = %(version)s END
@@ -150,7 +156,7 @@ class QueueOps:
             raise InvalidInput("kind", f"must be one of {sorted(DISPATCH_KINDS)}")
         if d.max_attempts >= 2**63:
             raise InvalidInput("max_attempts", "must fit in 64 bits")
-        params = (
+        params: tuple[object, ...] = (
             d.dispatch_id,
             d.thread_id,
             d.kind,
@@ -166,8 +172,11 @@ class QueueOps:
             CANCEL_PRIORITY,
             _CANCEL_BUDGET,
         )
+        statement = _ENQUEUE
+        if d.debounce_key is not None:
+            statement, params = _ENQUEUE_DEBOUNCED, (d.debounce_key, *params)
         for _ in range(3):
-            row = await self._db.fetchone(_ENQUEUE, params)
+            row = await self._db.fetchone(statement, params)
             if row is None:
                 continue  # the conflicting dispatch was purged meanwhile: try again
             stored = codec.dispatch(row)
@@ -216,14 +225,16 @@ class QueueOps:
     async def _claim_on_thread(
         self, holder: str, ttl: float, thread_id: str, version: str | None, starts: bool
     ) -> list[Lease]:
+        promote = self._db.sql(_PROMOTE_DUE)
         grant = self._db.sql(_CLAIM_ON_THREAD)
         read = self._db.sql(_LEASED_THREAD)
         params = {"thread": thread_id, "holder": holder, "ttl": ttl}
         params |= {"version": version, "starts": starts}
 
         async def op(conn: Any) -> tuple[Any, Any]:
-            # two round trips in one transaction: bounded like every such (decision 0031)
+            # three round trips in one transaction: bounded like every such (decision 0031)
             async with self._db.transaction(conn):
+                await conn.execute(promote)  # (its own statement: the grant must see it)
                 row = await (await conn.execute(grant, params)).fetchone()
                 if row is None:
                     return None, None

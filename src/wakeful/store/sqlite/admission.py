@@ -1,5 +1,6 @@
 """Busy threads in SQL (issue 36, decision 0035): each thread has one run slot, held by a
-dispatch while it is pending, leased, awaiting or quarantined. ``admission`` decides, inside
+dispatch while it is pending, leased, awaiting or quarantined, or scheduled after a lease
+(a retry's backoff, a sleep: ``holds_slot``). ``admission`` decides, inside
 the writer's transaction, what a new run's dispatch becomes on its thread (pending, queued,
 or refused); ``admit`` gives a freed slot to the thread's first queued dispatch. Every write
 that frees a slot (a settle ``done`` alone or folded into a commit, a purge) calls ``admit``
@@ -15,14 +16,14 @@ import msgspec
 
 from wakeful.errors import ThreadBusy
 from wakeful.records import Dispatch
-from wakeful.store.projected_queue import fencing_intent, run_id_of
+from wakeful.store.intents import fencing_intent, run_id_of
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, to_us
 from wakeful.store.validate_queue import FENCING
 
 _HOLDER = (
     f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
-    f"WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting', 'quarantined') "
-    f"ORDER BY seq LIMIT 1"
+    f"WHERE thread_id = ? AND (status IN ('pending', 'leased', 'awaiting', 'quarantined') "
+    f"OR (status = 'scheduled' AND attempts > 0)) ORDER BY seq LIMIT 1"
 )
 _LAST_QUEUED = (
     "SELECT dispatch_id FROM dispatches INDEXED BY dispatches_by_thread_status "
@@ -77,7 +78,8 @@ _BEHIND_HEAD = (
 )
 _HELD = (
     "SELECT 1 FROM dispatches INDEXED BY dispatches_by_thread_status "
-    "WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting', 'quarantined') LIMIT 1"
+    "WHERE thread_id = ? AND (status IN ('pending', 'leased', 'awaiting', 'quarantined') "
+    "OR (status = 'scheduled' AND attempts > 0)) LIMIT 1"
 )
 
 

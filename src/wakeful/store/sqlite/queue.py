@@ -11,6 +11,8 @@ import sqlite3
 import uuid
 from datetime import datetime, timedelta
 
+import msgspec
+
 from wakeful.errors import (
     DispatchConflict,
     InvalidCommit,
@@ -27,18 +29,20 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
+from wakeful.store.intents import cancel_intent
 from wakeful.store.pins import live_versions, pin_of_resume
-from wakeful.store.projected_queue import cancel_intent
 from wakeful.store.sqlite import reads
 from wakeful.store.sqlite.admission import admission, admit, slot_holder
 from wakeful.store.sqlite.claims import (
-    advance_epoch,
     current_token,
     end_claim,
     epoch_of,
     grant_claim,
 )
-from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
+from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, from_us, to_us
+from wakeful.store.sqlite.due import debounced, promote_due
+from wakeful.store.sqlite.rows import insert as insert
+from wakeful.store.sqlite.rows import retire_for as retire_for
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
 from wakeful.store.validate import (
     check_outcome,
@@ -64,41 +68,6 @@ def _existing(conn: sqlite3.Connection, dispatch_id: str) -> Dispatch:
     return found
 
 
-def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
-    """Store a complete dispatch record; ``ON CONFLICT DO NOTHING`` for the relay's
-    idempotent message dispatches."""
-    assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
-    conn.execute(
-        f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES ({', '.join('?' * 23)}) ON CONFLICT DO NOTHING",
-        (
-            d.dispatch_id,
-            d.thread_id,
-            d.kind,
-            dumps(d.payload),
-            d.priority,
-            to_us(d.available_at),
-            d.max_attempts,
-            d.dedupe_key,
-            d.status,
-            d.attempts,
-            d.token,
-            d.holder,
-            None if d.lease_until is None else to_us(d.lease_until),
-            d.last_error,
-            to_us(d.created_at),
-            to_us(d.updated_at),
-            d.tenant,
-            d.if_busy,
-            d.queued_behind,
-            dumps(list(d.coalesced)) if d.coalesced else None,
-            d.answered_by,
-            d.pinned_version,
-            d.released_from,
-        ),
-    )
-
-
 def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
     check_tenant(conn, d.thread_id, d.tenant)
     existing = get(conn, d.dispatch_id)
@@ -112,13 +81,14 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
             return existing
         key = "dispatch_id" if existing.dispatch_id == d.dispatch_id else "dedupe_key"
         raise DispatchConflict(d.dispatch_id, existing.dispatch_id, key)
+    due = d.available_at or now
     stored = Dispatch(
         dispatch_id=d.dispatch_id,
         thread_id=d.thread_id,
         kind=d.kind,
         payload=d.payload,
         priority=d.priority,
-        available_at=d.available_at or now,
+        available_at=due,
         max_attempts=d.max_attempts,
         dedupe_key=d.dedupe_key,
         created_at=now,
@@ -128,16 +98,23 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         pinned_version=pin_of_resume(slot_holder(conn, d.thread_id))
         if d.kind == "resume"
         else None,
+        debounce_key=d.debounce_key,
     )
     intent = None
-    if stored.kind in RUN_KINDS:
+    if d.debounce_key is not None and due > now:
+        folded = debounced(conn, now, stored)
+        if folded is not None:
+            return folded
+    if due > now:
+        stored = msgspec.structs.replace(stored, status="scheduled")  # admitted when due
+    elif stored.kind in RUN_KINDS:
         stored, intent = admission(conn, now, stored)
     if intent is not None:
         # the cancellation first: it holds the slot when the busy run's rows retire
         retire_for(conn, now, intent)
     insert(conn, stored)
     bind_tenant(conn, stored.thread_id, stored.tenant)
-    if stored.kind == "resume":
+    if stored.kind == "resume" and stored.status != "scheduled":  # (when due if delayed)
         # a resume takes over from the dispatches parked while the run waited for input
         conn.execute(
             "UPDATE dispatches SET status = 'done', updated_at = ? "
@@ -147,8 +124,9 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
     return stored
 
 
-# Available: pending and due, or leased with a lapsed lease (``lease_expires``, kept by
-# triggers from the thread's claim: migration 0003), on a thread without a live claim;
+# Available: pending (the due step moved delayed work on), or leased with a lapsed lease
+# (``lease_expires``, kept by triggers from the thread's claim: migration 0003), on a thread
+# without a live claim;
 # priority then enqueue order. Two index walks merged here: the pending range in claim order
 # stops after ``limit`` threads, and the lapsed range holds only the leases whose claim ended,
 # so neither steps over live leases. INDEXED BY: the planner may not sort the range instead.
@@ -157,13 +135,13 @@ _FREE = "(t.token IS NULL OR t.expires_at < :now)"
 _DUE = (
     f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_due "
     f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version IS NULL "
-    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.seq"
+    f"AND {_FREE} ORDER BY d.priority DESC, d.seq"
 )
 # the pending rows pinned to the claimer's version (issue 40): one range of their own index
 _PINNED = (
     f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_pinned "
     f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version = :version "
-    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.seq"
+    f"AND {_FREE} ORDER BY d.priority DESC, d.seq"
 )
 # only a crash leaves rows here, so the version filter walks few
 _LAPSED = (
@@ -178,7 +156,7 @@ _LAPSED = (
 # thread's own index range, however long the rest of the queue is.
 _DUE_ON_THREAD = (
     f"SELECT d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_by_thread_status "
-    f"{_LIVE} WHERE d.thread_id = :thread AND ((d.status = 'pending' AND d.available_at <= :now) "
+    f"{_LIVE} WHERE d.thread_id = :thread AND (d.status = 'pending' "
     f"OR (d.status = 'leased' AND d.lease_expires < :now)) AND {_FREE} "
     f"AND CASE WHEN d.pinned_version IS NULL THEN :starts ELSE d.pinned_version IS :version END "
     f"ORDER BY d.priority DESC, d.seq LIMIT 1"
@@ -224,6 +202,7 @@ def claim_next(
     version: str | None = None,
     take_starts: bool = True,
 ) -> list[Lease]:
+    promote_due(conn, now)
     if thread_id is None:
         chosen = _available(conn, now, limit, version, take_starts)
     else:
@@ -342,8 +321,9 @@ def settle_lease(
     thread's claim in the same transaction); returns the dispatch's new row."""
     status, delay, error = check_outcome(outcome)
     if status == "pending":
+        status = "scheduled" if delay > 0 else "pending"  # a backoff, a sleep: by due time
         row: tuple[object, ...] = conn.execute(
-            f"UPDATE dispatches SET status = 'pending', token = NULL, holder = NULL, "
+            f"UPDATE dispatches SET status = '{status}', token = NULL, holder = NULL, "
             f"lease_until = NULL, available_at = ?, last_error = ?, updated_at = ? "
             f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
             (to_us(now + timedelta(seconds=delay)), error, to_us(now), dispatch_id),
@@ -370,25 +350,6 @@ def cancel(conn: sqlite3.Connection, now: datetime, thread_id: str, reason: str)
     intent = cancel_intent(thread_id, reason, now)
     retire_for(conn, now, intent)
     return intent
-
-
-def retire_for(conn: sqlite3.Connection, now: datetime, intent: Dispatch) -> None:
-    """Persist the cancel ``intent`` and act on it: retire the thread's other open
-    dispatches (not the queued ones: the intent holds the run slot, so none is admitted
-    until it settles), advance the epoch and end the claim."""
-    thread_id, reason = intent.thread_id, intent.payload["reason"]
-    insert(conn, intent)
-    conn.execute(
-        "UPDATE dispatches SET status = 'done', lease_until = NULL, last_error = ?, "
-        "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting') "
-        "AND dispatch_id <> ?",
-        (f"cancelled: {reason}", to_us(now), thread_id, intent.dispatch_id),
-    )  # (nothing is admitted: the intent holds the run slot until it settles)
-    advance_epoch(conn, thread_id)
-    conn.execute(
-        "UPDATE threads SET holder = NULL, token = NULL, expires_at = NULL WHERE thread_id = ?",
-        (thread_id,),
-    )
 
 
 def quarantine(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispatch:

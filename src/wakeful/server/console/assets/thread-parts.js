@@ -111,10 +111,11 @@ export function renderWaiting(node, dispatches) {
   const runOf = (id) => byId.get(id)?.payload?.run_id || `run-${id}`;
   const coalesced = (d) => (Array.isArray(d.coalesced) ? d.coalesced : []);
   const rows = dispatches
-    .filter((d) => d.status === "queued" || d.not_before || d.answered_by || coalesced(d).length)
+    .filter((d) => d.status === "queued" || d.status === "scheduled" || d.not_before || d.answered_by || coalesced(d).length)
     .map((d) => {
       let what;
       if (d.status === "queued") what = `waits behind ${d.queued_behind ?? "the busy run"}`;
+      else if (d.status === "scheduled") what = `scheduled: not before ${time(d.not_before ?? d.available_at)}`;
       else if (d.not_before) what = `not before ${time(d.not_before)}`;
       else if (d.answered_by) what = `coalesced: answered by ${runOf(d.answered_by)} (${d.answered_by})`;
       else what = `its run ${runOf(d.dispatch_id)} also answers ${coalesced(d).join(", ")}`;

@@ -5,7 +5,7 @@ import { enc, get, post, remove } from "./api.js";
 import { ago, badge, clear, confirmAction, h, json, short, table, time } from "./dom.js";
 import { parseMetrics, total } from "./promtext.js";
 
-const STATUSES = ["pending", "leased", "awaiting", "quarantined", "done"];
+const STATUSES = ["scheduled", "queued", "pending", "leased", "awaiting", "quarantined", "done"];
 const REFRESH = 2000;
 
 export function queueView(main, { showError }) {
