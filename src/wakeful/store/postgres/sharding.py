@@ -54,6 +54,9 @@ CROSS_THREAD_FUNCTIONS: dict[str, str] = {
     "prune_dispatches": "retention over the settled part of the queue",
     "prune_threads": "retention walking threads in key order, one batch at a time",
     "release_pins": "frees version pins of dispatches whose worker version is gone",
+    "promote_due": "the claim's due step: moves due scheduled dispatches of any thread on "
+    "(the queue)",
+    "schedule_retry": "trigger on dispatches: stores a retry with a delay as scheduled",
     "migrate_runs": "an operator moves a version's runs across threads to another version",
     "fire_schedules": "fires a batch of due schedules (a reference table) onto their threads",
     "unfinished_runs": "reads the unfinished runs of a page of schedules' threads",
