@@ -1,0 +1,97 @@
+"""WakefulRunner runs Agents SDK agents (the SDK's own ScriptedModel, unchanged) as durable
+wakeful runs: tools once, history on the thread, handoffs recorded on the thread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+agents = pytest.importorskip("agents")
+
+from agents import Agent as SDKAgent  # noqa: E402
+from agents import function_tool  # noqa: E402
+from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+
+from wakeful import Runtime, open_store  # noqa: E402
+from wakeful.errors import InvalidInput  # noqa: E402
+from wakeful.openai_agents import WakefulRunner  # noqa: E402
+
+pytestmark = pytest.mark.asyncio
+
+
+def _url(kind: str, tmp_path: Path) -> str:
+    return "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'w.db'}"
+
+
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_tool_once_and_history_on_the_thread(kind: str, tmp_path: Path) -> None:
+    ran: list[str] = []
+
+    @function_tool
+    def lookup(order: int) -> str:
+        """Find an order."""
+        ran.append(f"lookup {order}")
+        return f"order {order} shipped"
+
+    model = ScriptedModel(
+        [
+            [function_call("lookup", {"order": 42}, call_id="c1")],
+            [assistant_message("Your order 42 shipped.")],
+            [assistant_message("You asked about order 42.")],
+        ]
+    )
+    agent = SDKAgent(name="support", instructions="Be brief.", model=model, tools=[lookup])
+    async with open_store(_url(kind, tmp_path)) as store:
+        runner = WakefulRunner(Runtime(store))
+        first = await runner.run(agent, "Where is order 42?", thread_id="t1")
+        assert (first.status, first.final_output) == ("completed", "Your order 42 shipped.")
+        assert ran == ["lookup 42"]
+        second = await runner.run(agent, "What did I ask?", thread_id="t1")
+        assert second.final_output == "You asked about order 42."
+        messages = await store.messages("t1")
+    assert [m.role for m in messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "user",
+        "assistant",
+    ]
+    assert messages[2].content == "order 42 shipped"
+    # the second request carried the first exchange (tool call and output included)
+    seen = model.calls[2].input
+    assert {"role": "user", "content": "Where is order 42?"} in seen
+    assert any(
+        i.get("type") == "function_call_output" and i["output"] == "order 42 shipped" for i in seen
+    )
+    assert model.calls[0].system_instructions == "Be brief."
+    assert model.remaining_steps == 0
+
+
+async def test_handoff_switches_agent_and_is_read_back_from_the_thread() -> None:
+    billing_model = ScriptedModel(
+        [[assistant_message("Billing here: refunded.")], [assistant_message("Still billing.")]]
+    )
+    billing = SDKAgent(name="billing", instructions="You do billing.", model=billing_model)
+    triage_model = ScriptedModel([[function_call("transfer_to_billing", {}, call_id="h1")]])
+    triage = SDKAgent(name="triage", model=triage_model, handoffs=[billing])
+    async with open_store("memory://") as store:
+        runner = WakefulRunner(Runtime(store))
+        result = await runner.run(triage, "Refund me", thread_id="t2")
+        assert result.final_output == "Billing here: refunded."
+        assert result.last_agent is billing
+        assert billing_model.calls[0].system_instructions == "You do billing."
+        # a second run on the thread (from the same starting agent) stays with billing
+        again = await runner.run(triage, "And?", thread_id="t2")
+        assert again.final_output == "Still billing."
+        assert len(triage_model.calls) == 1
+        tool = [m for m in await store.messages("t2") if m.role == "tool"]
+    assert tool[0].metadata["tool"] == "transfer_to_billing"
+
+
+async def test_replay_policy_names_must_exist() -> None:
+    agent = SDKAgent(name="a", model=ScriptedModel([]))
+    async with open_store("memory://") as store:
+        with pytest.raises(InvalidInput):
+            WakefulRunner(Runtime(store), replay={"nope": "never"}).agent(agent)
