@@ -24,8 +24,11 @@ def _url(kind: str, tmp_path: Path) -> str:
     return "memory://" if kind == "memory" else f"sqlite:///{tmp_path / 'w.db'}"
 
 
+@pytest.mark.parametrize("streamed", [True, False])
 @pytest.mark.parametrize("kind", ["memory", "sqlite"])
-async def test_tool_once_and_history_on_the_thread(kind: str, tmp_path: Path) -> None:
+async def test_tool_once_and_history_on_the_thread(
+    kind: str, streamed: bool, tmp_path: Path
+) -> None:
     ran: list[str] = []
 
     @function_tool
@@ -43,7 +46,7 @@ async def test_tool_once_and_history_on_the_thread(kind: str, tmp_path: Path) ->
     )
     agent = SDKAgent(name="support", instructions="Be brief.", model=model, tools=[lookup])
     async with open_store(_url(kind, tmp_path)) as store:
-        runner = WakefulRunner(Runtime(store))
+        runner = WakefulRunner(Runtime(store), streamed=streamed)
         first = await runner.run(agent, "Where is order 42?", thread_id="t1")
         assert (first.status, first.final_output) == ("completed", "Your order 42 shipped.")
         assert ran == ["lookup 42"]
@@ -67,6 +70,7 @@ async def test_tool_once_and_history_on_the_thread(kind: str, tmp_path: Path) ->
     )
     assert model.calls[0].system_instructions == "Be brief."
     assert model.remaining_steps == 0
+    assert [c.streamed for c in model.calls] == [streamed] * 3
 
 
 async def test_handoff_switches_agent_and_is_read_back_from_the_thread() -> None:

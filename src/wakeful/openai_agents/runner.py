@@ -178,8 +178,12 @@ class WakefulRunner:
         max_turns: int = 10,
         stream_policy: StreamPolicy | None = None,
         durability: str = "sync",
+        streamed: bool = True,
     ) -> None:
         self.runtime = runtime
+        self.streamed = streamed
+        """Model requests use ``stream_response`` (checkpointed, continued after a crash);
+        ``False``: ``get_response``."""
         self.replay = dict(replay or {})
         self.max_turns = max_turns
         self.stream_policy = stream_policy
@@ -195,7 +199,9 @@ class WakefulRunner:
         key = id(starting_agent)
         if key not in self._built:
             team = _Team(starting_agent, self.replay)
-            provider = SDKModelProvider(team.current, _handoffs, team.tools_of)
+            provider = SDKModelProvider(
+                team.current, _handoffs, team.tools_of, streamed=self.streamed
+            )
             agent = Agent(
                 _graph_name(starting_agent.name),
                 provider,
