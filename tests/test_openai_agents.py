@@ -99,3 +99,16 @@ async def test_replay_policy_names_must_exist() -> None:
     async with open_store("memory://") as store:
         with pytest.raises(InvalidInput):
             WakefulRunner(Runtime(store), replay={"nope": "never"}).agent(agent)
+
+
+async def test_run_streamed_yields_deltas_and_ends_with_the_terminal_event() -> None:
+    model = ScriptedModel([[assistant_message("Hello there.")]])
+    agent = SDKAgent(name="greeter", model=model)
+    async with open_store("memory://") as store:
+        events = [
+            e async for e in WakefulRunner(Runtime(store)).run_streamed(agent, "hi", thread_id="t3")
+        ]
+        assert [m.content for m in await store.messages("t3")] == ["hi", "Hello there."]
+    text = "".join(str(e.data.get("text", "")) for e in events if e.type == "text.delta")
+    assert text == "Hello there."
+    assert events[-1].type == "run.completed"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +31,9 @@ from wakeful.agent.tools import REPLAYS, ArgumentsInvalid, Tool, ToolContext
 from wakeful.errors import InvalidInput
 from wakeful.openai_agents.convert import SDKModelProvider
 from wakeful.providers.base import ToolSpec
-from wakeful.records import Message
+from wakeful.records import Event, Message
 from wakeful.runtime import Runtime
+from wakeful.runtime.events import LiveEvent
 from wakeful.runtime.results import RunOutcome
 
 
@@ -228,6 +229,25 @@ class WakefulRunner:
             self.runtime, thread, input, tenant=tenant, durability=self.durability
         )
         return await self._result(starting_agent, await handle.result())
+
+    async def run_streamed(
+        self,
+        starting_agent: SDKAgent[Any],
+        input: str,
+        *,
+        thread_id: str | None = None,
+        tenant: str | None = None,
+    ) -> AsyncIterator[Event | LiveEvent]:
+        """Run like ``run`` and yield wakeful's events as they happen: live ``text.delta``,
+        ``tool.started`` and ``tool.finished`` and the durable events (``message.completed``
+        per model turn), ending with the run's terminal event (``run.completed`` ...).
+        These are wakeful events, not the SDK's ``StreamEvent`` objects."""
+        thread = thread_id or f"oai-{uuid.uuid4().hex}"
+        _, agent = self._build(starting_agent)
+        async for item in agent.stream(
+            self.runtime, thread, input, tenant=tenant, durability=self.durability
+        ):
+            yield item
 
     async def recover(
         self, starting_agent: SDKAgent[Any], thread_id: str, *, tenant: str | None = None
