@@ -112,3 +112,16 @@ async def test_run_streamed_yields_deltas_and_ends_with_the_terminal_event() -> 
     text = "".join(str(e.data.get("text", "")) for e in events if e.type == "text.delta")
     assert text == "Hello there."
     assert events[-1].type == "run.completed"
+
+
+async def test_the_example_hands_off_and_keeps_the_thread(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from examples.openai_agents.__main__ import main
+
+    await main(f"sqlite:///{tmp_path / 'ex.db'}")
+    assert capsys.readouterr().out.splitlines() == [
+        "billing -> Order 42 is refunded.",
+        "billing -> Anything else about order 42?",
+        "8 messages on the thread",
+    ]
