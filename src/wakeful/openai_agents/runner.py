@@ -260,7 +260,12 @@ class WakefulRunner:
     async def _result(self, starting_agent: SDKAgent[Any], outcome: RunOutcome) -> WakefulRunResult:
         team, _ = self._build(starting_agent)
         state = outcome.state if isinstance(outcome.state, dict) else {}
-        messages = await self.runtime.store.messages(outcome.thread_id)
+        messages: list[Message] = []
+        while True:  # the whole conversation: the handoff that decides may be old
+            page = await self.runtime.store.messages(outcome.thread_id, len(messages), 500)
+            messages.extend(page)
+            if len(page) < 500:
+                break
         return WakefulRunResult(
             thread_id=outcome.thread_id,
             run_id=outcome.run_id,
