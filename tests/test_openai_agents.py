@@ -13,11 +13,13 @@ from agents import Agent as SDKAgent  # noqa: E402
 from agents import function_tool  # noqa: E402
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
 
+from tests.postgres_support import Databases  # noqa: E402
 from wakeful import Runtime, open_store  # noqa: E402
 from wakeful.errors import InvalidInput  # noqa: E402
 from wakeful.openai_agents import WakefulRunner  # noqa: E402
 
 pytestmark = pytest.mark.asyncio
+pytest_plugins = ["tests.postgres_fixtures"]
 
 
 def _url(kind: str, tmp_path: Path) -> str:
@@ -125,3 +127,39 @@ async def test_the_example_hands_off_and_keeps_the_thread(
         "billing -> Anything else about order 42?",
         "8 messages on the thread",
     ]
+
+
+@pytest.mark.postgres
+async def test_postgres_thread_keeps_tools_and_handoff(pg_databases: Databases) -> None:
+    ran: list[int] = []
+
+    @function_tool
+    def charge(amount: int) -> str:
+        """Charge."""
+        ran.append(amount)
+        return f"charged {amount}"
+
+    billing = SDKAgent(
+        name="billing",
+        tools=[charge],
+        model=ScriptedModel(
+            [[function_call("charge", {"amount": 3}, call_id="c1")], [assistant_message("Done.")]]
+        ),
+    )
+    triage_model = ScriptedModel([[function_call("transfer_to_billing", {}, call_id="h1")]])
+    triage = SDKAgent(name="triage", model=triage_model, handoffs=[billing])
+    async with open_store(await pg_databases.clone()) as store:
+        result = await WakefulRunner(Runtime(store), replay={"charge": "never"}).run(
+            triage, "Charge me 3", thread_id="pg-1"
+        )
+        messages = await store.messages("pg-1")
+    assert (result.final_output, result.last_agent.name, ran) == ("Done.", "billing", [3])
+    assert [m.role for m in messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert messages[4].metadata["replay"] == "never"
