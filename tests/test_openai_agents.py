@@ -3,6 +3,7 @@ wakeful runs: tools once, history on the thread, handoffs recorded on the thread
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -163,3 +164,42 @@ async def test_postgres_thread_keeps_tools_and_handoff(pg_databases: Databases) 
         "assistant",
     ]
     assert messages[4].metadata["replay"] == "never"
+
+
+async def test_a_fleet_worker_runs_the_sdk_agents_as_a_target() -> None:
+    from tests.runtime_support import eventually
+    from wakeful import ManualClock
+    from wakeful.fleet import LocalWake, Registry, Worker, send_message
+    from wakeful.runtime import ClaimPolicy
+    from wakeful.store.memory import MemoryStore
+
+    billing = SDKAgent(name="billing", model=ScriptedModel([[assistant_message("Refunded.")]]))
+    triage_model = ScriptedModel([[function_call("transfer_to_billing", {}, call_id="h1")]])
+    triage = SDKAgent(name="triage", model=triage_model, handoffs=[billing])
+    clock = ManualClock()
+    store = MemoryStore(clock)
+    wake = LocalWake()
+    registry = Registry(default="triage").add("triage", WakefulRunner(Runtime(store)).agent(triage))
+    worker = Worker(
+        store,
+        registry,
+        claims=ClaimPolicy(ttl=30, renew_every=10),
+        wake=wake,
+        worker_id="w1",
+        poll_interval=0.05,
+        clock=clock,
+    )
+    task = asyncio.create_task(worker.run())
+    try:
+        await send_message(store, "f1", "Refund me", target="triage", wake=wake)
+
+        async def answered() -> bool:
+            return [m.content for m in await store.messages("f1")][-1:] == ["Refunded."]
+
+        await eventually(answered)
+        snap = await store.read("f1")
+        assert snap is not None and snap.checkpoint is not None
+        assert snap.checkpoint.status == "completed"
+    finally:
+        await worker.stop(grace=5)
+        await asyncio.wait_for(task, 10)
