@@ -7,6 +7,7 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
 agents = pytest.importorskip("agents")
 
@@ -203,3 +204,23 @@ async def test_a_fleet_worker_runs_the_sdk_agents_as_a_target() -> None:
     finally:
         await worker.stop(grace=5)
         await asyncio.wait_for(task, 10)
+
+
+async def test_dynamic_instructions_and_output_type() -> None:
+    class Weather(BaseModel):
+        city: str
+        celsius: int
+
+    model = ScriptedModel([[assistant_message('{"city": "Paris", "celsius": 21}')]])
+    agent = SDKAgent(
+        name="meteo",
+        instructions=lambda ctx, agent: f"You are {agent.name}.",
+        model=model,
+        output_type=Weather,
+    )
+    async with open_store("memory://") as store:
+        result = await WakefulRunner(Runtime(store)).run(agent, "Paris?")
+    assert result.final_output == Weather(city="Paris", celsius=21)
+    assert model.calls[0].system_instructions == "You are meteo."
+    assert model.calls[0].output_schema is not None
+    assert result.thread_id.startswith("oai-")

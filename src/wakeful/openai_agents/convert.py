@@ -14,7 +14,14 @@ from typing import Any
 
 import openai
 from agents import Agent as SDKAgent
-from agents import Handoff, Model, ModelSettings
+from agents import (
+    AgentOutputSchema,
+    AgentOutputSchemaBase,
+    Handoff,
+    Model,
+    ModelSettings,
+    RunContextWrapper,
+)
 from agents.models.interface import ModelTracing
 from agents.models.multi_provider import MultiProvider
 from openai.types.responses import (
@@ -69,6 +76,15 @@ def input_items(messages: Sequence[Message]) -> list[Any]:
     return items
 
 
+def output_schema(agent: SDKAgent[Any]) -> AgentOutputSchemaBase | None:
+    """The agent's structured output schema, or ``None`` for plain text."""
+    if agent.output_type is None or agent.output_type is str:
+        return None
+    if isinstance(agent.output_type, AgentOutputSchemaBase):
+        return agent.output_type
+    return AgentOutputSchema(agent.output_type)
+
+
 def resolve_model(agent: SDKAgent[Any]) -> Model:
     """The agent's ``Model``: itself, or the one its name designates (the SDK's default
     provider), or the SDK's default model."""
@@ -103,14 +119,15 @@ class SDKModelProvider:
     async def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
         agent = self._current(request.messages)
         model = resolve_model(agent)
-        instructions = agent.instructions if isinstance(agent.instructions, str) else None
+        # dynamic instructions are called as the SDK calls them (no run context object)
+        instructions = await agent.get_system_prompt(RunContextWrapper(context=None))
         self.requests += 1
         args: tuple[Any, ...] = (
             instructions,
             input_items(request.messages),
             agent.model_settings or ModelSettings(),
             self._tools(agent),
-            None,
+            output_schema(agent),
             self._handoffs(agent),
             ModelTracing.DISABLED,
         )

@@ -29,7 +29,7 @@ from wakeful.agent import Agent
 from wakeful.agent.recovery import StreamPolicy
 from wakeful.agent.tools import REPLAYS, ArgumentsInvalid, Tool, ToolContext
 from wakeful.errors import InvalidInput
-from wakeful.openai_agents.convert import SDKModelProvider
+from wakeful.openai_agents.convert import SDKModelProvider, output_schema
 from wakeful.providers.base import ToolSpec
 from wakeful.records import Event, Message
 from wakeful.runtime import Runtime
@@ -76,12 +76,13 @@ class _SDKTool(Tool):
 @dataclass(frozen=True)
 class WakefulRunResult:
     """What ``WakefulRunner.run`` returns: ``final_output`` (the last agent's answer, text),
-    ``last_agent`` (the agent that answered; pass it to the next run to go on with it)."""
+    ``last_agent`` (the agent that answered). With an ``output_type`` on that agent,
+    ``final_output`` is the answer validated into it (``ModelBehaviorError`` if it does not)."""
 
     thread_id: str
     run_id: str
     status: str
-    final_output: str | None
+    final_output: Any
     last_agent: SDKAgent[Any]
 
 
@@ -266,10 +267,15 @@ class WakefulRunner:
             messages.extend(page)
             if len(page) < 500:
                 break
+        last = team.current(messages)
+        final = state.get("final")
+        schema = output_schema(last)
+        if schema is not None and isinstance(final, str) and not schema.is_plain_text():
+            final = schema.validate_json(final)
         return WakefulRunResult(
             thread_id=outcome.thread_id,
             run_id=outcome.run_id,
             status=outcome.status,
-            final_output=state.get("final"),
-            last_agent=team.current(messages),
+            final_output=final,
+            last_agent=last,
         )
