@@ -224,3 +224,24 @@ async def test_dynamic_instructions_and_output_type() -> None:
     assert model.calls[0].system_instructions == "You are meteo."
     assert model.calls[0].output_schema is not None
     assert result.thread_id.startswith("oai-")
+
+
+async def test_an_agent_cannot_call_another_agents_tool() -> None:
+    ran: list[str] = []
+
+    @function_tool
+    def secret() -> str:
+        """Billing only."""
+        ran.append("secret")
+        return "leaked"
+
+    billing = SDKAgent(name="billing", tools=[secret], model=ScriptedModel([]))
+    triage_model = ScriptedModel(
+        [[function_call("secret", {}, call_id="x1")], [assistant_message("Cannot.")]]
+    )
+    triage = SDKAgent(name="triage", model=triage_model, handoffs=[billing])
+    async with open_store("memory://") as store:
+        result = await WakefulRunner(Runtime(store)).run(triage, "peek", thread_id="t5")
+        tool = next(m for m in await store.messages("t5") if m.role == "tool")
+    assert (result.final_output, ran) == ("Cannot.", [])
+    assert tool.metadata["outcome"] == "invalid" and "no tool named 'secret'" in tool.content

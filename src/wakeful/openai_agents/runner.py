@@ -32,7 +32,7 @@ from wakeful.errors import InvalidInput
 from wakeful.openai_agents.convert import SDKModelProvider, output_schema
 from wakeful.providers.base import ToolSpec
 from wakeful.records import Event, Message
-from wakeful.runtime import Runtime
+from wakeful.runtime import NodeContext, Runtime
 from wakeful.runtime.events import LiveEvent
 from wakeful.runtime.results import RunOutcome
 
@@ -163,6 +163,30 @@ class _Team:
         return list(agent.tools)
 
 
+class _TeamAgent(Agent):
+    """The wakeful agent of a team: a call runs only if the agent that made it has that tool
+    (or handoff), as in the SDK; any other name is an ``invalid`` result the model sees."""
+
+    team: _Team
+
+    async def _execute(self, name: str, call: dict[str, Any], ctx: NodeContext) -> tuple[str, str]:
+        history = await ctx.history()
+        made = next(
+            (
+                i
+                for i, m in enumerate(history)
+                if m.role == "assistant"
+                and any(c.get("id") == call.get("id") for c in m.tool_calls)
+            ),
+            len(history),
+        )
+        caller = self.team.current(history[:made])
+        allowed = {t.name for t in caller.tools} | {h.tool_name for h in _handoffs(caller)}
+        if name not in allowed:
+            return "invalid", f"error: agent {caller.name!r} has no tool named {name!r}"
+        return await super()._execute(name, call, ctx)
+
+
 def _graph_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:100] or "agent"
 
@@ -204,13 +228,14 @@ class WakefulRunner:
             provider = SDKModelProvider(
                 team.current, _handoffs, team.tools_of, streamed=self.streamed
             )
-            agent = Agent(
+            agent = _TeamAgent(
                 _graph_name(starting_agent.name),
                 provider,
                 tools=list(team.tools.values()),
                 max_steps=self.max_turns,
                 stream_policy=self.stream_policy,
             )
+            agent.team = team
             self._built[key] = (team, agent)
         return self._built[key]
 
