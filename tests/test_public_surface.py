@@ -211,6 +211,7 @@ LAYERS = {
     "fleet": 5,
     "client": 6,
     "langgraph": 6,
+    "openai_agents": 6,  # the Agents SDK adapter over the agent layer (issue 42)
     "cli": 7,
     "server": 7,
     "demo": 7,
