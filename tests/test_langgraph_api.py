@@ -1,0 +1,215 @@
+"""The LangGraph API at ``/langgraph``, driven by the official ``langgraph-sdk`` async
+client against a real uvicorn server on loopback over a SQLite store: assistants, threads,
+runs (stream with values and updates, wait, an interrupt resumed with a command), state and
+history as stored by the fenced ``WakefulSaver``; tenants; 501 for what is not supported."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+import httpx
+import pytest
+import pytest_asyncio
+from langgraph.graph import END, START, StateGraph
+from langgraph.types import interrupt
+from langgraph_sdk import get_client
+from langgraph_sdk.errors import NotFoundError
+
+from tests.server_support import serving
+from wakeful import open_store
+from wakeful.fleet.registry import Registry
+from wakeful.langgraph import WakefulSaver
+from wakeful.server import create_app
+
+TOKENS = {"token-acme-1234": "acme", "token-globex-99": "globex"}
+
+
+class State(TypedDict):
+    log: Annotated[list[str], operator.add]
+
+
+def steps_graph() -> Any:
+    builder = StateGraph(State)
+    builder.add_node("one", lambda state: {"log": ["one"]})
+    builder.add_node("two", lambda state: {"log": ["two"]})
+    builder.add_edge(START, "one")
+    builder.add_edge("one", "two")
+    builder.add_edge("two", END)
+    return builder.compile()
+
+
+def approval_graph() -> Any:
+    def ask(state: State) -> dict[str, Any]:
+        return {"log": [f"answer:{interrupt('ship it?')}"]}
+
+    builder = StateGraph(State)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "ask")
+    builder.add_edge("ask", END)
+    return builder.compile()
+
+
+@pytest_asyncio.fixture
+async def served(tmp_path: Path) -> AsyncIterator[tuple[str, Any]]:
+    store = await open_store(f"sqlite:///{tmp_path / 'lg.db'}")
+    registry = Registry().add("steps", steps_graph()).add("approval", approval_graph())
+    app = create_app(store, registry, TOKENS)
+    OPENED.clear()
+    try:
+        async with serving(app) as url:
+            yield f"{url}/langgraph", store
+    finally:
+        for sdk in OPENED:
+            await sdk.aclose()
+        saver = _mounted(app).state.langgraph._saver
+        if saver is not None:
+            await saver.aclose()
+        await store.close()
+
+
+def _mounted(app: Any) -> Any:
+    return next(r.app for r in app.routes if getattr(r, "path", "") == "/langgraph")
+
+
+OPENED: list[Any] = []
+
+
+def client(url: str, token: str = "token-acme-1234") -> Any:
+    """An SDK client (closed when the test's server stops)."""
+    sdk = get_client(url=url, headers={"Authorization": f"Bearer {token}"})
+    OPENED.append(sdk)
+    return sdk
+
+
+@pytest.mark.asyncio
+async def test_sdk_assistants_threads_stream_wait_state_history(
+    served: tuple[str, Any],
+) -> None:
+    url, store = served
+    sdk = client(url)
+    assistants = await sdk.assistants.search()
+    assert sorted(a["graph_id"] for a in assistants) == ["approval", "steps"]
+    steps = next(a for a in assistants if a["graph_id"] == "steps")
+    assert (await sdk.assistants.get(steps["assistant_id"]))["graph_id"] == "steps"
+
+    thread = await sdk.threads.create(metadata={"owner": "test"})
+    parts = [
+        (part.event, part.data)
+        async for part in sdk.runs.stream(
+            thread["thread_id"],
+            steps["assistant_id"],
+            input={"log": ["in"]},
+            stream_mode=["values", "updates"],
+        )
+    ]
+    assert parts[0][0] == "metadata" and parts[0][1]["run_id"]
+    assert parts[1:] == [
+        ("values", {"log": ["in"]}),
+        ("updates", {"one": {"log": ["one"]}}),
+        ("values", {"log": ["in", "one"]}),
+        ("updates", {"two": {"log": ["two"]}}),
+        ("values", {"log": ["in", "one", "two"]}),
+    ]
+
+    state = await sdk.threads.get_state(thread["thread_id"])
+    assert state["values"] == {"log": ["in", "one", "two"]} and state["next"] == []
+    history = await sdk.threads.get_history(thread["thread_id"], limit=10)
+    assert [h["values"].get("log") for h in history] == [
+        ["in", "one", "two"],
+        ["in", "one"],
+        ["in"],
+        [],
+    ]
+    assert history[0]["checkpoint"]["checkpoint_id"] == state["checkpoint"]["checkpoint_id"]
+    assert history[0]["parent_checkpoint"] == history[1]["checkpoint"]
+
+    # The checkpoints are the store's: another saver over the same store reads them.
+    graph = steps_graph().copy(update={"checkpointer": WakefulSaver(store, fencing="off")})
+    stored = await graph.aget_state({"configurable": {"thread_id": thread["thread_id"]}})
+    assert stored.values == {"log": ["in", "one", "two"]}
+
+    other = await sdk.threads.create()
+    waited = await sdk.runs.wait(other["thread_id"], "steps", input={"log": []})
+    assert waited == {"log": ["one", "two"]}
+    got = await sdk.threads.get(other["thread_id"])
+    assert got["status"] == "idle" and got["values"] == {"log": ["one", "two"]}
+
+
+@pytest.mark.asyncio
+async def test_sdk_interrupt_then_resume_command(served: tuple[str, Any]) -> None:
+    url, _ = served
+    sdk = client(url)
+    thread = await sdk.threads.create()
+    first = await sdk.runs.wait(thread["thread_id"], "approval", input={"log": []})
+    assert first["__interrupt__"][0]["value"] == "ship it?"
+    state = await sdk.threads.get_state(thread["thread_id"])
+    assert state["next"] == ["ask"]
+    assert (await sdk.threads.get(thread["thread_id"]))["status"] == "interrupted"
+    resumed = await sdk.runs.wait(thread["thread_id"], "approval", command={"resume": "yes"})
+    assert resumed == {"log": ["answer:yes"]}
+
+
+@pytest.mark.asyncio
+async def test_tenants_and_tokens(served: tuple[str, Any]) -> None:
+    url, _ = served
+    thread = await client(url).threads.create()
+    with pytest.raises(NotFoundError):
+        await client(url, "token-globex-99").threads.get(thread["thread_id"])
+    with pytest.raises(httpx.HTTPStatusError) as refused:  # wait raises httpx's own error
+        await client(url, "token-globex-99").runs.wait(thread["thread_id"], "steps", input={})
+    assert refused.value.response.status_code == 404
+    async with httpx.AsyncClient() as raw:
+        missing = await raw.post(f"{url}/assistants/search", json={})
+        wrong = await raw.post(
+            f"{url}/threads", json={}, headers={"Authorization": "Bearer not-a-token-at-all"}
+        )
+    assert missing.status_code == 401 and wrong.status_code == 401
+    assert (await client(url).threads.get(thread["thread_id"]))["status"] == "idle"
+
+
+@pytest.mark.asyncio
+async def test_unsupported_answers_501_naming_it(served: tuple[str, Any]) -> None:
+    url, _ = served
+    headers = {"Authorization": "Bearer token-acme-1234"}
+    thread = await client(url).threads.create()
+    tid = thread["thread_id"]
+    async with httpx.AsyncClient(headers=headers) as raw:
+        crons = await raw.post(f"{url}/runs/crons", json={})
+        messages = await raw.post(
+            f"{url}/threads/{tid}/runs/wait",
+            json={"assistant_id": "steps", "input": {}, "stream_mode": "messages-tuple"},
+        )
+        strategy = await raw.post(
+            f"{url}/threads/{tid}/runs/wait",
+            json={"assistant_id": "steps", "input": {}, "multitask_strategy": "interrupt"},
+        )
+        store_items = await raw.put(f"{url}/store/items", json={})
+    assert crons.status_code == 501 and "/runs/crons" in crons.json()["detail"]
+    assert strategy.status_code == 501 and "multitask_strategy" in strategy.json()["detail"]
+    assert store_items.status_code == 501 and "/store/items" in store_items.json()["detail"]
+    # wait ignores stream_mode (it returns the last values), as LangGraph's server does
+    assert messages.status_code == 200
+    # nothing ran for the refused strategy: one run (the waited one) is in the history
+    state = (await client(url).threads.get_state(tid))["values"]
+    assert state == {"log": ["one", "two"]}
+
+
+@pytest.mark.asyncio
+async def test_second_run_of_a_busy_thread_is_refused(served: tuple[str, Any]) -> None:
+    url, _ = served
+    sdk = client(url)
+    thread = await sdk.threads.create()
+    tid = thread["thread_id"]
+    stream = sdk.runs.stream(tid, "steps", input={"log": []}, stream_mode="values")
+    first = await anext(stream)
+    assert first.event == "metadata"
+    async with httpx.AsyncClient(headers={"Authorization": "Bearer token-acme-1234"}) as raw:
+        refused = await raw.post(
+            f"{url}/threads/{tid}/runs/wait", json={"assistant_id": "steps", "input": {}}
+        )
+    rest = [part async for part in stream]
+    assert refused.status_code == 409
+    assert rest[-1].data == {"log": ["one", "two"]}
