@@ -118,7 +118,7 @@ class Registry:
         self._by_graph: dict[str, Target] = {}
         self.langgraphs: dict[str, Any] = {}
         """Compiled LangGraph graphs by name (``add`` with one): served by the LangGraph
-        API at ``/langgraph`` (``wakeful.langgraph.api``), one assistant each."""
+        API at ``/langgraph`` (``wakeful.server.langgraph_api``), one assistant each."""
         self.default = default
 
     def add(

@@ -212,7 +212,7 @@ def create_app(
     ):
         app.include_router(router, dependencies=secured)
     if registry is not None and registry.langgraphs:
-        from wakeful.langgraph.api import create_langgraph_app
+        from wakeful.server.langgraph_api import create_langgraph_app
 
         app.mount("/langgraph", create_langgraph_app(store, registry.langgraphs, tokens))
     app.include_router(health.router)

@@ -187,7 +187,7 @@ def _snapshot(snap: Any) -> dict[str, Any]:
         }
         for task in snap.tasks
     ]
-    return json.loads(
+    view: dict[str, Any] = json.loads(
         dumps(
             {
                 "values": snap.values,
@@ -201,6 +201,7 @@ def _snapshot(snap: Any) -> dict[str, Any]:
             }
         )
     )
+    return view
 
 
 def _run_input(body: dict[str, Any]) -> Any:
@@ -454,7 +455,10 @@ def create_langgraph_app(
             except Exception as exc:  # the client sees it as an error event
                 yield _frame("error", {"error": type(exc).__name__, "message": str(exc)})
 
-        headers = {"Location": f"/threads/{thread_id}/runs/{run.run_id}", "Cache-Control": "no-store"}
+        headers = {
+            "Location": f"/threads/{thread_id}/runs/{run.run_id}",
+            "Cache-Control": "no-store",
+        }
         return StreamingResponse(frames(), media_type="text/event-stream", headers=headers)
 
     @app.post("/threads/{thread_id}/runs/wait")
