@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -18,11 +19,14 @@ from langgraph.types import interrupt
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
 
+from tests.postgres_support import Databases
 from tests.server_support import serving
 from wakeful import open_store
 from wakeful.fleet.registry import Registry
 from wakeful.langgraph import WakefulSaver
 from wakeful.server import create_app
+
+pytest_plugins = ["tests.postgres_fixtures"]
 
 TOKENS = {"token-acme-1234": "acme", "token-globex-99": "globex"}
 
@@ -54,7 +58,15 @@ def approval_graph() -> Any:
 
 @pytest_asyncio.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[str, Any]]:
-    store = await open_store(f"sqlite:///{tmp_path / 'lg.db'}")
+    async with serve(f"sqlite:///{tmp_path / 'lg.db'}") as served:
+        yield served
+
+
+@asynccontextmanager
+async def serve(store_url: str) -> AsyncIterator[tuple[str, Any]]:
+    """``create_app`` with two LangGraph graphs over the store at ``store_url``, served by
+    uvicorn on loopback: yields the ``/langgraph`` base URL and the store."""
+    store = await open_store(store_url)
     registry = Registry().add("steps", steps_graph()).add("approval", approval_graph())
     app = create_app(store, registry, TOKENS)
     OPENED.clear()
@@ -88,7 +100,17 @@ def client(url: str, token: str = "token-acme-1234") -> Any:
 async def test_sdk_assistants_threads_stream_wait_state_history(
     served: tuple[str, Any],
 ) -> None:
-    url, store = served
+    await _assistants_threads_stream_wait_state_history(*served)
+
+
+@pytest.mark.asyncio
+@pytest.mark.postgres
+async def test_sdk_on_postgres(pg_databases: Databases) -> None:
+    async with serve(await pg_databases.clone()) as served:
+        await _assistants_threads_stream_wait_state_history(*served)
+
+
+async def _assistants_threads_stream_wait_state_history(url: str, store: Any) -> None:
     sdk = client(url)
     assistants = await sdk.assistants.search()
     assert sorted(a["graph_id"] for a in assistants) == ["approval", "steps"]
