@@ -393,6 +393,8 @@ def create_langgraph_app(
         for name in UNSUPPORTED_RUN_FIELDS:
             if body.get(name) is not None:
                 raise Unsupported(f"the run field {name!r}")
+        if body.get("stream_subgraphs"):
+            raise Unsupported("stream_subgraphs")
         if body.get("multitask_strategy") not in (None, "reject"):
             raise Unsupported(f"multitask_strategy {body['multitask_strategy']!r}")
         graph_name = api.graph_name(str(body.get("assistant_id", "")))
