@@ -5,7 +5,14 @@ history as stored by the fenced ``WakefulSaver``; tenants; 501 for what is not s
 
 from __future__ import annotations
 
+import asyncio
 import operator
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,30 +26,25 @@ from langgraph.types import interrupt
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
 
+from tests.langgraph_api_app import steps_graph
 from tests.postgres_support import Databases
-from tests.server_support import serving
+from tests.server_support import echo_graph, serving
 from wakeful import open_store
+from wakeful.errors import InvalidInput
 from wakeful.fleet.registry import Registry
 from wakeful.langgraph import WakefulSaver
 from wakeful.server import create_app
+from wakeful.server.langgraph_api import close_langgraph
 
 pytest_plugins = ["tests.postgres_fixtures"]
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TOKENS = {"token-acme-1234": "acme", "token-globex-99": "globex"}
 
 
 class State(TypedDict):
     log: Annotated[list[str], operator.add]
-
-
-def steps_graph() -> Any:
-    builder = StateGraph(State)
-    builder.add_node("one", lambda state: {"log": ["one"]})
-    builder.add_node("two", lambda state: {"log": ["two"]})
-    builder.add_edge(START, "one")
-    builder.add_edge("one", "two")
-    builder.add_edge("two", END)
-    return builder.compile()
 
 
 def approval_graph() -> Any:
@@ -76,14 +78,8 @@ async def serve(store_url: str) -> AsyncIterator[tuple[str, Any]]:
     finally:
         for sdk in OPENED:
             await sdk.aclose()
-        saver = _mounted(app).state.langgraph._saver
-        if saver is not None:
-            await saver.aclose()
+        await close_langgraph(app)
         await store.close()
-
-
-def _mounted(app: Any) -> Any:
-    return next(r.app for r in app.routes if getattr(r, "path", "") == "/langgraph")
 
 
 OPENED: list[Any] = []
@@ -235,3 +231,75 @@ async def test_second_run_of_a_busy_thread_is_refused(served: tuple[str, Any]) -
     rest = [part async for part in stream]
     assert refused.status_code == 409
     assert rest[-1].data == {"log": ["one", "two"]}
+
+
+def test_registry_keeps_langgraph_graphs_apart_from_targets() -> None:
+    graph = steps_graph()
+    registry = Registry().add("steps", graph)
+    assert registry.langgraphs == {"steps": graph}
+    assert registry.names() == []  # not a worker target (decision 0046)
+    with pytest.raises(InvalidInput):
+        registry.add("steps", echo_graph())
+    with pytest.raises(InvalidInput):
+        Registry().add("echo", echo_graph()).add("echo", graph)
+    with pytest.raises(InvalidInput):
+        registry.add("bad name!", graph)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.asyncio
+async def test_wakeful_serve_mounts_the_api(tmp_path: Path) -> None:
+    """A real ``wakeful serve`` process with tokens from ``WAKEFUL_TOKENS``."""
+    port = _port()
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]),
+        "WAKEFUL_TOKENS": "token-acme-1234=acme",
+    }
+    args = ["serve", "--store", f"sqlite:///{tmp_path / 's.db'}", "--port", str(port)]
+    args += ["--app", "tests.langgraph_api_app:registry"]
+    proc = await asyncio.create_subprocess_exec(
+        str(Path(sys.executable).parent / "wakeful"),
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        async with httpx.AsyncClient() as raw:
+            while True:
+                try:
+                    if (await raw.get(f"{url}/readyz", timeout=1)).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                assert proc.returncode is None and time.monotonic() < deadline, "not ready"
+                await asyncio.sleep(0.05)
+        sdk = get_client(
+            url=f"{url}/langgraph", headers={"Authorization": "Bearer token-acme-1234"}
+        )
+        try:
+            assert [a["graph_id"] for a in await sdk.assistants.search()] == ["steps"]
+            thread = await sdk.threads.create()
+            updates = [
+                part.data
+                async for part in sdk.runs.stream(
+                    thread["thread_id"], "steps", input={"log": []}, stream_mode="updates"
+                )
+            ]
+            assert updates[1:] == [{"one": {"log": ["one"]}}, {"two": {"log": ["two"]}}]
+            state = await sdk.threads.get_state(thread["thread_id"])
+            assert state["values"] == {"log": ["one", "two"]}
+        finally:
+            await sdk.aclose()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 30) == 0

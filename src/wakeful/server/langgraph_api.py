@@ -110,6 +110,12 @@ class LangGraphAPI:
         self._saver: Any = None
         self.created_at = _now()
 
+    async def close(self) -> None:
+        """Release the saver's claims and stop its renewals (the server shuts down)."""
+        saver, self._saver = self._saver, None
+        if saver is not None:
+            await saver.aclose()
+
     def saver(self) -> Any:
         if self._saver is None:
             from wakeful.langgraph.saver import WakefulSaver
@@ -517,6 +523,14 @@ def create_langgraph_app(
         )
 
     return app
+
+
+async def close_langgraph(app: Any) -> None:
+    """Close the LangGraph API mounted in ``app`` (``create_app``), if any."""
+    for route in getattr(app, "routes", ()):
+        api = getattr(getattr(getattr(route, "app", None), "state", None), "langgraph", None)
+        if getattr(route, "path", None) == "/langgraph" and isinstance(api, LangGraphAPI):
+            await api.close()
 
 
 def _config(thread_id: str, extra: Any = None) -> dict[str, Any]:
