@@ -303,3 +303,26 @@ async def test_wakeful_serve_mounts_the_api(tmp_path: Path) -> None:
     finally:
         proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), 30) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_restarted_server_knows_threads_that_ran_and_whose_they_are(
+    tmp_path: Path,
+) -> None:
+    store_url = f"sqlite:///{tmp_path / 'restart.db'}"
+    async with serve(store_url) as (url, _):
+        thread = await client(url).threads.create()
+        tid = thread["thread_id"]
+        first = await client(url).runs.wait(tid, "approval", input={"log": ["before"]})
+        assert first["__interrupt__"][0]["value"] == "ship it?"
+    async with serve(store_url) as (url, _):  # a new server process's records: none
+        other = client(url, "token-globex-99")
+        with pytest.raises(NotFoundError):
+            await other.threads.get_state(tid)
+        with pytest.raises(httpx.HTTPStatusError) as refused:
+            await other.runs.wait(tid, "approval", input={}, if_not_exists="create")
+        assert refused.value.response.status_code == 404
+        state = await client(url).threads.get_state(tid)
+        assert state["values"] == {"log": ["before"]} and state["next"] == ["ask"]
+        resumed = await client(url).runs.wait(tid, "approval", command={"resume": "yes"})
+        assert resumed == {"log": ["before", "answer:yes"]}

@@ -33,6 +33,10 @@ from wakeful.store.contract import Store
 STREAM_MODES = ("values", "updates")
 """The stream modes of this slice; others answer 501."""
 MAX_HISTORY = 1000
+TENANT_KEY = "wakeful_tenant"
+GRAPH_KEY = "wakeful_graph"
+"""Checkpoint metadata of a run: the thread's tenant and graph, so a restarted server knows
+whose thread it is (thread records are kept in memory; decision 0046)."""
 NAMESPACE = uuid.UUID("6ba7b812-9dad-11d1-80b4-00c04fd430c8")
 
 
@@ -115,6 +119,23 @@ class LangGraphAPI:
         saver, self._saver = self._saver, None
         if saver is not None:
             await saver.aclose()
+
+    async def recover(self, thread_id: str) -> ThreadRecord | None:
+        """The record of a thread that ran before this server started: its tenant and graph
+        are in the metadata of its latest checkpoint (``execute`` puts them there)."""
+        try:
+            uuid.UUID(thread_id)
+        except ValueError:
+            return None
+        latest = await self.saver().aget_tuple({"configurable": {"thread_id": thread_id}})
+        meta = latest.metadata if latest is not None else {}
+        graph = meta.get(GRAPH_KEY)
+        if not isinstance(graph, str) or graph not in self.graphs:
+            return None
+        tenant = meta.get(TENANT_KEY)
+        record = ThreadRecord(thread_id, tenant if isinstance(tenant, str) else None, {})
+        record.assistant_id = graph
+        return self.threads.setdefault(thread_id, record)
 
     def saver(self) -> Any:
         if self._saver is None:
@@ -249,8 +270,8 @@ def create_langgraph_app(
     app = FastAPI(title="wakeful LangGraph API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.langgraph = api
 
-    def visible(caller: Caller, thread_id: str) -> ThreadRecord | None:
-        record = api.threads.get(thread_id)
+    async def visible(caller: Caller, thread_id: str) -> ThreadRecord | None:
+        record = api.threads.get(thread_id) or await api.recover(thread_id)
         if record is None or (not caller.operator and record.tenant != caller.tenant):
             return None
         return record
@@ -321,9 +342,9 @@ def create_langgraph_app(
             raise Unsupported("threads.create with supersteps")
         thread_id = str(body.get("thread_id") or uuid.uuid4())
         uuid.UUID(thread_id)  # ValueError -> 422: LangGraph thread ids are UUIDs
-        existing = api.threads.get(thread_id)
+        existing = api.threads.get(thread_id) or await api.recover(thread_id)
         if existing is not None:
-            if body.get("if_exists") == "do_nothing" and visible(caller, thread_id):
+            if body.get("if_exists") == "do_nothing" and await visible(caller, thread_id):
                 return thread_view(existing)
             return problem(409, "conflict", f"thread {thread_id!r} already exists")
         metadata = body.get("metadata") or {}
@@ -335,7 +356,7 @@ def create_langgraph_app(
 
     @app.get("/threads/{thread_id}")
     async def get_thread(thread_id: str, request: Request) -> Any:
-        record = visible(request.state.caller, thread_id)
+        record = await visible(request.state.caller, thread_id)
         if record is None:
             return _missing("thread", thread_id, request.url.path)
         view = thread_view(record)
@@ -348,7 +369,7 @@ def create_langgraph_app(
 
     @app.get("/threads/{thread_id}/state")
     async def get_state(thread_id: str, request: Request) -> Any:
-        record = visible(request.state.caller, thread_id)
+        record = await visible(request.state.caller, thread_id)
         if record is None:
             return _missing("thread", thread_id, request.url.path)
         if request.query_params.get("subgraphs") in ("true", "True"):
@@ -369,7 +390,7 @@ def create_langgraph_app(
 
     @app.post("/threads/{thread_id}/history")
     async def get_history(thread_id: str, request: Request) -> Any:
-        record = visible(request.state.caller, thread_id)
+        record = await visible(request.state.caller, thread_id)
         if record is None:
             return _missing("thread", thread_id, request.url.path)
         body = await body_of(request)
@@ -386,12 +407,12 @@ def create_langgraph_app(
             async for snap in graph.aget_state_history(_config(thread_id), limit=limit)
         ]
 
-    def start(request: Request, thread_id: str, body: dict[str, Any]) -> RunRecord | Response:
+    async def start(request: Request, thread_id: str, body: dict[str, Any]) -> RunRecord | Response:
         """Check a run request and record the run (it occupies its thread)."""
-        record = visible(request.state.caller, thread_id)
+        record = await visible(request.state.caller, thread_id)
         if record is None:
-            if body.get("if_not_exists") != "create":
-                return _missing("thread", thread_id, request.url.path)
+            if body.get("if_not_exists") != "create" or thread_id in api.threads:
+                return _missing("thread", thread_id, request.url.path)  # or another tenant's
             uuid.UUID(thread_id)
             record = api.threads[thread_id] = ThreadRecord(
                 thread_id, request.state.caller.tenant, {}
@@ -428,6 +449,9 @@ def create_langgraph_app(
         record = api.threads[run.thread_id]
         graph = api.graph(str(record.assistant_id))
         config = _config(run.thread_id, body.get("config"))
+        config.setdefault("metadata", {}).update(
+            {TENANT_KEY: record.tenant, GRAPH_KEY: record.assistant_id}
+        )
         modes = _modes(body)
         run.status = "running"
         try:
@@ -450,7 +474,7 @@ def create_langgraph_app(
         body = await body_of(request)
         _modes(body)
         _run_input(body)
-        run = start(request, thread_id, body)
+        run = await start(request, thread_id, body)
         if isinstance(run, Response):
             return run
 
@@ -474,7 +498,7 @@ def create_langgraph_app(
         body = await body_of(request)
         _run_input(body)
         body["stream_mode"] = ["values"]
-        run = start(request, thread_id, body)
+        run = await start(request, thread_id, body)
         if isinstance(run, Response):
             return run
         last: Any = None
@@ -491,7 +515,7 @@ def create_langgraph_app(
         body = await body_of(request)
         _run_input(body)
         body["stream_mode"] = ["values"]
-        run = start(request, thread_id, body)
+        run = await start(request, thread_id, body)
         if isinstance(run, Response):
             return run
 
@@ -505,7 +529,7 @@ def create_langgraph_app(
     @app.get("/threads/{thread_id}/runs/{run_id}")
     async def get_run(thread_id: str, run_id: str, request: Request) -> Any:
         run = api.runs.get(run_id)
-        if visible(request.state.caller, thread_id) is None or run is None:
+        if await visible(request.state.caller, thread_id) is None or run is None:
             return _missing("run", run_id, request.url.path)
         if run.thread_id != thread_id:
             return _missing("run", run_id, request.url.path)
