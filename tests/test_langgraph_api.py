@@ -15,13 +15,17 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from itertools import cycle
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import httpx
 import pytest
 import pytest_asyncio
-from langgraph.graph import END, START, StateGraph
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
+from langchain_core.messages import AIMessage
+from langgraph.config import get_stream_writer
+from langgraph.graph import END, START, MessagesState, StateGraph
 from langgraph.types import interrupt
 from langgraph_sdk import get_client
 from langgraph_sdk.errors import NotFoundError
@@ -58,6 +62,22 @@ def approval_graph() -> Any:
     return builder.compile()
 
 
+def chat_graph() -> Any:
+    """A node that streams a scripted chat model's reply (no paid API) and writes a custom
+    event."""
+    model = GenericFakeChatModel(messages=cycle([AIMessage(content="hello from wakeful")]))
+
+    async def call(state: MessagesState) -> dict[str, Any]:
+        get_stream_writer()({"progress": "calling"})
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("call", call)
+    builder.add_edge(START, "call")
+    builder.add_edge("call", END)
+    return builder.compile()
+
+
 @pytest_asyncio.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[str, Any]]:
     async with serve(f"sqlite:///{tmp_path / 'lg.db'}") as served:
@@ -70,6 +90,7 @@ async def serve(store_url: str) -> AsyncIterator[tuple[str, Any]]:
     uvicorn on loopback: yields the ``/langgraph`` base URL and the store."""
     store = await open_store(store_url)
     registry = Registry().add("steps", steps_graph()).add("approval", approval_graph())
+    registry.add("chat", chat_graph())
     app = create_app(store, registry, TOKENS)
     OPENED.clear()
     try:
@@ -109,7 +130,7 @@ async def test_sdk_on_postgres(pg_databases: Databases) -> None:
 async def _assistants_threads_stream_wait_state_history(url: str, store: Any) -> None:
     sdk = client(url)
     assistants = await sdk.assistants.search()
-    assert sorted(a["graph_id"] for a in assistants) == ["approval", "steps"]
+    assert sorted(a["graph_id"] for a in assistants) == ["approval", "chat", "steps"]
     steps = next(a for a in assistants if a["graph_id"] == "steps")
     assert (await sdk.assistants.get(steps["assistant_id"]))["graph_id"] == "steps"
 
@@ -205,8 +226,13 @@ async def test_unsupported_answers_501_naming_it(served: tuple[str, Any]) -> Non
             json={"assistant_id": "steps", "input": {}, "multitask_strategy": "interrupt"},
         )
         store_items = await raw.put(f"{url}/store/items", json={})
+        events = await raw.post(
+            f"{url}/threads/{tid}/runs/stream",
+            json={"assistant_id": "steps", "input": {}, "stream_mode": ["values", "events"]},
+        )
     assert crons.status_code == 501 and "/runs/crons" in crons.json()["detail"]
     assert strategy.status_code == 501 and "multitask_strategy" in strategy.json()["detail"]
+    assert events.status_code == 501 and "'events'" in events.json()["detail"]
     assert store_items.status_code == 501 and "/store/items" in store_items.json()["detail"]
     # wait ignores stream_mode (it returns the last values), as LangGraph's server does
     assert messages.status_code == 200
@@ -326,3 +352,26 @@ async def test_a_restarted_server_knows_threads_that_ran_and_whose_they_are(
         assert state["values"] == {"log": ["before"]} and state["next"] == ["ask"]
         resumed = await client(url).runs.wait(tid, "approval", command={"resume": "yes"})
         assert resumed == {"log": ["before", "answer:yes"]}
+
+
+@pytest.mark.asyncio
+async def test_sdk_streams_messages_tuple_and_custom(served: tuple[str, Any]) -> None:
+    url, _ = served
+    sdk = client(url)
+    thread = await sdk.threads.create()
+    parts = [
+        (part.event, part.data)
+        async for part in sdk.runs.stream(
+            thread["thread_id"],
+            "chat",
+            input={"messages": [{"role": "user", "content": "hi"}]},
+            stream_mode=["messages-tuple", "custom"],
+        )
+    ]
+    assert ("custom", {"progress": "calling"}) in parts
+    chunks = [data for event, data in parts if event == "messages"]
+    assert len(chunks) > 1  # token by token, not one message
+    assert "".join(message["content"] for message, _ in chunks) == "hello from wakeful"
+    assert {meta["langgraph_node"] for _, meta in chunks} == {"call"}
+    state = await sdk.threads.get_state(thread["thread_id"])
+    assert state["values"]["messages"][-1]["content"] == "hello from wakeful"

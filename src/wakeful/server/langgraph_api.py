@@ -30,8 +30,14 @@ from wakeful.fleet.tokens import Authenticator, Caller
 from wakeful.server.problems import problem
 from wakeful.store.contract import Store
 
-STREAM_MODES = ("values", "updates")
-"""The stream modes of this slice; others answer 501."""
+STREAM_MODES = {
+    "values": "values",
+    "updates": "updates",
+    "custom": "custom",
+    "messages-tuple": "messages",
+}
+"""The API's stream modes of this slice and LangGraph's mode behind each (its chunks go out
+as events named after LangGraph's mode, as LangGraph's server does); others answer 501."""
 MAX_HISTORY = 1000
 TENANT_KEY = "wakeful_tenant"
 GRAPH_KEY = "wakeful_graph"
@@ -247,8 +253,8 @@ def _modes(body: dict[str, Any]) -> list[str]:
     modes = [raw] if isinstance(raw, str) else list(raw or ["values"])
     for mode in modes:
         if mode not in STREAM_MODES:
-            raise Unsupported(f"stream_mode {mode!r} (this server streams values and updates)")
-    return modes
+            raise Unsupported(f"stream_mode {mode!r} (this server streams {sorted(STREAM_MODES)})")
+    return [STREAM_MODES[mode] for mode in modes]
 
 
 UNSUPPORTED_RUN_FIELDS = (
