@@ -375,3 +375,24 @@ async def test_sdk_streams_messages_tuple_and_custom(served: tuple[str, Any]) ->
     assert {meta["langgraph_node"] for _, meta in chunks} == {"call"}
     state = await sdk.threads.get_state(thread["thread_id"])
     assert state["values"]["messages"][-1]["content"] == "hello from wakeful"
+
+
+@pytest.mark.asyncio
+async def test_sdk_threads_search_and_delete(served: tuple[str, Any]) -> None:
+    url, store = served
+    sdk = client(url)
+    kept = await sdk.threads.create(metadata={"team": "red"})
+    gone = await sdk.threads.create(metadata={"team": "blue"})
+    await client(url, "token-globex-99").threads.create(metadata={"team": "red"})
+    await sdk.runs.wait(gone["thread_id"], "steps", input={"log": []})
+    found = await sdk.threads.search(metadata={"team": "red"})
+    assert [t["thread_id"] for t in found] == [kept["thread_id"]]  # not globex's
+    assert len(await sdk.threads.search()) == 2
+
+    await sdk.threads.delete(gone["thread_id"])
+    with pytest.raises(NotFoundError):
+        await sdk.threads.get(gone["thread_id"])
+    # the checkpoints are gone from the store too
+    saver = WakefulSaver(store, fencing="off")
+    assert await saver.aget_tuple({"configurable": {"thread_id": gone["thread_id"]}}) is None
+    assert [t["thread_id"] for t in await sdk.threads.search()] == [kept["thread_id"]]

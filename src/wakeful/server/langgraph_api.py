@@ -2,110 +2,49 @@
 
 ``langgraph_sdk.get_client(url="http://host:port/langgraph")`` works against it for:
 assistants (search, get: one per LangGraph graph of the registry), threads (create, get,
-state, history), runs (create, get, wait, stream with ``stream_mode`` ``values`` and
-``updates``). Every other endpoint answers 501 with a problem naming it. Graphs run in the
-server process with a fenced ``WakefulSaver`` over the server's store: a second run of a
-thread is refused (409), and a thread's checkpoints are the store's. The bearer tokens of
+search, delete, state, history), runs (create, get, wait, stream with ``stream_mode``
+``values``, ``updates``, ``custom``, ``messages-tuple``). Every other endpoint answers 501
+with a problem naming it. Graphs run in the server process with a fenced ``WakefulSaver``
+over the server's store: a second run of a thread is refused (409), and a thread's
+checkpoints are the store's. The bearer tokens of
 the HTTP API are the auth: a thread of another tenant is reported missing (404).
 
-Thread records (tenant, metadata) are kept in memory in this slice: they do not survive a
-server restart although the checkpoints do. See docs/langgraph-api.md.
+Thread records (tenant, metadata) are kept in memory in this slice; a restarted server
+recovers a thread that ran (its tenant and graph) from its latest checkpoint's metadata.
+See docs/langgraph-api.md and decision 0046.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from wakeful.fleet.tokens import Authenticator, Caller
+from wakeful.server.langgraph_views import (
+    GRAPH_KEY,
+    MAX_HISTORY,
+    NAMESPACE,
+    TENANT_KEY,
+    UNSUPPORTED_RUN_FIELDS,
+    RunRecord,
+    ThreadRecord,
+    Unsupported,
+    config_for,
+    dumps,
+    frame,
+    now,
+    run_input,
+    snapshot,
+    stream_modes,
+)
 from wakeful.server.problems import problem
 from wakeful.store.contract import Store
-
-STREAM_MODES = {
-    "values": "values",
-    "updates": "updates",
-    "custom": "custom",
-    "messages-tuple": "messages",
-}
-"""The API's stream modes of this slice and LangGraph's mode behind each (its chunks go out
-as events named after LangGraph's mode, as LangGraph's server does); others answer 501."""
-MAX_HISTORY = 1000
-TENANT_KEY = "wakeful_tenant"
-GRAPH_KEY = "wakeful_graph"
-"""Checkpoint metadata of a run: the thread's tenant and graph, so a restarted server knows
-whose thread it is (thread records are kept in memory; decision 0046)."""
-NAMESPACE = uuid.UUID("6ba7b812-9dad-11d1-80b4-00c04fd430c8")
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat()
-
-
-def _default(value: Any) -> Any:
-    """JSON for what LangGraph streams: pydantic models (messages), dataclasses
-    (``Interrupt``), tuples and sets."""
-    dump = getattr(value, "model_dump", None)
-    if callable(dump):
-        return dump()
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, (tuple, set, frozenset)):
-        return list(value)
-    return repr(value)
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, default=_default, separators=(",", ":"))
-
-
-@dataclass
-class ThreadRecord:
-    thread_id: str
-    tenant: str | None
-    metadata: dict[str, Any]
-    created_at: str = field(default_factory=_now)
-    updated_at: str = field(default_factory=_now)
-    assistant_id: str | None = None
-    running: str | None = None
-    """The run occupying the thread, if any (multitask strategy ``reject``)."""
-
-
-@dataclass
-class RunRecord:
-    run_id: str
-    thread_id: str
-    assistant_id: str
-    metadata: dict[str, Any]
-    status: str = "pending"
-    created_at: str = field(default_factory=_now)
-    updated_at: str = field(default_factory=_now)
-    task: asyncio.Task[Any] | None = None
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "run_id": self.run_id,
-            "thread_id": self.thread_id,
-            "assistant_id": self.assistant_id,
-            "created_at": self.created_at,
-            "updated_at": self.updated_at,
-            "status": self.status,
-            "metadata": self.metadata,
-            "multitask_strategy": "reject",
-            "kwargs": {},
-        }
-
-
-class Unsupported(Exception):
-    """A request this slice does not implement (answered 501)."""
 
 
 class LangGraphAPI:
@@ -118,7 +57,7 @@ class LangGraphAPI:
         self.threads: dict[str, ThreadRecord] = {}
         self.runs: dict[str, RunRecord] = {}
         self._saver: Any = None
-        self.created_at = _now()
+        self.created_at = now()
 
     async def close(self) -> None:
         """Release the saver's claims and stop its renewals (the server shuts down)."""
@@ -193,79 +132,6 @@ def _caller(api: LangGraphAPI, request: Request) -> Caller | Response:
 
 def _missing(kind: str, ident: str, path: str) -> Response:
     return problem(404, "not-found", f"{kind} {ident!r} does not exist", instance=path)
-
-
-def _snapshot(snap: Any) -> dict[str, Any]:
-    """A LangGraph ``StateSnapshot`` as the API's ``ThreadState``."""
-
-    def checkpoint(config: Any) -> dict[str, Any] | None:
-        conf = (config or {}).get("configurable", {})
-        if not conf.get("checkpoint_id"):
-            return None
-        return {
-            "thread_id": conf.get("thread_id"),
-            "checkpoint_ns": conf.get("checkpoint_ns", ""),
-            "checkpoint_id": conf["checkpoint_id"],
-        }
-
-    tasks = [
-        {
-            "id": task.id,
-            "name": task.name,
-            "error": None if task.error is None else repr(task.error),
-            "interrupts": list(task.interrupts),
-            "checkpoint": None,
-            "state": None,
-            "result": getattr(task, "result", None),
-        }
-        for task in snap.tasks
-    ]
-    view: dict[str, Any] = json.loads(
-        dumps(
-            {
-                "values": snap.values,
-                "next": list(snap.next),
-                "tasks": tasks,
-                "checkpoint": checkpoint(snap.config),
-                "metadata": snap.metadata,
-                "created_at": snap.created_at,
-                "parent_checkpoint": checkpoint(snap.parent_config),
-                "interrupts": list(getattr(snap, "interrupts", ())),
-            }
-        )
-    )
-    return view
-
-
-def _run_input(body: dict[str, Any]) -> Any:
-    command = body.get("command")
-    if command is None:
-        return body.get("input")
-    if not isinstance(command, dict) or set(command) - {"resume"}:
-        raise Unsupported("commands other than {'resume': ...} (goto, update)")
-    from langgraph.types import Command
-
-    return Command(resume=command.get("resume"))
-
-
-def _modes(body: dict[str, Any]) -> list[str]:
-    raw = body.get("stream_mode", "values")
-    modes = [raw] if isinstance(raw, str) else list(raw or ["values"])
-    for mode in modes:
-        if mode not in STREAM_MODES:
-            raise Unsupported(f"stream_mode {mode!r} (this server streams {sorted(STREAM_MODES)})")
-    return [STREAM_MODES[mode] for mode in modes]
-
-
-UNSUPPORTED_RUN_FIELDS = (
-    "webhook",
-    "interrupt_before",
-    "interrupt_after",
-    "checkpoint",
-    "checkpoint_id",
-    "after_seconds",
-    "feedback_keys",
-)
 
 
 def create_langgraph_app(
@@ -360,6 +226,45 @@ def create_langgraph_app(
         api.threads[thread_id] = record
         return thread_view(record)
 
+    @app.post("/threads/search")
+    async def search_threads(request: Request) -> Any:
+        """The caller's threads this server knows (newest first), filtered by metadata
+        (every given key equal) and status."""
+        body = await body_of(request)
+        caller: Caller = request.state.caller
+        for name in ("values", "ids", "sort_by", "sort_order", "select", "extract"):
+            if body.get(name) is not None:
+                raise Unsupported(f"threads.search by {name!r}")
+        wanted = body.get("metadata") or {}
+        limit, offset = int(body.get("limit", 10)), int(body.get("offset", 0))
+        found = []
+        for record in sorted(api.threads.values(), key=lambda r: r.created_at, reverse=True):
+            if not caller.operator and record.tenant != caller.tenant:
+                continue
+            if any(record.metadata.get(k) != v for k, v in wanted.items()):
+                continue
+            view = thread_view(record)
+            if body.get("status") not in (None, view["status"]):
+                continue
+            found.append(view)
+        return found[offset : offset + limit]
+
+    @app.delete("/threads/{thread_id}")
+    async def delete_thread(thread_id: str, request: Request) -> Response:
+        record = await visible(request.state.caller, thread_id)
+        if record is None:
+            return _missing("thread", thread_id, request.url.path)
+        if record.running is not None:
+            return problem(
+                409,
+                "thread-busy",
+                f"thread {thread_id!r} is running run {record.running!r}; delete it after",
+                instance=request.url.path,
+            )
+        await api.saver().adelete_thread(thread_id)
+        api.threads.pop(thread_id, None)
+        return Response(status_code=204)
+
     @app.get("/threads/{thread_id}")
     async def get_thread(thread_id: str, request: Request) -> Any:
         record = await visible(request.state.caller, thread_id)
@@ -367,8 +272,8 @@ def create_langgraph_app(
             return _missing("thread", thread_id, request.url.path)
         view = thread_view(record)
         if record.assistant_id is not None:
-            snap = await api.graph(record.assistant_id).aget_state(_config(thread_id))
-            view["values"] = _snapshot(snap)["values"]
+            snap = await api.graph(record.assistant_id).aget_state(config_for(thread_id))
+            view["values"] = snapshot(snap)["values"]
             if snap.next and not record.running:
                 view["status"] = "interrupted"
         return view
@@ -391,8 +296,8 @@ def create_langgraph_app(
                 "parent_checkpoint": None,
                 "interrupts": [],
             }
-        snap = await api.graph(record.assistant_id).aget_state(_config(thread_id))
-        return _snapshot(snap)
+        snap = await api.graph(record.assistant_id).aget_state(config_for(thread_id))
+        return snapshot(snap)
 
     @app.post("/threads/{thread_id}/history")
     async def get_history(thread_id: str, request: Request) -> Any:
@@ -409,8 +314,8 @@ def create_langgraph_app(
             return []
         graph = api.graph(record.assistant_id)
         return [
-            _snapshot(snap)
-            async for snap in graph.aget_state_history(_config(thread_id), limit=limit)
+            snapshot(snap)
+            async for snap in graph.aget_state_history(config_for(thread_id), limit=limit)
         ]
 
     async def start(request: Request, thread_id: str, body: dict[str, Any]) -> RunRecord | Response:
@@ -454,44 +359,44 @@ def create_langgraph_app(
         """Run the graph, yielding ``(mode, chunk)``; the run's status follows."""
         record = api.threads[run.thread_id]
         graph = api.graph(str(record.assistant_id))
-        config = _config(run.thread_id, body.get("config"))
+        config = config_for(run.thread_id, body.get("config"))
         config.setdefault("metadata", {}).update(
             {TENANT_KEY: record.tenant, GRAPH_KEY: record.assistant_id}
         )
-        modes = _modes(body)
+        modes = stream_modes(body)
         run.status = "running"
         try:
             async for mode, chunk in graph.astream(
-                _run_input(body), config, stream_mode=modes, context=body.get("context")
+                run_input(body), config, stream_mode=modes, context=body.get("context")
             ):
                 yield mode, chunk
-            snap = await graph.aget_state(_config(run.thread_id))
+            snap = await graph.aget_state(config_for(run.thread_id))
             run.status = "interrupted" if snap.next else "success"
         except BaseException:
             run.status = "error"
             raise
         finally:
-            run.updated_at = record.updated_at = _now()
+            run.updated_at = record.updated_at = now()
             if record.running == run.run_id:
                 record.running = None
 
     @app.post("/threads/{thread_id}/runs/stream")
     async def stream_run(thread_id: str, request: Request) -> Any:
         body = await body_of(request)
-        _modes(body)
-        _run_input(body)
+        stream_modes(body)
+        run_input(body)
         run = await start(request, thread_id, body)
         if isinstance(run, Response):
             return run
 
         async def frames() -> AsyncIterator[bytes]:
             meta = {"run_id": run.run_id, "thread_id": thread_id, "attempt": 1}
-            yield _frame("metadata", meta)
+            yield frame("metadata", meta)
             try:
                 async for mode, chunk in execute(run, body):
-                    yield _frame(mode, chunk)
+                    yield frame(mode, chunk)
             except Exception as exc:  # the client sees it as an error event
-                yield _frame("error", {"error": type(exc).__name__, "message": str(exc)})
+                yield frame("error", {"error": type(exc).__name__, "message": str(exc)})
 
         headers = {
             "Location": f"/threads/{thread_id}/runs/{run.run_id}",
@@ -502,7 +407,7 @@ def create_langgraph_app(
     @app.post("/threads/{thread_id}/runs/wait")
     async def wait_run(thread_id: str, request: Request) -> Any:
         body = await body_of(request)
-        _run_input(body)
+        run_input(body)
         body["stream_mode"] = ["values"]
         run = await start(request, thread_id, body)
         if isinstance(run, Response):
@@ -519,7 +424,7 @@ def create_langgraph_app(
     @app.post("/threads/{thread_id}/runs")
     async def create_run(thread_id: str, request: Request) -> Any:
         body = await body_of(request)
-        _run_input(body)
+        run_input(body)
         body["stream_mode"] = ["values"]
         run = await start(request, thread_id, body)
         if isinstance(run, Response):
@@ -561,15 +466,3 @@ async def close_langgraph(app: Any) -> None:
         api = getattr(getattr(getattr(route, "app", None), "state", None), "langgraph", None)
         if getattr(route, "path", None) == "/langgraph" and isinstance(api, LangGraphAPI):
             await api.close()
-
-
-def _config(thread_id: str, extra: Any = None) -> dict[str, Any]:
-    config: dict[str, Any] = dict(extra) if isinstance(extra, dict) else {}
-    configurable = dict(config.get("configurable") or {})
-    configurable["thread_id"] = thread_id
-    config["configurable"] = configurable
-    return config
-
-
-def _frame(event: str, data: Any) -> bytes:
-    return f"event: {event}\ndata: {dumps(data)}\n\n".encode()
