@@ -226,12 +226,21 @@ async def test_unsupported_answers_501_naming_it(served: tuple[str, Any]) -> Non
             json={"assistant_id": "steps", "input": {}, "multitask_strategy": "interrupt"},
         )
         store_items = await raw.put(f"{url}/store/items", json={})
+        travel = await raw.post(
+            f"{url}/threads/{tid}/runs/wait",
+            json={
+                "assistant_id": "steps",
+                "input": {},
+                "config": {"configurable": {"checkpoint_id": "x"}},
+            },
+        )
         events = await raw.post(
             f"{url}/threads/{tid}/runs/stream",
             json={"assistant_id": "steps", "input": {}, "stream_mode": ["values", "events"]},
         )
     assert crons.status_code == 501 and "/runs/crons" in crons.json()["detail"]
     assert strategy.status_code == 501 and "multitask_strategy" in strategy.json()["detail"]
+    assert travel.status_code == 501 and "checkpoint_id" in travel.json()["detail"]
     assert events.status_code == 501 and "'events'" in events.json()["detail"]
     assert store_items.status_code == 501 and "/store/items" in store_items.json()["detail"]
     # wait ignores stream_mode (it returns the last values), as LangGraph's server does

@@ -331,6 +331,7 @@ def create_langgraph_app(
         for name in UNSUPPORTED_RUN_FIELDS:
             if body.get(name) is not None:
                 raise Unsupported(f"the run field {name!r}")
+        config_for(thread_id, body.get("config"))  # refuses what this slice cannot run
         if body.get("stream_subgraphs"):
             raise Unsupported("stream_subgraphs")
         if body.get("multitask_strategy") not in (None, "reject"):

@@ -163,8 +163,14 @@ UNSUPPORTED_RUN_FIELDS = (
 
 
 def config_for(thread_id: str, extra: Any = None) -> dict[str, Any]:
+    """LangGraph's config of a run on ``thread_id``, from a request's ``config``. Keys that
+    pick a checkpoint (time travel) or LangGraph's internal ``__`` keys are refused (501):
+    a client must not steer the saver past what this slice supports."""
     config: dict[str, Any] = dict(extra) if isinstance(extra, dict) else {}
     configurable = dict(config.get("configurable") or {})
+    for key in configurable:
+        if not isinstance(key, str) or key.startswith(("__", "checkpoint")):
+            raise Unsupported(f"the configurable key {key!r}")
     configurable["thread_id"] = thread_id
     config["configurable"] = configurable
     return config
