@@ -125,6 +125,15 @@ class Target:
         return schema
 
 
+def is_langgraph(target: object) -> bool:
+    """Whether ``target`` is a compiled LangGraph graph (a ``Pregel``), checked without
+    importing LangGraph (an optional extra)."""
+    return any(
+        cls.__name__ == "Pregel" and cls.__module__.startswith("langgraph.")
+        for cls in type(target).__mro__
+    )
+
+
 class Registry:
     """Agents and compiled graphs by name. ``default`` handles messages sent to a thread
     that has no run yet."""
@@ -132,12 +141,15 @@ class Registry:
     def __init__(self, default: str | None = None) -> None:
         self._targets: dict[str, Target] = {}
         self._by_graph: dict[str, Target] = {}
+        self.langgraphs: dict[str, Any] = {}
+        """Compiled LangGraph graphs by name (``add`` with one): served by the LangGraph
+        API at ``/langgraph`` (``wakeful.server.langgraph_api``), one assistant each."""
         self.default = default
 
     def add(
         self,
         name: str,
-        target: Agent | CompiledGraph | Adapted,
+        target: Agent | CompiledGraph | Adapted | Any,
         *,
         on_version_change: VersionPolicy | None = None,
         webhook: str | None = None,
@@ -148,12 +160,20 @@ class Registry:
         target: two targets whose graphs share a name would be indistinguishable in older
         threads, so that is ``InvalidInput`` unless they are the same compiled graph.
         ``on_version_change``: see ``Target.on_version_change``; ``webhook``: see
-        ``Target.webhook``. ``debounce``: see ``Target.debounce`` (docs/flow-control.md)."""
+        ``Target.webhook``. ``debounce``: see ``Target.debounce`` (docs/flow-control.md). A
+        compiled LangGraph graph goes to ``langgraphs``."""
         check_id("target name", name)
         if webhook is not None:
             check_webhook_url(webhook)
         if on_version_change is not None and on_version_change not in VERSION_POLICIES:
             raise InvalidInput("on_version_change", f"must be one of {list(VERSION_POLICIES)}")
+        if is_langgraph(target):
+            if name in self._targets:
+                raise InvalidInput("target", f"{name!r} is already a wakeful target")
+            self.langgraphs[name] = target
+            return self
+        if name in self.langgraphs:
+            raise InvalidInput("target", f"{name!r} is already a LangGraph graph")
         window = None if debounce is None else debounce_seconds(debounce)
         if isinstance(target, Agent):
             entry = Target(name, target.graph, target, on_version_change, webhook, debounce=window)

@@ -213,6 +213,10 @@ def create_app(
         webhooks.router,
     ):
         app.include_router(router, dependencies=secured)
+    if registry is not None and registry.langgraphs:
+        from wakeful.server.langgraph_api import create_langgraph_app
+
+        app.mount("/langgraph", create_langgraph_app(store, registry.langgraphs, tokens))
     app.include_router(health.router)
     app.include_router(apidocs.router)
     app.include_router(console.router)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -44,6 +45,8 @@ class Server(ReadyServer):
         close_streams(self.config.app)
         await super().shutdown(sockets)
         await close_feeds(self.config.app)
+        if "wakeful.server.langgraph_api" in sys.modules:  # LangGraph is an optional extra
+            await sys.modules["wakeful.server.langgraph_api"].close_langgraph(self.config.app)
 
 
 def resolve_tokens(tokens: TokenSource) -> dict[str, str]:
