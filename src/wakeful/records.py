@@ -30,10 +30,13 @@ Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 DispatchKind: TypeAlias = Literal["start", "resume", "cancel", "message"]
 DispatchStatus: TypeAlias = Literal[
-    "queued", "pending", "leased", "awaiting", "done", "quarantined"
+    "queued", "waiting_key", "pending", "leased", "awaiting", "done", "quarantined"
 ]
 """``queued``: a run's dispatch waiting for its thread's run slot (the thread is busy with
-an unfinished run); it becomes ``pending`` when the slot frees (see ``Dispatch``)."""
+an unfinished run); it becomes ``pending`` when the slot frees (see ``Dispatch``).
+``waiting_key``: a dispatch that holds its thread's slot but waits for a slot of its
+``concurrency_key`` (that many dispatches of the key are pending or leased already); it
+becomes ``pending`` when one of them settles, is suspended or is cancelled."""
 
 IfBusy: TypeAlias = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
 """What a new run does when its thread is busy (``Dispatch.if_busy``, docs/busy-threads.md)."""
@@ -359,6 +362,14 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     """The version this dispatch was pinned to until no worker of it was left alive for the
     pin grace (``DispatchQueue.release_pins``): its claimant applies the target's
     ``on_version_change`` policy (set by the store)."""
+    concurrency_key: str | None = None
+    """Concurrency key (issue 39): at most ``concurrency_limit`` dispatches of one key are
+    admitted (``pending`` or ``leased``) at once, across every worker; the others wait
+    ``waiting_key``. A suspended run (``awaiting``) holds no key slot; a lapsed lease keeps
+    its slot until its dispatch is leased again and settled. A ``resume`` given no key takes
+    the key of the run it continues. Given with ``concurrency_limit``, or not at all."""
+    concurrency_limit: int | None = None
+    """The key's limit (at least 1). The latest enqueue of a key sets the key's limit."""
 
     @property
     def exhausted(self) -> bool:

@@ -43,7 +43,9 @@ Key = Annotated[str, StringConstraints(pattern=ID_PATTERN, min_length=1, max_len
 RunStatus = Literal[
     "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
 ]
-DispatchStatus = Literal["queued", "pending", "leased", "awaiting", "done", "quarantined"]
+DispatchStatus = Literal[
+    "queued", "waiting_key", "pending", "leased", "awaiting", "done", "quarantined"
+]
 IfBusy = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
 SubmittedIfBusy = IfBusy
 """What a request may ask for: every policy (the name stays for callers that used it)."""

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
+from wakeful.concurrency import KeyUse
 from wakeful.errors import (
     DispatchConflict,
     InvalidInput,
@@ -29,6 +30,7 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
+from wakeful.store.keyslots import key_of_resume
 from wakeful.store.kinds import CANCEL_PRIORITY, DISPATCH_KINDS
 from wakeful.store.pins import claimable_by, live_versions, pin_of_resume, pin_on_lease
 from wakeful.store.projected_core import (
@@ -109,11 +111,16 @@ class ProjectedQueue(ProjectedCore):
             else None,
             released_from=None,
         )
+        if d.kind == "resume":
+            stored = key_of_resume(stored, state.slot_holder(d.thread_id))
         fence = None
         if d.kind in RUN_KINDS:
             stored, fence = _admission(state, stored, now)
         await self._record(Enqueued(stored, fence))
-        return stored
+        return state.dispatches[stored.dispatch_id]  # its key may have made it wait
+
+    async def concurrency_keys(self) -> list[KeyUse]:
+        return self._open().keys.use()
 
     async def claim_next(
         self,

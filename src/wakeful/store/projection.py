@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from wakeful.records import (
-    Awaiting,
     Branch,
     Checkpoint,
     Claim,
@@ -27,15 +26,14 @@ from wakeful.records import (
     InboxMessage,
     Message,
     OutboxEntry,
-    Outcome,
     PendingWrite,
     PruneReport,
     Receipt,
-    Retry,
     Schedule,
     WorkerInfo,
 )
 from wakeful.store.branching import branch_of, view_length, view_segments
+from wakeful.store.keyslots import KeySlots
 
 # re-exported: the records were defined here, and callers import them from here
 from wakeful.store.mutations import (
@@ -110,6 +108,7 @@ from wakeful.store.mutations import (
 from wakeful.store.mutations import (
     WorkerRetired as WorkerRetired,
 )
+from wakeful.store.mutations import settled_record as settled_record
 from wakeful.store.projected_retention import prune_state
 from wakeful.store.validate_queue import SLOT_HOLDING
 
@@ -233,12 +232,15 @@ class State:
     """Derived: per thread, the dispatches holding its run slot (``SLOT_HOLDING``)."""
     queued: dict[str, list[str]] = field(default_factory=dict)
     """Derived: per thread, its ``queued`` dispatches in enqueue order."""
+    keys: KeySlots = field(default_factory=KeySlots)
+    """Derived: the concurrency keys' limits, admitted and waiting dispatches."""
 
     def __post_init__(self) -> None:
         self.claimable = sorted(
             self._claim_key(d) for d in self.dispatches.values() if d.status in CLAIMABLE
         )
         for d in sorted(self.dispatches.values(), key=lambda d: self.dispatch_order[d.dispatch_id]):
+            self.keys.gate(None, d)  # the key's limit: its latest dispatch's
             self._index_slot(None, d)
 
     def slot_holder(self, thread_id: str) -> Dispatch | None:
@@ -520,7 +522,11 @@ class State:
                 self._put_dispatch(msgspec.structs.replace(d, status="done", updated_at=at))
 
     def _index_slot(self, before: Dispatch | None, d: Dispatch | None) -> None:
-        """Keep ``slots`` and ``queued`` as ``before`` becomes ``d`` (``None``: absent)."""
+        """Keep ``slots``, ``queued`` and ``keys`` as ``before`` becomes ``d`` (``None``:
+        absent)."""
+        either = d if d is not None else before
+        assert either is not None
+        self.keys.index(before, d, self.dispatch_order[either.dispatch_id])
         if before is not None and (d is None or d.status != before.status):
             if before.status in SLOT_HOLDING:
                 held = self.slots[before.thread_id]
@@ -541,6 +547,7 @@ class State:
 
     def _put_dispatch(self, d: Dispatch) -> None:
         before = self.dispatches.get(d.dispatch_id)
+        d = self.keys.gate(before, d)
         self._index_slot(before, d)
         was = before is not None and before.status in CLAIMABLE
         if d.status in CLAIMABLE and not was:
@@ -549,12 +556,16 @@ class State:
             self._unclaimable(d)
         self.dispatches[d.dispatch_id] = d
         open_ids = self.open_by_thread.setdefault(d.thread_id, set())
-        if d.status in ("pending", "leased", "awaiting"):
+        if d.status in ("waiting_key", "pending", "leased", "awaiting"):
             open_ids.add(d.dispatch_id)
         else:
             open_ids.discard(d.dispatch_id)
             if not open_ids:
                 del self.open_by_thread[d.thread_id]
+        key = self.keys.to_fill(before, d)
+        while key is not None and (admit := self.keys.next_admitted(key)) is not None:
+            admitted = {"status": "pending", "updated_at": d.updated_at}
+            self._put_dispatch(msgspec.structs.replace(self.dispatches[admit], **admitted))
 
     def _unclaimable(self, d: Dispatch) -> None:
         key = self._claim_key(d)
@@ -575,21 +586,6 @@ class State:
             open_ids.discard(dispatch_id)
             if not open_ids:
                 del self.open_by_thread[d.thread_id]
-
-
-def settled_record(dispatch: Dispatch, token: int, outcome: Outcome, now: datetime) -> Settled:
-    """The record of settling ``dispatch`` with a checked ``outcome`` at ``now``."""
-    if isinstance(outcome, Retry):
-        return Settled(
-            dispatch.dispatch_id,
-            token,
-            "pending",
-            now + timedelta(seconds=outcome.delay),
-            outcome.error,
-            now,
-        )
-    status = "awaiting" if isinstance(outcome, Awaiting) else "done"
-    return Settled(dispatch.dispatch_id, token, status, None, dispatch.last_error, now)
 
 
 def json_copy(value: Any, type_: Any) -> Any:

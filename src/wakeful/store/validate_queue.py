@@ -30,7 +30,37 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
         raise InvalidInput("priority", "must fit in 32 bits")
     if copy.available_at is not None:
         check_aware("available_at", copy.available_at)
+    check_concurrency(copy)
     return copy
+
+
+MAX_CONCURRENCY_KEY = 200
+"""The longest concurrency key, in characters."""
+
+
+def check_concurrency(d: Dispatch) -> None:
+    """A dispatch names a concurrency key and its limit together, or neither; a cancel
+    takes none (it bypasses admission). The key is any text of 1 to ``MAX_CONCURRENCY_KEY``
+    characters without control characters (``tenant:acme``, ``model:gpt-4o``)."""
+    key, limit = d.concurrency_key, d.concurrency_limit
+    if key is None and limit is None:
+        return
+    if key is None or limit is None:
+        raise InvalidInput("concurrency_key", "give concurrency_key and concurrency_limit together")
+    if d.kind == "cancel":
+        raise InvalidInput("concurrency_key", "a cancel takes no concurrency key")
+    check_concurrency_key(key)
+    if isinstance(limit, bool) or not 1 <= limit < 2**31:
+        raise InvalidInput("concurrency_limit", "must be an integer from 1 to 2**31 - 1")
+
+
+def check_concurrency_key(key: object) -> str:
+    """A concurrency key (see ``check_concurrency``)."""
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_CONCURRENCY_KEY:
+        raise InvalidInput("concurrency_key", f"must be 1 to {MAX_CONCURRENCY_KEY} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise InvalidInput("concurrency_key", "must not contain control characters")
+    return key
 
 
 def check_if_busy(d: Dispatch) -> None:
@@ -46,8 +76,11 @@ FENCING = frozenset(("interrupt", "rollback"))
 """The policies that fence the busy run (through a cancel intent naming the submission)."""
 RUN_KINDS = frozenset(("start", "message"))
 """The dispatch kinds that start a run and so wait for their thread's run slot."""
-SLOT_HOLDING = frozenset(("pending", "leased", "awaiting", "quarantined"))
+SLOT_HOLDING = frozenset(("waiting_key", "pending", "leased", "awaiting", "quarantined"))
 """The statuses in which a dispatch (of any kind) holds its thread's run slot."""
+KEY_HOLDING = frozenset(("pending", "leased"))
+"""The statuses in which a dispatch with a ``concurrency_key`` holds one of its key's slots
+(a lapsed lease is still ``leased``: it keeps its slot until it is leased again)."""
 
 
 def same_request(a: Dispatch, b: Dispatch) -> bool:
@@ -61,7 +94,9 @@ def same_request(a: Dispatch, b: Dispatch) -> bool:
     ) and canonical(a.payload) == canonical(b.payload)
 
 
-DISPATCH_STATUSES = frozenset(("queued", "pending", "leased", "awaiting", "done", "quarantined"))
+DISPATCH_STATUSES = frozenset(
+    ("queued", "waiting_key", "pending", "leased", "awaiting", "done", "quarantined")
+)
 
 
 def check_listing(
@@ -78,6 +113,7 @@ def check_listing(
 
 QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = (
     "queued",
+    "waiting_key",
     "pending",
     "leased",
     "awaiting",

@@ -82,13 +82,21 @@ class ListingCases(Harness):
     @case
     async def test_queue_depths_count_open_work_by_status_up_to_the_limit(self, kit: Kit) -> None:
         empty = await kit.store.queue_depths()
-        assert empty == {"queued": 0, "pending": 0, "leased": 0, "awaiting": 0, "quarantined": 0}
+        assert empty == {
+            "queued": 0,
+            "waiting_key": 0,
+            "pending": 0,
+            "leased": 0,
+            "awaiting": 0,
+            "quarantined": 0,
+        }
         for i in range(5):
             await kit.store.enqueue(kit.dispatch(f"t{i}", dispatch_id=f"d-{i}"))
         leases = await kit.store.claim_next("worker-a", 30, limit=2)
         await kit.store.settle(leases[0].dispatch.dispatch_id, leases[0].claim.token, Done())
         assert await kit.store.queue_depths() == {
             "queued": 0,
+            "waiting_key": 0,
             "pending": 3,
             "leased": 1,
             "awaiting": 0,
@@ -96,6 +104,7 @@ class ListingCases(Harness):
         }
         assert await kit.store.queue_depths(limit=2) == {
             "queued": 0,
+            "waiting_key": 0,
             "pending": 2,
             "leased": 1,
             "awaiting": 0,
