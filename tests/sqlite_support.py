@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
+from wakeful.concurrency import KeyUse
 from wakeful.limits import LimitBucket, RateLimit
 from wakeful.records import (
     Branch,
@@ -116,6 +117,10 @@ class Alternating:
 
     async def limit_buckets(self) -> list[LimitBucket]:
         return await self._limits().limit_buckets()
+
+    async def concurrency_keys(self) -> list[KeyUse]:
+        keys: list[KeyUse] = await self.next().concurrency_keys()
+        return keys
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
         return await self.next().renew(thread_id, token, ttl)

@@ -152,6 +152,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (9, "0009_rate_limits"),
         (10, "0010_schedules"),
         (11, "0011_deploys"),
+        (12, "0012_concurrency_keys"),
     ]
     later = ManualClock()
     later.advance(3600)

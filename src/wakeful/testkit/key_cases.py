@@ -206,9 +206,7 @@ class KeyCases(Harness):
         assert before == [KeyUse(key="k", limit=2, admitted=2, waiting=1)]
         store = await kit.reopen()
         assert await _use(kit) == before
-        assert [d.dispatch_id for d in await store.list_dispatches(status="waiting_key")] == [
-            "d-3"
-        ]
+        assert [d.dispatch_id for d in await store.list_dispatches(status="waiting_key")] == ["d-3"]
 
     @case
     async def test_bad_keys_are_refused(self, kit: Kit) -> None:

@@ -1,5 +1,6 @@
 """Busy threads in SQL (issue 36, decision 0035): each thread has one run slot, held by a
-dispatch while it is pending, leased, awaiting or quarantined. ``admission`` decides, inside
+dispatch while it waits for its key (``waiting_key``), is pending, leased, awaiting or
+quarantined. ``admission`` decides, inside
 the writer's transaction, what a new run's dispatch becomes on its thread (pending, queued,
 or refused); ``admit`` gives a freed slot to the thread's first queued dispatch. Every write
 that frees a slot (a settle ``done`` alone or folded into a commit, a purge) calls ``admit``
@@ -21,7 +22,8 @@ from wakeful.store.validate_queue import FENCING
 
 _HOLDER = (
     f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
-    f"WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting', 'quarantined') "
+    f"WHERE thread_id = ? "
+    f"AND status IN ('waiting_key', 'pending', 'leased', 'awaiting', 'quarantined') "
     f"ORDER BY seq LIMIT 1"
 )
 _LAST_QUEUED = (
@@ -77,7 +79,8 @@ _BEHIND_HEAD = (
 )
 _HELD = (
     "SELECT 1 FROM dispatches INDEXED BY dispatches_by_thread_status "
-    "WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting', 'quarantined') LIMIT 1"
+    "WHERE thread_id = ? "
+    "AND status IN ('waiting_key', 'pending', 'leased', 'awaiting', 'quarantined') LIMIT 1"
 )
 
 

@@ -63,7 +63,8 @@ def claim_of(thread_id: str, holder: str | None, token: int | None, expires: int
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
     "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
-    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from"
+    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, "
+    "concurrency_key, concurrency_limit"
 )
 """The columns ``dispatch_of`` reads, in its order."""
 
@@ -93,6 +94,8 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         answered_by,
         pinned_version,
         released_from,
+        concurrency_key,
+        concurrency_limit,
     ) = row
     return Dispatch(
         dispatch_id=dispatch_id,
@@ -118,4 +121,6 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         answered_by=answered_by,
         pinned_version=pinned_version,
         released_from=released_from,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
     )

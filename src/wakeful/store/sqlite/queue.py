@@ -27,6 +27,7 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
+from wakeful.store.keyslots import key_of_resume
 from wakeful.store.pins import live_versions, pin_of_resume
 from wakeful.store.projected_queue import cancel_intent
 from wakeful.store.sqlite import reads
@@ -70,7 +71,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
     assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
     conn.execute(
         f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES ({', '.join('?' * 23)}) ON CONFLICT DO NOTHING",
+        f"VALUES ({', '.join('?' * 25)}) ON CONFLICT DO NOTHING",
         (
             d.dispatch_id,
             d.thread_id,
@@ -95,6 +96,8 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             d.answered_by,
             d.pinned_version,
             d.released_from,
+            d.concurrency_key,
+            d.concurrency_limit,
         ),
     )
 
@@ -128,7 +131,11 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         pinned_version=pin_of_resume(slot_holder(conn, d.thread_id))
         if d.kind == "resume"
         else None,
+        concurrency_key=d.concurrency_key,
+        concurrency_limit=d.concurrency_limit,
     )
+    if d.kind == "resume":
+        stored = key_of_resume(stored, slot_holder(conn, d.thread_id))
     intent = None
     if stored.kind in RUN_KINDS:
         stored, intent = admission(conn, now, stored)
@@ -144,6 +151,9 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
             "WHERE thread_id = ? AND status = 'awaiting'",
             (to_us(now), stored.thread_id),
         )
+    if stored.concurrency_key is not None and stored.status == "pending":
+        # the key's trigger may have made it wait (migration 12)
+        return _existing(conn, stored.dispatch_id)
     return stored
 
 
@@ -380,7 +390,8 @@ def retire_for(conn: sqlite3.Connection, now: datetime, intent: Dispatch) -> Non
     insert(conn, intent)
     conn.execute(
         "UPDATE dispatches SET status = 'done', lease_until = NULL, last_error = ?, "
-        "updated_at = ? WHERE thread_id = ? AND status IN ('pending', 'leased', 'awaiting') "
+        "updated_at = ? WHERE thread_id = ? "
+        "AND status IN ('waiting_key', 'pending', 'leased', 'awaiting') "
         "AND dispatch_id <> ?",
         (f"cancelled: {reason}", to_us(now), thread_id, intent.dispatch_id),
     )  # (nothing is admitted: the intent holds the run slot until it settles)
@@ -422,13 +433,13 @@ def requeue(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispat
     d = _existing(conn, dispatch_id)
     if d.status != "quarantined":
         raise InvalidState("dispatch", dispatch_id, d.status, "only quarantined work is requeued")
-    row = conn.execute(
-        f"UPDATE dispatches SET status = 'pending', attempts = 0, token = NULL, holder = NULL, "
-        f"lease_until = NULL, available_at = ?, updated_at = ?, released_from = NULL "
-        f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
+    conn.execute(
+        "UPDATE dispatches SET status = 'pending', attempts = 0, token = NULL, holder = NULL, "
+        "lease_until = NULL, available_at = ?, updated_at = ?, released_from = NULL "
+        "WHERE dispatch_id = ?",
         (to_us(now), to_us(now), dispatch_id),
-    ).fetchone()
-    return dispatch_of(row)
+    )
+    return _existing(conn, dispatch_id)  # as the key's trigger left it (waiting_key)
 
 
 def purge(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> None:
