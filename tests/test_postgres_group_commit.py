@@ -331,7 +331,8 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # and its helpers (the admission trigger's function); 0016 take_limit and
     # reconcile_limit (rate limits); 0018 deploys: register_worker and claim_next_read with a
     # version beside the old signatures, release_pins, and the function of the trigger that
-    # pins a resume
+    # pins a resume; 0019 concurrency keys: enqueue_keyed, the key triggers' functions
+    # (gate_key, release_key, resume_key, fill_key) and concurrency_use
     assert {name for name, _, _ in version_6 - version_5} == {
         "register_worker",
         "claim_next_read",
@@ -348,4 +349,10 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
         "fence_thread",
         "take_limit",
         "reconcile_limit",
+        "enqueue_keyed",
+        "gate_key",
+        "release_key",
+        "resume_key",
+        "fill_key",
+        "concurrency_use",
     }

@@ -40,7 +40,8 @@ _ANY = msgspec.json.Decoder()
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
     "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
-    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from"
+    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, "
+    "concurrency_key, concurrency_limit"
 )
 """The columns ``dispatch`` reads, in its order."""
 DISPATCH_WIDTH = len(DISPATCH_COLUMNS.split(","))
@@ -128,6 +129,8 @@ def dispatch(row: tuple[Any, ...]) -> Dispatch:
         answered_by=row[20],
         pinned_version=row[21],
         released_from=row[22],
+        concurrency_key=row[23],
+        concurrency_limit=row[24],
     )
 
 
