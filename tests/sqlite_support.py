@@ -40,7 +40,12 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
-from wakeful.store.contract import RateLimitStore, Store, StreamCheckpointStore
+from wakeful.store.contract import (
+    ConcurrencyStore,
+    RateLimitStore,
+    Store,
+    StreamCheckpointStore,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,8 +124,9 @@ class Alternating:
         return await self._limits().limit_buckets()
 
     async def concurrency_keys(self) -> list[KeyUse]:
-        keys: list[KeyUse] = await self.next().concurrency_keys()
-        return keys
+        store = self.next()
+        assert isinstance(store, ConcurrencyStore)
+        return await store.concurrency_keys()
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
         return await self.next().renew(thread_id, token, ttl)

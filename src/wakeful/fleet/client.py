@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from wakeful import telemetry
+from wakeful.concurrency import Concurrency, concurrency_of
 from wakeful.errors import DispatchConflict, InvalidInput
 from wakeful.fleet.delays import not_before
 from wakeful.fleet.wake import Wake
@@ -98,6 +99,9 @@ async def submit(
     from_checkpoint: str | None = None,
     keep_messages: int | None = None,
     if_busy: IfBusy = "enqueue",
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+    concurrency: Concurrency | Mapping[str, Any] | None = None,
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
@@ -119,7 +123,12 @@ async def submit(
     ``"rollback"`` waits while the busy run is stopped and undone (the thread returns to
     where it was before that run started; ``run.rolled_back`` lists its tool calls that
     took effect), ``"coalesce"`` merges with the other coalesce submissions waiting with it
-    into one run (docs/busy-threads.md)."""
+    into one run (docs/busy-threads.md).
+    ``concurrency_key`` with ``concurrency_limit``: at most that many runs of the key are
+    admitted at once across the fleet; this one waits (``waiting_key``) while the key is
+    full. ``concurrency``: the target's rule (``Target.concurrency``, or ``{"key": "tenant",
+    "limit": 5}``), which gives the key from the tenant or the input when
+    ``concurrency_key`` is not given (docs/flow-control.md)."""
     check_id("target", target)
     check_optional_id("tenant", tenant)
     check_optional_id("from_checkpoint", from_checkpoint)
@@ -129,6 +138,10 @@ async def submit(
     available_at = None
     if after is not None or at is not None:
         available_at = not_before(await _store_now(store, after), after, at)
+    if concurrency_key is None:
+        rule = concurrency_of(concurrency)
+        if rule is not None and (concurrency_key := rule.key_for(tenant, input)) is not None:
+            concurrency_limit = rule.limit
     payload = {"target": target, "input": input, "run_id": f"run-{dispatch_id}", "tenant": tenant}
     if from_checkpoint is not None:  # absent otherwise: earlier payloads stay the same
         payload["from_checkpoint"] = from_checkpoint
@@ -146,6 +159,8 @@ async def submit(
             tenant=tenant,
             available_at=available_at,
             if_busy=if_busy,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         ),
         wake,
     )

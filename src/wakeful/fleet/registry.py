@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeAlias
 
 import msgspec
 
 from wakeful.agent.agent import Agent
+from wakeful.concurrency import Concurrency, concurrency_of
 from wakeful.errors import InvalidInput, NotFound
 from wakeful.ids import check_id
 from wakeful.records import Checkpoint, Message
@@ -30,6 +31,10 @@ class Target:
     worker of that version is left (``docs/deploys.md``): ``continue`` it here, ``fail`` it,
     or ``hold`` it (quarantined) for an operator. ``None``: ``continue`` when the graph's
     structure is the one the run recorded, else ``fail``."""
+    concurrency: Concurrency | None = None
+    """How many runs of this target may be admitted at once per key (issue 39,
+    ``wakeful.concurrency``): applied by ``submit(..., concurrency=)`` and by the HTTP
+    server's run submissions (docs/flow-control.md)."""
 
     def version_policy(self, run: Checkpoint) -> VersionPolicy:
         """The policy for ``run`` (a checkpoint of an unfinished run of this target)."""
@@ -111,19 +116,22 @@ class Registry:
         target: Agent | CompiledGraph,
         *,
         on_version_change: VersionPolicy | None = None,
+        concurrency: Concurrency | Mapping[str, Any] | None = None,
     ) -> Registry:
         """Register ``target`` as ``name`` (again: replace it). A thread records the graph
         that ran it (and, from a worker, the target's name), and its later work goes to that
         target: two targets whose graphs share a name would be indistinguishable in older
         threads, so that is ``InvalidInput`` unless they are the same compiled graph.
-        ``on_version_change``: see ``Target.on_version_change``."""
+        ``on_version_change``: see ``Target.on_version_change``. ``concurrency``: a
+        ``Concurrency`` or ``{"key": "tenant", "limit": 5}`` (``Target.concurrency``)."""
         check_id("target name", name)
         if on_version_change is not None and on_version_change not in VERSION_POLICIES:
             raise InvalidInput("on_version_change", f"must be one of {list(VERSION_POLICIES)}")
+        rule = concurrency_of(concurrency)
         if isinstance(target, Agent):
-            entry = Target(name, target.graph, target, on_version_change)
+            entry = Target(name, target.graph, target, on_version_change, rule)
         else:
-            entry = Target(name, target, None, on_version_change)
+            entry = Target(name, target, None, on_version_change, rule)
         for other in self._targets.values():
             if (
                 other.name != name

@@ -491,6 +491,7 @@ class RateLimitStore(Protocol):
         ...
 
 
+@runtime_checkable
 class ConcurrencyStore(Protocol):
     """Concurrency keys (issue 39, ``wakeful.concurrency``): every store admits at most a
     key's limit of its dispatches at once (``Dispatch.concurrency_key``)."""

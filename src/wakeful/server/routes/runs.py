@@ -155,6 +155,7 @@ async def submit_run(
         at=body.at,
         from_checkpoint=body.from_checkpoint,
         if_busy=body.if_busy,
+        concurrency=target.concurrency if target is not None else None,
     )
     if (d.priority, d.max_attempts) != (body.priority, body.max_attempts):
         raise DispatchConflict(d.dispatch_id, d.dispatch_id, "Idempotency-Key")

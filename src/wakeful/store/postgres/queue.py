@@ -171,11 +171,11 @@ class QueueOps:
             CANCEL_PRIORITY,
             _CANCEL_BUDGET,
         )
-        sql = _ENQUEUE
+        sql, args = _ENQUEUE, tuple[object, ...](params)
         if d.concurrency_key is not None:
-            sql, params = _ENQUEUE_KEYED, (*params, d.concurrency_key, d.concurrency_limit)
+            sql, args = _ENQUEUE_KEYED, (*params, d.concurrency_key, d.concurrency_limit)
         for _ in range(3):
-            row = await self._db.fetchone(sql, params)
+            row = await self._db.fetchone(sql, args)
             if row is None:
                 continue  # the conflicting dispatch was purged meanwhile: try again
             stored = codec.dispatch(row)
