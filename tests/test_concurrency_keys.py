@@ -14,6 +14,7 @@ from wakeful.errors import InvalidInput
 from wakeful.fleet import Registry
 from wakeful.fleet.client import submit
 from wakeful.runtime import START, Graph
+from wakeful.store.contract import ConcurrencyStore
 
 
 class State(TypedDict, total=False):
@@ -43,6 +44,7 @@ async def test_a_tenant_rule_keys_each_tenant_apart() -> None:
         assert (a2.concurrency_key, a2.status) == ("tenant:acme", "waiting_key")
         assert (b1.concurrency_key, b1.status) == ("tenant:beta", "pending")
         assert (none.concurrency_key, none.status) == (None, "pending"), "no tenant, no key"
+        assert isinstance(store, ConcurrencyStore)
         assert await store.concurrency_keys() == [
             KeyUse(key="tenant:acme", limit=1, admitted=1, waiting=1),
             KeyUse(key="tenant:beta", limit=1, admitted=1, waiting=0),
