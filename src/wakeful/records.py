@@ -370,6 +370,10 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     the key of the run it continues. Given with ``concurrency_limit``, or not at all."""
     concurrency_limit: int | None = None
     """The key's limit (at least 1). The latest enqueue of a key sets the key's limit."""
+    fair_tag: float = 0.0
+    """The dispatch's place among equal priorities (set by the store when it becomes
+    ``pending``): the claim takes the lowest first, so tenants are served round-robin
+    (issue 39, docs/flow-control.md)."""
 
     @property
     def exhausted(self) -> bool:

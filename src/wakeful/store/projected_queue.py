@@ -142,7 +142,7 @@ class ProjectedQueue(ProjectedCore):
         expires = now + timedelta(seconds=ttl)
         grants: list[LeaseGrant] = []
         taken: set[str] = set()
-        for _, _, did in _candidates(state, thread_id):
+        for *_, did in _candidates(state, thread_id):
             if len(grants) == limit:
                 break
             d = state.dispatches[did]
@@ -503,13 +503,13 @@ def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:
     return claim is not None and claim.token == d.token and claim.is_live(now)
 
 
-def _candidates(state: State, thread_id: str | None) -> list[tuple[int, int, str]]:
+def _candidates(state: State, thread_id: str | None) -> list[tuple[int, float, int, str]]:
     """The claimable dispatches in claim order: all of them, or only ``thread_id``'s (from
     its open dispatches, without walking the queue)."""
     if thread_id is None:
         return state.claimable  # already in claim order
     return sorted(
-        (-d.priority, state.dispatch_order[did], did)
+        (-d.priority, d.fair_tag, state.dispatch_order[did], did)
         for did in state.open_by_thread.get(thread_id, ())
         if (d := state.dispatches[did]).status in CLAIMABLE
     )

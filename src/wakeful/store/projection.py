@@ -33,6 +33,7 @@ from wakeful.records import (
     WorkerInfo,
 )
 from wakeful.store.branching import branch_of, view_length, view_segments
+from wakeful.store.fairness import FairTags
 from wakeful.store.keyslots import KeySlots
 
 # re-exported: the records were defined here, and callers import them from here
@@ -225,7 +226,7 @@ class State:
     stage_seq: int = 0
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
     schedules: dict[str, Schedule] = field(default_factory=dict)
-    claimable: list[tuple[int, int, str]] = field(default_factory=list)
+    claimable: list[tuple[int, float, int, str]] = field(default_factory=list)
     """Derived (never persisted): the pending and leased dispatches in claim order, as
     ``(-priority, enqueue order, dispatch_id)``, so ``claim_next`` never sorts the queue."""
     slots: dict[str, set[str]] = field(default_factory=dict)
@@ -233,6 +234,7 @@ class State:
     queued: dict[str, list[str]] = field(default_factory=dict)
     """Derived: per thread, its ``queued`` dispatches in enqueue order."""
     keys: KeySlots = field(default_factory=KeySlots)
+    fair: FairTags = field(default_factory=FairTags)  # derived: pending tags (fairness)
     """Derived: the concurrency keys' limits, admitted and waiting dispatches."""
 
     def __post_init__(self) -> None:
@@ -250,8 +252,8 @@ class State:
             return None
         return self.dispatches[min(held, key=self.dispatch_order.__getitem__)]
 
-    def _claim_key(self, d: Dispatch) -> tuple[int, int, str]:
-        return (-d.priority, self.dispatch_order[d.dispatch_id], d.dispatch_id)
+    def _claim_key(self, d: Dispatch) -> tuple[int, float, int, str]:
+        return (-d.priority, d.fair_tag, self.dispatch_order[d.dispatch_id], d.dispatch_id)
 
     def thread(self, thread_id: str) -> ThreadState:
         found = self.threads.get(thread_id)
@@ -527,6 +529,7 @@ class State:
         either = d if d is not None else before
         assert either is not None
         self.keys.index(before, d, self.dispatch_order[either.dispatch_id])
+        self.fair.index(before, d)
         if before is not None and (d is None or d.status != before.status):
             if before.status in SLOT_HOLDING:
                 held = self.slots[before.thread_id]
@@ -547,7 +550,7 @@ class State:
 
     def _put_dispatch(self, d: Dispatch) -> None:
         before = self.dispatches.get(d.dispatch_id)
-        d = self.keys.gate(before, d)
+        d = self.fair.tagged(before, self.keys.gate(before, d))
         self._index_slot(before, d)
         was = before is not None and before.status in CLAIMABLE
         if d.status in CLAIMABLE and not was:

@@ -25,7 +25,7 @@ from wakeful.testkit.drop_cases import DropCases
 from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.history_cases import HistoryCases
-from wakeful.testkit.key_cases import KeyCases
+from wakeful.testkit.key_cases import FairCases, KeyCases
 from wakeful.testkit.limit_cases import LimitCases
 from wakeful.testkit.listing_cases import ListingCases
 from wakeful.testkit.messaging_cases import MessagingCases
@@ -54,6 +54,7 @@ class StoreConformance(
     HistoryCases,
     ClaimCases,
     KeyCases,
+    FairCases,
     LimitCases,
     DropCases,
     FoldCases,
@@ -78,6 +79,7 @@ __all__ = [
     "CommitCases",
     "DeployCases",
     "DropCases",
+    "FairCases",
     "FoldCases",
     "Harness",
     "HistoryCases",
