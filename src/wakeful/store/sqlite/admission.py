@@ -18,6 +18,7 @@ from wakeful.errors import ThreadBusy
 from wakeful.records import Dispatch
 from wakeful.store.projected_queue import fencing_intent, run_id_of
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, to_us
+from wakeful.store.sqlite.fair import ROW_TAG
 from wakeful.store.validate_queue import FENCING
 
 _HOLDER = (
@@ -109,7 +110,8 @@ def admit(conn: sqlite3.Connection, thread_id: str, now: datetime) -> None:
             [(head_id, to_us(now), dispatch_id) for dispatch_id in merged],
         )
     conn.execute(
-        "UPDATE dispatches SET status = 'pending', coalesced = ?, updated_at = ? WHERE seq = ?",
+        f"UPDATE dispatches SET status = 'pending', coalesced = ?, updated_at = ?, "
+        f"fair_tag = {ROW_TAG} WHERE seq = ?",
         (dumps(merged) if merged else None, to_us(now), seq),
     )
 

@@ -64,7 +64,7 @@ DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
     "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
     "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, "
-    "concurrency_key, concurrency_limit"
+    "concurrency_key, concurrency_limit, fair_tag"
 )
 """The columns ``dispatch_of`` reads, in its order."""
 
@@ -96,6 +96,7 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         released_from,
         concurrency_key,
         concurrency_limit,
+        fair_tag,
     ) = row
     return Dispatch(
         dispatch_id=dispatch_id,
@@ -123,4 +124,5 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         released_from=released_from,
         concurrency_key=concurrency_key,
         concurrency_limit=concurrency_limit,
+        fair_tag=fair_tag,
     )

@@ -11,6 +11,8 @@ import sqlite3
 import uuid
 from datetime import datetime, timedelta
 
+import msgspec
+
 from wakeful.errors import (
     DispatchConflict,
     InvalidCommit,
@@ -40,6 +42,7 @@ from wakeful.store.sqlite.claims import (
     grant_claim,
 )
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, from_us, to_us
+from wakeful.store.sqlite.fair import fair_tag
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
 from wakeful.store.validate import (
     check_outcome,
@@ -71,7 +74,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
     assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
     conn.execute(
         f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES ({', '.join('?' * 25)}) ON CONFLICT DO NOTHING",
+        f"VALUES ({', '.join('?' * 26)}) ON CONFLICT DO NOTHING",
         (
             d.dispatch_id,
             d.thread_id,
@@ -98,6 +101,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             d.released_from,
             d.concurrency_key,
             d.concurrency_limit,
+            d.fair_tag,
         ),
     )
 
@@ -142,6 +146,10 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
     if intent is not None:
         # the cancellation first: it holds the slot when the busy run's rows retire
         retire_for(conn, now, intent)
+    if stored.status == "pending":
+        stored = msgspec.structs.replace(
+            stored, fair_tag=fair_tag(conn, stored.priority, stored.tenant)
+        )
     insert(conn, stored)
     bind_tenant(conn, stored.thread_id, stored.tenant)
     if stored.kind == "resume":
@@ -165,23 +173,24 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
 _LIVE = "LEFT JOIN threads AS t ON t.thread_id = d.thread_id"
 _FREE = "(t.token IS NULL OR t.expires_at < :now)"
 _DUE = (
-    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_due "
-    f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version IS NULL "
-    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.seq"
+    f"SELECT d.priority, d.fair_tag, d.seq, d.thread_id FROM dispatches AS d "
+    f"INDEXED BY dispatches_due {_LIVE} WHERE d.status = 'pending' AND d.pinned_version IS NULL "
+    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.fair_tag, d.seq"
 )
 # the pending rows pinned to the claimer's version (issue 40): one range of their own index
 _PINNED = (
-    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_pinned "
-    f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version = :version "
-    f"AND d.available_at <= :now AND {_FREE} ORDER BY d.priority DESC, d.seq"
+    f"SELECT d.priority, d.fair_tag, d.seq, d.thread_id FROM dispatches AS d "
+    f"INDEXED BY dispatches_pinned {_LIVE} WHERE d.status = 'pending' "
+    f"AND d.pinned_version = :version AND d.available_at <= :now AND {_FREE} "
+    f"ORDER BY d.priority DESC, d.fair_tag, d.seq"
 )
 # only a crash leaves rows here, so the version filter walks few
 _LAPSED = (
-    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d "
+    f"SELECT d.priority, d.fair_tag, d.seq, d.thread_id FROM dispatches AS d "
     f"INDEXED BY dispatches_lapsing {_LIVE} "
     f"WHERE d.status = 'leased' AND d.lease_expires < :now AND {_FREE} "
     f"AND CASE WHEN d.pinned_version IS NULL THEN :starts ELSE d.pinned_version IS :version END "
-    f"ORDER BY d.priority DESC, d.seq"
+    f"ORDER BY d.priority DESC, d.fair_tag, d.seq"
 )
 
 # One thread's first available dispatch (``claim_next(thread_id=...)``): a walk of the
@@ -191,7 +200,7 @@ _DUE_ON_THREAD = (
     f"{_LIVE} WHERE d.thread_id = :thread AND ((d.status = 'pending' AND d.available_at <= :now) "
     f"OR (d.status = 'leased' AND d.lease_expires < :now)) AND {_FREE} "
     f"AND CASE WHEN d.pinned_version IS NULL THEN :starts ELSE d.pinned_version IS :version END "
-    f"ORDER BY d.priority DESC, d.seq LIMIT 1"
+    f"ORDER BY d.priority DESC, d.fair_tag, d.seq LIMIT 1"
 )
 
 
@@ -199,7 +208,7 @@ def _available(
     conn: sqlite3.Connection, now: datetime, limit: int, version: str | None, take_starts: bool
 ) -> list[tuple[int, str]]:
     """Up to ``limit`` (seq, thread) of available dispatches in claim order, one per thread:
-    the sources' ranges merged by (priority, seq)."""
+    the sources' ranges merged by (priority, fair tag, seq)."""
     params = {"now": to_us(now), "version": version, "starts": take_starts}
     queries = [_DUE, _LAPSED] if take_starts else [_LAPSED]
     if version is not None:
@@ -213,11 +222,11 @@ def _available(
             live = [i for i, row in enumerate(heads) if row is not None]
             if not live:
                 break
-            i = min(live, key=lambda j: (-heads[j][0], heads[j][1]))
+            i = min(live, key=lambda j: (-heads[j][0], heads[j][1], heads[j][2]))
             row, heads[i] = heads[i], cursors[i].fetchone()
-            if row[2] not in threads:
-                threads.add(row[2])
-                chosen.append((row[1], row[2]))
+            if row[3] not in threads:
+                threads.add(row[3])
+                chosen.append((row[2], row[3]))
     finally:
         for c in cursors:
             c.close()

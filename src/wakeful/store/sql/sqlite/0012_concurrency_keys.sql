@@ -16,6 +16,7 @@
 --   release: a keyed row that stops being pending or leased (done, awaiting, quarantined)
 --            admits the key's waiting rows into the free slots, by priority then seq;
 --   an insert also fills (its limit may have risen).
+-- A row the key admits takes its fair tag then (below).
 
 ALTER TABLE dispatches ADD COLUMN concurrency_key TEXT;
 ALTER TABLE dispatches ADD COLUMN concurrency_limit INTEGER;
@@ -30,6 +31,20 @@ CREATE INDEX dispatches_key_held ON dispatches (concurrency_key)
 CREATE INDEX dispatches_key_waiting ON dispatches (concurrency_key, priority DESC, seq)
     WHERE status = 'waiting_key';
 
+-- Tenant fairness (issue 39.3, decision 0035 "Fairness"): dispatches.fair_tag, fixed when a
+-- row enters pending from outside (an insert, the thread's admission, the key's admission:
+-- wakeful.store.sqlite.fair), orders the claim among equal priorities. Existing rows keep 0.
+-- The claim's pending indexes gain it; dispatches_fair answers a tenant's last tag.
+ALTER TABLE dispatches ADD COLUMN fair_tag REAL NOT NULL DEFAULT 0;
+DROP INDEX dispatches_due;
+CREATE INDEX dispatches_due ON dispatches (priority DESC, fair_tag, seq)
+    WHERE status = 'pending' AND pinned_version IS NULL;
+DROP INDEX dispatches_pinned;
+CREATE INDEX dispatches_pinned ON dispatches (pinned_version, priority DESC, fair_tag, seq)
+    WHERE status = 'pending' AND pinned_version IS NOT NULL;
+CREATE INDEX dispatches_fair ON dispatches (tenant, priority, fair_tag)
+    WHERE status = 'pending';
+
 CREATE TRIGGER dispatches_key_insert AFTER INSERT ON dispatches
 WHEN NEW.concurrency_key IS NOT NULL
 BEGIN
@@ -43,7 +58,15 @@ BEGIN
             OR EXISTS (SELECT 1 FROM dispatches INDEXED BY dispatches_key_waiting
                         WHERE concurrency_key = NEW.concurrency_key
                           AND status = 'waiting_key' AND seq <> NEW.seq));
-    UPDATE dispatches SET status = 'pending', updated_at = NEW.updated_at
+    UPDATE dispatches SET status = 'pending', updated_at = NEW.updated_at,
+           fair_tag = (SELECT CASE WHEN l IS NULL THEN v ELSE max(v, l + 1) END FROM (SELECT
+                 coalesce((SELECT h.fair_tag - 1 FROM dispatches AS h INDEXED BY dispatches_due
+                            WHERE h.status = 'pending' AND h.pinned_version IS NULL
+                              AND h.priority = dispatches.priority
+                            ORDER BY h.priority DESC, h.fair_tag, h.seq LIMIT 1), 0) AS v,
+                 (SELECT max(m.fair_tag) FROM dispatches AS m INDEXED BY dispatches_fair
+                   WHERE m.status = 'pending' AND m.tenant IS dispatches.tenant
+                     AND m.priority = dispatches.priority) AS l))
      WHERE seq IN (
         SELECT w.seq FROM dispatches AS w INDEXED BY dispatches_key_waiting
          WHERE w.concurrency_key = NEW.concurrency_key AND w.status = 'waiting_key'
@@ -74,7 +97,15 @@ CREATE TRIGGER dispatches_key_release AFTER UPDATE OF status ON dispatches
 WHEN NEW.concurrency_key IS NOT NULL AND OLD.status IN ('pending', 'leased')
      AND NEW.status NOT IN ('pending', 'leased', 'waiting_key')
 BEGIN
-    UPDATE dispatches SET status = 'pending', updated_at = NEW.updated_at
+    UPDATE dispatches SET status = 'pending', updated_at = NEW.updated_at,
+           fair_tag = (SELECT CASE WHEN l IS NULL THEN v ELSE max(v, l + 1) END FROM (SELECT
+                 coalesce((SELECT h.fair_tag - 1 FROM dispatches AS h INDEXED BY dispatches_due
+                            WHERE h.status = 'pending' AND h.pinned_version IS NULL
+                              AND h.priority = dispatches.priority
+                            ORDER BY h.priority DESC, h.fair_tag, h.seq LIMIT 1), 0) AS v,
+                 (SELECT max(m.fair_tag) FROM dispatches AS m INDEXED BY dispatches_fair
+                   WHERE m.status = 'pending' AND m.tenant IS dispatches.tenant
+                     AND m.priority = dispatches.priority) AS l))
      WHERE seq IN (
         SELECT w.seq FROM dispatches AS w INDEXED BY dispatches_key_waiting
          WHERE w.concurrency_key = NEW.concurrency_key AND w.status = 'waiting_key'
@@ -85,3 +116,4 @@ BEGIN
                           WHERE concurrency_key = NEW.concurrency_key
                             AND status IN ('pending', 'leased'))));
 END;
+
