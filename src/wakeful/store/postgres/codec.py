@@ -41,7 +41,7 @@ DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
     "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
     "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, "
-    "concurrency_key, concurrency_limit"
+    "concurrency_key, concurrency_limit, fair_tag"
 )
 """The columns ``dispatch`` reads, in its order."""
 DISPATCH_WIDTH = len(DISPATCH_COLUMNS.split(","))
@@ -131,6 +131,7 @@ def dispatch(row: tuple[Any, ...]) -> Dispatch:
         released_from=row[22],
         concurrency_key=row[23],
         concurrency_limit=row[24],
+        fair_tag=row[25],
     )
 
 
