@@ -13,7 +13,9 @@ WAKEFUL = str(Path(sys.executable).parent / "wakeful")
 
 
 def cli_env(store: str | None = None, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": str(ROOT), **extra}
+    # the checkout's own sources first (a worktree beside an editable install elsewhere)
+    path = os.pathsep.join((str(ROOT / "src"), str(ROOT)))
+    env = {**os.environ, "COLUMNS": "200", "PYTHONPATH": path, **extra}
     env.pop("WAKEFUL_LOG_LEVEL", None)
     env.pop("WAKEFUL_LOG_FORMAT", None)
     if store is not None:

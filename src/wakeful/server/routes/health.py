@@ -13,6 +13,7 @@ from wakeful.fleet.census import DEFAULT_STALE_AFTER, liveness
 from wakeful.metrics import CONTENT_TYPE, Gauge
 from wakeful.records import DispatchStatus
 from wakeful.server.access import ServerState, StateDep
+from wakeful.server.keygauges import key_gauges
 from wakeful.server.schemas import Health
 from wakeful.server.views import errors
 from wakeful.store.contract import RateLimitStore
@@ -156,11 +157,12 @@ async def _limit_gauges(state: ServerState) -> list[Gauge]:
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format: HTTP requests by route and status, submits, conflicts,
     stale claims, worker counters, queue depth by status (computed now, bounded) and each
-    rate-limit key's bucket (available, rates, blocked until)."""
+    rate-limit key's bucket (available, rates, blocked until) and each concurrency key in
+    use (limit, admitted, waiting)."""
     gauges: list[Gauge] = []
     try:
         gauges = await _queue_gauges(state) + await _worker_gauges(state)
-        gauges += await _limit_gauges(state)
+        gauges += await _limit_gauges(state) + await key_gauges(state.store)
         up = 1.0
     except Exception as exc:
         log.warning("metrics: queue depth unavailable: %s: %s", type(exc).__name__, exc)
