@@ -60,9 +60,9 @@ def max_overlap(log: str, killed: dict[int, float]) -> tuple[int, set[str]]:
         else:
             edges += [(open_runs.pop(key), 1), (float(at), -1)]
             ended.add(run_id)
-    for (pid, _), start in open_runs.items():
-        assert pid in killed, f"a run of live process {pid} never ended"
-        edges += [(start, 1), (killed[pid], -1)]
+    for (process, _), start in open_runs.items():
+        assert process in killed, f"a run of live process {process} never ended"
+        edges += [(start, 1), (killed[process], -1)]
     running = peak = 0
     for _, step in sorted(edges):  # at equal times an end (-1) sorts before a start
         running += step
