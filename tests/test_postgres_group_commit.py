@@ -332,7 +332,7 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # reconcile_limit (rate limits); 0018 deploys: register_worker and claim_next_read with a
     # version beside the old signatures, release_pins, and the function of the trigger that
     # pins a resume; 0019 concurrency keys: enqueue_keyed, the key triggers' functions
-    # (gate_key, release_key, resume_key, fill_key) and concurrency_use
+    # (gate_key, release_key, resume_key, fill_key), concurrency_use and fair_tag (fairness)
     assert {name for name, _, _ in version_6 - version_5} == {
         "register_worker",
         "claim_next_read",
@@ -355,4 +355,5 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
         "resume_key",
         "fill_key",
         "concurrency_use",
+        "fair_tag",
     }
