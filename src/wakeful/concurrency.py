@@ -27,7 +27,19 @@ from typing import Any
 import msgspec
 
 from wakeful.errors import InvalidInput
-from wakeful.store.validate_queue import check_concurrency_key
+
+MAX_CONCURRENCY_KEY = 200
+"""The longest concurrency key, in characters."""
+
+
+def check_concurrency_key(key: object) -> str:
+    """A concurrency key: any text of 1 to ``MAX_CONCURRENCY_KEY`` characters without
+    control characters (``tenant:acme``, ``model:gpt-4o``)."""
+    if not isinstance(key, str) or not 1 <= len(key) <= MAX_CONCURRENCY_KEY:
+        raise InvalidInput("concurrency_key", f"must be 1 to {MAX_CONCURRENCY_KEY} characters")
+    if any(ord(c) < 32 or ord(c) == 127 for c in key):
+        raise InvalidInput("concurrency_key", "must not contain control characters")
+    return key
 
 
 class KeyUse(msgspec.Struct, frozen=True, kw_only=True):

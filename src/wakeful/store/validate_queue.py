@@ -3,6 +3,7 @@ backend (``wakeful.store.validate`` holds the rest and the JSON rules these use)
 
 from __future__ import annotations
 
+from wakeful.concurrency import check_concurrency_key
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_aware, check_count, check_id, check_optional_id
 from wakeful.records import IF_BUSY, Dispatch, DispatchStatus
@@ -34,10 +35,6 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
     return copy
 
 
-MAX_CONCURRENCY_KEY = 200
-"""The longest concurrency key, in characters."""
-
-
 def check_concurrency(d: Dispatch) -> None:
     """A dispatch names a concurrency key and its limit together, or neither; a cancel
     takes none (it bypasses admission). The key is any text of 1 to ``MAX_CONCURRENCY_KEY``
@@ -52,15 +49,6 @@ def check_concurrency(d: Dispatch) -> None:
     check_concurrency_key(key)
     if isinstance(limit, bool) or not 1 <= limit < 2**31:
         raise InvalidInput("concurrency_limit", "must be an integer from 1 to 2**31 - 1")
-
-
-def check_concurrency_key(key: object) -> str:
-    """A concurrency key (see ``check_concurrency``)."""
-    if not isinstance(key, str) or not 1 <= len(key) <= MAX_CONCURRENCY_KEY:
-        raise InvalidInput("concurrency_key", f"must be 1 to {MAX_CONCURRENCY_KEY} characters")
-    if any(ord(c) < 32 or ord(c) == 127 for c in key):
-        raise InvalidInput("concurrency_key", "must not contain control characters")
-    return key
 
 
 def check_if_busy(d: Dispatch) -> None:
