@@ -64,22 +64,27 @@ CREATE INDEX dispatches_fair ON @schema@.dispatches (tenant, priority, fair_tag)
 -- The fair tag of a row of p_tenant at p_priority entering pending now (see above).
 CREATE FUNCTION @schema@.fair_tag(p_priority integer, p_tenant text)
 RETURNS double precision
-LANGUAGE sql STABLE AS $fn$
-    SELECT CASE WHEN l IS NULL THEN v ELSE greatest(v, l + 1) END
-      FROM (SELECT coalesce((SELECT h.fair_tag - 1 FROM @schema@.dispatches h
-                              WHERE h.status = 'pending' AND h.pinned_version IS NULL
-                                AND h.priority = p_priority
-                              ORDER BY h.priority DESC, h.fair_tag, h.seq LIMIT 1), 0) AS v,
-                   CASE WHEN p_tenant IS NULL
-                        THEN (SELECT m.fair_tag FROM @schema@.dispatches m
-                               WHERE m.status = 'pending' AND m.tenant IS NULL
-                                 AND m.priority = p_priority
-                               ORDER BY m.tenant, m.priority, m.fair_tag DESC LIMIT 1)
-                        ELSE (SELECT m.fair_tag FROM @schema@.dispatches m
-                               WHERE m.status = 'pending' AND m.tenant = p_tenant
-                                 AND m.priority = p_priority
-                               ORDER BY m.tenant, m.priority, m.fair_tag DESC LIMIT 1)
-                   END AS l) t
+LANGUAGE plpgsql STABLE AS $fn$
+DECLARE
+    v double precision;
+    l double precision;
+BEGIN
+    -- PL/pgSQL, not SQL: its two probes keep their plans for the session
+    SELECT h.fair_tag - 1 INTO v FROM @schema@.dispatches h
+     WHERE h.status = 'pending' AND h.pinned_version IS NULL AND h.priority = p_priority
+     ORDER BY h.priority DESC, h.fair_tag, h.seq LIMIT 1;
+    IF p_tenant IS NULL THEN
+        SELECT m.fair_tag INTO l FROM @schema@.dispatches m
+         WHERE m.status = 'pending' AND m.tenant IS NULL AND m.priority = p_priority
+         ORDER BY m.tenant, m.priority, m.fair_tag DESC LIMIT 1;
+    ELSE
+        SELECT m.fair_tag INTO l FROM @schema@.dispatches m
+         WHERE m.status = 'pending' AND m.tenant = p_tenant AND m.priority = p_priority
+         ORDER BY m.tenant, m.priority, m.fair_tag DESC LIMIT 1;
+    END IF;
+    v := coalesce(v, 0);
+    RETURN CASE WHEN l IS NULL THEN v ELSE greatest(v, l + 1) END;
+END
 $fn$;
 
 CREATE TABLE @schema@.concurrency_keys (
