@@ -92,3 +92,7 @@ async def test_metrics_and_limits_list_show_the_concurrency_keys(tmp_path: Path)
     shown = cli("limits", "list", store=url)
     assert shown.returncode == 0, shown.stderr
     assert "concurrency keys" in shown.stdout and "model:gpt" in shown.stdout
+    waiting = cli("dispatches", "list", "--status", "waiting_key", "--json", store=url)
+    assert waiting.returncode == 0, waiting.stderr
+    rows = json.loads(waiting.stdout)
+    assert [d["dispatch_id"] for d in rows] == [f"d-model:gpt-{i}" for i in (2, 3, 4)]
