@@ -465,6 +465,10 @@ class DispatchView(_View):
     answered_by: str | None = Field(
         None, description="The dispatch whose run answered this coalesced submission."
     )
+    concurrency_key: str | None = Field(
+        None, description="Its concurrency key: at most concurrency_limit of the key run at once."
+    )
+    concurrency_limit: int | None = Field(None, description="The key's limit it was sent with.")
 
 
 class DispatchPage(BaseModel):
