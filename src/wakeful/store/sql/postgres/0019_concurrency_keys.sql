@@ -15,7 +15,7 @@
 --        insert sets its limit and first admits the rows a raised limit makes room for),
 --        then waits instead when the key is full or other rows of the key wait already;
 --   release (AFTER UPDATE): a keyed row that stops being pending or leased (done, awaiting,
---        quarantined), or a waiting row retired (a cancel), locks the key row and admits
+--        quarantined), or a waiting row retired (a cancel), share-locks the key row and admits
 --        the key's waiting rows into the free slots, by priority then seq (SKIP LOCKED: a
 --        waiting row some transaction is retiring right now is passed over; that
 --        transaction's own release trigger fills after it).
@@ -171,13 +171,19 @@ CREATE TRIGGER dispatches_take_key_again BEFORE UPDATE OF status, concurrency_ke
                             OR OLD.concurrency_key IS NULL))
     EXECUTE FUNCTION @schema@.gate_key();
 
+-- A release takes the key row FOR KEY SHARE, not FOR UPDATE: releases of one key do not
+-- queue behind each other (a hot key's settles would serialise on it), while a gate (FOR
+-- UPDATE) and a release still exclude each other, so neither decides on a snapshot that
+-- misses the other's row. Two concurrent releases may both fill: each counts the other's
+-- released row as still held (not committed yet), so each admits at most the slots it can
+-- see free, and SKIP LOCKED keeps them off each other's waiting rows.
 CREATE FUNCTION @schema@.release_key() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 DECLARE
     lim integer;
 BEGIN
     SELECT k.lim INTO lim FROM @schema@.concurrency_keys k
-     WHERE k.key = OLD.concurrency_key FOR UPDATE;
+     WHERE k.key = OLD.concurrency_key FOR KEY SHARE;
     IF FOUND THEN
         PERFORM @schema@.fill_key(OLD.concurrency_key, lim, NEW.updated_at);
     END IF;
