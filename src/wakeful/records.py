@@ -366,8 +366,9 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     """Concurrency key (issue 39): at most ``concurrency_limit`` dispatches of one key are
     admitted (``pending`` or ``leased``) at once, across every worker; the others wait
     ``waiting_key``. A suspended run (``awaiting``) holds no key slot; a lapsed lease keeps
-    its slot until its dispatch is leased again and settled. A ``resume`` given no key takes
-    the key of the run it continues. Given with ``concurrency_limit``, or not at all."""
+    its slot until its dispatch is leased again and settled. A ``resume`` takes the key of
+    the run it continues when that run has one. Given with ``concurrency_limit``, or not at
+    all."""
     concurrency_limit: int | None = None
     """The key's limit (at least 1). The latest enqueue of a key sets the key's limit."""
     fair_tag: float = 0.0

@@ -115,9 +115,10 @@ def _discard(index: dict[str, set[str]], key: str, dispatch_id: str) -> None:
 
 
 def key_of_resume(d: Dispatch, holder: Dispatch | None) -> Dispatch:
-    """A ``resume`` that names no key takes the key (and limit) of the run it continues:
-    the dispatch holding its thread's slot (the suspended run's), none behind a cancel."""
-    if d.concurrency_key is not None or holder is None or holder.kind == "cancel":
+    """A ``resume`` takes the key (and limit) of the run it continues, the dispatch holding
+    its thread's slot (the suspended run's), when that run has one; otherwise its own. A
+    cancel holding the slot gives none."""
+    if holder is None or holder.kind == "cancel" or holder.concurrency_key is None:
         return d
     return msgspec.structs.replace(
         d, concurrency_key=holder.concurrency_key, concurrency_limit=holder.concurrency_limit

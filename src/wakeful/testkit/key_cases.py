@@ -134,6 +134,17 @@ class KeyCases(Harness):
         assert lease3.dispatch.dispatch_id == "r-1"
 
     @case
+    async def test_a_resume_takes_its_runs_key_when_the_run_has_one(self, kit: Kit) -> None:
+        await kit.store.enqueue(keyed(kit, "t1", "d-1", limit=1))
+        await kit.store.enqueue(kit.dispatch("t2", dispatch_id="d-2"))
+        for lease in await kit.store.claim_next("w", 30, limit=10):
+            await kit.store.settle(lease.dispatch.dispatch_id, lease.claim.token, Awaiting())
+        own = await kit.store.enqueue(keyed(kit, "t1", "r-1", key="other", kind="resume"))
+        assert (own.concurrency_key, own.concurrency_limit) == ("k", 1), "the run's key"
+        given = await kit.store.enqueue(keyed(kit, "t2", "r-2", key="other", kind="resume"))
+        assert (given.concurrency_key, given.status) == ("other", "pending"), "its own"
+
+    @case
     async def test_a_waiting_dispatch_holds_its_thread_slot(self, kit: Kit) -> None:
         await kit.store.enqueue(keyed(kit, "t1", "d-1", limit=1))
         waiting = await kit.store.enqueue(keyed(kit, "t2", "d-2", limit=1))

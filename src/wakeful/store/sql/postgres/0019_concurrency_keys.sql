@@ -199,8 +199,10 @@ CREATE TRIGGER dispatches_release_key AFTER UPDATE OF status ON @schema@.dispatc
                OR (OLD.status = 'waiting_key' AND NEW.status <> 'pending')))
     EXECUTE FUNCTION @schema@.release_key();
 
--- A resume that names no key takes its run's: the key of the dispatch holding the thread's
--- run slot (the suspended run's), none behind a cancel.
+-- A resume takes its run's key when that run has one: the key of the dispatch holding the
+-- thread's run slot (the suspended run's), none behind a cancel. (enqueue inserts the row
+-- without the key enqueue_keyed was given, so a key given with a resume applies only when
+-- its run has none.)
 CREATE FUNCTION @schema@.resume_key() RETURNS trigger
 LANGUAGE plpgsql AS $fn$
 BEGIN
