@@ -13,6 +13,12 @@ process with and without it, in interleaved pairs of ``--overhead-runs`` runs, t
 median of the pairs' ratios (target >= 0.9x); the limit's store calls per model call and
 their time; and the store time per model call on one connection of a take that folds the
 reconcile against a take and a reconcile statement (decision 0047).
+
+Concurrency keys (``--key-runs`` dispatches per sample, 0: skip): the no-op drain of
+``benchmarks.dispatch`` (one in-process worker, 10 runs at a time, PostgreSQL) with every
+dispatch carrying one per-model key whose limit (100,000) is never reached, against no key
+(target >= 0.9x); and the submission rate of the same dispatches, which with a key
+serialise on the key's row (reported, no target).
 """
 
 from __future__ import annotations
@@ -257,6 +263,8 @@ def run(args: argparse.Namespace) -> list[Result]:
     print(f"  lowest round: {low:.3f} of budget (must be >= 0.95)")
     if args.overhead_runs:
         _overhead(args, out)
+    if args.key_runs:
+        _keys(args, out)
     return out.results
 
 
@@ -319,6 +327,81 @@ def _overhead(args: argparse.Namespace, out: Collector) -> None:
     )
 
 
+async def _keyed_drain(store_url: str, keyed: bool, n: int) -> tuple[float, float]:
+    """(submissions/s, dispatches drained/s) of ``n`` no-op runs, with one key or none."""
+    from benchmarks.dispatch import _drained, _noop_registry
+    from wakeful import open_store
+    from wakeful.fleet import LocalWake, Worker, submit
+    from wakeful.runtime import ClaimPolicy
+
+    tag = f"{'k' if keyed else 'u'}{time.monotonic_ns()}"
+    key = "model:bench" if keyed else None
+    limit = 100_000 if keyed else None
+    async with open_store(store_url) as store:
+        started = time.perf_counter()
+        ids = list(range(n))
+
+        async def lane() -> None:
+            while ids:
+                i = ids.pop()
+                await submit(
+                    store, f"{tag}-{i}", "noop", None, dispatch_id=f"{tag}-{i}",
+                    concurrency_key=key, concurrency_limit=limit,
+                )  # fmt: skip
+
+        await asyncio.gather(*(lane() for _ in range(8)))
+        submitted = n / (time.perf_counter() - started)
+        counter = [0]
+        worker = Worker(
+            store, _noop_registry(counter), concurrency=10,
+            claims=ClaimPolicy(ttl=30, renew_every=10), wake=LocalWake(), poll_interval=0.5,
+            relay=False,
+        )  # fmt: skip
+        started = time.perf_counter()
+        running = asyncio.create_task(worker.run())
+        await _drained(worker)
+        elapsed = time.perf_counter() - started
+        await worker.stop(grace=5)
+        await running
+        if counter[0] != n:
+            raise SystemExit(f"ran {counter[0]} of {n} dispatches")
+    return submitted, n / elapsed
+
+
+def _keys(args: argparse.Namespace, out: Collector) -> None:
+    """The drain with a concurrency key configured but never reached, against none."""
+    drains: dict[bool, list[float]] = {True: [], False: []}
+    submits: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(max(args.rounds, 3)):
+        for keyed in (r % 2 == 0, r % 2 != 0):  # alternate which goes first
+            db = Database(args.dsn, "wakeful_bench_flow_keys").create()
+            try:
+                sub, drain = asyncio.run(_keyed_drain(db.dsn, keyed, args.key_runs))
+            finally:
+                db.drop()
+            drains[keyed].append(drain)
+            submits[keyed].append(sub)
+            print(f"  round {r + 1}: key {'on ' if keyed else 'off'} submit {sub:6.0f}/s, "
+                  f"drain {drain:6.0f}/s")  # fmt: skip
+    out.add(
+        "dispatches drained/s, a concurrency key configured but not reached",
+        drains[True],
+        "dispatches/s",
+        anchor="no key",
+        anchor_samples=drains[False],
+        target=0.9,
+        note=f"{args.key_runs} no-op runs, one worker x 10, one per-model key, PostgreSQL",
+    )
+    out.add(
+        "submissions/s of one per-model concurrency key",
+        submits[True],
+        "submissions/s",
+        anchor="no key",
+        anchor_samples=submits[False],
+        note="8 concurrent submitters; with a key each enqueue locks the key's row",
+    )
+
+
 def main(argv: list[str] | None = None) -> list[Result]:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.flow_control")
     parser.add_argument("--dsn", default=DEFAULT_DSN, help="server to benchmark (admin DSN)")
@@ -327,6 +410,9 @@ def main(argv: list[str] | None = None) -> list[Result]:
     parser.add_argument("--runs", type=int, default=4, help="concurrent runs per worker")
     parser.add_argument(
         "--overhead-runs", type=int, default=100, help="runs per overhead batch (0: skip)"
+    )
+    parser.add_argument(
+        "--key-runs", type=int, default=1000, help="dispatches per key sample (0: skip)"
     )
     parser.add_argument(
         "--child", nargs=2, metavar=("STORE_URL", "BASE_URL"), help=argparse.SUPPRESS

@@ -14,6 +14,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, Self
 
+from wakeful.concurrency import KeyUse
 from wakeful.limits import LimitBucket, LimitWaiter, RateLimit
 from wakeful.records import (
     Branch,
@@ -39,7 +40,12 @@ from wakeful.records import (
     WorkerIdentity,
     WorkerInfo,
 )
-from wakeful.store.contract import RateLimitStore, Store, StreamCheckpointStore
+from wakeful.store.contract import (
+    ConcurrencyStore,
+    RateLimitStore,
+    Store,
+    StreamCheckpointStore,
+)
 from wakeful.store.firings import Fired, Firing, TickStore
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -124,6 +130,11 @@ class Alternating:
 
     async def limit_buckets(self) -> list[LimitBucket]:
         return await self._limits().limit_buckets()
+
+    async def concurrency_keys(self) -> list[KeyUse]:
+        store = self.next()
+        assert isinstance(store, ConcurrencyStore)
+        return await store.concurrency_keys()
 
     async def renew(self, thread_id: str, token: int, ttl: float) -> Claim:
         return await self.next().renew(thread_id, token, ttl)

@@ -18,9 +18,9 @@ from wakeful.store.projected import ProjectedStore
 from wakeful.store.projection import CLAIMABLE, State
 
 
-def expected_index(state: State) -> list[tuple[int, int, str]]:
+def expected_index(state: State) -> list[tuple[int, float, int, str]]:
     return sorted(
-        (-d.priority, state.dispatch_order[d.dispatch_id], d.dispatch_id)
+        (-d.priority, d.fair_tag, state.dispatch_order[d.dispatch_id], d.dispatch_id)
         for d in state.dispatches.values()
         if d.status in CLAIMABLE
     )

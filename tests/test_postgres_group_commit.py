@@ -334,7 +334,8 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # pins a resume; 0019 migrate_runs (an operator moves runs between versions)
     # 0020 fire_schedules and unfinished_runs (schedule ticks in batches); 0022 the
     # scheduled status: the due step, the trigger function that schedules a delayed retry,
-    # and the debounced enqueue
+    # and the debounced enqueue; 0023 concurrency keys: enqueue_keyed, the key triggers'
+    # functions (gate_key, release_key, resume_key, fill_key), concurrency_use and fair_tag
     assert {name for name, _, _ in version_6 - version_5} == {
         "promote_due",
         "schedule_retry",
@@ -357,4 +358,11 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
         "reconcile_limit",
         "fire_schedules",
         "unfinished_runs",
+        "enqueue_keyed",
+        "gate_key",
+        "release_key",
+        "resume_key",
+        "fill_key",
+        "concurrency_use",
+        "fair_tag",
     }

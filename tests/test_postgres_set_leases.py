@@ -57,7 +57,8 @@ async def _history(store: PostgresStore, thread_id: str, with_write: bool) -> No
 # the busy-thread ones, 0015 the pins) and the call without a version (0015 added it).
 _V10_CLAIM_NEXT = _CLAIM_NEXT.replace(
     ", (o_dispatch).if_busy, (o_dispatch).queued_behind, (o_dispatch).coalesced, "
-    "(o_dispatch).answered_by, (o_dispatch).pinned_version, (o_dispatch).released_from",
+    "(o_dispatch).answered_by, (o_dispatch).pinned_version, (o_dispatch).released_from, "
+    "(o_dispatch).concurrency_key, (o_dispatch).concurrency_limit, (o_dispatch).fair_tag",
     "",
 ).replace("claim_next_read(%s, %s, %s, %s, %s)", "claim_next_read(%s, %s, %s)")
 assert _V10_CLAIM_NEXT != _CLAIM_NEXT
@@ -87,8 +88,10 @@ async def test_one_call_grants_one_lease_per_thread_in_claim_order_with_each_thr
             ("d-e", "t4", 0, None),
         )
         leases = await store.claim_next("w", 60, limit=10)
+        # priority first, then fair tags (issue 39): d-d, the first of tenant acme, starts
+        # one place before the head (d-a1, of no tenant), whose d-b and d-e follow it
         assert [lease.dispatch.dispatch_id for lease in leases] == [
-            "d-c", "d-a1", "d-b", "d-d", "d-e"
+            "d-c", "d-d", "d-a1", "d-b", "d-e"
         ]  # fmt: skip
         for lease in leases:
             d = lease.dispatch
@@ -106,7 +109,8 @@ async def test_one_call_grants_one_lease_per_thread_in_claim_order_with_each_thr
             settled = await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
             assert settled.status == "done"
         [again] = await store.claim_next("w2", 60, limit=10)
-        assert again.dispatch.dispatch_id == "d-a2" and again.claim.token > leases[1].claim.token
+        assert again.dispatch.dispatch_id == "d-a2"
+        assert again.claim.token > by_thread["t0"].claim.token
     finally:
         await store.close()
 

@@ -195,6 +195,7 @@ LAYERS = {
     "errors": 0,
     "records": 0,
     "limits": 0,  # RateLimit and the bucket arithmetic: records the stores keep (issue 39)
+    "concurrency": 0,  # concurrency keys' rules and use: records the stores keep (issue 39)
     "clock": 0,
     "ids": 0,
     "metrics": 0,

@@ -14,6 +14,7 @@ from tests.metrics_support import sample
 from tests.server_support import ALPHA, BETA, OPERATOR, running_api, seed_thread
 from wakeful import ManualClock, open_store
 from wakeful.limits import LimitWaiter, RateLimit
+from wakeful.records import Dispatch
 from wakeful.store.contract import RateLimitStore
 from wakeful.store.memory import MemoryStore
 
@@ -112,3 +113,40 @@ async def test_the_limits_route_shows_buckets_to_all_and_waiting_runs_to_their_t
         keys = [b["key"] for b in seen[tenant]["rate_limits"]]
         assert keys == ["anthropic:claude", "openai:gpt-4o"]
         assert [w["thread_id"] for w in seen[tenant]["rate_limits"][1]["waiting"]] == [thread]
+
+
+def _keyed(i: int, key: str, limit: int) -> Dispatch:
+    return Dispatch(
+        dispatch_id=f"d-{key}-{i}", thread_id=f"t-{key}-{i}", kind="start",
+        concurrency_key=key, concurrency_limit=limit,
+    )  # fmt: skip
+
+
+@pytest.mark.asyncio
+async def test_metrics_and_limits_list_show_the_concurrency_keys(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'keys.db'}"
+    async with open_store(url) as store:
+        for i in range(5):
+            await store.enqueue(_keyed(i, "model:gpt", 2))
+        await store.enqueue(_keyed(0, "tenant:acme", 4))
+        async with running_api(store) as api:
+            scrape = (await api.client(None).get("/metrics")).text
+    gpt, acme = '{key="model:gpt"}', '{key="tenant:acme"}'
+    assert sample(scrape, f"wakeful_concurrency_limit{gpt}") == 2.0
+    assert sample(scrape, f"wakeful_concurrency_admitted{gpt}") == 2.0
+    assert sample(scrape, f"wakeful_concurrency_waiting{gpt}") == 3.0
+    assert sample(scrape, f"wakeful_concurrency_admitted{acme}") == 1.0
+    assert sample(scrape, f"wakeful_concurrency_waiting{acme}") == 0.0
+    listed = cli("limits", "list", "--json", store=url)
+    assert listed.returncode == 0, listed.stderr
+    assert json.loads(listed.stdout) == [
+        {"kind": "concurrency", "key": "model:gpt", "limit": 2, "admitted": 2, "waiting": 3},
+        {"kind": "concurrency", "key": "tenant:acme", "limit": 4, "admitted": 1, "waiting": 0},
+    ]
+    shown = cli("limits", "list", store=url)
+    assert shown.returncode == 0, shown.stderr
+    assert "concurrency keys" in shown.stdout and "model:gpt" in shown.stdout
+    waiting = cli("dispatches", "list", "--status", "waiting_key", "--json", store=url)
+    assert waiting.returncode == 0, waiting.stderr
+    rows = json.loads(waiting.stdout)
+    assert [d["dispatch_id"] for d in rows] == [f"d-model:gpt-{i}" for i in (2, 3, 4)]

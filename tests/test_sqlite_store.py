@@ -154,6 +154,7 @@ async def test_initial_migration_is_applied_once(tmp_path: Path) -> None:
         (11, "0011_deploys"),
         (12, "0012_limit_waits"),
         (13, "0013_scheduled"),
+        (14, "0014_concurrency_keys"),
     ]
     later = ManualClock()
     later.advance(3600)

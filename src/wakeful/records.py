@@ -30,13 +30,15 @@ Role: TypeAlias = Literal["system", "user", "assistant", "tool"]
 
 DispatchKind: TypeAlias = Literal["start", "resume", "cancel", "message"]
 DispatchStatus: TypeAlias = Literal[
-    "scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined"
+    "scheduled", "queued", "waiting_key", "pending", "leased", "awaiting", "done", "quarantined"
 ]
 """``scheduled``: waiting for its ``available_at`` (a delayed run, a retry's backoff, a
 sleeping run's wake-up, a debounced submission); the claim's due step moves it on when the
 store's clock reaches it. ``queued``: a run's dispatch waiting for its thread's run slot
 (the thread is busy with an unfinished run); it becomes ``pending`` when the slot frees
-(see ``Dispatch``)."""
+(see ``Dispatch``). ``waiting_key``: a dispatch that holds its thread's slot but waits for
+a slot of its ``concurrency_key`` (that many dispatches of the key are pending or leased
+already); it becomes ``pending`` when one of them settles, is suspended or is cancelled."""
 
 IfBusy: TypeAlias = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
 """What a new run does when its thread is busy (``Dispatch.if_busy``, docs/busy-threads.md)."""
@@ -367,6 +369,19 @@ class Dispatch(msgspec.Struct, frozen=True, kw_only=True):
     enqueueing this one replaces that dispatch's ``payload`` and ``available_at`` and returns
     it (its id, not this one's) instead of storing another: a burst of submissions within
     the window starts one run, with the last input. ``None``: no debounce."""
+    concurrency_key: str | None = None
+    """Concurrency key (issue 39): at most ``concurrency_limit`` dispatches of one key are
+    admitted (``pending`` or ``leased``) at once, across every worker; the others wait
+    ``waiting_key``. A suspended run (``awaiting``) holds no key slot; a lapsed lease keeps
+    its slot until its dispatch is leased again and settled. A ``resume`` takes the key of
+    the run it continues when that run has one. Given with ``concurrency_limit``, or not at
+    all."""
+    concurrency_limit: int | None = None
+    """The key's limit (at least 1). The latest enqueue of a key sets the key's limit."""
+    fair_tag: float = 0.0
+    """The dispatch's place among equal priorities (set by the store when it becomes
+    ``pending``): the claim takes the lowest first, so tenants are served round-robin
+    (issue 39, docs/flow-control.md)."""
 
     @property
     def exhausted(self) -> bool:

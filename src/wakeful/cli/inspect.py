@@ -26,6 +26,7 @@ from wakeful.cli.common import (
 from wakeful.cli.follow import follow_events
 from wakeful.errors import NotFound
 from wakeful.records import Dispatch, Event, ThreadSnapshot
+from wakeful.store.validate_queue import DISPATCH_STATUSES
 
 
 def _at(value: datetime | None) -> str:
@@ -293,9 +294,7 @@ def dispatches() -> None:
 @json_option
 @click.option(
     "--status",
-    type=click.Choice(
-        ["scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined"]
-    ),
+    type=click.Choice(sorted(DISPATCH_STATUSES)),
     default=None,
     help="Only dispatches with this status.",
 )

@@ -1,4 +1,5 @@
-"""``wakeful limits list``: the rate-limit buckets the store keeps (docs/flow-control.md)."""
+"""``wakeful limits list``: the rate-limit buckets and the concurrency keys the store keeps
+(docs/flow-control.md)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,10 @@ from wakeful.cli.common import (
     table,
     with_store,
 )
+from wakeful.concurrency import KeyUse
 from wakeful.errors import UnsupportedStore
 from wakeful.limits import LimitBucket
-from wakeful.store.contract import RateLimitStore
+from wakeful.store.contract import ConcurrencyStore, RateLimitStore
 
 
 @click.group()
@@ -26,10 +28,11 @@ def limits() -> None:
     """Inspect the rate limits shared by the fleet (see docs/flow-control.md)."""
 
 
-async def _buckets(store: Any) -> list[LimitBucket]:
+async def _buckets(store: Any) -> tuple[list[LimitBucket], list[KeyUse]]:
     if not isinstance(store, RateLimitStore):
         raise UnsupportedStore(type(store).__name__, "this store keeps no rate-limit buckets")
-    return await store.limit_buckets()
+    keys = await store.concurrency_keys() if isinstance(store, ConcurrencyStore) else []
+    return await store.limit_buckets(), keys
 
 
 def _amount(value: float | None, rate: float | None) -> str:
@@ -52,12 +55,13 @@ def _waiting(runs: list[str]) -> str:
 @run_async
 async def limits_list(store: str | None, as_json: bool) -> None:
     """Every rate-limit key used on the store: its rates, what its bucket holds now, the
-    end of a provider's block (a 429), if one holds it, and the runs waiting for it."""
-    found = await with_store(store_url(store), _buckets, existing=True)
-    emit(
-        [builtins(b) for b in found],
-        as_json,
-        lambda _: table(
+    end of a provider's block (a 429), if one holds it, and the runs waiting for it; then
+    every concurrency key in use: its limit, how many of its runs are admitted and how many
+    wait. In ``--json``, one list: ``kind`` is ``rate`` or ``concurrency``."""
+    found, keys = await with_store(store_url(store), _buckets, existing=True)
+
+    def render(_: object) -> None:
+        table(
             "rate limits",
             ["key", "requests available", "tokens available", "blocked until", "waiting"],
             [
@@ -70,5 +74,14 @@ async def limits_list(store: str | None, as_json: bool) -> None:
                 )
                 for b in found
             ],
-        ),
-    )
+        )
+        if keys:
+            table(
+                "concurrency keys",
+                ["key", "limit", "admitted", "waiting"],
+                [(k.key, str(k.limit), str(k.admitted), str(k.waiting)) for k in keys],
+            )
+
+    rows = [{"kind": "rate", **builtins(b)} for b in found]
+    rows += [{"kind": "concurrency", **builtins(k)} for k in keys]
+    emit(rows, as_json, render)

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from wakeful import telemetry
+from wakeful.concurrency import Concurrency, concurrency_of
 from wakeful.errors import DispatchConflict, InvalidInput
 from wakeful.fleet.delays import debounce_seconds, not_before
 from wakeful.fleet.wake import Wake
@@ -101,6 +102,9 @@ async def submit(
     if_busy: IfBusy = "enqueue",
     webhook: str | None = None,
     debounce: float | timedelta | None = None,
+    concurrency_key: str | None = None,
+    concurrency_limit: int | None = None,
+    concurrency: Concurrency | Mapping[str, Any] | None = None,
 ) -> Dispatch:
     """Ask for a new run of ``target`` (a registered agent or graph) on ``thread_id``.
     Idempotent by ``dispatch_id``: submitting the same id and input again returns the same
@@ -131,8 +135,13 @@ async def submit(
     input (docs/flow-control.md#debounce). The run starts ``debounce`` after the last
     submission; while it has not started, a submission replaces its input and moves its
     start, and returns *that* dispatch (its id, which may not be ``dispatch_id``: the run id
-    is ``run-<its id>``). Not with ``after``/``at``, ``from_checkpoint`` or
-    ``keep_messages``."""
+    is ``run-<its id>``). Not with ``after``/``at``, ``from_checkpoint``,
+    ``keep_messages`` or a concurrency key.
+    ``concurrency_key`` with ``concurrency_limit``: at most that many runs of the key are
+    admitted at once across the fleet; this one waits (``waiting_key``) while the key is
+    full. ``concurrency``: the target's rule (``Target.concurrency``, or ``{"key": "tenant",
+    "limit": 5}``), which gives the key from the tenant or the input when
+    ``concurrency_key`` is not given (docs/flow-control.md)."""
     check_id("target", target)
     if webhook is not None:
         check_webhook_url(webhook)
@@ -144,11 +153,17 @@ async def submit(
     available_at = None
     if after is not None or at is not None:
         available_at = not_before(await _store_now(store, after), after, at)
+    if concurrency_key is None:
+        rule = concurrency_of(concurrency)
+        if rule is not None and (concurrency_key := rule.key_for(tenant, input)) is not None:
+            concurrency_limit = rule.limit
     debounce_key = None
     if debounce is not None:
         window = debounce_seconds(debounce)
         if after is not None or at is not None or from_checkpoint is not None:
             raise InvalidInput("debounce", "not with after, at or from_checkpoint")
+        if concurrency_key is not None:
+            raise InvalidInput("debounce", "not with a concurrency key (not supported yet)")
         available_at = await _store_now(store, window) + timedelta(seconds=window)
         debounce_key = target  # one waiting run per (thread, target)
     payload = {"target": target, "input": input, "run_id": f"run-{dispatch_id}", "tenant": tenant}
@@ -173,6 +188,8 @@ async def submit(
             available_at=available_at,
             if_busy=if_busy,
             debounce_key=debounce_key,
+            concurrency_key=concurrency_key,
+            concurrency_limit=concurrency_limit,
         ),
         wake,
     )

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
@@ -10,6 +11,7 @@ from typing import Any, Literal, Protocol, TypeAlias, runtime_checkable
 import msgspec
 
 from wakeful.agent.agent import Agent
+from wakeful.concurrency import Concurrency, concurrency_of
 from wakeful.errors import InvalidInput, NotFound
 from wakeful.fleet.delays import debounce_seconds
 from wakeful.fleet.webhook_signing import check_webhook_url
@@ -54,6 +56,10 @@ class Target:
     debounce: float | None = None
     """Seconds: the debounce window of submissions through a server that knows this
     registry, when the submission names none (``wakeful.submit``'s ``debounce``)."""
+    concurrency: Concurrency | None = None
+    """How many runs of this target may be admitted at once per key (issue 39,
+    ``wakeful.concurrency``): applied by ``submit(..., concurrency=)`` and by the HTTP
+    server's run submissions (docs/flow-control.md)."""
 
     def version_policy(self, run: Checkpoint) -> VersionPolicy:
         """The policy for ``run`` (a checkpoint of an unfinished run of this target)."""
@@ -154,14 +160,16 @@ class Registry:
         on_version_change: VersionPolicy | None = None,
         webhook: str | None = None,
         debounce: float | timedelta | None = None,
+        concurrency: Concurrency | Mapping[str, Any] | None = None,
     ) -> Registry:
         """Register ``target`` as ``name`` (again: replace it). A thread records the graph
         that ran it (and, from a worker, the target's name), and its later work goes to that
         target: two targets whose graphs share a name would be indistinguishable in older
         threads, so that is ``InvalidInput`` unless they are the same compiled graph.
         ``on_version_change``: see ``Target.on_version_change``; ``webhook``: see
-        ``Target.webhook``. ``debounce``: see ``Target.debounce`` (docs/flow-control.md). A
-        compiled LangGraph graph goes to ``langgraphs``."""
+        ``Target.webhook``. ``debounce``: see ``Target.debounce`` (docs/flow-control.md).
+        ``concurrency``: a ``Concurrency`` or ``{"key": "tenant", "limit": 5}``
+        (``Target.concurrency``). A compiled LangGraph graph goes to ``langgraphs``."""
         check_id("target name", name)
         if webhook is not None:
             check_webhook_url(webhook)
@@ -175,20 +183,14 @@ class Registry:
         if name in self.langgraphs:
             raise InvalidInput("target", f"{name!r} is already a LangGraph graph")
         window = None if debounce is None else debounce_seconds(debounce)
+        rule = concurrency_of(concurrency)
         if isinstance(target, Agent):
-            entry = Target(name, target.graph, target, on_version_change, webhook, debounce=window)
+            entry = Target(name, target.graph, target, on_version_change, webhook)
         elif not isinstance(target, CompiledGraph):
-            entry = Target(
-                name,
-                target.graph,
-                None,
-                on_version_change,
-                webhook,
-                adapted=target,
-                debounce=window,
-            )
+            entry = Target(name, target.graph, None, on_version_change, webhook, adapted=target)
         else:
-            entry = Target(name, target, None, on_version_change, webhook, debounce=window)
+            entry = Target(name, target, None, on_version_change, webhook)
+        entry = dataclasses.replace(entry, debounce=window, concurrency=rule)
         for other in self._targets.values():
             if (
                 other.name != name

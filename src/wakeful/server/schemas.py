@@ -53,7 +53,7 @@ RunStatus = Literal[
     "running", "suspended", "completed", "failed", "cancelled", "indeterminate", "interrupted"
 ]
 DispatchStatus = Literal[
-    "scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined"
+    "scheduled", "queued", "waiting_key", "pending", "leased", "awaiting", "done", "quarantined"
 ]
 IfBusy = Literal["enqueue", "reject", "interrupt", "rollback", "coalesce"]
 SubmittedIfBusy = IfBusy
@@ -516,6 +516,10 @@ class DispatchView(_View):
     answered_by: str | None = Field(
         None, description="The dispatch whose run answered this coalesced submission."
     )
+    concurrency_key: str | None = Field(
+        None, description="Its concurrency key: at most concurrency_limit of the key run at once."
+    )
+    concurrency_limit: int | None = Field(None, description="The key's limit it was sent with.")
 
 
 class DispatchPage(BaseModel):

@@ -22,6 +22,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol, runtime_checkable
 
+from wakeful.concurrency import KeyUse
 from wakeful.limits import LimitBucket, LimitWaiter, RateLimit
 from wakeful.records import (
     Branch,
@@ -516,6 +517,17 @@ class RateLimitStore(Protocol):
 
     async def limit_buckets(self) -> list[LimitBucket]:
         """Every key's bucket, by key, as it reads now, with the runs waiting for it."""
+        ...
+
+
+@runtime_checkable
+class ConcurrencyStore(Protocol):
+    """Concurrency keys (issue 39, ``wakeful.concurrency``): every store admits at most a
+    key's limit of its dispatches at once (``Dispatch.concurrency_key``)."""
+
+    async def concurrency_keys(self) -> list[KeyUse]:
+        """Every key with admitted or waiting dispatches, by key: its limit, how many are
+        admitted (``pending`` or ``leased``) and how many wait (``waiting_key``)."""
         ...
 
 

@@ -5,18 +5,21 @@ ids)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
 
 from wakeful.records import (
+    Awaiting,
     Claim,
     Commit,
     Dispatch,
     EventDraft,
     InboxMessage,
+    Outcome,
     Receipt,
     RetentionPolicy,
+    Retry,
     Schedule,
     WorkerInfo,
 )
@@ -239,3 +242,18 @@ __all__ = [
     "WorkerRegistered",
     "WorkerRetired",
 ]
+
+
+def settled_record(dispatch: Dispatch, token: int, outcome: Outcome, now: datetime) -> Settled:
+    """The record of settling ``dispatch`` with a checked ``outcome`` at ``now``."""
+    if isinstance(outcome, Retry):
+        return Settled(
+            dispatch.dispatch_id,
+            token,
+            "pending",
+            now + timedelta(seconds=outcome.delay),
+            outcome.error,
+            now,
+        )
+    status = "awaiting" if isinstance(outcome, Awaiting) else "done"
+    return Settled(dispatch.dispatch_id, token, status, None, dispatch.last_error, now)

@@ -16,14 +16,16 @@ from typing import Any, TypeVar
 import msgspec
 
 from wakeful.records import Dispatch, PruneReport
+from wakeful.store.fairness import FairTags
+from wakeful.store.keyslots import KeySlots
 from wakeful.store.mutations import Mutation
 from wakeful.store.validate_queue import holds_slot
 
-_K = TypeVar("_K", bound=tuple[Any, int, str])
+_K = TypeVar("_K", bound=tuple[Any, ...])
 
 CLAIMABLE = frozenset(("pending", "leased"))
 """Statuses ``claim_next`` may lease from (pending once due, leased once the lease lapsed)."""
-OPEN = frozenset(("scheduled", "pending", "leased", "awaiting"))
+OPEN = frozenset(("scheduled", "waiting_key", "pending", "leased", "awaiting"))
 """Statuses a cancel of the thread retires (``open_by_thread``)."""
 
 
@@ -34,11 +36,13 @@ class QueueIndexes:
     dispatch_order: dict[str, int]
     dedupe: dict[str, str]
     open_by_thread: dict[str, set[str]]
-    claimable: list[tuple[int, int, str]]
+    claimable: list[tuple[int, float, int, str]]
     scheduled: list[tuple[datetime, int, str]]
     slots: dict[str, set[str]]
     queued: dict[str, list[str]]
     epochs: dict[str, int]
+    keys: KeySlots
+    fair: FairTags
 
     def apply(self, record: Mutation) -> PruneReport | None:
         """Apply one record (``State.apply``)."""
@@ -53,6 +57,7 @@ class QueueIndexes:
             self._due_key(d) for d in self.dispatches.values() if d.status == "scheduled"
         )
         for d in sorted(self.dispatches.values(), key=lambda d: self.dispatch_order[d.dispatch_id]):
+            self.keys.gate(None, d)  # the key's limit: its latest dispatch's
             self._index_slot(None, d)
 
     def slot_holder(self, thread_id: str) -> Dispatch | None:
@@ -62,8 +67,8 @@ class QueueIndexes:
             return None
         return self.dispatches[min(held, key=self.dispatch_order.__getitem__)]
 
-    def _claim_key(self, d: Dispatch) -> tuple[int, int, str]:
-        return (-d.priority, self.dispatch_order[d.dispatch_id], d.dispatch_id)
+    def _claim_key(self, d: Dispatch) -> tuple[int, float, int, str]:
+        return (-d.priority, d.fair_tag, self.dispatch_order[d.dispatch_id], d.dispatch_id)
 
     def _due_key(self, d: Dispatch) -> tuple[datetime, int, str]:
         assert d.available_at is not None  # every stored dispatch has one
@@ -108,7 +113,12 @@ class QueueIndexes:
                 self._put_dispatch(msgspec.structs.replace(d, status="done", updated_at=at))
 
     def _index_slot(self, before: Dispatch | None, d: Dispatch | None) -> None:
-        """Keep ``slots`` and ``queued`` as ``before`` becomes ``d`` (``None``: absent)."""
+        """Keep ``slots``, ``queued``, ``keys`` and ``fair`` as ``before`` becomes ``d``
+        (``None``: absent)."""
+        either = d if d is not None else before
+        assert either is not None
+        self.keys.index(before, d, self.dispatch_order[either.dispatch_id])
+        self.fair.index(before, d)
         held_before = before is not None and holds_slot(before)
         held_after = d is not None and holds_slot(d)
         queued_before = before is not None and before.status == "queued"
@@ -139,6 +149,7 @@ class QueueIndexes:
 
     def _put_dispatch(self, d: Dispatch) -> None:
         before = self.dispatches.get(d.dispatch_id)
+        d = self.fair.tagged(before, self.keys.gate(before, d))
         self._index_slot(before, d)
         was = before is not None and before.status in CLAIMABLE
         if d.status in CLAIMABLE and not was:
@@ -157,6 +168,10 @@ class QueueIndexes:
             open_ids.discard(d.dispatch_id)
             if not open_ids:
                 del self.open_by_thread[d.thread_id]
+        key = self.keys.to_fill(before, d)
+        while key is not None and (admit := self.keys.next_admitted(key)) is not None:
+            admitted = {"status": "pending", "updated_at": d.updated_at}
+            self._put_dispatch(msgspec.structs.replace(self.dispatches[admit], **admitted))
 
     def _unclaimable(self, d: Dispatch) -> None:
         _remove(self.claimable, self._claim_key(d))

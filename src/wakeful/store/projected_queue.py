@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
+from wakeful.concurrency import KeyUse
 from wakeful.errors import (
     DispatchConflict,
     InvalidInput,
@@ -33,6 +34,7 @@ from wakeful.store.intents import cancel_intent as cancel_intent
 from wakeful.store.intents import fencing_intent as fencing_intent
 from wakeful.store.intents import interrupt_reason as interrupt_reason
 from wakeful.store.intents import run_id_of as run_id_of
+from wakeful.store.keyslots import key_of_resume
 from wakeful.store.kinds import DISPATCH_KINDS
 from wakeful.store.pins import (
     MOVABLE,
@@ -130,13 +132,18 @@ class ProjectedQueue(ProjectedCore):
             else None,
             released_from=None,
         )
+        if d.kind == "resume":
+            stored = key_of_resume(stored, state.slot_holder(d.thread_id))
         fence = None
         if due > now:
             stored = msgspec.structs.replace(stored, status="scheduled")  # admitted when due
         elif d.kind in RUN_KINDS:
             stored, fence = _admission(state, stored, now)
         await self._record(Enqueued(stored, fence))
-        return stored
+        return state.dispatches[stored.dispatch_id]  # its key may have made it wait
+
+    async def concurrency_keys(self) -> list[KeyUse]:
+        return self._open().keys.use()
 
     async def claim_next(
         self,
@@ -161,7 +168,7 @@ class ProjectedQueue(ProjectedCore):
         expires = now + timedelta(seconds=ttl)
         grants: list[LeaseGrant] = []
         taken: set[str] = set()
-        for _, _, did in _candidates(state, thread_id):
+        for *_, did in _candidates(state, thread_id):
             if len(grants) == limit:
                 break
             d = state.dispatches[did]
@@ -502,13 +509,13 @@ def _lease_live(state: State, d: Dispatch, now: datetime) -> bool:
     return claim is not None and claim.token == d.token and claim.is_live(now)
 
 
-def _candidates(state: State, thread_id: str | None) -> list[tuple[int, int, str]]:
+def _candidates(state: State, thread_id: str | None) -> list[tuple[int, float, int, str]]:
     """The claimable dispatches in claim order: all of them, or only ``thread_id``'s (from
     its open dispatches, without walking the queue)."""
     if thread_id is None:
         return state.claimable  # already in claim order
     return sorted(
-        (-d.priority, state.dispatch_order[did], did)
+        (-d.priority, d.fair_tag, state.dispatch_order[did], did)
         for did in state.open_by_thread.get(thread_id, ())
         if (d := state.dispatches[did]).status in CLAIMABLE
     )

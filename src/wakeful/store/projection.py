@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import msgspec
 
 from wakeful.records import (
-    Awaiting,
     Branch,
     Checkpoint,
     Claim,
@@ -27,15 +26,15 @@ from wakeful.records import (
     InboxMessage,
     Message,
     OutboxEntry,
-    Outcome,
     PendingWrite,
     PruneReport,
     Receipt,
-    Retry,
     Schedule,
     WorkerInfo,
 )
 from wakeful.store.branching import branch_of, view_length, view_segments
+from wakeful.store.fairness import FairTags
+from wakeful.store.keyslots import KeySlots
 
 # re-exported: the records were defined here, and callers import them from here
 from wakeful.store.mutations import (
@@ -116,6 +115,7 @@ from wakeful.store.mutations import (
 from wakeful.store.mutations import (
     WorkerRetired as WorkerRetired,
 )
+from wakeful.store.mutations import settled_record as settled_record
 from wakeful.store.pins import apply_pins
 from wakeful.store.projected_due import promote
 from wakeful.store.projected_index import CLAIMABLE as CLAIMABLE
@@ -231,7 +231,7 @@ class State(QueueIndexes):
     stage_seq: int = 0
     workers: dict[str, WorkerInfo] = field(default_factory=dict)
     schedules: dict[str, Schedule] = field(default_factory=dict)
-    claimable: list[tuple[int, int, str]] = field(default_factory=list)
+    claimable: list[tuple[int, float, int, str]] = field(default_factory=list)
     """Derived (never persisted): the pending and leased dispatches in claim order, as
     ``(-priority, enqueue order, dispatch_id)``, so ``claim_next`` never sorts the queue."""
     scheduled: list[tuple[datetime, int, str]] = field(default_factory=list)
@@ -240,6 +240,9 @@ class State(QueueIndexes):
     """Derived: per thread, the dispatches holding its run slot (``holds_slot``)."""
     queued: dict[str, list[str]] = field(default_factory=dict)
     """Derived: per thread, its ``queued`` dispatches in enqueue order."""
+    keys: KeySlots = field(default_factory=KeySlots)
+    fair: FairTags = field(default_factory=FairTags)  # derived: pending tags (fairness)
+    """Derived: the concurrency keys' limits, admitted and waiting dispatches."""
 
     def __post_init__(self) -> None:
         self.build_indexes()
@@ -478,21 +481,6 @@ class State(QueueIndexes):
         self._put_dispatch(d)
         if record.status == "done":
             self._admit(d.thread_id, record.at)
-
-
-def settled_record(dispatch: Dispatch, token: int, outcome: Outcome, now: datetime) -> Settled:
-    """The record of settling ``dispatch`` with a checked ``outcome`` at ``now``."""
-    if isinstance(outcome, Retry):
-        return Settled(
-            dispatch.dispatch_id,
-            token,
-            "pending",
-            now + timedelta(seconds=outcome.delay),
-            outcome.error,
-            now,
-        )
-    status = "awaiting" if isinstance(outcome, Awaiting) else "done"
-    return Settled(dispatch.dispatch_id, token, status, None, dispatch.last_error, now)
 
 
 def json_copy(value: Any, type_: Any) -> Any:

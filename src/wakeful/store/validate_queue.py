@@ -3,6 +3,7 @@ backend (``wakeful.store.validate`` holds the rest and the JSON rules these use)
 
 from __future__ import annotations
 
+from wakeful.concurrency import check_concurrency_key
 from wakeful.errors import InvalidInput
 from wakeful.ids import check_aware, check_count, check_id, check_optional_id
 from wakeful.records import IF_BUSY, Dispatch, DispatchStatus
@@ -31,7 +32,24 @@ def check_dispatch(dispatch: Dispatch) -> Dispatch:
         raise InvalidInput("priority", "must fit in 32 bits")
     if copy.available_at is not None:
         check_aware("available_at", copy.available_at)
+    check_concurrency(copy)
     return copy
+
+
+def check_concurrency(d: Dispatch) -> None:
+    """A dispatch names a concurrency key and its limit together, or neither; a cancel
+    takes none (it bypasses admission). The key is any text of 1 to ``MAX_CONCURRENCY_KEY``
+    characters without control characters (``tenant:acme``, ``model:gpt-4o``)."""
+    key, limit = d.concurrency_key, d.concurrency_limit
+    if key is None and limit is None:
+        return
+    if key is None or limit is None:
+        raise InvalidInput("concurrency_key", "give concurrency_key and concurrency_limit together")
+    if d.kind == "cancel":
+        raise InvalidInput("concurrency_key", "a cancel takes no concurrency key")
+    check_concurrency_key(key)
+    if isinstance(limit, bool) or not 1 <= limit < 2**31:
+        raise InvalidInput("concurrency_limit", "must be an integer from 1 to 2**31 - 1")
 
 
 def check_if_busy(d: Dispatch) -> None:
@@ -47,9 +65,12 @@ FENCING = frozenset(("interrupt", "rollback"))
 """The policies that fence the busy run (through a cancel intent naming the submission)."""
 RUN_KINDS = frozenset(("start", "message"))
 """The dispatch kinds that start a run and so wait for their thread's run slot."""
-SLOT_HOLDING = frozenset(("pending", "leased", "awaiting", "quarantined"))
+SLOT_HOLDING = frozenset(("waiting_key", "pending", "leased", "awaiting", "quarantined"))
 """The statuses in which a dispatch (of any kind) holds its thread's run slot; a
 ``scheduled`` one holds it too once it was leased (``holds_slot``)."""
+KEY_HOLDING = frozenset(("pending", "leased"))
+"""The statuses in which a dispatch with a ``concurrency_key`` holds one of its key's slots
+(a lapsed lease is still ``leased``: it keeps its slot until it is leased again)."""
 
 
 def holds_slot(d: Dispatch) -> bool:
@@ -72,7 +93,7 @@ def same_request(a: Dispatch, b: Dispatch) -> bool:
 
 
 DISPATCH_STATUSES = frozenset(
-    ("scheduled", "queued", "pending", "leased", "awaiting", "done", "quarantined")
+    ("scheduled", "queued", "waiting_key", "pending", "leased", "awaiting", "done", "quarantined")
 )
 
 
@@ -91,6 +112,7 @@ def check_listing(
 QUEUE_DEPTH_STATUSES: tuple[DispatchStatus, ...] = (
     "scheduled",
     "queued",
+    "waiting_key",
     "pending",
     "leased",
     "awaiting",

@@ -25,6 +25,7 @@ from wakeful.testkit.drop_cases import DropCases
 from wakeful.testkit.fold_cases import FoldCases
 from wakeful.testkit.harness import CAPABILITIES, Harness, Kit
 from wakeful.testkit.history_cases import HistoryCases
+from wakeful.testkit.key_cases import FairCases, KeyCases
 from wakeful.testkit.limit_cases import LimitCases
 from wakeful.testkit.listing_cases import ListingCases
 from wakeful.testkit.messaging_cases import MessagingCases
@@ -52,6 +53,8 @@ class StoreConformance(
     BranchCases,
     HistoryCases,
     ClaimCases,
+    KeyCases,
+    FairCases,
     LimitCases,
     DropCases,
     FoldCases,
@@ -76,9 +79,11 @@ __all__ = [
     "CommitCases",
     "DeployCases",
     "DropCases",
+    "FairCases",
     "FoldCases",
     "Harness",
     "HistoryCases",
+    "KeyCases",
     "Kit",
     "LimitCases",
     "ListingCases",

@@ -87,6 +87,7 @@ class ListingCases(Harness):
         assert empty == {
             "scheduled": 0,
             "queued": 0,
+            "waiting_key": 0,
             "pending": 0,
             "leased": 0,
             "awaiting": 0,
@@ -101,6 +102,7 @@ class ListingCases(Harness):
         assert await kit.store.queue_depths() == {
             "scheduled": 1,
             "queued": 0,
+            "waiting_key": 0,
             "pending": 3,
             "leased": 1,
             "awaiting": 0,
@@ -109,6 +111,7 @@ class ListingCases(Harness):
         assert await kit.store.queue_depths(limit=2) == {
             "scheduled": 1,
             "queued": 0,
+            "waiting_key": 0,
             "pending": 2,
             "leased": 1,
             "awaiting": 0,

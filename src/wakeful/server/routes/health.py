@@ -15,6 +15,7 @@ from wakeful.fleet.webhooks import webhook_counts
 from wakeful.metrics import CONTENT_TYPE, Gauge
 from wakeful.records import DispatchStatus
 from wakeful.server.access import ServerState, StateDep
+from wakeful.server.keygauges import key_gauges
 from wakeful.server.schemas import Health, Readiness
 from wakeful.server.views import errors
 from wakeful.store.contract import RateLimitStore
@@ -187,11 +188,13 @@ async def _limit_gauges(state: ServerState) -> list[Gauge]:
 async def metrics(state: StateDep) -> Response:
     """Prometheus text format: HTTP requests by route and status, submits, conflicts,
     stale claims, worker counters, queue depth by status (computed now, bounded) and each
-    rate-limit key's bucket (available, rates, blocked until, waiting runs)."""
+    rate-limit key's bucket (available, rates, blocked until, waiting runs) and each
+    concurrency key in use (limit, admitted, waiting)."""
     gauges: list[Gauge] = []
     try:
         gauges = await _queue_gauges(state) + await _worker_gauges(state)
         gauges += await _limit_gauges(state) + await _webhook_gauges(state)
+        gauges += await key_gauges(state.store)
         up = 1.0
     except Exception as exc:
         log.warning("metrics: queue depth unavailable: %s: %s", type(exc).__name__, exc)

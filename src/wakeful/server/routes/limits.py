@@ -4,13 +4,12 @@
 capacity, what it holds now, the end of a provider's block and the runs waiting for it. Any
 authenticated caller sees the keys (they are the fleet's configuration, like the workers);
 the waiting runs are tenant data: a tenant sees those on its own threads, an operator all.
-``concurrency``: the concurrency keys' use, filled by the store's concurrency-key listing
+``concurrency``: the concurrency keys in use, from the store's concurrency-key listing
 (always present; empty until that listing exists)."""
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
@@ -18,7 +17,7 @@ from pydantic import BaseModel, Field
 from wakeful.fleet.tokens import Caller
 from wakeful.limits import LimitBucket
 from wakeful.server.access import CallerDep, StateDep, can_see, thread_owner
-from wakeful.store.contract import RateLimitStore, Store
+from wakeful.store.contract import ConcurrencyStore, RateLimitStore, Store
 
 router = APIRouter(prefix="/v1", tags=["limits"])
 
@@ -51,12 +50,19 @@ class RateLimitView(BaseModel):
     at: datetime = Field(description="When the store read the bucket (its clock).")
 
 
+class ConcurrencyView(BaseModel):
+    key: str
+    limit: int
+    admitted: int
+    waiting: int
+
+
 class LimitsView(BaseModel):
     rate_limits: list[RateLimitView]
-    concurrency: list[dict[str, Any]] = Field(
+    concurrency: list[ConcurrencyView] = Field(
         default_factory=list,
-        description="Each concurrency key's use (its limit, the runs holding and waiting "
-        "for it); empty until the store lists concurrency keys.",
+        description="Each concurrency key in use: its limit, how many of its runs are "
+        "admitted (pending or leased) and how many wait (waiting_key).",
     )
 
 
@@ -80,7 +86,12 @@ async def list_limits(state: StateDep, caller: CallerDep) -> LimitsView:
     waiting) and the concurrency keys' use; a tenant sees only its own waiting runs."""
     store = state.store
     buckets = await store.limit_buckets() if isinstance(store, RateLimitStore) else []
+    keys = await store.concurrency_keys() if isinstance(store, ConcurrencyStore) else []
     return LimitsView(
+        concurrency=[
+            ConcurrencyView(key=k.key, limit=k.limit, admitted=k.admitted, waiting=k.waiting)
+            for k in keys
+        ],
         rate_limits=[
             RateLimitView(
                 key=b.key,

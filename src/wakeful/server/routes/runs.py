@@ -158,6 +158,7 @@ async def submit_run(
         if_busy=body.if_busy,
         webhook=body.webhook,
         debounce=_debounce(body, target),
+        concurrency=target.concurrency if target is not None else None,
     )
     if (d.priority, d.max_attempts) != (body.priority, body.max_attempts):
         raise DispatchConflict(d.dispatch_id, d.dispatch_id, "Idempotency-Key")

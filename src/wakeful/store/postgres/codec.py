@@ -40,7 +40,8 @@ _ANY = msgspec.json.Decoder()
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
     "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
-    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, debounce_key"
+    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, "
+    "debounce_key, concurrency_key, concurrency_limit, fair_tag"
 )
 """The columns ``dispatch`` reads, in its order."""
 DISPATCH_WIDTH = len(DISPATCH_COLUMNS.split(","))
@@ -129,6 +130,9 @@ def dispatch(row: tuple[Any, ...]) -> Dispatch:
         pinned_version=row[21],
         released_from=row[22],
         debounce_key=row[23],
+        concurrency_key=row[24],
+        concurrency_limit=row[25],
+        fair_tag=row[26],
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from wakeful.concurrency import KeyUse
 from wakeful.errors import DispatchConflict, InvalidInput, NotFound, StoreUnavailable
 from wakeful.ids import check_count, check_id, check_seconds
 from wakeful.records import (
@@ -54,6 +55,12 @@ _ENQUEUE_DEBOUNCED = (
 )
 # the claim's due step, before claim_next(thread_id=...) reads the thread's range
 _PROMOTE_DUE = "SELECT @schema@.promote_due(@schema@.store_now(), 100)"
+# enqueue with a concurrency key (migration 19): enqueue, then the key on the row it inserted
+_ENQUEUE_KEYED = (
+    f"SELECT {DISPATCH_COLUMNS} FROM @schema@.enqueue_keyed"
+    f"(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_KEY_USE = "SELECT o_key, o_limit, o_admitted, o_waiting FROM @schema@.concurrency_use()"
 _LEASED_COLUMNS = ", ".join(f"(o_dispatch).{c.strip()}" for c in DISPATCH_COLUMNS.split(","))
 # The dispatches leased, each with its thread as read right after the grants.
 _CLAIM_NEXT = f"""
@@ -172,11 +179,13 @@ class QueueOps:
             CANCEL_PRIORITY,
             _CANCEL_BUDGET,
         )
-        statement = _ENQUEUE
+        sql, args = _ENQUEUE, tuple[object, ...](params)
         if d.debounce_key is not None:
-            statement, params = _ENQUEUE_DEBOUNCED, (d.debounce_key, *params)
+            sql, args = _ENQUEUE_DEBOUNCED, (d.debounce_key, *params)
+        elif d.concurrency_key is not None:
+            sql, args = _ENQUEUE_KEYED, (*params, d.concurrency_key, d.concurrency_limit)
         for _ in range(3):
-            row = await self._db.fetchone(statement, params)
+            row = await self._db.fetchone(sql, args)
             if row is None:
                 continue  # the conflicting dispatch was purged meanwhile: try again
             stored = codec.dispatch(row)
@@ -306,6 +315,10 @@ class QueueOps:
             _LIST, (floor, status, thread_id, tenant, limit), idempotent=True
         )
         return [codec.dispatch(row) for row in rows]
+
+    async def concurrency_keys(self) -> list[KeyUse]:
+        rows = await self._db.fetchall(_KEY_USE, (), idempotent=True)
+        return [KeyUse(key=k, limit=n, admitted=a, waiting=w) for k, n, a, w in rows]
 
     async def queue_depths(self, limit: int = 10_000) -> dict[DispatchStatus, int]:
         limit = check_depth_limit(limit)

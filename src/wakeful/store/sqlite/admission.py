@@ -1,6 +1,7 @@
 """Busy threads in SQL (issue 36, decision 0035): each thread has one run slot, held by a
-dispatch while it is pending, leased, awaiting or quarantined, or scheduled after a lease
-(a retry's backoff, a sleep: ``holds_slot``). ``admission`` decides, inside
+dispatch while it waits for its key (``waiting_key``), is pending, leased, awaiting or
+quarantined, or is scheduled after a lease (a retry's backoff, a sleep: ``holds_slot``).
+``admission`` decides, inside
 the writer's transaction, what a new run's dispatch becomes on its thread (pending, queued,
 or refused); ``admit`` gives a freed slot to the thread's first queued dispatch. Every write
 that frees a slot (a settle ``done`` alone or folded into a commit, a purge) calls ``admit``
@@ -18,12 +19,13 @@ from wakeful.errors import ThreadBusy
 from wakeful.records import Dispatch
 from wakeful.store.intents import fencing_intent, run_id_of
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, dumps, to_us
+from wakeful.store.sqlite.fair import ROW_TAG
 from wakeful.store.validate_queue import FENCING
 
 _HOLDER = (
     f"SELECT {DISPATCH_COLUMNS} FROM dispatches INDEXED BY dispatches_by_thread_status "
-    f"WHERE thread_id = ? AND (status IN ('pending', 'leased', 'awaiting', 'quarantined') "
-    f"OR (status = 'scheduled' AND attempts > 0)) ORDER BY seq LIMIT 1"
+    f"WHERE thread_id = ? AND (status IN ('waiting_key', 'pending', 'leased', 'awaiting', "
+    f"'quarantined') OR (status = 'scheduled' AND attempts > 0)) ORDER BY seq LIMIT 1"
 )
 _LAST_QUEUED = (
     "SELECT dispatch_id FROM dispatches INDEXED BY dispatches_by_thread_status "
@@ -78,8 +80,8 @@ _BEHIND_HEAD = (
 )
 _HELD = (
     "SELECT 1 FROM dispatches INDEXED BY dispatches_by_thread_status "
-    "WHERE thread_id = ? AND (status IN ('pending', 'leased', 'awaiting', 'quarantined') "
-    "OR (status = 'scheduled' AND attempts > 0)) LIMIT 1"
+    "WHERE thread_id = ? AND (status IN ('waiting_key', 'pending', 'leased', 'awaiting', "
+    "'quarantined') OR (status = 'scheduled' AND attempts > 0)) LIMIT 1"
 )
 
 
@@ -108,7 +110,8 @@ def admit(conn: sqlite3.Connection, thread_id: str, now: datetime) -> None:
             [(head_id, to_us(now), dispatch_id) for dispatch_id in merged],
         )
     conn.execute(
-        "UPDATE dispatches SET status = 'pending', coalesced = ?, updated_at = ? WHERE seq = ?",
+        f"UPDATE dispatches SET status = 'pending', coalesced = ?, updated_at = ?, "
+        f"fair_tag = {ROW_TAG} WHERE seq = ?",
         (dumps(merged) if merged else None, to_us(now), seq),
     )
 

@@ -63,7 +63,8 @@ def claim_of(thread_id: str, holder: str | None, token: int | None, expires: int
 DISPATCH_COLUMNS = (
     "dispatch_id, thread_id, kind, payload, priority, available_at, max_attempts, dedupe_key, "
     "status, attempts, token, holder, lease_until, last_error, created_at, updated_at, tenant, "
-    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, debounce_key"
+    "if_busy, queued_behind, coalesced, answered_by, pinned_version, released_from, "
+    "debounce_key, concurrency_key, concurrency_limit, fair_tag"
 )
 """The columns ``dispatch_of`` reads, in its order."""
 
@@ -94,6 +95,9 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         pinned_version,
         released_from,
         debounce_key,
+        concurrency_key,
+        concurrency_limit,
+        fair_tag,
     ) = row
     return Dispatch(
         dispatch_id=dispatch_id,
@@ -120,4 +124,7 @@ def dispatch_of(row: tuple[Any, ...]) -> Dispatch:
         pinned_version=pinned_version,
         released_from=released_from,
         debounce_key=debounce_key,
+        concurrency_key=concurrency_key,
+        concurrency_limit=concurrency_limit,
+        fair_tag=fair_tag,
     )

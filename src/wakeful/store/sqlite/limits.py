@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, TypeVar
 
 from wakeful import limits
+from wakeful.concurrency import KeyUse
 from wakeful.ids import check_id
 from wakeful.limits import BucketState, LimitBucket, LimitWaiter, RateLimit
 from wakeful.store.buckets import Wait, check_take_call, listed, seconds, waited
@@ -130,3 +131,22 @@ class SqliteLimits:
         found, waits = await self._read(job)
         at = seconds(self.now())
         return [listed(key, state, at, [w for k, w in waits if k == key]) for key, state in found]
+
+    async def concurrency_keys(self) -> list[KeyUse]:
+        def job(conn: sqlite3.Connection) -> list[KeyUse]:
+            rows = conn.execute(_KEY_USE).fetchall()
+            return [KeyUse(key=k, limit=n, admitted=a, waiting=w) for k, n, a, w in rows]
+
+        return await self._read(job)
+
+
+# every key row, with its admitted and waiting rows counted over their indexes (a key with
+# neither is left out)
+_KEY_USE = (
+    "SELECT key, lim, admitted, waiting FROM (SELECT k.key, k.lim, "
+    "(SELECT count(*) FROM dispatches INDEXED BY dispatches_key_held "
+    " WHERE concurrency_key = k.key AND status IN ('pending', 'leased')) AS admitted, "
+    "(SELECT count(*) FROM dispatches INDEXED BY dispatches_key_waiting "
+    " WHERE concurrency_key = k.key AND status = 'waiting_key') AS waiting "
+    "FROM concurrency_keys AS k) WHERE admitted > 0 OR waiting > 0 ORDER BY key"
+)

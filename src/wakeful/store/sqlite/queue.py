@@ -30,6 +30,7 @@ from wakeful.records import (
     WorkerInfo,
 )
 from wakeful.store.intents import cancel_intent
+from wakeful.store.keyslots import key_of_resume
 from wakeful.store.pins import live_versions, pin_of_resume
 from wakeful.store.sqlite import reads
 from wakeful.store.sqlite.admission import admission, admit, slot_holder
@@ -41,6 +42,7 @@ from wakeful.store.sqlite.claims import (
 )
 from wakeful.store.sqlite.codec import DISPATCH_COLUMNS, dispatch_of, from_us, to_us
 from wakeful.store.sqlite.due import debounced, promote_due
+from wakeful.store.sqlite.fair import fair_tag
 from wakeful.store.sqlite.rows import insert as insert
 from wakeful.store.sqlite.rows import retire_for as retire_for
 from wakeful.store.sqlite.tenants import bind_tenant, check_tenant
@@ -99,7 +101,11 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
         if d.kind == "resume"
         else None,
         debounce_key=d.debounce_key,
+        concurrency_key=d.concurrency_key,
+        concurrency_limit=d.concurrency_limit,
     )
+    if d.kind == "resume":
+        stored = key_of_resume(stored, slot_holder(conn, d.thread_id))
     intent = None
     if d.debounce_key is not None and due > now:
         folded = debounced(conn, now, stored)
@@ -112,6 +118,10 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
     if intent is not None:
         # the cancellation first: it holds the slot when the busy run's rows retire
         retire_for(conn, now, intent)
+    if stored.status == "pending":
+        stored = msgspec.structs.replace(
+            stored, fair_tag=fair_tag(conn, stored.priority, stored.tenant)
+        )
     insert(conn, stored)
     bind_tenant(conn, stored.thread_id, stored.tenant)
     if stored.kind == "resume" and stored.status != "scheduled":  # (when due if delayed)
@@ -121,6 +131,9 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
             "WHERE thread_id = ? AND status = 'awaiting'",
             (to_us(now), stored.thread_id),
         )
+    if stored.concurrency_key is not None and stored.status == "pending":
+        # the key's trigger may have made it wait (migration 12)
+        return _existing(conn, stored.dispatch_id)
     return stored
 
 
@@ -133,23 +146,24 @@ def enqueue(conn: sqlite3.Connection, now: datetime, d: Dispatch) -> Dispatch:
 _LIVE = "LEFT JOIN threads AS t ON t.thread_id = d.thread_id"
 _FREE = "(t.token IS NULL OR t.expires_at < :now)"
 _DUE = (
-    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_due "
-    f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version IS NULL "
-    f"AND {_FREE} ORDER BY d.priority DESC, d.seq"
+    f"SELECT d.priority, d.fair_tag, d.seq, d.thread_id FROM dispatches AS d "
+    f"INDEXED BY dispatches_due {_LIVE} WHERE d.status = 'pending' AND d.pinned_version IS NULL "
+    f"AND {_FREE} ORDER BY d.priority DESC, d.fair_tag, d.seq"
 )
 # the pending rows pinned to the claimer's version (issue 40): one range of their own index
 _PINNED = (
-    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d INDEXED BY dispatches_pinned "
-    f"{_LIVE} WHERE d.status = 'pending' AND d.pinned_version = :version "
-    f"AND {_FREE} ORDER BY d.priority DESC, d.seq"
+    f"SELECT d.priority, d.fair_tag, d.seq, d.thread_id FROM dispatches AS d "
+    f"INDEXED BY dispatches_pinned {_LIVE} WHERE d.status = 'pending' "
+    f"AND d.pinned_version = :version AND {_FREE} "
+    f"ORDER BY d.priority DESC, d.fair_tag, d.seq"
 )
 # only a crash leaves rows here, so the version filter walks few
 _LAPSED = (
-    f"SELECT d.priority, d.seq, d.thread_id FROM dispatches AS d "
+    f"SELECT d.priority, d.fair_tag, d.seq, d.thread_id FROM dispatches AS d "
     f"INDEXED BY dispatches_lapsing {_LIVE} "
     f"WHERE d.status = 'leased' AND d.lease_expires < :now AND {_FREE} "
     f"AND CASE WHEN d.pinned_version IS NULL THEN :starts ELSE d.pinned_version IS :version END "
-    f"ORDER BY d.priority DESC, d.seq"
+    f"ORDER BY d.priority DESC, d.fair_tag, d.seq"
 )
 
 # One thread's first available dispatch (``claim_next(thread_id=...)``): a walk of the
@@ -159,7 +173,7 @@ _DUE_ON_THREAD = (
     f"{_LIVE} WHERE d.thread_id = :thread AND (d.status = 'pending' "
     f"OR (d.status = 'leased' AND d.lease_expires < :now)) AND {_FREE} "
     f"AND CASE WHEN d.pinned_version IS NULL THEN :starts ELSE d.pinned_version IS :version END "
-    f"ORDER BY d.priority DESC, d.seq LIMIT 1"
+    f"ORDER BY d.priority DESC, d.fair_tag, d.seq LIMIT 1"
 )
 
 
@@ -167,7 +181,7 @@ def _available(
     conn: sqlite3.Connection, now: datetime, limit: int, version: str | None, take_starts: bool
 ) -> list[tuple[int, str]]:
     """Up to ``limit`` (seq, thread) of available dispatches in claim order, one per thread:
-    the sources' ranges merged by (priority, seq)."""
+    the sources' ranges merged by (priority, fair tag, seq)."""
     params = {"now": to_us(now), "version": version, "starts": take_starts}
     queries = [_DUE, _LAPSED] if take_starts else [_LAPSED]
     if version is not None:
@@ -181,11 +195,11 @@ def _available(
             live = [i for i, row in enumerate(heads) if row is not None]
             if not live:
                 break
-            i = min(live, key=lambda j: (-heads[j][0], heads[j][1]))
+            i = min(live, key=lambda j: (-heads[j][0], heads[j][1], heads[j][2]))
             row, heads[i] = heads[i], cursors[i].fetchone()
-            if row[2] not in threads:
-                threads.add(row[2])
-                chosen.append((row[1], row[2]))
+            if row[3] not in threads:
+                threads.add(row[3])
+                chosen.append((row[2], row[3]))
     finally:
         for c in cursors:
             c.close()
@@ -383,13 +397,13 @@ def requeue(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> Dispat
     d = _existing(conn, dispatch_id)
     if d.status != "quarantined":
         raise InvalidState("dispatch", dispatch_id, d.status, "only quarantined work is requeued")
-    row = conn.execute(
-        f"UPDATE dispatches SET status = 'pending', attempts = 0, token = NULL, holder = NULL, "
-        f"lease_until = NULL, available_at = ?, updated_at = ?, released_from = NULL "
-        f"WHERE dispatch_id = ? RETURNING {DISPATCH_COLUMNS}",
+    conn.execute(
+        "UPDATE dispatches SET status = 'pending', attempts = 0, token = NULL, holder = NULL, "
+        "lease_until = NULL, available_at = ?, updated_at = ?, released_from = NULL "
+        "WHERE dispatch_id = ?",
         (to_us(now), to_us(now), dispatch_id),
-    ).fetchone()
-    return dispatch_of(row)
+    )
+    return _existing(conn, dispatch_id)  # as the key's trigger left it (waiting_key)
 
 
 def purge(conn: sqlite3.Connection, now: datetime, dispatch_id: str) -> None:

@@ -17,7 +17,7 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
     assert d.available_at is not None and d.created_at is not None and d.updated_at is not None
     conn.execute(
         f"INSERT INTO dispatches ({DISPATCH_COLUMNS}) "
-        f"VALUES ({', '.join('?' * 24)}) ON CONFLICT DO NOTHING",
+        f"VALUES ({', '.join('?' * 27)}) ON CONFLICT DO NOTHING",
         (
             d.dispatch_id,
             d.thread_id,
@@ -43,6 +43,9 @@ def insert(conn: sqlite3.Connection, d: Dispatch) -> None:
             d.pinned_version,
             d.released_from,
             d.debounce_key,
+            d.concurrency_key,
+            d.concurrency_limit,
+            d.fair_tag,
         ),
     )
 
@@ -56,7 +59,7 @@ def retire_for(conn: sqlite3.Connection, now: datetime, intent: Dispatch) -> Non
     conn.execute(
         "UPDATE dispatches SET status = 'done', lease_until = NULL, last_error = ?, "
         "updated_at = ? WHERE thread_id = ? "
-        "AND status IN ('scheduled', 'pending', 'leased', 'awaiting') "
+        "AND status IN ('scheduled', 'waiting_key', 'pending', 'leased', 'awaiting') "
         "AND dispatch_id <> ?",
         (f"cancelled: {reason}", to_us(now), thread_id, intent.dispatch_id),
     )  # (nothing is admitted: the intent holds the run slot until it settles)
