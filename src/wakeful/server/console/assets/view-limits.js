@@ -70,9 +70,9 @@ export function limitsView(main, { showError }) {
           : h("p", { class: "muted" }, "No rate-limit key has been used on this store."),
       );
       const held = (found.concurrency || []).map((c) =>
-        h("tr", { "data-key": c.key ?? "" }, h("td", {}, h("code", {}, c.key ?? "")), h("td", {}, JSON.stringify(c))),
+        h("tr", { "data-key": c.key ?? "" }, h("td", {}, h("code", {}, c.key ?? "")), h("td", {}, String(c.limit)), h("td", {}, String(c.admitted)), h("td", {}, String(c.waiting))),
       );
-      clear(keys, held.length ? table(["key", "use"], held, { class: "list" }) : h("p", { class: "muted" }, "No concurrency key is in use."));
+      clear(keys, held.length ? table(["key", "limit", "admitted", "waiting"], held, { class: "list" }) : h("p", { class: "muted" }, "No concurrency key is in use."));
     } catch (error) {
       if (!closed) showError(error);
     }
