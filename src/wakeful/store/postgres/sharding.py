@@ -26,6 +26,8 @@ REFERENCE_TABLES: dict[str, str] = {
     "or tenant; a token bucket must be one row to be exact",
     "limit_waits": "the runs waiting for a rate-limit key, written with its bucket row by "
     "the same take; small (one row per waiting run) and carries thread_id",
+    "concurrency_keys": "one row per concurrency key shared by every thread whose runs carry it; "
+    "the key's limit must be one row to be exact",
     "schedules": "one row per named schedule, fired by whichever worker ticks; small and "
     "fleet-wide",
     "schema_migrations": "the migration ledger: one row per applied migration",
@@ -54,6 +56,14 @@ CROSS_THREAD_FUNCTIONS: dict[str, str] = {
     "prune_dispatches": "retention over the settled part of the queue",
     "prune_threads": "retention walking threads in key order, one batch at a time",
     "release_pins": "frees version pins of dispatches whose worker version is gone",
+    "concurrency_use": "counts every concurrency key's admitted and waiting dispatches for "
+    "operators",
+    "fair_tag": "the tenant's fair tag among the pending dispatches of a priority (the queue)",
+    "fill_key": "admits a concurrency key's waiting dispatches of any thread into its free slots",
+    "gate_key": "trigger on dispatches: a keyed dispatch waits while its key is full",
+    "release_key": "trigger on dispatches: a settled keyed dispatch admits its key's waiting ones",
+    "resume_key": "trigger on dispatches: a resume takes the concurrency key of the run it "
+    "continues",
     "promote_due": "the claim's due step: moves due scheduled dispatches of any thread on "
     "(the queue)",
     "schedule_retry": "trigger on dispatches: stores a retry with a delay as scheduled",
