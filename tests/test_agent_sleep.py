@@ -101,7 +101,7 @@ async def test_a_tool_that_sleeps_releases_the_claim_and_the_turn_goes_on_at_the
         assert snap is not None and snap.claim is None  # no process holds it while asleep
         assert wake_at(snap.checkpoint) == START + timedelta(days=3)
         d = await store.get_dispatch("d1")
-        assert d is not None and d.status == "pending"
+        assert d is not None and d.status == "scheduled"
         assert d.available_at == START + timedelta(days=3)
         assert counts == {"ran": 1, "note": 1} and len(model.requests) == 1
         clock.advance(3 * 86400 - 1)
