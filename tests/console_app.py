@@ -6,6 +6,7 @@ whose model is the local OpenAI-compatible server at ``$CONSOLE_MODEL_URL``.
 - ``sorter``: a graph whose node sorts ``numbers``, for checkpoint states;
 - ``lead``: a graph that hands its ``numbers`` to ``sorter`` as a child run and joins it.
 - ``limited``: answers, each model call taking from the rate limit ``console:limited``.
+- ``nested``: the ``sorter`` graph as a subgraph node (``inner``), then a node of its own.
 """
 
 from __future__ import annotations
@@ -64,4 +65,13 @@ def registry() -> Registry:
         .add("sorter", sorter.compile())
         .add("lead", Graph(Numbers, name="lead").node("lead", _lead).edge(START, "lead").compile())
         .add("limited", Agent("limited", model, "Answer.", limits=LIMITED))
+        .add(
+            "nested",
+            Graph(Numbers, name="nested")
+            .node("inner", sorter.compile())
+            .node("after", _sum)
+            .edge(START, "inner")
+            .edge("inner", "after")
+            .compile(),
+        )
     )

@@ -481,10 +481,10 @@ def test_a_run_delayed_from_the_form_waits_with_its_time(page: Any, rig: Fleet) 
     page.wait_for_url(re.compile(r"#/threads/console-later$"))
     waiting = page.locator("#waiting tr .waiting-what")
     waiting.wait_for()
-    assert waiting.inner_text().startswith("not before ")
+    assert waiting.inner_text().startswith("scheduled: not before ")
     with rig.api() as api:
         [d] = api.get("/v1/dispatches", params={"thread_id": "console-later"}).json()["dispatches"]
-    assert d["status"] == "pending" and d["not_before"] is not None
+    assert d["status"] == "scheduled" and d["not_before"] is not None
     delay = datetime.fromisoformat(d["not_before"]) - datetime.fromisoformat(d["created_at"])
     assert abs(delay.total_seconds() - 86400) < 1
     assert d["not_before"][:10] in waiting.inner_text()
@@ -699,3 +699,15 @@ async def drain_busy_thread(store: Any) -> None:
     for _ in range(2):  # cb-c1, then the form's submission (admitted when cb-c1 settles)
         [lease] = await store.claim_next("cleaner", 30, thread_id="console-busy")
         await store.settle(lease.dispatch.dispatch_id, lease.claim.token, Done())
+
+
+def test_history_shows_what_ran_inside_a_subgraph(page: Any, rig: Fleet) -> None:
+    running_worker(rig)
+    sign_in(page, rig, ALPHA)
+    submit(rig, "console-nested", "nested", {"numbers": [2, 9, 1]})
+    page.goto(f"{rig.url}/console/#/threads/console-nested")
+    page.wait_for_selector("#thread-status .s-completed")
+    nested = page.locator("#history li[data-checkpoint] [data-subgraph=inner]")
+    nested.first.wait_for()
+    # the step of the subgraph node names the subgraph and its supersteps in order
+    assert "inner (sorter): sort → sum" in nested.first.inner_text()

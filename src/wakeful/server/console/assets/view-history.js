@@ -45,6 +45,18 @@ export function historyPanel(node, threadId, { showError, navigate, changed }) {
     );
   }
 
+  // What ran inside a subgraph node of the step (its path, its graph, its supersteps in
+  // order), committed inside the parent's run: one line per subgraph node path.
+  function nesting(subgraphs) {
+    return Object.entries(subgraphs || {}).map(([path, sg]) =>
+      h(
+        "span",
+        { class: "subgraph muted", "data-subgraph": path, title: "the subgraph's supersteps, in order" },
+        `↳ ${path} (${sg.graph ?? "subgraph"}): ${(sg.steps || []).map((step) => step.join(", ")).join(" → ")}`,
+      ),
+    );
+  }
+
   function entryRow(e) {
     const where = e.head ? "head" : e.current ? "current" : "abandoned";
     return h(
@@ -54,6 +66,7 @@ export function historyPanel(node, threadId, { showError, navigate, changed }) {
       h("span", { class: "branch", title: "the branch it was committed on" }, `branch ${e.branch}`),
       e.head ? h("span", { class: "head-tag" }, "head") : null,
       h("span", { class: "nodes", title: "step, and the nodes that produced it" }, `${e.step ?? "?"} ${e.nodes.length ? e.nodes.join(", ") : e.source ?? ""}`),
+      ...nesting(e.subgraphs),
       badge(e.status),
       h("span", { class: "muted" }, e.source ?? ""),
       h("span", { class: "muted", title: "messages as of it" }, e.messages === null ? "" : `${e.messages} msg`),
