@@ -133,7 +133,7 @@ def test_run_waits_through_a_sleep_and_continues_a_due_one(url: str) -> None:
     assert latest["run_id"] == "run-nap-2" and latest["status"] == "sleeping", latest
     assert datetime.fromisoformat(latest["wake_at"]) == wake_at
     listed = cli("dispatches", "list", "--thread", "t2", store=url)
-    until = f"pending until {wake_at.isoformat(timespec='seconds')}"
+    until = f"scheduled until {wake_at.isoformat(timespec='seconds')}"
     assert listed.returncode == 0 and until in listed.stdout, listed.stdout
     while datetime.now(UTC) <= wake_at:  # nothing runs it meanwhile: no worker is left
         time.sleep(0.05)
