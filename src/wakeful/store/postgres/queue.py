@@ -29,6 +29,7 @@ from wakeful.store.pins import check_migration
 from wakeful.store.postgres import codec
 from wakeful.store.postgres.codec import DISPATCH_COLUMNS, DISPATCH_WIDTH
 from wakeful.store.postgres.connection import Database, big, no_nul, utc
+from wakeful.store.postgres.notify import Notifier
 from wakeful.store.validate import (
     check_outcome,
     check_text,
@@ -156,6 +157,7 @@ class QueueOps:
     """The queue half of ``PostgresStore``."""
 
     _db: Database
+    _notifier: Notifier
 
     async def enqueue(self, dispatch: Dispatch) -> Dispatch:
         d = check_dispatch(dispatch)
@@ -349,7 +351,10 @@ class QueueOps:
     ) -> list[Dispatch]:
         args = check_migration(from_version, to_version, limit)
         rows = await self._db.fetchall(_MIGRATE_RUNS, args)
-        return [codec.dispatch(row) for row in rows]
+        moved = [codec.dispatch(row) for row in rows]
+        for thread_id in {d.thread_id for d in moved}:
+            self._notifier.notify(thread_id)  # the run.migrated event, announced once committed
+        return moved
 
     # ------------------------------------------------------------ workers
 

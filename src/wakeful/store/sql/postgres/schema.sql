@@ -1873,7 +1873,6 @@ BEGIN
                                                   'run_id', run))::text);
             UPDATE @schema@.threads SET next_seq = next_seq + 1, updated_at = n
              WHERE thread_id = th.thread_id;
-            PERFORM pg_notify(@channel@, th.thread_id);
         END IF;
         RETURN NEXT d;
     END LOOP;
