@@ -58,6 +58,7 @@ async def _history(store: PostgresStore, thread_id: str, with_write: bool) -> No
 _V10_CLAIM_NEXT = _CLAIM_NEXT.replace(
     ", (o_dispatch).if_busy, (o_dispatch).queued_behind, (o_dispatch).coalesced, "
     "(o_dispatch).answered_by, (o_dispatch).pinned_version, (o_dispatch).released_from, "
+    "(o_dispatch).debounce_key, "
     "(o_dispatch).concurrency_key, (o_dispatch).concurrency_limit, (o_dispatch).fair_tag",
     "",
 ).replace("claim_next_read(%s, %s, %s, %s, %s)", "claim_next_read(%s, %s, %s)")
