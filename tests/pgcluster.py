@@ -177,10 +177,17 @@ class Node:
     def kill(self) -> None:
         """SIGKILL to the postmaster and every backend at once (the machine died)."""
         if self.process is not None and self.process.poll() is None:
-            for pid in self._stats():
+            killed = list(self._stats())
+            for pid in killed:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             self.process.wait(timeout=30)
+            _wait_dead(killed)
+            # A killed postmaster orphaned by its runuser parent may linger as a zombie that
+            # this machine's init does not reap at once; a restart would then take its lock
+            # files for a live server's. It is dead: its locks go, as an operator's would.
+            for lock in (self.data / "postmaster.pid", self.root / f".s.PGSQL.{self.port}.lock"):
+                lock.unlink(missing_ok=True)
         self.process = None
 
     def promote(self) -> None:
@@ -247,3 +254,17 @@ class Node:
     def remove(self) -> None:
         self.kill()
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _wait_dead(pids: list[int], deadline: float = 10.0) -> None:
+    """Until each of ``pids`` is gone or a zombie (dead, whoever reaps it)."""
+    end = time.monotonic() + deadline
+    for pid in pids:
+        while time.monotonic() < end:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except (FileNotFoundError, ProcessLookupError, IndexError):
+                break
+            if state in ("Z", "X"):
+                break
+            time.sleep(0.01)

@@ -92,9 +92,14 @@ async def test_a_metrics_scrape_is_one_count_call_whatever_the_queue_holds(
             text = (await operator.get("/metrics")).text
             # one count of the queue, whatever it holds, the worker registry (whose size is the
             # fleet's, not the queue's) for the live-workers gauge, the rate-limit buckets
-            # (one row per configured key) and the concurrency keys in use for their gauges
+            # (one row per configured key), the concurrency keys in use for their gauges, and
+            # one page of the webhook threads for the webhooks gauge
             assert counting.calls == Counter(
-                queue_depths=1, list_workers=1, limit_buckets=1, concurrency_keys=1
+                queue_depths=1,
+                list_workers=1,
+                limit_buckets=1,
+                concurrency_keys=1,
+                list_threads=1,
             ), counting.calls
             assert _scrape_value(text, 'wakeful_queue_depth{status="pending"}') == 1000
             assert _scrape_value(text, 'wakeful_queue_depth_capped{status="pending"}') == 1

@@ -127,7 +127,14 @@ class SubmitRun(_Request):
         "any.",
     )
     model_config = ConfigDict(
-        extra="forbid", json_schema_extra={"not": {"required": ["after", "at"]}}
+        extra="forbid",
+        json_schema_extra={
+            "allOf": [
+                {"not": {"required": ["after", "at"]}},
+                {"not": {"required": ["debounce", "after"]}},
+                {"not": {"required": ["debounce", "at"]}},
+            ]
+        },
     )
 
     @field_validator("after", "at", "webhook", "debounce", mode="before")
