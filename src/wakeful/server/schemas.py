@@ -70,6 +70,7 @@ class _View(BaseModel):
 
 
 # --------------------------------------------------------------------------- requests
+_EXCLUSIVE = (("after", "at"), ("debounce", "after"), ("debounce", "at"))  # one of each pair
 
 
 class SubmitRun(_Request):
@@ -128,13 +129,7 @@ class SubmitRun(_Request):
     )
     model_config = ConfigDict(
         extra="forbid",
-        json_schema_extra={
-            "allOf": [
-                {"not": {"required": ["after", "at"]}},
-                {"not": {"required": ["debounce", "after"]}},
-                {"not": {"required": ["debounce", "at"]}},
-            ]
-        },
+        json_schema_extra={"allOf": [{"not": {"required": list(p)}} for p in _EXCLUSIVE]},
     )
 
     @field_validator("after", "at", "webhook", "debounce", mode="before")
