@@ -15,8 +15,11 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 	@echo "wakeful is in $(BIN); put it on this shell's PATH with: . $(BIN)/activate"
 
+# Two pytest-xdist workers; the shared-PostgreSQL tests keep to one of them (tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks examples

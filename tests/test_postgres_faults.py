@@ -5,18 +5,13 @@ acknowledged is there, nothing partial is visible, no event is missed or seen tw
 from __future__ import annotations
 
 import asyncio
-import subprocess
 import time
 
 import psycopg
 import pytest
 
-from tests.postgres_support import (
-    Databases,
-    ensure_server_up,
-    open_test_store,
-    postgres_cluster,
-)
+from tests.postgres_support import Databases, open_test_store
+from tests.private_pg import start_private_server
 from wakeful.errors import StaleClaim, StoreUnavailable
 from wakeful.records import Checkpoint, Commit, Event, EventDraft, Message, OutboxEntry
 from wakeful.store.postgres import threads
@@ -149,11 +144,12 @@ async def test_a_lost_listener_connection_is_reestablished_and_misses_nothing(
 
 
 @pytest.mark.slow
-async def test_server_restart_while_committing(pg_databases: Databases) -> None:
-    dsn = await pg_databases.clone()
+async def test_server_restart_while_committing() -> None:
+    # A server of the test's own: restarting the shared one would cut its other users.
+    server = await asyncio.to_thread(start_private_server)
+    dsn = server.url
     writer = await open_test_store(dsn, pool_timeout=2.0)
     reader = await open_test_store(dsn, pool_timeout=2.0, poll_interval=0.5)
-    version, cluster = postgres_cluster()
     acked: dict[int, tuple[int, ...]] = {}
     seen: list[Event] = []
     failures: list[str] = []
@@ -201,13 +197,7 @@ async def test_server_restart_while_committing(pg_databases: Databases) -> None:
         while len(acked) < 20:
             assert time.monotonic() < limit and not writing.done()
             await asyncio.sleep(0.01)
-        await asyncio.to_thread(
-            subprocess.run,
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        await asyncio.to_thread(server.restart)
         restarted.set()
         await asyncio.wait_for(writing, 90)
         await asyncio.wait_for(listening, 60)
@@ -221,9 +211,9 @@ async def test_server_restart_while_committing(pg_databases: Databases) -> None:
         assert [e.seq for e in seen] == [e.seq for e in stored], "the waiter missed nothing"
         assert reader.listener.connects >= 2
     finally:
-        await asyncio.to_thread(ensure_server_up)
         await writer.close()
         await reader.close()
+        await asyncio.to_thread(server.node.remove)
 
 
 async def test_a_stale_retry_whose_receipt_read_fails_is_still_refused(

@@ -1,5 +1,5 @@
 """The matrix: which fault kinds run against which stores, how many trials each, their seeds,
-and running them (in parallel when asked; PostgreSQL restarts always alone).
+and running them (in parallel when asked; PostgreSQL restarts, each on a server of its own, alone).
 
 Seeds: a trial's seed is ``cell << 24 | n``, so the seed alone names the cell (fault kind and
 store) and the trial. ``CHAOS_SEED=S CHAOS_TRIALS=1`` replays exactly trial ``S``.

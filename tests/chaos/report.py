@@ -375,8 +375,9 @@ KINDS: tuple[tuple[str, str, str], ...] = (
         "`pg_restart`",
         "PostgreSQL",
         (
-            "a larger worker workload; `pg_ctlcluster ... restart` at a random moment; the "
-            "workers recover from `StoreUnavailable` on their own"
+            "a larger worker workload on a server of the trial's own, restarted (fast "
+            "shutdown, start) at a random moment; the workers recover from "
+            "`StoreUnavailable` on their own"
         ),
     ),
     (

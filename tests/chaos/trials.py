@@ -14,7 +14,6 @@ import random
 import shutil
 import signal
 import sqlite3
-import subprocess
 import time
 import traceback
 from collections import Counter
@@ -28,6 +27,7 @@ import msgspec
 from tests.chaos import checks, ledger
 from tests.chaos.checks import Violation
 from tests.chaos.harness import Child, Dump, Stores, read_dump, store_options, wait_until
+from tests.private_pg import PrivateServer, start_private_server
 from wakeful import open_store
 from wakeful.errors import CorruptStore, StoreUnavailable
 from wakeful.fleet import RELAY_THREAD, submit
@@ -57,6 +57,7 @@ class Trial:
     violations: list[Violation] = field(default_factory=list)
     notes: dict[str, Any] = field(default_factory=dict)
     children: list[Child] = field(default_factory=list)
+    server: PrivateServer | None = None
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -112,7 +113,11 @@ def run_trial(kind: str, store: str, seed: int, stores: Stores, base: Path) -> T
     trial = Trial(kind, store, seed, directory)
     started = time.monotonic()
     try:
-        trial.url = stores.create(store, directory)
+        if kind == "pg_restart":  # its own server: a restart of the shared one cuts its users
+            trial.server = start_private_server()
+            trial.url = trial.server.url
+        else:
+            trial.url = stores.create(store, directory)
         DRIVERS[kind](trial)
     except Exception:
         trial.fail("harness", traceback.format_exc(limit=8))
@@ -120,7 +125,9 @@ def run_trial(kind: str, store: str, seed: int, stores: Stores, base: Path) -> T
         trial.cleanup()
         if trial.url and trial.violations:
             keep_evidence(trial)
-        if trial.url:
+        if trial.server is not None:
+            trial.server.node.remove()
+        elif trial.url:
             try:
                 stores.dispose(trial.url)
             except Exception as exc:  # a leftover database is not a trial failure
@@ -502,8 +509,6 @@ def worker_stop(t: Trial) -> None:
 
 
 def pg_restart(t: Trial) -> None:
-    from tests.postgres_support import ensure_server_up, postgres_cluster
-
     work = make_workload(t.rng, scale=2)
     asyncio.run(submit_workload(t.url, work, t.directory / "acks-parent.jsonl"))
     workers = [t.spawn("worker", worker_cfg(t, f"w{i}", None)) for i in (1, 2)]
@@ -515,16 +520,8 @@ def pg_restart(t: Trial) -> None:
     t.notes["points"] = ["restart after a random delay"]
     time.sleep(delay)  # the random moment of the restart (fault injection, not a check)
     t.notes["hit"] = all(w.alive() for w in workers)
-    version, cluster = postgres_cluster()
-    try:
-        subprocess.run(
-            ["pg_ctlcluster", "--skip-systemctl-redirect", version, cluster, "restart"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
-    finally:
-        ensure_server_up()
+    assert t.server is not None, "a pg_restart trial runs on its own server"
+    t.server.restart()
     finish_all(t, workers, 120)
     check_workers(t, work, asyncio.run(read_dump(t.url, tuple(work.threads))))
 
