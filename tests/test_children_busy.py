@@ -17,7 +17,7 @@ from tests.postgres_support import open_test_store
 from tests.runtime_support import STORE_KINDS, eventually, open_kind
 from tests.test_children import Env
 from wakeful import ManualClock
-from wakeful.errors import ChildFailed, InvalidInput, ThreadBusy
+from wakeful.errors import ChildFailed, InvalidInput, TenantMismatch, ThreadBusy
 from wakeful.fleet import cancel, resume, submit
 from wakeful.runtime import NodeContext
 from wakeful.runtime.children import ChildRun, child_dispatch_id
@@ -260,3 +260,22 @@ async def test_every_policy_on_postgresql(pg_databases: Any, policy: str) -> Non
     finally:
         await env.close()
         await store.close()
+
+
+async def test_a_busy_policy_spawn_onto_another_tenants_thread_is_refused(env: Env) -> None:
+    async def boss(state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
+        try:
+            await ctx.spawn("double", {"n": 1}, thread_id="kid", if_busy="interrupt")
+        except TenantMismatch as refused:
+            return {"errors": [type(refused).__name__]}
+        return {}
+
+    env.add("boss", boss)
+    env.worker("w1")
+    await submit(env.store, "kid", "waiter", {"n": 0}, tenant="beta", wake=env.wake)
+    await env.ended("kid", "suspended")
+    await submit(env.store, "p", "boss", {}, dispatch_id="d1", tenant="acme", wake=env.wake)
+    done = await env.ended("p")
+    assert done.state["errors"] == ["TenantMismatch"]
+    still = await env.latest("kid")
+    assert still is not None and still.status == "suspended", "nothing of acme reached it"
