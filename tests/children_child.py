@@ -9,6 +9,10 @@ Targets:
 - ``researcher``: an agent whose model records ``start <request>``
   in DIR/effects.txt (fsynced), waits until DIR/release exists, and answers
   ``answer <request>``.
+- ``desk``: an agent with the ``handoff("billing")`` tool whose model records ``desk turn``
+  and hands over (answering itself only if it ever sees a tool result: it must not).
+- ``billing``: an agent whose model records ``billing start``, waits until DIR/release
+  exists, and answers ``refunded``.
 
 Every 10 ms the worker writes DIR/<worker id>.gauge: the dispatches it runs now
 (``Worker.busy``, the ids behind it, and its gauge ``wakeful_worker_running_dispatches``).
@@ -26,7 +30,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 from wakeful import open_store
-from wakeful.agent import Agent, delegate
+from wakeful.agent import Agent, delegate, handoff
 from wakeful.fleet import Registry, Worker
 from wakeful.providers.base import (
     ModelRequest,
@@ -80,10 +84,52 @@ class Researcher:
         return self._turn(request)
 
 
+class Desk:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    async def _turn(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        record(self.directory, "desk turn")
+        if any(m.role == "tool" for m in request.messages):
+            yield TextDelta("the desk answered itself")
+            yield StreamEnd("end_turn", Usage(10, 10))
+            return
+        arguments = json.dumps({"request": "Refund the order."})
+        yield ToolCallDelta(index=0, id="h0", name="transfer_to_billing", arguments=arguments)
+        yield StreamEnd("tool_use", Usage(10, 10))
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        return self._turn(request)
+
+
+class Billing:
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+
+    async def _turn(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        record(self.directory, "billing start")
+        while not (self.directory / "release").exists():  # noqa: ASYNC110 - another process
+            await asyncio.sleep(0.01)
+        if not any(m.role == "assistant" for m in request.messages):
+            yield TextDelta("refunded")
+        yield StreamEnd("end_turn", Usage(10, 10))
+
+    def stream(self, request: ModelRequest) -> AsyncIterator[StreamItem]:
+        return self._turn(request)
+
+
 def registry(directory: Path) -> Registry:
     supervisor = Agent("supervisor", Supervisor(), "Delegate.", [delegate("researcher")])
     researcher = Agent("researcher", Researcher(directory), "Answer.")
-    return Registry().add("supervisor", supervisor).add("researcher", researcher)
+    desk = Agent("desk", Desk(directory), "Route.", [handoff("billing")])
+    billing = Agent("billing", Billing(directory), "Bill.")
+    return (
+        Registry()
+        .add("supervisor", supervisor)
+        .add("researcher", researcher)
+        .add("desk", desk)
+        .add("billing", billing)
+    )
 
 
 async def gauge(worker: Worker, path: Path) -> None:

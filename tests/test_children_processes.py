@@ -162,3 +162,66 @@ async def test_a_supervisor_joins_three_children_through_two_killed_workers(
             if proc.poll() is None:
                 await asyncio.to_thread(stop, proc, tmp_path / f"{worker_id}.up")
         await store.close()
+
+
+async def test_a_handoff_survives_sigkills_between_the_handoff_and_the_childs_end(
+    pg_databases: Databases, tmp_path: Path
+) -> None:
+    """``desk`` hands the conversation to ``billing``; both worker processes are SIGKILLed
+    while the child runs (after the handoff, before the child's end), and one of their
+    replacements again at a random moment around the child's end and the parent's wake-up.
+    The child ran to one end, the parent completed once with the child's reply as its
+    final answer, and the desk's model was asked once (nothing after the handoff)."""
+    dsn = await pg_databases.clone()
+    store = await open_test_store(dsn)
+    rng = random.Random()
+    seed = rng.randrange(1 << 30)
+    rng.seed(seed)
+    procs: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for worker_id in ("w1", "w2"):
+            procs[worker_id] = start(dsn, worker_id, tmp_path)
+        await until(lambda: (tmp_path / "w1.up").exists() and (tmp_path / "w2.up").exists(), "up")
+        await submit(store, "front", "desk", "I want my money back", dispatch_id="h1")
+        await until(lambda: "billing start" in effects(tmp_path), "the handoff's child to run")
+        await asyncio.sleep(rng.uniform(0.0, 0.3))
+        for worker_id in ("w1", "w2"):
+            kill(procs.pop(worker_id))
+        snap = await store.read("front")
+        assert snap is not None and snap.checkpoint is not None
+        assert snap.checkpoint.status == "suspended", "the desk waits for the child it handed to"
+        for worker_id in ("w3", "w4"):
+            procs[worker_id] = start(dsn, worker_id, tmp_path)
+        (tmp_path / "release").write_text("go")
+        await asyncio.sleep(rng.uniform(0.0, 0.6))
+        victim = rng.choice(["w3", "w4"])
+        kill(procs.pop(victim))
+        procs["w5"] = start(dsn, "w5", tmp_path)
+
+        async def completed() -> bool:
+            snap = await store.read("front")
+            cp = snap.checkpoint if snap is not None else None
+            return cp is not None and cp.status == "completed"
+
+        await until(completed, f"the desk's run to complete (seed {seed})", deadline=90)
+        snap = await store.read("front")
+        assert snap is not None and snap.checkpoint is not None
+        assert snap.checkpoint.state["final"] == "refunded"
+        events = await store.events_after("front", 0, 1000)
+        types = [e.type for e in events]
+        assert types.count("run.started") == 1 and types.count("run.completed") == 1
+        assert types.count("agent.handed_off") == 1, (seed, types)
+        (kid,) = [ChildRun.of(e.data) for e in events if e.type == "child.spawned"]
+        assert kid.target == "billing"
+        child_events = [e.type for e in await store.events_after(kid.thread_id, 0, 1000)]
+        assert child_events.count("run.started") == 1, (seed, child_events)
+        assert child_events.count("run.completed") == 1, (seed, child_events)
+        assert effects(tmp_path).count("desk turn") == 1, "no desk turn after the handoff"
+        roles = [m.role for m in await store.messages("front")]
+        assert roles == ["user", "assistant", "tool", "assistant"]
+    finally:
+        (tmp_path / "release").write_text("go")
+        for worker_id, proc in procs.items():
+            if proc.poll() is None:
+                await asyncio.to_thread(stop, proc, tmp_path / f"{worker_id}.up")
+        await store.close()

@@ -13,13 +13,16 @@ from pathlib import Path
 import pytest
 
 from tests.cli_support import ROOT, WAKEFUL, cli, cli_env
+from tests.postgres_support import Databases, open_test_store
 from tests.webhook_support import receiver, until
 from wakeful import open_store
 from wakeful.fleet import submit
 from wakeful.fleet.webhook_signing import new_secret, verify
 from wakeful.fleet.webhooks import WebhookRecord, recent_webhooks
 from wakeful.runtime.webhooks import WEBHOOK_THREAD_PREFIX
+from wakeful.store.contract import Store
 
+pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.asyncio, pytest.mark.slow]
 
 
@@ -41,8 +44,20 @@ async def test_a_worker_killed_after_the_post_sends_the_same_webhook_id_again(
     tmp_path: Path,
 ) -> None:
     url = f"sqlite:///{tmp_path / 'store.db'}"
+    await killed_after_the_post(url, await open_store(url))
+
+
+@pytest.mark.postgres
+@pytest.mark.timeout(90)
+async def test_the_same_on_postgresql(pg_databases: Databases) -> None:
+    """The same with workers over PostgreSQL (the fleet's store)."""
+    dsn = await pg_databases.clone()
+    await killed_after_the_post(dsn, await open_test_store(dsn))
+
+
+async def killed_after_the_post(url: str, store: Store) -> None:
+    """The first worker is SIGKILLed while its POST waits for the receiver's answer."""
     secret = new_secret()
-    store = await open_store(url)
     first = second = None
     try:
         with receiver(hold_first=True) as got:

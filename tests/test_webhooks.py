@@ -30,6 +30,7 @@ from wakeful.fleet.webhooks import (
 from wakeful.records import RetentionPolicy
 from wakeful.runtime import START, ClaimPolicy, Graph, Runtime, append
 from wakeful.store.contract import Store
+from wakeful.store.listing import is_internal_thread, list_threads
 from wakeful.store.memory import MemoryStore
 
 pytestmark = pytest.mark.asyncio
@@ -176,6 +177,11 @@ async def test_500_twice_then_200_one_id_three_attempts_valid_signatures(every_e
     await until(lambda: counted(outcome="delivered") == 1, "the delivery counted")
     assert counted(outcome="failed") == 2
     assert await webhook_counts(env.store) == {"pending": 0, "delivered": 1, "dead": 0}
+    # the delivery's record is a thread of the store's, but not of a user's listing
+    stored = [t.thread_id for t in await env.store.list_threads()]
+    assert stored[0] == "t1" and len(stored) == 2 and is_internal_thread(stored[1])
+    assert [t.thread_id for t in await list_threads(env.store)] == ["t1"]
+    assert [t.thread_id for t in await list_threads(env.store, internal=True)] == stored
 
 
 async def test_backoff_doubles_from_5_s_to_an_hour_and_gives_up_after_a_day(

@@ -19,6 +19,8 @@ from wakeful.fleet import Worker, submit
 from wakeful.fleet.webhook_signing import new_secret, verify
 from wakeful.fleet.webhooks import WebhookConfig, WebhookRecord, recent_webhooks
 from wakeful.runtime import ClaimPolicy
+from wakeful.runtime.webhooks import WEBHOOK_THREAD_PREFIX
+from wakeful.store.listing import list_threads
 
 pytest_plugins = ["tests.postgres_fixtures"]
 pytestmark = [pytest.mark.postgres, pytest.mark.asyncio]
@@ -66,6 +68,10 @@ async def test_500_twice_then_200_on_postgres(pg_databases: Databases) -> None:
         for r in got.requests:
             assert verify(secret, r.headers, r.body, now=float(r.headers["webhook-timestamp"]))
         assert json.loads(got.requests[0].body)["data"]["output"] == {"log": ["in", "echoed"]}
+        stored = [t.thread_id for t in await store.list_threads()]
+        assert stored == ["t1", f"{WEBHOOK_THREAD_PREFIX}{done.webhook_id}"]
+        assert [t.thread_id for t in await list_threads(store)] == ["t1"]
+        assert [t.thread_id for t in await list_threads(store, internal=True)] == stored
     finally:
         await worker.stop(2)
         await running

@@ -1,7 +1,7 @@
 """Agents: a model node, tool tasks with replay policies, approvals and stream recovery."""
 
 from wakeful.agent.agent import INDETERMINATE, Agent, AgentReply, Approval
-from wakeful.agent.delegation import delegate
+from wakeful.agent.delegation import delegate, handoff
 from wakeful.agent.recovery import StreamPolicy, StreamRecovery, Turn
 from wakeful.agent.tools import ArgumentsInvalid, Tool, ToolContext, tool
 
@@ -17,5 +17,6 @@ __all__ = [
     "ToolContext",
     "Turn",
     "delegate",
+    "handoff",
     "tool",
 ]

@@ -132,6 +132,11 @@ class Agent:
         return [Send("tool", call) for call in calls] if calls else END
 
     def _after_tools(self, state: dict[str, Any]) -> str:
+        if state.get("final") is not None:
+            # only a handoff's tool task writes ``final`` (a turn with calls clears it): the
+            # other agent answered. END is not among the declared targets on purpose: they
+            # are the graph's fingerprint, which every agent thread recorded (decision 0056)
+            return END
         return "model" if int(state.get("turns") or 0) < self.max_steps else "limit"
 
     async def _model(self, state: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
@@ -206,7 +211,8 @@ class Agent:
 
     async def _tool(self, call: dict[str, Any], ctx: NodeContext) -> dict[str, Any]:
         name = str(call.get("name"))
-        outcome, content = await self._execute(name, call, ctx)
+        handed: dict[str, Any] = {}  # a completed handoff: the child that answered
+        outcome, content = await self._execute(name, call, ctx, handed)
         tool = self.tools.get(name)
         ctx.append_message(
             Message(
@@ -224,9 +230,29 @@ class Agent:
             )
         )
         ctx.emit_live("tool.finished", {"call_id": call.get("id"), "outcome": outcome})
-        return {}
+        if not handed:
+            return {}
+        # A handoff: the other agent's reply is this run's final answer, in its conversation
+        # too; ``_after_tools`` ends the run instead of asking the model again.
+        ctx.append_message(
+            Message(
+                id=f"m-{ctx.idempotency_key}-h",
+                role="assistant",
+                content=content,
+                run_id=ctx.run_id,
+                metadata={"handoff": handed},
+            )
+        )
+        ctx.emit("agent.handed_off", {"call_id": call.get("id"), **handed})
+        return {"final": content}
 
-    async def _execute(self, name: str, call: dict[str, Any], ctx: NodeContext) -> tuple[str, str]:
+    async def _execute(
+        self,
+        name: str,
+        call: dict[str, Any],
+        ctx: NodeContext,
+        handed: dict[str, Any] | None = None,
+    ) -> tuple[str, str]:
         tool = self.tools.get(name)
         if tool is None:
             return "invalid", f"error: there is no tool named {name!r}"
@@ -249,7 +275,10 @@ class Agent:
             await ctx.sleep_until(until)
             return "ok", f"slept until {until.isoformat()}"
         if tool.delegate is not None:  # a child run: its join suspends this run meanwhile
-            return await delegated(tool, arguments, ctx)
+            outcome, content, link = await delegated(tool, arguments, ctx, self.name)
+            if handed is not None and link is not None:
+                handed.update(link)
+            return outcome, content
         seen = ToolObserver(
             name, str(call.get("id")), tool.replay, ctx.idempotency_key, self.metrics
         )

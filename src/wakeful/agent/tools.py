@@ -122,6 +122,9 @@ class Tool:
     is_async: bool
     delegate: str | None = None
     """For a ``delegate`` tool: the registered target each call runs as a child run."""
+    handoff: bool = False
+    """For a ``handoff`` tool (a ``delegate`` one too): the child gets the conversation,
+    and its reply ends the calling agent's run as its final answer."""
 
     @property
     def spec(self) -> ToolSpec:

@@ -26,6 +26,7 @@ from wakeful.cli.common import (
 from wakeful.cli.follow import follow_events
 from wakeful.errors import NotFound
 from wakeful.records import Dispatch, Event, ThreadSnapshot
+from wakeful.store.listing import list_threads
 from wakeful.store.validate_queue import DISPATCH_STATUSES
 
 
@@ -50,15 +51,26 @@ def threads() -> None:
 @json_option
 @click.option("--tenant", default=None, help="Only this tenant's threads.")
 @click.option("--after", default=None, help="Cursor: the last thread id of the previous page.")
+@click.option(
+    "--internal",
+    is_flag=True,
+    help="Also the fleet's own threads (webhook deliveries, wakeful.webhook.*).",
+)
 @limit_option()
 @run_async
 async def threads_list(
-    store: str | None, as_json: bool, tenant: str | None, after: str | None, limit: int
+    store: str | None,
+    as_json: bool,
+    tenant: str | None,
+    after: str | None,
+    internal: bool,
+    limit: int,
 ) -> None:
-    """Threads with at least one commit, by id."""
+    """Threads with at least one commit, by id (without the fleet's own threads unless
+    --internal)."""
     rows = await with_store(
         store_url(store),
-        lambda s: s.list_threads(tenant=tenant, after=after, limit=limit),
+        lambda s: list_threads(s, tenant=tenant, after=after, limit=limit, internal=internal),
         existing=True,
     )
     emit(

@@ -161,10 +161,18 @@ class _Group:
 
 class Threads(_Group):
     async def list(
-        self, *, after: str | None = None, limit: int = 100, tenant: str | None = None
+        self,
+        *,
+        after: str | None = None,
+        limit: int = 100,
+        tenant: str | None = None,
+        internal: bool = False,
     ) -> Any:
-        """``GET /v1/threads``: a page (``threads``, ``next_after``)."""
-        params = {"after": after, "limit": limit, "tenant": tenant}
+        """``GET /v1/threads``: a page (``threads``, ``next_after``); ``internal``: with the
+        fleet's own threads (webhook deliveries), left out by default."""
+        params: dict[str, Any] = {"after": after, "limit": limit, "tenant": tenant}
+        if internal:
+            params["internal"] = "true"
         return await self.client.request("GET", "/v1/threads", params=params)
 
     async def get(self, thread_id: str) -> Any:

@@ -49,4 +49,20 @@ async def message_input(
     return registry.get(str(spawn["target"])), spawn.get("input"), (message_id,)
 
 
-__all__ = ["message_input"]
+async def start_input(
+    store: Store, registry: Registry, payload: dict[str, Any], metadata: dict[str, Any]
+) -> tuple[Target, Any]:
+    """The target and input of a ``start`` dispatch. A child spawned with a busy-thread
+    policy is one (``wakeful.runtime.children.enqueue_spawn``): its envelope gives
+    ``metadata`` the parent link, and a child whose parent's run was cancelled before it
+    started is refused (``InvalidInput``), as for a relayed spawn."""
+    spawn = spawn_of(payload)
+    if spawn is not None:
+        gone = await parent_gone(store, spawn)
+        if gone is not None:
+            raise InvalidInput("spawn", gone)
+        metadata.update(spawn_metadata(payload))
+    return registry.get(str(payload.get("target"))), payload.get("input")
+
+
+__all__ = ["message_input", "start_input"]

@@ -60,20 +60,44 @@ async def wake_parent(store: Store, wake: Wake, thread_id: str, ended: Checkpoin
     """If ``ended`` is the last checkpoint of a child run that has ended, enqueue its
     parent's wake-up (idempotent) and notify the workers; whether it did. A failure raises
     (the attempt is retried, and its redelivery enqueues the wake-up)."""
-    parent = parent_of(ended)
-    if ended is None or parent is None or ended.status not in TERMINAL_STATUSES:
+    if ended is None or ended.status not in TERMINAL_STATUSES:
         return False
-    await store.enqueue(
-        Dispatch(
-            dispatch_id=wake_id(thread_id, ended.run_id),
-            thread_id=str(parent["thread"]),
-            kind="resume",
-            payload={"join": {"thread": thread_id, "run_id": ended.run_id}},
-            tenant=parent.get("tenant"),  # the parent's run resumes for its tenant
+    parent = parent_of(ended)
+    # (parent link, the child's run as its parent's join names it)
+    waiting = [(parent, ended.run_id)] if parent is not None else []
+    for other in ended.metadata.get("coalesced_parents", ()):  # spawns it answered too
+        if isinstance(other, dict) and isinstance(other.get("thread"), str):
+            waiting.append((other, str(other.get("child_run"))))
+    if not waiting:
+        return False
+    for link, child_run in waiting:
+        await store.enqueue(
+            Dispatch(
+                dispatch_id=wake_id(thread_id, child_run),
+                thread_id=str(link["thread"]),
+                kind="resume",
+                payload={"join": {"thread": thread_id, "run_id": child_run}},
+                tenant=link.get("tenant"),  # the parent's run resumes for its tenant
+            )
         )
-    )
     await wake.notify()
     return True
+
+
+async def coalesced_parents(store: Store, coalesced: tuple[str, ...]) -> dict[str, Any]:
+    """The run metadata naming the parents of the spawned children (``if_busy=
+    "coalesce"``) that a coalesced run answers besides its own dispatch:
+    ``{"coalesced_parents": [{thread, run_id, tenant?, child_run}]}``, or ``{}``. The
+    run's end wakes each of them (``wake_parent``); their joins read its outcome."""
+    links = []
+    for dispatch_id in coalesced:
+        d = await store.get_dispatch(dispatch_id)
+        spawn = spawn_of(d.payload) if d is not None else None
+        if d is None or spawn is None or not isinstance(spawn.get("parent"), dict):
+            continue
+        run_id = d.payload.get("run_id") or f"run-{dispatch_id}"
+        links.append({**spawn["parent"], "child_run": str(run_id)})
+    return {"coalesced_parents": links} if links else {}
 
 
 async def resume_answers(
@@ -217,14 +241,22 @@ async def refused_spawn(
     """If the refused ``message`` dispatch (``payload``) is a spawn, record its child run
     ``failed`` with ``reason`` (an unknown target, an input it cannot take, a parent gone)
     and wake the parent, whose join then raises ``ChildFailed``; whether it was one."""
-    message_id = payload.get("message_id") if isinstance(payload, dict) else None
-    if message_id is None:  # not a relayed message (a start, an external message)
+    if not isinstance(payload, dict):
         return False
-    found = [m for m in await store.inbox(claim.thread_id) if m.message_id == message_id]
-    spawn = spawn_of(found[0].payload) if found else None
+    message_id = payload.get("message_id")
+    body: Any = payload  # a spawn with a busy-thread policy: a start with the envelope
+    consume: tuple[str, ...] = ()
+    if message_id is not None:  # a relayed message: the envelope is in the inbox
+        found = [m for m in await store.inbox(claim.thread_id) if m.message_id == message_id]
+        body = found[0].payload if found else None
+        consume = (str(message_id),)
+    spawn = spawn_of(body)
     if spawn is None:
         return False
-    run_id = child_run_id(claim.thread_id, str(message_id))
+    if message_id is not None:
+        run_id = child_run_id(claim.thread_id, str(message_id))
+    else:
+        run_id = str(payload.get("run_id") or f"run-{claim.thread_id}")
     latest = snap.checkpoint if snap is not None else None
     failed = Checkpoint(
         id=f"{run_id}-c0",
@@ -233,15 +265,15 @@ async def refused_spawn(
         status="failed",
         state=None,
         created_at=now,
-        tenant=relayed_tenant(snap, spawn_metadata(found[0].payload), None),
-        metadata={**spawn_metadata(found[0].payload), "target": spawn["target"], "error": reason},
+        tenant=relayed_tenant(snap, spawn_metadata(body), None),
+        metadata={**spawn_metadata(body), "target": spawn["target"], "error": reason},
     )
     event = EventDraft(type="run.failed", data={"error": reason}, run_id=run_id)
     commit = Commit(
         token=claim.token,
         checkpoint=failed,
         events=(event,),
-        consume=(str(message_id),),
+        consume=consume,
         operation_id=failed.id,
     )
     await store.commit(claim.thread_id, commit)
@@ -273,6 +305,7 @@ def spawn_metadata(inbox_payload: Any) -> dict[str, Any]:
 __all__ = [
     "before_ending",
     "cancel_children",
+    "coalesced_parents",
     "joined_answers",
     "parent_gone",
     "refused_spawn",

@@ -48,7 +48,7 @@ from wakeful.fleet.endings import account
 from wakeful.fleet.firing import firing_task
 from wakeful.fleet.gather import ClaimGather
 from wakeful.fleet.heartbeats import beat
-from wakeful.fleet.inputs import message_input
+from wakeful.fleet.inputs import message_input, start_input
 from wakeful.fleet.live import LiveChannel, PublishingHub
 from wakeful.fleet.observe import WorkerObserver, WorkerStats
 from wakeful.fleet.registry import Registry
@@ -432,10 +432,10 @@ class Worker:
                 if target is None:
                     return Done()  # already consumed by an earlier delivery
             else:
-                target = self.registry.get(str(payload.get("target")))
-                input = payload.get("input")
+                target, input = await start_input(self.store, self.registry, payload, spawned)
             # one run answers every submission coalesced into it, inputs in submit order
             inputs = [input, *await coalesced_inputs(self.store, coalesced)]
+            spawned.update(await joins.coalesced_parents(self.store, coalesced))
             state, messages = target.prepare_coalesced(inputs, run_id)
         except (NotFound, TypeError, ValueError) as refused:
             # an unknown target or an input the target cannot take: retrying cannot help

@@ -65,6 +65,7 @@ from wakeful.records import Checkpoint as Record
 from wakeful.records import Claim, Commit
 from wakeful.store import open_store
 from wakeful.store.contract import Store
+from wakeful.store.listing import is_internal_thread
 
 Fencing = Literal["auto", "hold", "off"]
 LOCK_STRIPES = 256
@@ -438,6 +439,8 @@ class WakefulSaver(FencingAPI):
         while True:
             page = await self.store.list_threads(after=after, limit=PAGE)
             for summary in page:
+                if is_internal_thread(summary.thread_id):
+                    continue  # the fleet's own (a webhook delivery): never a LangGraph thread
                 idx = await self._complete(self._bind(summary.thread_id))
                 if not idx.foreign and not idx.is_empty() and idx.thread_id is not None:
                     yield idx.thread_id, idx

@@ -169,7 +169,13 @@ class _TeamAgent(Agent):
 
     team: _Team
 
-    async def _execute(self, name: str, call: dict[str, Any], ctx: NodeContext) -> tuple[str, str]:
+    async def _execute(
+        self,
+        name: str,
+        call: dict[str, Any],
+        ctx: NodeContext,
+        handed: dict[str, Any] | None = None,
+    ) -> tuple[str, str]:
         history = await ctx.history()
         made = next(
             (
@@ -184,7 +190,7 @@ class _TeamAgent(Agent):
         allowed = {t.name for t in caller.tools} | {h.tool_name for h in _handoffs(caller)}
         if name not in allowed:
             return "invalid", f"error: agent {caller.name!r} has no tool named {name!r}"
-        return await super()._execute(name, call, ctx)
+        return await super()._execute(name, call, ctx, handed)
 
 
 def _graph_name(name: str) -> str:

@@ -18,10 +18,18 @@ from typing import Any
 
 import msgspec
 
-from wakeful.errors import ChildFailed, InvalidInput
+from wakeful.errors import ChildFailed, DispatchConflict, InvalidInput
 from wakeful.ids import MAX_ID_LENGTH, check_id
-from wakeful.records import TERMINAL_STATUSES, Checkpoint, EventDraft, OutboxEntry
-from wakeful.store.contract import ThreadStore
+from wakeful.records import (
+    IF_BUSY,
+    TERMINAL_STATUSES,
+    Checkpoint,
+    Dispatch,
+    EventDraft,
+    IfBusy,
+    OutboxEntry,
+)
+from wakeful.store.contract import DispatchQueue, ThreadStore
 
 JOIN_SCHEMA = "wakeful.join"
 """The ``schema`` of a join's ticket: the child's end answers it, not a person."""
@@ -136,6 +144,56 @@ def plan_child(
     )
 
 
+def child_dispatch_id(child: ChildRun) -> str:
+    """The id of the dispatch that starts ``child``: the relayed spawn's ``message``
+    dispatch, or (a spawn with a busy-thread policy) the ``start`` dispatch the spawn
+    enqueues itself; either way its run is ``child.run_id``."""
+    return child_dispatch_id_of(child.run_id)
+
+
+def check_if_busy(if_busy: str) -> IfBusy:
+    """``if_busy`` of a spawn, checked (one of ``IF_BUSY``)."""
+    if if_busy not in IF_BUSY:
+        raise InvalidInput("if_busy", f"must be one of {sorted(IF_BUSY)}, not {if_busy!r}")
+    return if_busy  # type: ignore[return-value]
+
+
+async def enqueue_spawn(
+    store: ThreadStore, child: ChildRun, body: dict[str, Any], if_busy: IfBusy
+) -> None:
+    """Start ``child`` now with a busy-thread policy other than ``enqueue``: a ``start``
+    dispatch of the child's thread, its id derived from the spawn (a spawn repeated from
+    the same task and call position finds it stored and changes nothing), its payload
+    the target, the input, the child's run id and the spawn's envelope (``body``). The
+    store applies the policy atomically: ``reject`` raises ``ThreadBusy`` (nothing
+    stored), ``interrupt``/``rollback`` fence the busy run, ``coalesce`` waits to be
+    folded with the thread's other ``coalesce`` starts."""
+    if not isinstance(store, DispatchQueue):
+        raise InvalidInput("if_busy", "a spawn with a busy-thread policy needs a fleet's store")
+    spawn = body[SPAWN_KEY]
+    parent = spawn["parent"]
+    dispatch = Dispatch(
+        dispatch_id=child_dispatch_id(child),
+        thread_id=child.thread_id,
+        kind="start",
+        payload={
+            "target": child.target,
+            "input": spawn.get("input"),
+            "run_id": child.run_id,
+            SPAWN_KEY: spawn,
+        },
+        tenant=parent.get("tenant"),
+        if_busy=if_busy,
+    )
+    try:
+        await store.enqueue(dispatch)
+    except DispatchConflict as conflict:
+        if conflict.existing_id != dispatch.dispatch_id:
+            raise
+        # the same call position spawned first with another input (a task that is not
+        # deterministic): the first spawn stands, as a relayed one's would
+
+
 def envelope(
     child: ChildRun, input: Any, parent_thread: str, parent_run: str, tenant: str | None = None
 ) -> dict[str, Any]:
@@ -176,6 +234,15 @@ def spawns_of(
     )
 
 
+def spawn_ids(events: tuple[EventDraft, ...]) -> list[str]:
+    """The spawn ids named by the ``child.spawned`` events among ``events``."""
+    return [
+        str(e.data["spawn_id"])
+        for e in events
+        if e.type == "child.spawned" and isinstance(e.data, dict) and "spawn_id" in e.data
+    ]
+
+
 def parent_of(checkpoint: Checkpoint | None) -> dict[str, Any] | None:
     """The parent link a child run records in its checkpoints (``metadata["parent"]``)."""
     if checkpoint is None:
@@ -205,24 +272,54 @@ def outcome_of(cp: Checkpoint) -> dict[str, Any] | None:
 
 async def read_outcome(store: ThreadStore, thread_id: str, run_id: str) -> dict[str, Any] | None:
     """The outcome of run ``run_id`` on ``thread_id`` if it has ended, else ``None``. The
-    thread's latest checkpoint, or (the thread moved on to a later run) the run's last."""
-    snap = await store.read(thread_id)
-    latest = snap.checkpoint if snap is not None else None
-    if latest is None:
-        return None
-    found: Checkpoint | None = latest if latest.run_id == run_id else None
+    thread's latest checkpoint, or (the thread moved on to a later run) the run's last. A
+    child spawned with ``if_busy="coalesce"`` whose dispatch another run answered
+    (``Dispatch.answered_by``) has the outcome of that run."""
+    found = await _last_checkpoint(store, thread_id, run_id)
     if found is None:
-        for segment in await store.runs(thread_id, limit=100):
-            if segment.run_id == run_id:
-                entry = await store.get_checkpoint(thread_id, segment.last_id)
-                found = entry.checkpoint if entry is not None else None
-                break
+        answered = await _answering_run(store, run_id)
+        if answered is not None:
+            found = await _last_checkpoint(store, thread_id, answered)
     if found is None:
         return None
     answer = outcome_of(found)
     if answer is not None:
         answer["thread_id"] = thread_id
     return answer
+
+
+async def _last_checkpoint(store: ThreadStore, thread_id: str, run_id: str) -> Checkpoint | None:
+    snap = await store.read(thread_id)
+    latest = snap.checkpoint if snap is not None else None
+    if latest is None:
+        return None
+    if latest.run_id == run_id:
+        return latest
+    for segment in await store.runs(thread_id, limit=100):
+        if segment.run_id == run_id:
+            entry = await store.get_checkpoint(thread_id, segment.last_id)
+            return entry.checkpoint if entry is not None else None
+    return None
+
+
+async def _answering_run(store: ThreadStore, run_id: str) -> str | None:
+    """The run that answered child run ``run_id``, when its start dispatch was coalesced
+    into another one (only a spawn with a busy policy has a ``start`` dispatch named by
+    its run id); else ``None``."""
+    if not isinstance(store, DispatchQueue) or not run_id.startswith("run-msg-"):
+        return None
+    mine = await store.get_dispatch(child_dispatch_id_of(run_id))
+    if mine is None or mine.kind != "start" or mine.answered_by is None:
+        return None
+    head = await store.get_dispatch(mine.answered_by)
+    payload = head.payload if head is not None else None
+    named = payload.get("run_id") if isinstance(payload, dict) else None
+    return str(named) if named else f"run-{mine.answered_by}"
+
+
+def child_dispatch_id_of(run_id: str) -> str:
+    """The dispatch id that starts child run ``run_id`` (``child_dispatch_id``)."""
+    return run_id.removeprefix("run-")
 
 
 def result_of(answer: Any) -> ChildOutcome:
@@ -254,7 +351,10 @@ __all__ = [
     "SPAWN_KEY",
     "ChildOutcome",
     "ChildRun",
+    "check_if_busy",
+    "child_dispatch_id",
     "child_run_id",
+    "enqueue_spawn",
     "envelope",
     "join_question",
     "outcome_of",
@@ -262,6 +362,7 @@ __all__ = [
     "plan_child",
     "read_outcome",
     "result_of",
+    "spawn_ids",
     "spawn_of",
     "spawns_committed",
     "spawns_of",

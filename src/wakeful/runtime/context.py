@@ -293,10 +293,13 @@ class NodeContext:
         same child. Join it with ``join``/``join_all``, here or in a later node (the
         ``ChildRun`` is JSON: keep it in the state). Cancelling this run cancels the child
         while it runs, unless ``detached``. Needs a worker fleet (the relay and a worker
-        whose registry has ``target``). ``if_busy``: a child on a busy ``thread_id`` waits
-        (``"enqueue"``, the only policy so far)."""
-        if if_busy != "enqueue":
-            raise InvalidInput("if_busy", "a child run waits for a busy thread: only 'enqueue'")
+        whose registry has ``target``). ``if_busy``: what the child does when ``thread_id``
+        is busy (docs/busy-threads.md): ``"enqueue"`` (wait, the default; recorded with this
+        task's commit), or ``"reject"`` (``ThreadBusy`` raised here, nothing started),
+        ``"interrupt"``, ``"rollback"``, ``"coalesce"``: these are decided against the
+        thread as it is now, so the child's dispatch is enqueued at this call, idempotent by
+        its derived id (docs/composition.md#busy-child-threads)."""
+        policy = children.check_if_busy(if_busy)
         self._spawns += 1
         child = children.plan_child(
             parent_thread=self.thread_id,
@@ -311,16 +314,20 @@ class NodeContext:
         )
         if child.spawn_id in self._services.checkpoint.metadata.get("spawned", ()):
             return child  # recorded by the suspension this task resumes from
-        self.outbox.append(
-            OutboxEntry(
-                message_id=child.spawn_id,
-                target_thread=child.thread_id,
-                payload=children.envelope(
-                    child, input, self.thread_id, self.run_id, self._services.checkpoint.tenant
-                ),
-                correlation_id=self.run_id,
-            )
+        body = children.envelope(
+            child, input, self.thread_id, self.run_id, self._services.checkpoint.tenant
         )
+        if policy == "enqueue":
+            self.outbox.append(
+                OutboxEntry(
+                    message_id=child.spawn_id,
+                    target_thread=child.thread_id,
+                    payload=body,
+                    correlation_id=self.run_id,
+                )
+            )
+        else:
+            await children.enqueue_spawn(self.store, child, body, policy)
         self.emit("child.spawned", msgspec.to_builtins(child))
         return child
 

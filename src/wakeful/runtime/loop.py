@@ -45,7 +45,7 @@ from wakeful.records import (
     RunStatus,
     Settle,
 )
-from wakeful.runtime.children import spawns_committed, spawns_of
+from wakeful.runtime.children import spawn_ids, spawns_committed, spawns_of
 from wakeful.runtime.claims import ClaimPolicy, Progress, Renewer, Sleep
 from wakeful.runtime.context import Interrupt, NodeContext, Ticket, call_node
 from wakeful.runtime.durability import Writer, make_writer
@@ -560,10 +560,11 @@ class Execution(TaskWrites):
         event = suspension_event(self.run_id, tickets, wake_at)
         ending = sleep_ending(wake_at, self.clock.now()) if self.settle_dispatch else Awaiting()
         outbox = tuple(o for r in results if r.tickets for o in r.outbox)
-        if outbox:  # the spawns a resumed task must not record again (``NodeContext.spawn``)
-            spawned = [*cp.metadata.get("spawned", ()), *(o.message_id for o in outbox)]
-            suspended.metadata["spawned"] = sorted(set(spawned))
         events = tuple(e for r in results if r.tickets for e in r.events)
+        ids = spawn_ids(events)  # relayed spawns and those enqueued with a busy policy
+        if ids:  # the spawns a resumed task must not record again (``NodeContext.spawn``)
+            spawned = [*cp.metadata.get("spawned", ()), *(o.message_id for o in outbox), *ids]
+            suspended.metadata["spawned"] = sorted(set(spawned))
         await self._commit_now(suspended, event, carried, events, outbox=outbox, ending=ending)
         if outbox:
             spawns_committed()  # the children it joins start now, not at the relay's next step

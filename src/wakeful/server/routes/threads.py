@@ -28,6 +28,7 @@ from wakeful.server.schemas import (
     ThreadView,
 )
 from wakeful.server.views import errors, thread_view
+from wakeful.store.listing import is_internal_thread
 
 router = APIRouter(prefix="/v1", tags=["threads"])
 
@@ -43,12 +44,18 @@ class _Filter:
     checkpoint (the summary does not carry the graph), so it is checked last."""
 
     def __init__(
-        self, state: ServerState, prefix: str | None, status: str | None, target: str | None
+        self,
+        state: ServerState,
+        prefix: str | None,
+        status: str | None,
+        target: str | None,
+        internal: bool = False,
     ) -> None:
         self.state = state
         self.prefix = prefix
         self.status = status
         self.target = target
+        self.internal = internal
 
     @property
     def scanning(self) -> bool:
@@ -59,6 +66,8 @@ class _Filter:
         return self.prefix is not None and not row.thread_id.startswith(self.prefix)
 
     async def keeps(self, row: ThreadSummary) -> bool:
+        if not self.internal and is_internal_thread(row.thread_id):
+            return False  # the fleet's own bookkeeping (webhook deliveries)
         if self.status is not None and row.status != self.status:
             return False
         if self.target is None:
@@ -102,20 +111,28 @@ async def list_threads(
             description="Only threads whose latest checkpoint is of this graph (target).",
         ),
     ] = None,
+    internal: Annotated[
+        bool,
+        Query(
+            description="Also the fleet's own threads (webhook deliveries, "
+            "`wakeful.webhook.*`), left out by default.",
+        ),
+    ] = False,
 ) -> ThreadPage:
     """Threads with at least one commit, ordered by id, paged by cursor (``after`` is the
     last id of the previous page). A tenant token sees only its tenant's threads.
 
     ``status`` and ``target`` filter while scanning at most 5000 threads per request: a
     page can then be short (even empty) with a ``next_after`` that continues the scan;
-    ``next_after`` is null only at the end."""
+    ``next_after`` is null only at the end. The fleet's own threads (webhook deliveries)
+    are skipped the same way unless ``internal`` is true."""
     if caller.operator:
         scope = tenant
     elif tenant is not None and tenant != caller.tenant:
         raise Forbidden("a tenant token may list only its own tenant's threads")
     else:
         scope = caller.tenant
-    chosen = _Filter(state, prefix, status, target)
+    chosen = _Filter(state, prefix, status, target, internal)
     cursor = after
     kept: list[ThreadSummary] = []
     if prefix is not None and (after is None or after < prefix):
