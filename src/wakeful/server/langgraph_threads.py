@@ -251,9 +251,28 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
             return _missing("assistant", assistant_id, request.url.path)
         return {
             "graph_id": api.graph_name(assistant_id),
-            "input_schema": graph.get_input_jsonschema(),
-            "output_schema": graph.get_output_jsonschema(),
-            "state_schema": graph.get_input_jsonschema(),
-            "config_schema": graph.get_config_jsonschema(),
-            "context_schema": graph.get_context_jsonschema(),
+            "input_schema": _schema(graph.get_input_jsonschema),
+            "output_schema": _schema(graph.get_output_jsonschema),
+            "state_schema": _schema(lambda: _state_schema(graph)),
+            "config_schema": _schema(graph.get_config_jsonschema),
+            "context_schema": _schema(graph.get_context_jsonschema),
         }
+
+
+def _schema(make: Callable[[], Any]) -> Any:
+    """A JSON schema, or ``None`` when pydantic cannot draw one (a ``typing.TypedDict``
+    state on Python < 3.12, an arbitrary class): the graph still runs."""
+    try:
+        return json.loads(dumps(make()))
+    except Exception:
+        return None
+
+
+def _state_schema(graph: Any) -> Any:
+    """The JSON schema of a ``StateGraph``'s state (``None`` for other graphs)."""
+    state = getattr(getattr(graph, "builder", None), "state_schema", None)
+    if state is None:
+        return None
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(state).json_schema()
