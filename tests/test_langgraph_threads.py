@@ -7,6 +7,7 @@ nothing of them), and crons are stored wakeful schedules."""
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ from langgraph_sdk.errors import ConflictError, NotFoundError
 
 from tests.postgres_support import Databases
 from tests.test_langgraph_api import TOKENS, serve
+from wakeful import open_store
 from wakeful.fleet.schedules import trigger_schedule
-from wakeful.server.langgraph_records import record_thread
+from wakeful.server.langgraph_records import Exists, ThreadRecords, record_thread
 
 pytest_plugins = ["tests.postgres_fixtures"]
 
@@ -292,3 +294,36 @@ async def test_a_restart_keeps_thread_records(new_store: Callable[[], Awaitable[
             assert waited == {"log": ["one", "two"]}
         finally:
             await clients.close()
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+async def test_records_on_memory_and_file_stores(tmp_path: Path, scheme: str) -> None:
+    """The records need nothing of a backend but the store contract: the same facts on the
+    memory and file stores (SQLite and PostgreSQL: above, through the server)."""
+    url = "memory://" if scheme == "memory" else f"file://{tmp_path / 'store'}"
+    store = await open_store(url)
+    try:
+        records = ThreadRecords(store)
+        ids = [str(uuid.uuid4()) for _ in range(3)]
+        await records.create(ids[0], "acme", {"a": 1})
+        await records.create(ids[1], "acme", {"a": 2}, graph="steps")
+        await records.create(ids[2], "globex", {"a": 1})
+        with pytest.raises(Exists):
+            await records.create(ids[0], "acme", {})
+        with pytest.raises(Exists):  # another tenant's id
+            await records.create(ids[0], "globex", {})
+        updated = await records.update(ids[0], metadata={"b": True})
+        assert updated is not None and updated.metadata == {"a": 1, "b": True}
+        assert len(await store.checkpoints(record_thread(ids[0]))) == 1
+        acme = [e.thread_id async for e in records.scan("acme", every_tenant=False)]
+        assert acme == sorted(ids[:2])
+        every = [e.thread_id async for e in records.scan(None, every_tenant=True)]
+        assert every == sorted(ids)
+        await records.delete(ids[1])
+        assert await records.get(ids[1]) is None
+        assert await records.update(ids[1], metadata={}) is None
+        got = await records.get(ids[0])
+        assert got is not None and (got.tenant, got.metadata) == ("acme", {"a": 1, "b": True})
+    finally:
+        await store.close()
