@@ -195,7 +195,7 @@ def measure(args: argparse.Namespace) -> list[Result]:
             database = Database(args.dsn, f"wakeful_bench_agent_{uuid.uuid4().hex[:8]}")
             servers: list[tuple[str, Any]] = [
                 ("wakeful, SQLite", lambda: wakeful_server(f"sqlite:///{work / 'a.db'}", work)),
-                ("wakeful, PostgreSQL", lambda: wakeful_server(database.create().dsn, work)),
+                ("wakeful, PostgreSQL", lambda db=database: wakeful_server(db.create().dsn, work)),
                 ("langgraph-api in-memory", lambda: langgraph_dev(args.lgapi_venv, work)),
             ]
             try:
