@@ -45,7 +45,7 @@ from benchmarks.common import DEFAULT_DSN, Collector, Database, Result, median, 
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "bench-token-0123456789"
-INPUT = {"messages": [{"role": "user", "content": "hello"}]}
+INPUT: Any = {"messages": [{"role": "user", "content": "hello"}]}
 READY_SECONDS = 120.0
 
 
@@ -141,7 +141,7 @@ async def throughput(url: str, headers: dict[str, str], clients: int, runs: int)
     async def one_client() -> None:
         for _ in range(runs):
             thread = await sdk.threads.create()
-            result = await sdk.runs.wait(thread["thread_id"], "agent", input=INPUT)
+            result: Any = await sdk.runs.wait(thread["thread_id"], "agent", input=INPUT)
             assert result["messages"][-1]["type"] == "ai", result
 
     try:
