@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from tests.postgres_support import Databases
 from tests.test_langgraph_api import TOKENS, serve
 from wakeful import open_store
 from wakeful.fleet.schedules import trigger_schedule
+from wakeful.records import Checkpoint, Commit
 from wakeful.server.langgraph_records import Exists, ThreadRecords, record_thread
 
 pytest_plugins = ["tests.postgres_fixtures"]
@@ -325,5 +327,34 @@ async def test_records_on_memory_and_file_stores(tmp_path: Path, scheme: str) ->
         assert await records.update(ids[1], metadata={}) is None
         got = await records.get(ids[0])
         assert got is not None and (got.tenant, got.metadata) == ("acme", {"a": 1, "b": True})
+    finally:
+        await store.close()
+
+
+@pytest.mark.asyncio
+async def test_search_skips_lookalike_thread_ids(tmp_path: Path) -> None:
+    """Wakeful threads whose ids look like records' (one under the prefix, ones a linguistic
+    collation may sort among them) are skipped, and the records after them still found."""
+    store = await open_store("memory://")
+    try:
+        records = ThreadRecords(store)
+        late = "f" * 8 + "-0000-4000-8000-" + "0" * 12
+        await records.create("00000000-0000-4000-8000-000000000000", "acme", {})
+        for lookalike in ("langgraph:threadX", "langgraph:thread:not-a-record", "langgraph"):
+            checkpoint = Checkpoint(
+                id="c1",
+                parent=None,
+                run_id="r",
+                status="completed",
+                state={"x": 1},
+                created_at=datetime.now(UTC),
+                tenant="acme",
+            )
+            await store.claim_and_commit(
+                lookalike, "t", 30, Commit(token=0, checkpoint=checkpoint, release=True)
+            )
+        await records.create(late, "acme", {})
+        found = [e.thread_id async for e in records.scan("acme", every_tenant=False)]
+        assert found[-1] == late and len(found) == 2
     finally:
         await store.close()

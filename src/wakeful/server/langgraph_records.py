@@ -67,7 +67,7 @@ class ThreadRecords:
 
     async def get(self, thread_id: str) -> ThreadEntry | None:
         snap = await self.store.read(record_thread(thread_id))
-        if snap is None or snap.checkpoint is None:
+        if snap is None or snap.checkpoint is None or not _is_record(snap.checkpoint.state):
             return None
         return _entry(snap.checkpoint.state, snap.tenant)
 
@@ -106,7 +106,7 @@ class ThreadRecords:
         write (compare-and-set on the record thread's version)."""
         for _ in range(TRIES):
             snap = await self.store.read(record_thread(thread_id))
-            if snap is None or snap.checkpoint is None:
+            if snap is None or snap.checkpoint is None or not _is_record(snap.checkpoint.state):
                 return None
             old = _entry(snap.checkpoint.state, snap.tenant)
             new = msgspec.structs.replace(
@@ -134,7 +134,9 @@ class ThreadRecords:
             )
             for summary in page:
                 if not summary.thread_id.startswith(PREFIX):
-                    return
+                    if _past(summary.thread_id):
+                        return
+                    continue
                 if not every_tenant and summary.tenant != tenant:
                     continue
                 entry = await self.get(summary.thread_id[len(PREFIX) :])
@@ -162,6 +164,24 @@ class ThreadRecords:
             drop_checkpoints=() if parent is None else (parent,),
         )
         await self.store.claim_and_commit(record_thread(entry.thread_id), HOLDER, 30.0, commit)
+
+
+def _past(thread_id: str) -> bool:
+    """Whether ``thread_id`` (not a record's) sorts after every record's id. The database
+    orders ids by its collation: in ``C`` the records are one contiguous range, but a
+    linguistic collation compares letters and digits first (``langgraph-thread-x`` can sort
+    between records), so the scan stops only at an id whose letters and digits leave the
+    prefix's."""
+    key = "".join(ch for ch in thread_id.lower() if ch.isalnum())
+    return not key.startswith(ANCHOR)
+
+
+ANCHOR = "".join(ch for ch in PREFIX if ch.isalnum())
+
+
+def _is_record(state: Any) -> bool:
+    """Whether a checkpoint's state is a record (not a wakeful thread that took the name)."""
+    return isinstance(state, dict) and state.get("kind") == KIND
 
 
 def _entry(state: Any, tenant: str | None) -> ThreadEntry:
