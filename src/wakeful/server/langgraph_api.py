@@ -9,9 +9,9 @@ over the server's store: a second run of a thread is refused (409), and a thread
 checkpoints are the store's. The bearer tokens of
 the HTTP API are the auth: a thread of another tenant is reported missing (404).
 
-Thread records (tenant, metadata) are kept in memory in this slice; a restarted server
-recovers a thread that ran (its tenant and graph) from its latest checkpoint's metadata.
-See docs/langgraph-api.md and decision 0050.
+Thread records (tenant, metadata) are durable in the store (``langgraph_records``, decision
+0053); the thread routes, assistants extras and crons are in ``langgraph_threads`` and
+``langgraph_crons``. See docs/langgraph-api.md and decision 0050.
 """
 
 from __future__ import annotations
