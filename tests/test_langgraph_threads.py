@@ -264,6 +264,8 @@ async def test_crons_refuse_what_a_schedule_cannot_carry(tmp_path: Path) -> None
                 )
             }
             update = await raw.patch(f"{url}/runs/crons/x", json={"schedule": "* * * * *"})
+            info = await raw.get(f"{url}/info")
+        assert info.status_code == 200 and info.json()["flags"]["crons"] is True
         for field, answer in answers.items():
             assert answer.status_code == 501 and field in answer.json()["detail"], field
         assert update.status_code == 501

@@ -223,6 +223,18 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
         api.threads[new_id] = record
         return await view(record, values=True)
 
+    @app.get("/info")
+    async def info() -> Any:
+        """What LangGraph's clients read before they connect (agent-chat-ui checks it)."""
+        from importlib.metadata import version
+
+        return {
+            "version": f"wakeful {version('wakeful')}",
+            "langgraph_py_version": version("langgraph"),
+            "flags": {"assistants": True, "crons": True, "langsmith": False},
+            "metadata": {},
+        }
+
     @app.post("/assistants/count")
     async def count_assistants(request: Request) -> Any:
         body = await body_of(request)
