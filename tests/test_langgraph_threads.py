@@ -128,6 +128,12 @@ async def _threads(acme: Call, globex: Call, store: Any) -> None:
     ]
     ran = next(t for t in everything if t["thread_id"] == blue["thread_id"])
     assert ran["values"] == {"log": ["one", "two"]}
+    # a run shows its graph in the metadata, as LangGraph's server does (agent-chat-ui
+    # searches by it), and the stored record keeps it
+    assert ran["metadata"]["graph_id"] == "steps" and ran["metadata"]["team"] == "blue"
+    by_graph = await acme(lambda c: c.threads.search(metadata={"graph_id": "steps"}))
+    assert [t["thread_id"] for t in by_graph] == [blue["thread_id"]]
+    assert (await store.read(record_thread(blue["thread_id"]))).checkpoint.state["graph"] == "steps"
     assert await acme(lambda c: c.threads.count()) == 3
     assert await acme(lambda c: c.threads.count(metadata={"team": "blue"})) == 2
     assert await acme(lambda c: c.threads.count(status="interrupted")) == 1
@@ -155,7 +161,8 @@ async def _threads(acme: Call, globex: Call, store: Any) -> None:
     # copy: the same checkpoints and metadata on a new thread, then they diverge
     copied = await acme(lambda c: c.threads.copy(blue["thread_id"]))
     cid = copied["thread_id"]
-    assert cid != blue["thread_id"] and copied["metadata"] == {"team": "blue"}
+    assert cid != blue["thread_id"] and copied["metadata"]["team"] == "blue"
+    assert copied["metadata"]["graph_id"] == "steps"
     assert copied["values"] == {"log": ["one", "two"]}
     source_history = await acme(lambda c: c.threads.get_history(blue["thread_id"]))
     copy_history = await acme(lambda c: c.threads.get_history(cid))
@@ -296,6 +303,8 @@ async def test_a_restart_keeps_thread_records(new_store: Callable[[], Awaitable[
             assert await clients(GLOBEX)(lambda c: c.threads.search()) == []
             waited = await clients()(lambda c: c.runs.wait(tid, "steps", input={"log": []}))
             assert waited == {"log": ["one", "two"]}
+            ran = await clients()(lambda c: c.threads.search(metadata={"graph_id": "steps"}))
+            assert [t["thread_id"] for t in ran] == [tid]
         finally:
             await clients.close()
 

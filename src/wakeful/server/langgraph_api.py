@@ -286,9 +286,12 @@ def create_langgraph_app(
             )
         run = RunRecord(str(uuid.uuid4()), thread_id, api.assistant_id(graph_name), {})
         run.metadata = dict(body.get("metadata") or {})
+        first_run = record.assistant_id is None
         record.assistant_id = graph_name
         record.running = run.run_id
         api.runs[run.run_id] = run
+        if first_run:  # the stored record learns its graph (search by graph_id, decision 0053)
+            await api.records.learn_graph(thread_id, graph_name)
         return run
 
     async def execute(run: RunRecord, body: dict[str, Any]) -> AsyncIterator[tuple[str, Any]]:

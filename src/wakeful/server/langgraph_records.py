@@ -17,6 +17,7 @@ tenant's number of LangGraph threads.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime
@@ -24,7 +25,7 @@ from typing import Any
 
 import msgspec
 
-from wakeful.errors import TenantMismatch, ThreadBusy, VersionConflict
+from wakeful.errors import TenantMismatch, ThreadBusy, VersionConflict, WakefulError
 from wakeful.records import Checkpoint, Commit
 from wakeful.store.contract import Store
 
@@ -121,6 +122,13 @@ class ThreadRecords:
             except (VersionConflict, ThreadBusy):
                 continue
         raise ThreadBusy(record_thread(thread_id), HOLDER, None)
+
+    async def learn_graph(self, thread_id: str, graph: str) -> None:
+        """Record the graph of a thread's first run. Best effort: a record that cannot be
+        written now (contended, or none) is told again by the next process's first run,
+        and the graph is also in the thread's checkpoints."""
+        with contextlib.suppress(WakefulError):
+            await self.update(thread_id, graph=graph)
 
     async def delete(self, thread_id: str) -> None:
         await self.store.delete_thread(record_thread(thread_id))

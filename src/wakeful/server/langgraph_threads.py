@@ -78,12 +78,21 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
         record = cached if entry is None else record_of(entry, cached)
         return record if sees(caller, record.tenant) else None
 
+    def metadata_of(record: ThreadRecord) -> dict[str, Any]:
+        """The thread's metadata as LangGraph's server shows it: once a graph ran on the
+        thread, ``graph_id`` and ``assistant_id`` (what agent-chat-ui searches by), unless
+        the caller's metadata sets them."""
+        if record.assistant_id is None:
+            return record.metadata
+        graph = record.assistant_id
+        return {"graph_id": graph, "assistant_id": api.assistant_id(graph), **record.metadata}
+
     async def view(record: ThreadRecord, *, values: bool) -> dict[str, Any]:
         out: dict[str, Any] = {
             "thread_id": record.thread_id,
             "created_at": record.created_at,
             "updated_at": record.updated_at,
-            "metadata": record.metadata,
+            "metadata": metadata_of(record),
             "status": "busy" if record.running else "idle",
             "config": {},
             "values": None,
@@ -135,9 +144,10 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
         wanted = _metadata(body)
         found = []
         async for entry in api.records.scan(caller.tenant, every_tenant=caller.operator):
-            if all(entry.metadata.get(k) == v for k, v in wanted.items()):
-                record = record_of(entry, api.threads.get(entry.thread_id))
-                api.threads[entry.thread_id] = record
+            record = record_of(entry, api.threads.get(entry.thread_id))
+            api.threads[entry.thread_id] = record
+            metadata = metadata_of(record)
+            if all(metadata.get(k) == v for k, v in wanted.items()):
                 found.append(record)
         found.sort(key=lambda r: (r.created_at, r.thread_id), reverse=True)
         return found
