@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from langgraph_sdk import get_client, get_sync_client
-from langgraph_sdk.errors import ConflictError, NotFoundError
+from langgraph_sdk.errors import AuthenticationError, ConflictError, NotFoundError
 
 from tests.postgres_support import Databases
 from tests.test_langgraph_api import TOKENS, serve
@@ -256,7 +256,7 @@ async def _assistants_and_crons(acme: Call, globex: Call, store: Any) -> None:
 
 
 @pytest.mark.asyncio
-async def test_crons_refuse_what_a_schedule_cannot_carry(tmp_path: Path) -> None:
+async def test_crons_refuse_what_a_schedule_cannot_carry_and_api_keys_are_tokens(tmp_path: Path) -> None:
     async with serve(f"sqlite:///{tmp_path / 'c.db'}") as (url, store):
         headers = {"Authorization": f"Bearer {ACME}"}
         base = {"assistant_id": "steps", "schedule": "* * * * *"}
@@ -272,6 +272,18 @@ async def test_crons_refuse_what_a_schedule_cannot_carry(tmp_path: Path) -> None
             }
             update = await raw.patch(f"{url}/runs/crons/x", json={"schedule": "* * * * *"})
             info = await raw.get(f"{url}/info")
+        keyed = get_client(url=url, api_key=GLOBEX)  # sent as X-Api-Key, as the SDKs do
+        try:
+            assert (await keyed.threads.create())["thread_id"]
+            assert len(await keyed.threads.search()) == 1  # globex's, not acme's
+        finally:
+            await keyed.aclose()
+        wrong = get_client(url=url, api_key="not-a-token-at-all")
+        try:
+            with pytest.raises(AuthenticationError):
+                await wrong.threads.search()
+        finally:
+            await wrong.aclose()
         assert info.status_code == 200 and info.json()["flags"]["crons"] is True
         for field, answer in answers.items():
             assert answer.status_code == 501 and field in answer.json()["detail"], field

@@ -131,7 +131,11 @@ class LangGraphAPI:
 
 
 def _caller(api: LangGraphAPI, request: Request) -> Caller | Response:
-    resolved = api.authenticator.resolve(request.headers.get("authorization"))
+    header = request.headers.get("authorization")
+    key = request.headers.get("x-api-key")
+    if header is None and key:  # the SDKs' api_key (agent-chat-ui, Studio): the same token
+        header = f"Bearer {key}"
+    resolved = api.authenticator.resolve(header)
     if isinstance(resolved, Caller):
         return resolved
     return problem(
