@@ -6,8 +6,8 @@ is named ``langgraph:cron:{cron_id}``, targets the assistant's graph, carries th
 ``input`` and the caller's tenant; ``enabled=False`` creates it paused; ``timezone`` is the
 schedule's. Firing is wakeful's (``fire_due``, exactly once per tick across the fleet).
 What a schedule cannot carry (``config``, ``context``, ``metadata``, ``webhook``,
-``interrupt_before``/``after``, ``end_time``, stream options, ``on_run_completed``) answers
-501 naming the field, as do cron updates. See docs/langgraph-api.md.
+``interrupt_before``/``after``, ``end_time``, stream options, ``on_run_completed="delete"``)
+answers 501 naming the field, as do cron updates. See docs/langgraph-api.md.
 """
 
 from __future__ import annotations
@@ -39,7 +39,6 @@ REFUSED = (
     "end_time",
     "stream_subgraphs",
     "stream_resumable",
-    "on_run_completed",
     "checkpoint_during",
 )
 STRATEGIES = {"reject": "skip", "enqueue": "enqueue"}
@@ -55,17 +54,25 @@ def add_cron_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
     """Register the cron routes on ``app``."""
 
     def view(s: Schedule) -> dict[str, Any]:
+        cron_id = s.name[len(PREFIX) :]
+        assistant_id = api.assistant_id(s.target)
         return {
-            "cron_id": s.name[len(PREFIX) :],
-            "assistant_id": api.assistant_id(s.target),
+            "cron_id": cron_id,
+            "assistant_id": assistant_id,
             "thread_id": s.thread,
-            "on_run_completed": None,
+            "on_run_completed": None if s.thread is not None else "keep",
             "end_time": None,
             "schedule": s.cron,
+            "timezone": s.timezone,
             "created_at": _iso(s.created_at),
             "updated_at": _iso(s.updated_at),
-            "payload": {"input": s.input},
-            "user_id": None,
+            "payload": {
+                "schedule": s.cron,
+                "input": s.input,
+                "assistant_id": assistant_id,
+                "config": {"configurable": {"cron_id": cron_id}},
+            },
+            "user_id": s.tenant or "",
             "next_run_date": _iso(s.next_fire_at),
             "metadata": {},
             "enabled": not s.paused,
@@ -77,6 +84,8 @@ def add_cron_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
         for name in REFUSED:
             if body.get(name) not in (None, {}, []):
                 raise Unsupported(f"crons with {name!r}")
+        if body.get("on_run_completed") not in (None, "keep"):
+            raise Unsupported("crons with on_run_completed 'delete' (a tick's thread is kept)")
         strategy = body.get("multitask_strategy") or "reject"
         if strategy not in STRATEGIES:
             raise Unsupported(f"crons with multitask_strategy {strategy!r}")

@@ -92,11 +92,13 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
             "thread_id": record.thread_id,
             "created_at": record.created_at,
             "updated_at": record.updated_at,
+            "state_updated_at": record.updated_at,
             "metadata": metadata_of(record),
             "status": "busy" if record.running else "idle",
             "config": {},
             "values": None,
             "interrupts": {},
+            "error": None,
         }
         if values and record.assistant_id in api.graphs:
             graph = api.graph(str(record.assistant_id))
@@ -263,8 +265,12 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
             return _missing("assistant", assistant_id, request.url.path)
         xray_raw = request.query_params.get("xray", "false")
         xray: bool | int = int(xray_raw) if xray_raw.isdigit() else xray_raw in ("true", "True")
-        drawn = (await graph.aget_graph(xray=xray)).to_json()
-        return json.loads(dumps(drawn))
+        drawn: dict[str, Any] = json.loads(dumps((await graph.aget_graph(xray=xray)).to_json()))
+        for node in drawn.get("nodes", ()):
+            data = node.get("data")
+            if isinstance(data, dict):  # a Python class path, as LangGraph's server omits it
+                data.pop("id", None)
+        return drawn
 
     @app.get("/assistants/{assistant_id}/schemas")
     async def get_schemas(assistant_id: str, request: Request) -> Any:
