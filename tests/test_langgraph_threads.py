@@ -163,7 +163,7 @@ async def _threads(acme: Call, globex: Call, store: Any) -> None:
     cid = copied["thread_id"]
     assert cid != blue["thread_id"] and copied["metadata"]["team"] == "blue"
     assert copied["metadata"]["graph_id"] == "steps"
-    assert copied["values"] == {"log": ["one", "two"]}
+    assert (await acme(lambda c: c.threads.get(cid)))["values"] == {"log": ["one", "two"]}
     source_history = await acme(lambda c: c.threads.get_history(blue["thread_id"]))
     copy_history = await acme(lambda c: c.threads.get_history(cid))
     assert [h["checkpoint"]["checkpoint_id"] for h in copy_history] == [
@@ -256,7 +256,9 @@ async def _assistants_and_crons(acme: Call, globex: Call, store: Any) -> None:
 
 
 @pytest.mark.asyncio
-async def test_crons_refuse_what_a_schedule_cannot_carry_and_api_keys_are_tokens(tmp_path: Path) -> None:
+async def test_crons_refuse_what_a_schedule_cannot_carry_and_api_keys_are_tokens(
+    tmp_path: Path,
+) -> None:
     async with serve(f"sqlite:///{tmp_path / 'c.db'}") as (url, store):
         headers = {"Authorization": f"Bearer {ACME}"}
         base = {"assistant_id": "steps", "schedule": "* * * * *"}

@@ -97,13 +97,13 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
             "status": "busy" if record.running else "idle",
             "config": {},
             "values": None,
-            "interrupts": {},
-            "error": None,
         }
         if values and record.assistant_id in api.graphs:
+            # a thread that ran: its values, interrupts and error, as LangGraph's server
             graph = api.graph(str(record.assistant_id))
             snap = await graph.aget_state(config_for(record.thread_id))
             out["values"] = snapshot(snap)["values"]
+            out["interrupts"], out["error"] = {}, None
             if snap.next and not record.running:
                 out["status"] = "interrupted"
         return out
@@ -233,7 +233,9 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
         )
         record = record_of(entry, None)
         api.threads[new_id] = record
-        return await view(record, values=True)
+        copied = await view(record, values=False)
+        del copied["values"]  # LangGraph's server answers a copy without them
+        return copied
 
     @app.get("/info")
     async def info() -> Any:
