@@ -21,7 +21,7 @@ from benchmarks.agent_server import INPUT, langgraph_dev, wakeful_server
 async def calls(url: str, headers: dict[str, str]) -> dict[str, Any]:
     from langgraph_sdk import get_client
 
-    c = get_client(url=url, headers=headers)
+    c: Any = get_client(url=url, headers=headers)  # the SDK types copy as None, crons as Run
     out: dict[str, Any] = {}
     try:
         aid = (await c.assistants.search(graph_id="agent"))[0]["assistant_id"]
