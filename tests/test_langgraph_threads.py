@@ -273,6 +273,9 @@ async def test_crons_refuse_what_a_schedule_cannot_carry_and_api_keys_are_tokens
                 )
             }
             update = await raw.patch(f"{url}/runs/crons/x", json={"schedule": "* * * * *"})
+            bad_cron = await raw.post(f"{url}/runs/crons", json={**base, "schedule": "often"})
+            bad_zone = await raw.post(f"{url}/runs/crons", json={**base, "timezone": "Mars/Base"})
+            no_graph = await raw.post(f"{url}/runs/crons", json={**base, "assistant_id": "nope"})
             info = await raw.get(f"{url}/info")
         keyed = get_client(url=url, api_key=GLOBEX)  # sent as X-Api-Key, as the SDKs do
         try:
@@ -290,6 +293,8 @@ async def test_crons_refuse_what_a_schedule_cannot_carry_and_api_keys_are_tokens
         for field, answer in answers.items():
             assert answer.status_code == 501 and field in answer.json()["detail"], field
         assert update.status_code == 501
+        assert bad_cron.status_code == 422 and bad_zone.status_code == 422
+        assert no_graph.status_code == 404
         assert await store.list_schedules() == []
 
 
