@@ -178,6 +178,17 @@ async def _threads(acme: Call, globex: Call, store: Any) -> None:
     source = await acme(lambda c: c.threads.get_state(blue["thread_id"]))
     assert source["values"] == {"log": ["one", "two"]}
 
+    # prune: keep_latest leaves the thread its latest checkpoint; delete removes it; another
+    # tenant's thread is not counted (nor touched)
+    kept = await acme(lambda c: c.threads.prune([cid], strategy="keep_latest"))
+    assert kept == {"pruned_count": 1}
+    assert len(await acme(lambda c: c.threads.get_history(cid))) == 1
+    assert (await acme(lambda c: c.threads.get_state(cid)))["values"]["log"][-1] == "two"
+    assert await globex(lambda c: c.threads.prune([cid, tid])) == {"pruned_count": 0}
+    spare = await acme(lambda c: c.threads.create())
+    assert await acme(lambda c: c.threads.prune([spare["thread_id"]])) == {"pruned_count": 1}
+    assert await store.read(record_thread(spare["thread_id"])) is None
+
     # delete: the record and the checkpoints leave the store
     await acme(lambda c: c.threads.delete(blue["thread_id"]))
     with pytest.raises(NotFoundError):

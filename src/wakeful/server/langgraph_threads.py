@@ -219,6 +219,30 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
         api.threads.pop(thread_id, None)
         return Response(status_code=204)
 
+    @app.post("/threads/prune")
+    async def prune_threads(request: Request) -> Any:
+        """``delete``: the threads as ``DELETE`` deletes them; ``keep_latest``: the saver's
+        ``prune`` (each keeps its latest checkpoint). Threads the caller cannot see, unknown
+        ids and busy threads are skipped (not counted)."""
+        body = await body_of(request)
+        ids = body.get("thread_ids")
+        strategy = body.get("strategy", "delete")
+        if not isinstance(ids, list) or not all(isinstance(i, str) for i in ids):
+            raise ValueError("thread_ids must be a list of thread ids")
+        if strategy not in ("delete", "keep_latest"):
+            raise ValueError("strategy must be 'delete' or 'keep_latest'")
+        pruned = 0
+        for thread_id in dict.fromkeys(ids):
+            record = await visible(request.state.caller, thread_id)
+            if record is None or record.running is not None:
+                continue
+            await api.saver().aprune([thread_id], strategy=strategy)
+            if strategy == "delete":
+                await api.records.delete(thread_id)
+                api.threads.pop(thread_id, None)
+            pruned += 1
+        return {"pruned_count": pruned}
+
     @app.post("/threads/{thread_id}/copy")
     async def copy_thread(thread_id: str, request: Request) -> Any:
         """A new thread with the source's metadata, graph, tenant and every checkpoint and
