@@ -134,6 +134,10 @@ async def _threads(acme: Call, globex: Call, store: Any) -> None:
     by_graph = await acme(lambda c: c.threads.search(metadata={"graph_id": "steps"}))
     assert [t["thread_id"] for t in by_graph] == [blue["thread_id"]]
     assert (await store.read(record_thread(blue["thread_id"]))).checkpoint.state["graph"] == "steps"
+    oldest = await acme(lambda c: c.threads.search(sort_by="created_at", sort_order="asc"))
+    assert [t["thread_id"] for t in oldest] == ids[::-1]
+    picked = await acme(lambda c: c.threads.search(ids=[tid, blue["thread_id"], "nope"]))
+    assert {t["thread_id"] for t in picked} == {tid, blue["thread_id"]}
     assert await acme(lambda c: c.threads.count()) == 3
     assert await acme(lambda c: c.threads.count(metadata={"team": "blue"})) == 2
     assert await acme(lambda c: c.threads.count(status="interrupted")) == 1

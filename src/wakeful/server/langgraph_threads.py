@@ -24,7 +24,8 @@ if TYPE_CHECKING:
 
 Body = Callable[[Request], Awaitable[dict[str, Any]]]
 STATUSES = ("idle", "busy", "interrupted", "error")
-SEARCH_REFUSED = ("values", "ids", "sort_by", "sort_order", "select", "extract")
+SEARCH_REFUSED = ("values", "select", "extract")
+SORTS = ("created_at", "updated_at", "thread_id")
 
 
 def _missing(kind: str, ident: str, path: str) -> Response:
@@ -139,19 +140,29 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
         return await view(record, values=False)
 
     async def matching(caller: Caller, body: dict[str, Any]) -> list[ThreadRecord]:
-        """The caller's threads with every given metadata key equal, newest first."""
+        """The caller's threads with every given metadata key equal (and among ``ids`` when
+        given), sorted by ``sort_by`` (``created_at`` by default) in ``sort_order`` (``desc``
+        by default)."""
         for name in SEARCH_REFUSED:
             if body.get(name) is not None:
                 raise Unsupported(f"threads search by {name!r}")
         wanted = _metadata(body)
+        ids = body.get("ids")
+        if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+            raise ValueError("ids must be a list of thread ids")
+        sort_by, order = body.get("sort_by") or "created_at", body.get("sort_order") or "desc"
+        if sort_by not in SORTS or order not in ("asc", "desc"):
+            raise ValueError(f"sort_by must be one of {list(SORTS)}, sort_order asc or desc")
         found = []
         async for entry in api.records.scan(caller.tenant, every_tenant=caller.operator):
+            if ids is not None and entry.thread_id not in ids:
+                continue
             record = record_of(entry, api.threads.get(entry.thread_id))
             api.threads[entry.thread_id] = record
             metadata = metadata_of(record)
             if all(metadata.get(k) == v for k, v in wanted.items()):
                 found.append(record)
-        found.sort(key=lambda r: (r.created_at, r.thread_id), reverse=True)
+        found.sort(key=lambda r: (getattr(r, sort_by), r.thread_id), reverse=order == "desc")
         return found
 
     async def with_status(records: list[ThreadRecord], status: Any) -> list[dict[str, Any]]:
