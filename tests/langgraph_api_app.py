@@ -4,9 +4,10 @@
 from __future__ import annotations
 
 import operator
-from typing import Annotated, Any, TypedDict
+from typing import Annotated, Any
 
 from langgraph.graph import END, START, StateGraph
+from typing_extensions import TypedDict  # pydantic draws its schema on Python 3.11
 
 from tests.server_support import echo_graph
 from wakeful.fleet.registry import Registry

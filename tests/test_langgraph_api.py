@@ -216,7 +216,10 @@ async def test_unsupported_answers_501_naming_it(served: tuple[str, Any]) -> Non
     thread = await client(url).threads.create()
     tid = thread["thread_id"]
     async with httpx.AsyncClient(headers=headers) as raw:
-        crons = await raw.post(f"{url}/runs/crons", json={})
+        crons = await raw.post(
+            f"{url}/runs/crons",
+            json={"assistant_id": "steps", "schedule": "* * * * *", "webhook": "http://x/"},
+        )
         messages = await raw.post(
             f"{url}/threads/{tid}/runs/wait",
             json={"assistant_id": "steps", "input": {}, "stream_mode": "messages-tuple"},
@@ -238,7 +241,7 @@ async def test_unsupported_answers_501_naming_it(served: tuple[str, Any]) -> Non
             f"{url}/threads/{tid}/runs/stream",
             json={"assistant_id": "steps", "input": {}, "stream_mode": ["values", "events"]},
         )
-    assert crons.status_code == 501 and "/runs/crons" in crons.json()["detail"]
+    assert crons.status_code == 501 and "'webhook'" in crons.json()["detail"]
     assert strategy.status_code == 501 and "multitask_strategy" in strategy.json()["detail"]
     assert travel.status_code == 501 and "checkpoint_id" in travel.json()["detail"]
     assert events.status_code == 501 and "'events'" in events.json()["detail"]

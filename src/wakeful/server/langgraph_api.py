@@ -9,9 +9,9 @@ over the server's store: a second run of a thread is refused (409), and a thread
 checkpoints are the store's. The bearer tokens of
 the HTTP API are the auth: a thread of another tenant is reported missing (404).
 
-Thread records (tenant, metadata) are kept in memory in this slice; a restarted server
-recovers a thread that ran (its tenant and graph) from its latest checkpoint's metadata.
-See docs/langgraph-api.md and decision 0050.
+Thread records (tenant, metadata) are durable in the store (``langgraph_records``, decision
+0053); the thread routes, assistants extras and crons are in ``langgraph_threads`` and
+``langgraph_crons``. See docs/langgraph-api.md and decision 0050.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from wakeful.fleet.tokens import Authenticator, Caller
+from wakeful.server.langgraph_crons import add_cron_routes
+from wakeful.server.langgraph_records import Exists, ThreadRecords
+from wakeful.server.langgraph_threads import add_thread_routes, record_of
 from wakeful.server.langgraph_views import (
     GRAPH_KEY,
     MAX_HISTORY,
@@ -55,6 +58,8 @@ class LangGraphAPI:
         self.graphs = dict(graphs)
         self.authenticator = authenticator
         self.threads: dict[str, ThreadRecord] = {}
+        """This process's records (a cache of ``records`` with the runs it is running)."""
+        self.records = ThreadRecords(store)
         self.runs: dict[str, RunRecord] = {}
         self._saver: Any = None
         self.created_at = now()
@@ -66,16 +71,24 @@ class LangGraphAPI:
             await saver.aclose()
 
     async def recover(self, thread_id: str) -> ThreadRecord | None:
-        """The record of a thread that ran before this server started: its tenant and graph
-        are in the metadata of its latest checkpoint (``execute`` puts them there)."""
+        """The record of a thread this process does not know: its durable record
+        (``records``, decision 0053), else (a thread that ran with no record) its tenant and
+        graph from the metadata of its latest checkpoint (``execute`` puts them there)."""
         try:
             uuid.UUID(thread_id)
         except ValueError:
             return None
+        entry = await self.records.get(thread_id)
         latest = await self.saver().aget_tuple({"configurable": {"thread_id": thread_id}})
         meta = latest.metadata if latest is not None else {}
         graph = meta.get(GRAPH_KEY)
         if not isinstance(graph, str) or graph not in self.graphs:
+            graph = None
+        if entry is not None:
+            known = record_of(entry, None)
+            known.assistant_id = known.assistant_id or graph
+            return self.threads.setdefault(thread_id, known)
+        if graph is None:
             return None
         tenant = meta.get(TENANT_KEY)
         record = ThreadRecord(thread_id, tenant if isinstance(tenant, str) else None, {})
@@ -118,7 +131,11 @@ class LangGraphAPI:
 
 
 def _caller(api: LangGraphAPI, request: Request) -> Caller | Response:
-    resolved = api.authenticator.resolve(request.headers.get("authorization"))
+    header = request.headers.get("authorization")
+    key = request.headers.get("x-api-key")
+    if header is None and key:  # the SDKs' api_key (agent-chat-ui, Studio): the same token
+        header = f"Bearer {key}"
+    resolved = api.authenticator.resolve(header)
     if isinstance(resolved, Caller):
         return resolved
     return problem(
@@ -193,90 +210,8 @@ def create_langgraph_app(
             return _missing("assistant", assistant_id, request.url.path)
         return api.assistant(name)
 
-    def thread_view(record: ThreadRecord) -> dict[str, Any]:
-        status = "busy" if record.running else "idle"
-        return {
-            "thread_id": record.thread_id,
-            "created_at": record.created_at,
-            "updated_at": record.updated_at,
-            "metadata": record.metadata,
-            "status": status,
-            "config": {},
-            "values": None,
-            "interrupts": {},
-        }
-
-    @app.post("/threads")
-    async def create_thread(request: Request) -> Any:
-        body = await body_of(request)
-        caller: Caller = request.state.caller
-        if body.get("supersteps") is not None:
-            raise Unsupported("threads.create with supersteps")
-        thread_id = str(body.get("thread_id") or uuid.uuid4())
-        uuid.UUID(thread_id)  # ValueError -> 422: LangGraph thread ids are UUIDs
-        existing = api.threads.get(thread_id) or await api.recover(thread_id)
-        if existing is not None:
-            if body.get("if_exists") == "do_nothing" and await visible(caller, thread_id):
-                return thread_view(existing)
-            return problem(409, "conflict", f"thread {thread_id!r} already exists")
-        metadata = body.get("metadata") or {}
-        if not isinstance(metadata, dict):
-            raise ValueError("metadata must be an object")
-        record = ThreadRecord(thread_id, caller.tenant, metadata)
-        api.threads[thread_id] = record
-        return thread_view(record)
-
-    @app.post("/threads/search")
-    async def search_threads(request: Request) -> Any:
-        """The caller's threads this server knows (newest first), filtered by metadata
-        (every given key equal) and status."""
-        body = await body_of(request)
-        caller: Caller = request.state.caller
-        for name in ("values", "ids", "sort_by", "sort_order", "select", "extract"):
-            if body.get(name) is not None:
-                raise Unsupported(f"threads.search by {name!r}")
-        wanted = body.get("metadata") or {}
-        limit, offset = int(body.get("limit", 10)), int(body.get("offset", 0))
-        found = []
-        for record in sorted(api.threads.values(), key=lambda r: r.created_at, reverse=True):
-            if not caller.operator and record.tenant != caller.tenant:
-                continue
-            if any(record.metadata.get(k) != v for k, v in wanted.items()):
-                continue
-            view = thread_view(record)
-            if body.get("status") not in (None, view["status"]):
-                continue
-            found.append(view)
-        return found[offset : offset + limit]
-
-    @app.delete("/threads/{thread_id}")
-    async def delete_thread(thread_id: str, request: Request) -> Response:
-        record = await visible(request.state.caller, thread_id)
-        if record is None:
-            return _missing("thread", thread_id, request.url.path)
-        if record.running is not None:
-            return problem(
-                409,
-                "thread-busy",
-                f"thread {thread_id!r} is running run {record.running!r}; delete it after",
-                instance=request.url.path,
-            )
-        await api.saver().adelete_thread(thread_id)
-        api.threads.pop(thread_id, None)
-        return Response(status_code=204)
-
-    @app.get("/threads/{thread_id}")
-    async def get_thread(thread_id: str, request: Request) -> Any:
-        record = await visible(request.state.caller, thread_id)
-        if record is None:
-            return _missing("thread", thread_id, request.url.path)
-        view = thread_view(record)
-        if record.assistant_id is not None:
-            snap = await api.graph(record.assistant_id).aget_state(config_for(thread_id))
-            view["values"] = snapshot(snap)["values"]
-            if snap.next and not record.running:
-                view["status"] = "interrupted"
-        return view
+    add_thread_routes(app, api, body_of)
+    add_cron_routes(app, api, body_of)
 
     @app.get("/threads/{thread_id}/state")
     async def get_state(thread_id: str, request: Request) -> Any:
@@ -325,6 +260,10 @@ def create_langgraph_app(
             if body.get("if_not_exists") != "create" or thread_id in api.threads:
                 return _missing("thread", thread_id, request.url.path)  # or another tenant's
             uuid.UUID(thread_id)
+            try:
+                await api.records.create(thread_id, request.state.caller.tenant, {})
+            except Exists:  # another tenant's, or created meanwhile
+                return _missing("thread", thread_id, request.url.path)
             record = api.threads[thread_id] = ThreadRecord(
                 thread_id, request.state.caller.tenant, {}
             )
@@ -351,9 +290,12 @@ def create_langgraph_app(
             )
         run = RunRecord(str(uuid.uuid4()), thread_id, api.assistant_id(graph_name), {})
         run.metadata = dict(body.get("metadata") or {})
+        first_run = record.assistant_id is None
         record.assistant_id = graph_name
         record.running = run.run_id
         api.runs[run.run_id] = run
+        if first_run:  # the stored record learns its graph (search by graph_id, decision 0053)
+            await api.records.learn_graph(thread_id, graph_name)
         return run
 
     async def execute(run: RunRecord, body: dict[str, Any]) -> AsyncIterator[tuple[str, Any]]:
