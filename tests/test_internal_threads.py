@@ -26,8 +26,11 @@ from wakeful.store.memory import MemoryStore
 
 pytest_plugins = ["tests.postgres_fixtures"]
 
-INTERNAL = [f"wakeful.webhook.msg_{i:02d}" for i in range(25)] + ["wakeful.relay"]
-USERS = ["a-1", "a-2", "wakeful.webhooks", "wakeful.webhookz", "z-1"]
+INTERNAL = [f"wakeful.webhook.msg_{i:02d}" for i in range(25)] + [
+    "wakeful.relay",
+    "langgraph:thread:6f1c",
+]
+USERS = ["a-1", "a-2", "wakeful.webhooks", "wakeful.webhookz", "z-1", "langgraph:threads"]
 """Ids of users' threads, two of them next to the internal range."""
 
 

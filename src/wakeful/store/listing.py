@@ -2,7 +2,9 @@
 
 The fleet keeps some records on threads of its own: a webhook delivery's attempts on
 ``wakeful.webhook.<webhook id>`` (``wakeful.runtime.webhooks``), the relay's election on
-``wakeful.relay`` (``wakeful.fleet.relay``, a claim only). They are threads like any
+``wakeful.relay`` (``wakeful.fleet.relay``, a claim only); the LangGraph API keeps each
+LangGraph thread's record (metadata, owner) on ``langgraph:thread:<id>``
+(``wakeful.server.langgraph_records``). They are threads like any
 other to the store (``ThreadStore.list_threads`` lists those with a commit), but a person
 listing threads (``GET /v1/threads``, ``wakeful threads list``, the console) looks for
 conversations and runs: these are left out unless asked for (``internal=True``). A
@@ -14,8 +16,8 @@ from wakeful.ids import check_count, check_optional_id
 from wakeful.records import ThreadSummary
 from wakeful.store.contract import ThreadStore
 
-INTERNAL_THREAD_PREFIXES: tuple[str, ...] = ("wakeful.webhook.",)
-"""Id prefixes of the fleet's own threads (webhook deliveries)."""
+INTERNAL_THREAD_PREFIXES: tuple[str, ...] = ("wakeful.webhook.", "langgraph:thread:")
+"""Id prefixes of the runtime's own threads (webhook deliveries, LangGraph thread records)."""
 INTERNAL_THREADS: frozenset[str] = frozenset(("wakeful.relay",))
 """Ids of single threads of the fleet's own (the relay's election)."""
 PAGE = 200
