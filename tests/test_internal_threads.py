@@ -84,7 +84,7 @@ async def check_listing(store: Store) -> None:
             break
         after = page[-1].thread_id
     assert seen == sorted(USERS)
-    page = await list_threads(store, after="a-2", limit=1)
+    page = await list_threads(store, after="langgraph:threads", limit=1)
     assert [t.thread_id for t in page] == ["wakeful.webhooks"]
 
 
