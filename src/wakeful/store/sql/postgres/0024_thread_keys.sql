@@ -31,9 +31,14 @@
 --       dispatch's existence and the outbox DELETE by their keys (thread, id);
 --   put_stream_checkpoint (version 1): ON CONFLICT (thread_id, run_id), the row's thread
 --       no longer rewritten (it is part of the key).
+--   commit_many (version 12): the settle and release UPDATEs name the dispatch by
+--       (thread_id, dispatch_id) (the lock and the check of a settled dispatch still probe
+--       by id alone: one probe that also finds a dispatch of another thread, to refuse it);
+--   claim_next_read (5 arguments, version 23): the grants' UPDATEs name the dispatch by
+--       (thread_id, dispatch_id).
 -- Every other function that names a dispatch by id alone (settle, quarantine, requeue,
--- purge, the enqueues' conflict checks, the claim's grants, commit_many's settles) reads
--- dispatches_id as it read dispatches_pkey before, unchanged.
+-- purge, the enqueues' conflict checks, promote_due, the triggers) reads dispatches_id as it
+-- read dispatches_pkey before, unchanged.
 
 -- ------------------------------------------------------------- dispatches
 
@@ -466,5 +471,646 @@ BEGIN
     ON CONFLICT (thread_id, run_id) DO UPDATE
        SET body = excluded.body, updated_at = excluded.updated_at;
     RETURN true;
+END
+$fn$;
+
+-- ------------------------------------------------------------- commit_many
+
+CREATE OR REPLACE FUNCTION @schema@.commit_many(
+    p_threads text[], p_tokens bigint[], p_operations text[], p_hashes text[],
+    p_expected bigint[],
+    p_cp_ids text[], p_cp_parents text[], p_cp_tenants text[], p_cp_statuses text[],
+    p_cp_bodies text[],
+    p_write_counts integer[], p_write_tasks text[], p_write_checkpoints text[],
+    p_write_bodies text[],
+    p_event_counts integer[], p_events text[],
+    p_message_counts integer[], p_message_ids text[], p_message_bodies text[],
+    p_outbox_counts integer[], p_outbox_ids text[], p_outbox_targets text[],
+    p_outbox_correlations text[], p_outbox_payloads text[],
+    p_consume_counts integer[], p_consume text[],
+    p_releases boolean[], p_settle_dispatches text[], p_settle_statuses text[],
+    p_settle_delays double precision[], p_settle_errors text[])
+RETURNS TABLE (o_replayed boolean, o_version bigint, o_checkpoint text, o_first_seq bigint,
+               o_event_count bigint, o_code text, o_detail text)
+LANGUAGE plpgsql
+-- One plan per session for its statements (planning the statement below costs more than
+-- running it), made with index probes only: see j. (Also in effect for the commit() calls of
+-- commit_each, whose statements are key lookups either way.)
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
+AS $fn$
+DECLARE
+    n timestamptz := @schema@.store_now();
+    whole boolean;  -- a release, or a thread with pending writes: the statement with rl, wd
+BEGIN
+    IF coalesce(cardinality(p_threads), 0) = 0 THEN
+        RETURN;
+    END IF;
+    -- A list parameter that is empty for every commit arrives as NULL.
+    IF p_write_tasks IS NOT NULL OR p_message_ids IS NOT NULL OR p_outbox_ids IS NOT NULL
+       OR p_consume IS NOT NULL
+       OR cardinality(p_threads) > 1
+          AND (SELECT count(DISTINCT x) FROM unnest(p_threads) x) < cardinality(p_threads)
+    THEN
+        RETURN QUERY SELECT * FROM @schema@.commit_each(
+            p_threads, p_tokens, p_operations, p_hashes, p_expected,
+            p_cp_ids, p_cp_parents, p_cp_tenants, p_cp_statuses, p_cp_bodies,
+            p_write_counts, p_write_tasks, p_write_checkpoints, p_write_bodies,
+            p_event_counts, p_events,
+            p_message_counts, p_message_ids, p_message_bodies,
+            p_outbox_counts, p_outbox_ids, p_outbox_targets, p_outbox_correlations,
+            p_outbox_payloads,
+            p_consume_counts, p_consume,
+            p_releases, p_settle_dispatches, p_settle_statuses, p_settle_delays,
+            p_settle_errors);
+        RETURN;
+    END IF;
+    -- 1. every thread row, in thread id order (the one lock order of the schema: threads,
+    -- then their dispatches; two batches never wait for each other in a cycle). Code point
+    -- order (COLLATE "C"), the order the store sorts a batch in, which commit_each follows.
+    SELECT coalesce(bool_or(s.has_writes), false) OR coalesce(true = ANY (p_releases), false)
+      INTO whole
+      FROM (SELECT x.write_count > 0 AS has_writes FROM @schema@.threads x
+             WHERE x.thread_id = ANY (p_threads)
+             ORDER BY x.thread_id COLLATE "C" FOR UPDATE) s;
+    -- 2. each settled dispatch, only together with its own thread (a dispatch of another
+    -- thread is refused below, unlocked, as commit() refuses it)
+    IF array_remove(p_settle_dispatches, NULL) <> '{}' THEN
+        -- (found by key: a thread may have any number of settled dispatches)
+        PERFORM 1 FROM @schema@.dispatches x
+         WHERE x.dispatch_id = ANY (p_settle_dispatches)
+           AND (x.dispatch_id, x.thread_id) IN (
+               SELECT s.dispatch, s.thread
+                 FROM unnest(p_settle_dispatches, p_threads) s(dispatch, thread))
+         ORDER BY x.dispatch_id FOR UPDATE OF x;
+    END IF;
+    -- 3. one statement: v judges each commit against its locked thread row with commit()'s
+    -- checks, in commit()'s order (fencing; a receipt; the expected version and parent; the
+    -- checkpoint id and tenant; the dispatch it settles); the CTEs after it write the
+    -- commits that passed (go), each part writing nothing when its input is absent; the
+    -- rows of v are the answer. Every sub-statement sees the rows as they were before the
+    -- statement, so each commit's outputs are those commit() computes from its thread row.
+    IF whole THEN
+        RETURN QUERY
+        WITH c AS (
+            SELECT u.*, p_cp_bodies[u.i] IS NOT NULL AS has_body,
+                   coalesce(p_event_counts[u.i], 0) AS ev_n,
+                   coalesce(sum(p_event_counts[u.i]) OVER (ORDER BY u.i), 0)
+                       - coalesce(p_event_counts[u.i], 0) AS ev_off
+              FROM unnest(p_threads, p_tokens, p_operations, p_hashes, p_expected, p_cp_ids,
+                          p_cp_parents, p_cp_tenants, p_settle_dispatches, p_releases)
+                   WITH ORDINALITY AS u(thread, token, op, hash, expected, cp_id, parent, tenant,
+                                        settle, release, i)
+        ), j AS (
+            -- each lookup a probe by key per commit (LATERAL ... LIMIT 1: never a hash join over
+            -- a whole table, whatever the statistics of the session's first call said)
+            SELECT c.*, t.found IS NOT NULL AS found, t.epoch, t.version, t.t_tenant, t.status,
+                   t.claim_token, t.latest_checkpoint, t.write_count, t.next_seq,
+                   r.r_hash, r.r_version, r.r_checkpoint, r.r_first, r.r_count,
+                   u.used IS NOT NULL AS cp_used,
+                   d.d_found IS NOT NULL AS d_found, d.d_thread, d.d_status, d.d_token
+              FROM c
+              LEFT JOIN LATERAL (
+                   SELECT true AS found, x.epoch, x.version, x.tenant AS t_tenant, x.status,
+                          x.claim_token, x.latest_checkpoint, x.write_count, x.next_seq
+                     FROM @schema@.threads x WHERE x.thread_id = c.thread LIMIT 1) t ON true
+              LEFT JOIN LATERAL (
+                   SELECT x.payload_hash AS r_hash, x.version AS r_version,
+                          x.checkpoint_id AS r_checkpoint, x.first_seq AS r_first,
+                          x.event_count AS r_count
+                     FROM @schema@.receipts x
+                    WHERE x.thread_id = c.thread AND x.operation_id = c.op LIMIT 1) r ON true
+              LEFT JOIN LATERAL (
+                   SELECT true AS d_found, x.thread_id AS d_thread, x.status AS d_status,
+                          x.token AS d_token
+                     FROM @schema@.dispatches x WHERE x.dispatch_id = c.settle LIMIT 1) d ON true
+              LEFT JOIN LATERAL (
+                   SELECT true AS used FROM @schema@.checkpoints x
+                    WHERE c.has_body AND x.thread_id = c.thread AND x.checkpoint_id = c.cp_id
+                    LIMIT 1) u ON true
+        ), k AS (
+            SELECT j.*,
+                   CASE
+                       WHEN NOT j.found OR j.claim_token IS DISTINCT FROM j.token THEN
+                           CASE WHEN j.found AND j.op IS NOT NULL AND j.epoch = j.token
+                                     AND j.claim_token IS NULL AND j.r_hash = j.hash
+                                THEN 'replay' ELSE 'stale' END
+                       WHEN j.r_hash IS NOT NULL THEN
+                           CASE WHEN j.r_hash <> j.hash THEN 'conflict' ELSE 'replay' END
+                       WHEN j.expected IS NOT NULL AND j.expected <> j.version THEN 'version'
+                       WHEN j.has_body AND j.parent IS DISTINCT FROM j.latest_checkpoint
+                           THEN 'parent'
+                       WHEN j.has_body AND j.cp_used THEN 'used'
+                       WHEN j.has_body AND (j.version > 0 OR j.t_tenant IS NOT NULL)
+                            AND j.tenant IS DISTINCT FROM j.t_tenant THEN 'tenant'
+                       WHEN j.settle IS NOT NULL AND NOT j.d_found THEN 'no dispatch'
+                       WHEN j.settle IS NOT NULL AND j.d_thread <> j.thread THEN 'other thread'
+                       WHEN j.settle IS NOT NULL
+                            AND (j.d_status <> 'leased' OR j.d_token IS DISTINCT FROM j.token
+                                 OR j.epoch IS DISTINCT FROM j.token) THEN 'stale'
+                       ELSE 'go'
+                   END AS verdict,
+                   CASE WHEN j.has_body THEN j.cp_id ELSE j.latest_checkpoint END AS resulting
+              FROM j
+        ), v AS MATERIALIZED (
+            SELECT k.*,
+                   k.settle IS NOT NULL OR coalesce(k.release, false) AS ending,
+                   k.has_body AND k.version = 0 AND k.t_tenant IS NULL AND k.tenant IS NOT NULL
+                       AS binds_tenant
+              FROM k
+        ), cp AS (
+            INSERT INTO @schema@.checkpoints (thread_id, version, checkpoint_id, at, body,
+                                              run_id, status, graph, seg_first, ordinal)
+            SELECT v.thread, v.version + 1, v.cp_id, n, p_cp_bodies[v.i],
+                   b.doc ->> 'run_id', b.doc ->> 'status',
+                   CASE WHEN json_typeof(b.doc -> 'metadata' -> 'graph') = 'string'
+                        THEN b.doc -> 'metadata' ->> 'graph' END,
+                   -- what the trigger of 0008 computes (see there)
+                   CASE WHEN p.run_id = b.doc ->> 'run_id' THEN p.seg_first ELSE v.version + 1 END,
+                   coalesce(p.ordinal, 0) + 1
+              FROM v
+             CROSS JOIN LATERAL (
+                   SELECT replace(p_cp_bodies[v.i], '\u0000', '\u0001')::json AS doc) b
+              LEFT JOIN LATERAL (
+                   SELECT x.run_id, x.seg_first, x.ordinal FROM @schema@.checkpoints x
+                    WHERE x.thread_id = v.thread ORDER BY x.version DESC LIMIT 1) p ON true
+             WHERE v.verdict = 'go' AND v.has_body
+        ), wd AS (
+            -- a checkpoint supersedes the thread's pending writes
+            DELETE FROM @schema@.writes x USING v
+             WHERE v.verdict = 'go' AND v.has_body AND v.write_count > 0
+               AND x.thread_id = v.thread
+        ), ev AS (
+            INSERT INTO @schema@.events (thread_id, seq, at, body)
+            SELECT v.thread, v.next_seq + e.o - v.ev_off - 1, n, e.body
+              FROM unnest(p_events) WITH ORDINALITY AS e(body, o)
+              JOIN v ON e.o > v.ev_off AND e.o <= v.ev_off + v.ev_n
+             WHERE v.verdict = 'go'
+        ), rc AS (
+            INSERT INTO @schema@.receipts (thread_id, operation_id, payload_hash, version,
+                                           checkpoint_id, first_seq, event_count, at)
+            SELECT v.thread, v.op, v.hash, v.version + 1, v.resulting, v.next_seq, v.ev_n, n
+              FROM v
+             WHERE v.verdict = 'go' AND v.op IS NOT NULL
+        ), st AS (
+            -- what settle_locked() writes, fenced by the token as in commit()
+            UPDATE @schema@.dispatches x
+               SET status = p_settle_statuses[v.i],
+                   token = CASE WHEN p_settle_statuses[v.i] = 'pending' THEN NULL ELSE x.token END,
+                   holder = CASE WHEN p_settle_statuses[v.i] = 'pending' THEN NULL
+                                 ELSE x.holder END,
+                   lease_until = NULL, lease_expires = NULL,
+                   available_at = CASE WHEN p_settle_statuses[v.i] = 'pending'
+                                       THEN n + make_interval(secs => p_settle_delays[v.i])
+                                       ELSE x.available_at END,
+                   last_error = CASE WHEN p_settle_statuses[v.i] = 'pending'
+                                     THEN p_settle_errors[v.i] ELSE x.last_error END,
+                   updated_at = n
+              FROM v
+             WHERE v.verdict = 'go' AND x.thread_id = v.thread AND x.dispatch_id = v.settle
+               AND x.token = v.token
+        ), rl AS (
+            -- what release() writes besides the claim (a commit that releases, settling nothing):
+            -- found from each such commit's thread (LATERAL, kept apart by OFFSET 0: never a
+            -- scan of every leased dispatch), and not even that unless the call has a release
+            UPDATE @schema@.dispatches x SET lease_expires = '-infinity'
+              FROM v
+             CROSS JOIN LATERAL (
+                   SELECT y.dispatch_id FROM @schema@.dispatches y
+                    WHERE y.thread_id = v.thread AND y.token = v.token
+                      AND y.status || '' = 'leased'  -- no status index can serve this: by thread
+                   OFFSET 0) l
+             WHERE true = ANY (p_releases)
+               AND v.verdict = 'go' AND v.ending AND v.settle IS NULL
+               AND x.thread_id = v.thread AND x.dispatch_id = l.dispatch_id
+        ), th AS (
+            -- fenced by the token; no indexed column changes (tenant only when it is bound
+            -- here, as in commit()), so the update is HOT
+            UPDATE @schema@.threads x
+               SET version = v.version + 1,
+                   tenant = CASE WHEN v.binds_tenant THEN v.tenant ELSE x.tenant END,
+                   status = CASE WHEN v.has_body THEN p_cp_statuses[v.i] ELSE x.status END,
+                   latest_checkpoint = v.resulting,
+                   write_count = CASE WHEN v.has_body THEN 0 ELSE x.write_count END,
+                   next_seq = v.next_seq + v.ev_n,
+                   updated_at = n,
+                   claim_holder = CASE WHEN v.ending THEN NULL ELSE x.claim_holder END,
+                   claim_token = CASE WHEN v.ending THEN NULL ELSE x.claim_token END,
+                   claim_expires = CASE WHEN v.ending THEN NULL ELSE x.claim_expires END
+              FROM v
+             WHERE v.verdict = 'go' AND x.thread_id = v.thread AND x.claim_token = v.token
+        )
+        SELECT CASE v.verdict WHEN 'go' THEN false WHEN 'replay' THEN true END,
+               CASE v.verdict WHEN 'go' THEN v.version + 1 WHEN 'replay' THEN v.r_version END,
+               CASE v.verdict WHEN 'go' THEN v.resulting WHEN 'replay' THEN v.r_checkpoint END,
+               CASE v.verdict WHEN 'go' THEN v.next_seq WHEN 'replay' THEN v.r_first END,
+               CASE v.verdict WHEN 'go' THEN v.ev_n::bigint WHEN 'replay' THEN v.r_count END,
+               CASE v.verdict
+                   WHEN 'stale' THEN 'WK001' WHEN 'conflict' THEN 'WK002'
+                   WHEN 'version' THEN 'WK003' WHEN 'parent' THEN 'WK003'
+                   WHEN 'used' THEN 'WK004' WHEN 'other thread' THEN 'WK004'
+                   WHEN 'tenant' THEN 'WK005' WHEN 'no dispatch' THEN 'WK006'
+               END,
+               CASE v.verdict
+                   WHEN 'stale' THEN json_build_object('thread_id', v.thread, 'token', v.token,
+                       'current', v.claim_token)::text
+                   WHEN 'conflict' THEN json_build_object('thread_id', v.thread,
+                       'operation_id', v.op)::text
+                   WHEN 'version' THEN json_build_object('thread_id', v.thread,
+                       'expected', v.expected, 'actual', v.version, 'what', 'version')::text
+                   WHEN 'parent' THEN json_build_object('thread_id', v.thread,
+                       'expected', v.parent, 'actual', v.latest_checkpoint,
+                       'what', 'parent checkpoint')::text
+                   WHEN 'used' THEN json_build_object('thread_id', v.thread, 'problem',
+                       format('checkpoint id %L was used before', v.cp_id))::text
+                   WHEN 'other thread' THEN json_build_object('thread_id', v.thread, 'problem',
+                       format('it settles dispatch %L, which belongs to thread %L',
+                              v.settle, v.d_thread))::text
+                   WHEN 'tenant' THEN json_build_object('thread_id', v.thread)::text
+                   WHEN 'no dispatch' THEN json_build_object('what', 'dispatch',
+                       'ident', v.settle)::text
+               END
+          FROM v
+         ORDER BY v.i;
+    ELSE
+        -- the same statement without wd and rl, which write nothing here (see 3)
+        RETURN QUERY
+        WITH c AS (
+            SELECT u.*, p_cp_bodies[u.i] IS NOT NULL AS has_body,
+                   coalesce(p_event_counts[u.i], 0) AS ev_n,
+                   coalesce(sum(p_event_counts[u.i]) OVER (ORDER BY u.i), 0)
+                       - coalesce(p_event_counts[u.i], 0) AS ev_off
+              FROM unnest(p_threads, p_tokens, p_operations, p_hashes, p_expected, p_cp_ids,
+                          p_cp_parents, p_cp_tenants, p_settle_dispatches, p_releases)
+                   WITH ORDINALITY AS u(thread, token, op, hash, expected, cp_id, parent, tenant,
+                                        settle, release, i)
+        ), j AS (
+            -- each lookup a probe by key per commit (LATERAL ... LIMIT 1: never a hash join over
+            -- a whole table, whatever the statistics of the session's first call said)
+            SELECT c.*, t.found IS NOT NULL AS found, t.epoch, t.version, t.t_tenant, t.status,
+                   t.claim_token, t.latest_checkpoint, t.write_count, t.next_seq,
+                   r.r_hash, r.r_version, r.r_checkpoint, r.r_first, r.r_count,
+                   u.used IS NOT NULL AS cp_used,
+                   d.d_found IS NOT NULL AS d_found, d.d_thread, d.d_status, d.d_token
+              FROM c
+              LEFT JOIN LATERAL (
+                   SELECT true AS found, x.epoch, x.version, x.tenant AS t_tenant, x.status,
+                          x.claim_token, x.latest_checkpoint, x.write_count, x.next_seq
+                     FROM @schema@.threads x WHERE x.thread_id = c.thread LIMIT 1) t ON true
+              LEFT JOIN LATERAL (
+                   SELECT x.payload_hash AS r_hash, x.version AS r_version,
+                          x.checkpoint_id AS r_checkpoint, x.first_seq AS r_first,
+                          x.event_count AS r_count
+                     FROM @schema@.receipts x
+                    WHERE x.thread_id = c.thread AND x.operation_id = c.op LIMIT 1) r ON true
+              LEFT JOIN LATERAL (
+                   SELECT true AS d_found, x.thread_id AS d_thread, x.status AS d_status,
+                          x.token AS d_token
+                     FROM @schema@.dispatches x WHERE x.dispatch_id = c.settle LIMIT 1) d ON true
+              LEFT JOIN LATERAL (
+                   SELECT true AS used FROM @schema@.checkpoints x
+                    WHERE c.has_body AND x.thread_id = c.thread AND x.checkpoint_id = c.cp_id
+                    LIMIT 1) u ON true
+        ), k AS (
+            SELECT j.*,
+                   CASE
+                       WHEN NOT j.found OR j.claim_token IS DISTINCT FROM j.token THEN
+                           CASE WHEN j.found AND j.op IS NOT NULL AND j.epoch = j.token
+                                     AND j.claim_token IS NULL AND j.r_hash = j.hash
+                                THEN 'replay' ELSE 'stale' END
+                       WHEN j.r_hash IS NOT NULL THEN
+                           CASE WHEN j.r_hash <> j.hash THEN 'conflict' ELSE 'replay' END
+                       WHEN j.expected IS NOT NULL AND j.expected <> j.version THEN 'version'
+                       WHEN j.has_body AND j.parent IS DISTINCT FROM j.latest_checkpoint
+                           THEN 'parent'
+                       WHEN j.has_body AND j.cp_used THEN 'used'
+                       WHEN j.has_body AND (j.version > 0 OR j.t_tenant IS NOT NULL)
+                            AND j.tenant IS DISTINCT FROM j.t_tenant THEN 'tenant'
+                       WHEN j.settle IS NOT NULL AND NOT j.d_found THEN 'no dispatch'
+                       WHEN j.settle IS NOT NULL AND j.d_thread <> j.thread THEN 'other thread'
+                       WHEN j.settle IS NOT NULL
+                            AND (j.d_status <> 'leased' OR j.d_token IS DISTINCT FROM j.token
+                                 OR j.epoch IS DISTINCT FROM j.token) THEN 'stale'
+                       ELSE 'go'
+                   END AS verdict,
+                   CASE WHEN j.has_body THEN j.cp_id ELSE j.latest_checkpoint END AS resulting
+              FROM j
+        ), v AS MATERIALIZED (
+            SELECT k.*,
+                   k.settle IS NOT NULL OR coalesce(k.release, false) AS ending,
+                   k.has_body AND k.version = 0 AND k.t_tenant IS NULL AND k.tenant IS NOT NULL
+                       AS binds_tenant
+              FROM k
+        ), cp AS (
+            INSERT INTO @schema@.checkpoints (thread_id, version, checkpoint_id, at, body,
+                                              run_id, status, graph, seg_first, ordinal)
+            SELECT v.thread, v.version + 1, v.cp_id, n, p_cp_bodies[v.i],
+                   b.doc ->> 'run_id', b.doc ->> 'status',
+                   CASE WHEN json_typeof(b.doc -> 'metadata' -> 'graph') = 'string'
+                        THEN b.doc -> 'metadata' ->> 'graph' END,
+                   -- what the trigger of 0008 computes (see there)
+                   CASE WHEN p.run_id = b.doc ->> 'run_id' THEN p.seg_first ELSE v.version + 1 END,
+                   coalesce(p.ordinal, 0) + 1
+              FROM v
+             CROSS JOIN LATERAL (
+                   SELECT replace(p_cp_bodies[v.i], '\u0000', '\u0001')::json AS doc) b
+              LEFT JOIN LATERAL (
+                   SELECT x.run_id, x.seg_first, x.ordinal FROM @schema@.checkpoints x
+                    WHERE x.thread_id = v.thread ORDER BY x.version DESC LIMIT 1) p ON true
+             WHERE v.verdict = 'go' AND v.has_body
+        ), ev AS (
+            INSERT INTO @schema@.events (thread_id, seq, at, body)
+            SELECT v.thread, v.next_seq + e.o - v.ev_off - 1, n, e.body
+              FROM unnest(p_events) WITH ORDINALITY AS e(body, o)
+              JOIN v ON e.o > v.ev_off AND e.o <= v.ev_off + v.ev_n
+             WHERE v.verdict = 'go'
+        ), rc AS (
+            INSERT INTO @schema@.receipts (thread_id, operation_id, payload_hash, version,
+                                           checkpoint_id, first_seq, event_count, at)
+            SELECT v.thread, v.op, v.hash, v.version + 1, v.resulting, v.next_seq, v.ev_n, n
+              FROM v
+             WHERE v.verdict = 'go' AND v.op IS NOT NULL
+        ), st AS (
+            -- what settle_locked() writes, fenced by the token as in commit()
+            UPDATE @schema@.dispatches x
+               SET status = p_settle_statuses[v.i],
+                   token = CASE WHEN p_settle_statuses[v.i] = 'pending' THEN NULL ELSE x.token END,
+                   holder = CASE WHEN p_settle_statuses[v.i] = 'pending' THEN NULL
+                                 ELSE x.holder END,
+                   lease_until = NULL, lease_expires = NULL,
+                   available_at = CASE WHEN p_settle_statuses[v.i] = 'pending'
+                                       THEN n + make_interval(secs => p_settle_delays[v.i])
+                                       ELSE x.available_at END,
+                   last_error = CASE WHEN p_settle_statuses[v.i] = 'pending'
+                                     THEN p_settle_errors[v.i] ELSE x.last_error END,
+                   updated_at = n
+              FROM v
+             WHERE v.verdict = 'go' AND x.thread_id = v.thread AND x.dispatch_id = v.settle
+               AND x.token = v.token
+        ), th AS (
+            -- fenced by the token; no indexed column changes (tenant only when it is bound
+            -- here, as in commit()), so the update is HOT
+            UPDATE @schema@.threads x
+               SET version = v.version + 1,
+                   tenant = CASE WHEN v.binds_tenant THEN v.tenant ELSE x.tenant END,
+                   status = CASE WHEN v.has_body THEN p_cp_statuses[v.i] ELSE x.status END,
+                   latest_checkpoint = v.resulting,
+                   write_count = CASE WHEN v.has_body THEN 0 ELSE x.write_count END,
+                   next_seq = v.next_seq + v.ev_n,
+                   updated_at = n,
+                   claim_holder = CASE WHEN v.ending THEN NULL ELSE x.claim_holder END,
+                   claim_token = CASE WHEN v.ending THEN NULL ELSE x.claim_token END,
+                   claim_expires = CASE WHEN v.ending THEN NULL ELSE x.claim_expires END
+              FROM v
+             WHERE v.verdict = 'go' AND x.thread_id = v.thread AND x.claim_token = v.token
+        )
+        SELECT CASE v.verdict WHEN 'go' THEN false WHEN 'replay' THEN true END,
+               CASE v.verdict WHEN 'go' THEN v.version + 1 WHEN 'replay' THEN v.r_version END,
+               CASE v.verdict WHEN 'go' THEN v.resulting WHEN 'replay' THEN v.r_checkpoint END,
+               CASE v.verdict WHEN 'go' THEN v.next_seq WHEN 'replay' THEN v.r_first END,
+               CASE v.verdict WHEN 'go' THEN v.ev_n::bigint WHEN 'replay' THEN v.r_count END,
+               CASE v.verdict
+                   WHEN 'stale' THEN 'WK001' WHEN 'conflict' THEN 'WK002'
+                   WHEN 'version' THEN 'WK003' WHEN 'parent' THEN 'WK003'
+                   WHEN 'used' THEN 'WK004' WHEN 'other thread' THEN 'WK004'
+                   WHEN 'tenant' THEN 'WK005' WHEN 'no dispatch' THEN 'WK006'
+               END,
+               CASE v.verdict
+                   WHEN 'stale' THEN json_build_object('thread_id', v.thread, 'token', v.token,
+                       'current', v.claim_token)::text
+                   WHEN 'conflict' THEN json_build_object('thread_id', v.thread,
+                       'operation_id', v.op)::text
+                   WHEN 'version' THEN json_build_object('thread_id', v.thread,
+                       'expected', v.expected, 'actual', v.version, 'what', 'version')::text
+                   WHEN 'parent' THEN json_build_object('thread_id', v.thread,
+                       'expected', v.parent, 'actual', v.latest_checkpoint,
+                       'what', 'parent checkpoint')::text
+                   WHEN 'used' THEN json_build_object('thread_id', v.thread, 'problem',
+                       format('checkpoint id %L was used before', v.cp_id))::text
+                   WHEN 'other thread' THEN json_build_object('thread_id', v.thread, 'problem',
+                       format('it settles dispatch %L, which belongs to thread %L',
+                              v.settle, v.d_thread))::text
+                   WHEN 'tenant' THEN json_build_object('thread_id', v.thread)::text
+                   WHEN 'no dispatch' THEN json_build_object('what', 'dispatch',
+                       'ident', v.settle)::text
+               END
+          FROM v
+         ORDER BY v.i;
+    END IF;
+END
+$fn$;
+
+-- ------------------------------------------------------------- claim_next_read
+
+CREATE OR REPLACE FUNCTION @schema@.claim_next_read(p_holder text, p_ttl double precision,
+                                         p_limit integer, p_version text, p_starts boolean)
+RETURNS TABLE (o_dispatch @schema@.dispatches, o_version bigint, o_tenant text,
+               o_message_count bigint, o_next_seq bigint, o_event_floor bigint,
+               o_checkpoint text, o_writes text[])
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+SET jit = off
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+DECLARE
+    n timestamptz := @schema@.store_now();
+    expires timestamptz := n + make_interval(secs => p_ttl);
+    n_due bigint;
+    n_pinned bigint;
+    n_lapsed bigint;
+    g_dispatch text[];
+    g_thread text[];
+    g_epoch bigint[];
+    g_tenant text[];
+    granted integer;
+    passed text[];
+    cand record;
+    th @schema@.threads%ROWTYPE;
+    d @schema@.dispatches;
+BEGIN
+    PERFORM @schema@.promote_due(n, 100);  -- 0019: the due step (scheduled work whose time came)
+    -- 1. candidates and their threads, locked
+    WITH due AS MATERIALIZED (
+        SELECT x.dispatch_id, x.thread_id, x.priority, x.fair_tag, x.seq, x.status,
+               x.available_at, x.tenant
+          FROM @schema@.dispatches x
+         WHERE p_starts AND x.status = 'pending' AND x.pinned_version IS NULL
+           AND NOT coalesce((SELECT y.claim_token IS NOT NULL AND y.claim_expires >= n
+                               FROM @schema@.threads y WHERE y.thread_id = x.thread_id), false)
+         ORDER BY x.priority DESC, x.fair_tag, x.seq
+         LIMIT p_limit
+           FOR UPDATE OF x SKIP LOCKED
+    ), pinned AS MATERIALIZED (
+        SELECT x.dispatch_id, x.thread_id, x.priority, x.fair_tag, x.seq, x.status,
+               x.available_at, x.tenant
+          FROM @schema@.dispatches x
+         WHERE x.status = 'pending' AND x.pinned_version = p_version
+           AND NOT coalesce((SELECT y.claim_token IS NOT NULL AND y.claim_expires >= n
+                               FROM @schema@.threads y WHERE y.thread_id = x.thread_id), false)
+         ORDER BY x.pinned_version, x.priority DESC, x.fair_tag, x.seq
+         LIMIT p_limit
+           FOR UPDATE OF x SKIP LOCKED
+    ), lapsed AS MATERIALIZED (
+        SELECT x.dispatch_id, x.thread_id, x.priority, x.fair_tag, x.seq, x.status,
+               x.available_at, x.tenant
+          FROM @schema@.dispatches x
+         WHERE x.status = 'leased' AND x.lease_expires < n
+           AND CASE WHEN x.pinned_version IS NULL THEN p_starts
+                    ELSE x.pinned_version = p_version END
+           AND NOT coalesce((SELECT y.claim_token IS NOT NULL AND y.claim_expires >= n
+                               FROM @schema@.threads y WHERE y.thread_id = x.thread_id), false)
+         ORDER BY x.priority DESC, x.fair_tag, x.seq
+         LIMIT p_limit
+           FOR UPDATE OF x SKIP LOCKED
+    ), firsts AS MATERIALIZED (
+        -- the locked row is the latest version: check it again, then the first per thread
+        SELECT c.dispatch_id, c.thread_id, c.priority, c.fair_tag, c.seq, c.tenant
+          FROM (SELECT u.*, row_number() OVER (PARTITION BY u.thread_id
+                                               ORDER BY u.priority DESC, u.fair_tag, u.seq) AS r
+                  FROM (SELECT * FROM due UNION ALL SELECT * FROM pinned
+                        UNION ALL SELECT * FROM lapsed) u
+                 WHERE (u.status = 'pending' AND u.available_at <= n)
+                    OR u.status = 'leased') c
+         WHERE c.r = 1
+         ORDER BY c.priority DESC, c.fair_tag, c.seq
+         LIMIT p_limit
+    ), held AS MATERIALIZED (
+        SELECT y.thread_id, y.epoch, y.version, y.tenant, y.claim_token, y.claim_expires
+          FROM @schema@.threads y
+         WHERE y.thread_id = ANY (ARRAY(SELECT f.thread_id FROM firsts f))
+         ORDER BY y.thread_id
+           FOR UPDATE SKIP LOCKED
+    )
+    SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM pinned),
+           (SELECT count(*) FROM lapsed),
+           array_agg(f.dispatch_id ORDER BY f.priority DESC, f.fair_tag, f.seq),
+           array_agg(f.thread_id ORDER BY f.priority DESC, f.fair_tag, f.seq),
+           array_agg(h.epoch ORDER BY f.priority DESC, f.fair_tag, f.seq),
+           -- the tenant this lease fixes on its thread, NULL when it fixes none
+           array_agg(CASE WHEN h.version = 0 AND h.tenant IS NULL THEN f.tenant END
+                     ORDER BY f.priority DESC, f.fair_tag, f.seq)
+      INTO n_due, n_pinned, n_lapsed, g_dispatch, g_thread, g_epoch, g_tenant
+      FROM firsts f
+      JOIN held h ON h.thread_id = f.thread_id
+     -- held by another transaction right now (skipped above), or claimed since our snapshot
+     WHERE NOT (h.claim_token IS NOT NULL AND h.claim_expires >= n);
+    granted := coalesce(cardinality(g_dispatch), 0);
+
+    IF granted > 0 THEN
+        -- 2. tenant only in the SET list when the lease fixes it (see commit())
+        IF EXISTS (SELECT FROM unnest(g_tenant) AS v(tenant) WHERE v.tenant IS NOT NULL) THEN
+            UPDATE @schema@.threads y SET tenant = v.tenant
+              FROM unnest(g_thread, g_tenant) AS v(thread_id, tenant)
+             WHERE y.thread_id = v.thread_id AND v.tenant IS NOT NULL;
+        END IF;
+        -- 3. the claims and the leases (pinning what they grant) in one statement, with each
+        --    leased thread's snapshot
+        RETURN QUERY
+        WITH g AS (
+            SELECT * FROM unnest(g_dispatch, g_thread, g_epoch) AS g(dispatch_id, thread_id, epoch)
+        ), claims AS (
+            UPDATE @schema@.threads y
+               SET present = true, epoch = g.epoch + 1, claim_holder = p_holder,
+                   claim_token = g.epoch + 1, claim_expires = expires
+              FROM g
+             WHERE y.thread_id = g.thread_id
+        ), leases AS (
+            UPDATE @schema@.dispatches x
+               SET status = 'leased', attempts = x.attempts + 1, token = g.epoch + 1,
+                   holder = p_holder, lease_until = expires, lease_expires = expires,
+                   updated_at = n,
+                   pinned_version = CASE WHEN x.kind = 'cancel' THEN x.pinned_version
+                                         ELSE coalesce(x.pinned_version, p_version) END
+              FROM g
+             WHERE x.thread_id = g.thread_id AND x.dispatch_id = g.dispatch_id
+            RETURNING x.*
+        )
+        SELECT ROW(l.*)::@schema@.dispatches, t.version, t.tenant, t.message_count + t.message_offset,
+               t.next_seq, t.event_floor, c.body,
+               ARRAY(SELECT w.body FROM @schema@.writes w WHERE w.thread_id = t.thread_id
+                      ORDER BY w.version, w.idx)
+          FROM leases l
+          JOIN @schema@.threads t ON t.thread_id = l.thread_id
+          LEFT JOIN @schema@.checkpoints c
+            ON c.thread_id = t.thread_id AND c.checkpoint_id = t.latest_checkpoint
+         ORDER BY l.priority DESC, l.fair_tag, l.seq;
+    END IF;
+
+    IF granted >= p_limit OR NOT (n_due = p_limit OR n_pinned = p_limit OR n_lapsed = p_limit)
+    THEN
+        RETURN;
+    END IF;
+    -- 4. a refused candidate left room, and a source may hold more: the rest one by one
+    passed := coalesce(g_thread, '{}');
+    WHILE granted < p_limit LOOP
+        WITH a AS MATERIALIZED (
+            SELECT x.dispatch_id, x.thread_id, x.priority, x.fair_tag, x.seq, x.tenant
+              FROM @schema@.dispatches x
+             WHERE p_starts AND x.status = 'pending' AND x.pinned_version IS NULL
+               AND x.thread_id <> ALL (passed)
+             ORDER BY x.priority DESC, x.fair_tag, x.seq
+             LIMIT 1
+               FOR UPDATE OF x SKIP LOCKED
+        ), b AS MATERIALIZED (
+            SELECT x.dispatch_id, x.thread_id, x.priority, x.fair_tag, x.seq, x.tenant
+              FROM @schema@.dispatches x
+             WHERE x.status = 'pending' AND x.pinned_version = p_version
+               AND x.thread_id <> ALL (passed)
+             ORDER BY x.pinned_version, x.priority DESC, x.fair_tag, x.seq
+             LIMIT 1
+               FOR UPDATE OF x SKIP LOCKED
+        ), l AS MATERIALIZED (
+            SELECT x.dispatch_id, x.thread_id, x.priority, x.fair_tag, x.seq, x.tenant
+              FROM @schema@.dispatches x
+             WHERE x.status = 'leased' AND x.lease_expires < n
+               AND CASE WHEN x.pinned_version IS NULL THEN p_starts
+                        ELSE x.pinned_version = p_version END
+               AND x.thread_id <> ALL (passed)
+             ORDER BY x.priority DESC, x.fair_tag, x.seq
+             LIMIT 1
+               FOR UPDATE OF x SKIP LOCKED
+        )
+        SELECT u.dispatch_id, u.thread_id, u.tenant INTO cand
+          FROM (SELECT * FROM a UNION ALL SELECT * FROM b UNION ALL SELECT * FROM l) u
+         ORDER BY u.priority DESC, u.fair_tag, u.seq
+         LIMIT 1;
+        EXIT WHEN NOT FOUND;
+        passed := passed || cand.thread_id;
+        SELECT * INTO th FROM @schema@.threads y WHERE y.thread_id = cand.thread_id
+           FOR UPDATE SKIP LOCKED;
+        -- held by another transaction right now, or claimed since our snapshot
+        CONTINUE WHEN NOT FOUND OR (th.claim_token IS NOT NULL AND th.claim_expires >= n);
+        IF th.version = 0 AND th.tenant IS NULL AND cand.tenant IS NOT NULL THEN
+            UPDATE @schema@.threads SET tenant = cand.tenant WHERE thread_id = cand.thread_id;
+        END IF;
+        WITH granted_claim AS (
+            UPDATE @schema@.threads
+               SET present = true, epoch = th.epoch + 1, claim_holder = p_holder,
+                   claim_token = th.epoch + 1, claim_expires = expires
+             WHERE thread_id = cand.thread_id
+        )
+        UPDATE @schema@.dispatches x
+           SET status = 'leased', attempts = x.attempts + 1, token = th.epoch + 1,
+               holder = p_holder, lease_until = expires, lease_expires = expires,
+               updated_at = n,
+               pinned_version = CASE WHEN x.kind = 'cancel' THEN x.pinned_version
+                                     ELSE coalesce(x.pinned_version, p_version) END
+         WHERE x.thread_id = cand.thread_id AND x.dispatch_id = cand.dispatch_id
+        RETURNING x.* INTO d;
+        granted := granted + 1;
+        o_dispatch := d;
+        SELECT y.version, y.tenant, y.message_count + y.message_offset, y.next_seq,
+               y.event_floor, k.body,
+               ARRAY(SELECT w.body FROM @schema@.writes w WHERE w.thread_id = y.thread_id
+                      ORDER BY w.version, w.idx)
+          INTO o_version, o_tenant, o_message_count, o_next_seq, o_event_floor,
+               o_checkpoint, o_writes
+          FROM @schema@.threads y
+          LEFT JOIN @schema@.checkpoints k
+            ON k.thread_id = y.thread_id AND k.checkpoint_id = y.latest_checkpoint
+         WHERE y.thread_id = d.thread_id;
+        RETURN NEXT;
+    END LOOP;
 END
 $fn$;

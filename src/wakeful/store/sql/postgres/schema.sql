@@ -357,7 +357,7 @@ BEGIN
                    pinned_version = CASE WHEN x.kind = 'cancel' THEN x.pinned_version
                                          ELSE coalesce(x.pinned_version, p_version) END
               FROM g
-             WHERE x.dispatch_id = g.dispatch_id
+             WHERE x.thread_id = g.thread_id AND x.dispatch_id = g.dispatch_id
             RETURNING x.*
         )
         SELECT ROW(l.*)::@schema@.dispatches, t.version, t.tenant, t.message_count + t.message_offset,
@@ -430,7 +430,7 @@ BEGIN
                updated_at = n,
                pinned_version = CASE WHEN x.kind = 'cancel' THEN x.pinned_version
                                      ELSE coalesce(x.pinned_version, p_version) END
-         WHERE x.dispatch_id = cand.dispatch_id
+         WHERE x.thread_id = cand.thread_id AND x.dispatch_id = cand.dispatch_id
         RETURNING x.* INTO d;
         granted := granted + 1;
         o_dispatch := d;
@@ -971,7 +971,8 @@ BEGIN
                                      THEN p_settle_errors[v.i] ELSE x.last_error END,
                    updated_at = n
               FROM v
-             WHERE v.verdict = 'go' AND x.dispatch_id = v.settle AND x.token = v.token
+             WHERE v.verdict = 'go' AND x.thread_id = v.thread AND x.dispatch_id = v.settle
+               AND x.token = v.token
         ), rl AS (
             -- what release() writes besides the claim (a commit that releases, settling nothing):
             -- found from each such commit's thread (LATERAL, kept apart by OFFSET 0: never a
@@ -985,7 +986,7 @@ BEGIN
                    OFFSET 0) l
              WHERE true = ANY (p_releases)
                AND v.verdict = 'go' AND v.ending AND v.settle IS NULL
-               AND x.dispatch_id = l.dispatch_id
+               AND x.thread_id = v.thread AND x.dispatch_id = l.dispatch_id
         ), th AS (
             -- fenced by the token; no indexed column changes (tenant only when it is bound
             -- here, as in commit()), so the update is HOT
@@ -1148,7 +1149,8 @@ BEGIN
                                      THEN p_settle_errors[v.i] ELSE x.last_error END,
                    updated_at = n
               FROM v
-             WHERE v.verdict = 'go' AND x.dispatch_id = v.settle AND x.token = v.token
+             WHERE v.verdict = 'go' AND x.thread_id = v.thread AND x.dispatch_id = v.settle
+               AND x.token = v.token
         ), th AS (
             -- fenced by the token; no indexed column changes (tenant only when it is bound
             -- here, as in commit()), so the update is HOT
