@@ -96,15 +96,16 @@ async def test_every_table_and_function_is_thread_keyed_or_listed(
 
 
 @pytest.mark.asyncio
-async def test_the_queue_the_outbox_and_stream_checkpoints_are_keyed_by_thread_first(
+async def test_the_queue_the_outbox_and_stream_checkpoints_are_keyed_by_thread(
     pg_databases: Databases,
 ) -> None:
-    """Migration 0024: the three tables once addressed by another key lead with thread_id
-    (so a Citus shard holds a thread's rows of each), and only the two fleet-wide unique
-    keys of the queue lack it."""
+    """Migration 0024: the three tables once addressed by another key have thread_id in
+    their primary keys (so a Citus shard holds a thread's rows of each; the queue's leads
+    with the dispatch id, see the migration), and only the two fleet-wide unique keys of the
+    queue lack it."""
     tables, _ = catalog_keys(await pg_databases.clone())
     primary = {t: next(cols for is_pk, _, cols in keys if is_pk) for t, keys in tables.items()}
-    assert primary["dispatches"] == ["thread_id", "dispatch_id"]
+    assert primary["dispatches"] == ["dispatch_id", "thread_id"]
     assert primary["outbox"] == ["thread_id", "stage_seq"]
     assert primary["stream_checkpoints"] == ["thread_id", "run_id"]
     unkeyed = {

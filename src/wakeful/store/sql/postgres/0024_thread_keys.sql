@@ -3,15 +3,21 @@
 --
 -- Every table's primary key now includes thread_id (docs/sharding.md), so that the schema
 -- can be distributed by it (Citus tables colocated on thread_id):
---   dispatches          (dispatch_id)  -> (thread_id, dispatch_id). The dispatch id stays
---                       unique on its own (dispatches_id, the old key's index under a new
---                       name): the contract refuses one id on two threads (DispatchConflict)
---                       and settle/get/quarantine/requeue/purge name the dispatch alone. It
---                       and dispatches_dedupe are the schema's two fleet-wide unique keys,
---                       listed in wakeful.store.postgres.sharding.FLEET_UNIQUE_KEYS with what
---                       distributing the table without them loses. seq is no longer a unique
---                       constraint (a sequence numbers it; nothing relied on the constraint):
---                       a plain index on it keeps the unfiltered page in enqueue order.
+--   dispatches          (dispatch_id)  -> (dispatch_id, thread_id). The id first: a key
+--                       led by thread_id would be a second index over each thread's range
+--                       beside dispatches_by_thread_status, and one the planner takes for a
+--                       thread's claim (a walk of all its settled dispatches too: measured
+--                       in tests/test_postgres_plans.py); led by the id it is one probe for
+--                       a dispatch named with its thread and, on a distributed table, the
+--                       index of a lookup by id alone. The dispatch id stays unique on its
+--                       own (dispatches_id): the contract refuses one id on two threads
+--                       (DispatchConflict) and settle/get/quarantine/requeue/purge name the
+--                       dispatch alone. It and dispatches_dedupe are the schema's two
+--                       fleet-wide unique keys, listed in wakeful.store.postgres.sharding.
+--                       FLEET_UNIQUE_KEYS with what distributing the table without them
+--                       loses. seq is no longer a unique constraint (a sequence numbers it;
+--                       nothing relied on the constraint): a plain index on it keeps the
+--                       unfiltered page in enqueue order.
 --   outbox              (stage_seq)    -> (thread_id, stage_seq); the column source_thread
 --                       is renamed thread_id (the thread whose commit staged the entry, the
 --                       shard it is written on); the relay's drain order keeps an index on
@@ -25,17 +31,17 @@
 --
 -- Function bodies of earlier versions changed here, and only in these ways:
 --   commit (version 9): the outbox INSERT names thread_id; the settle UPDATE names the
---       dispatch by (thread_id, dispatch_id);
+--       dispatch by (dispatch_id, thread_id);
 --   delete_thread (version 13): outbox rows by thread_id;
 --   relay_one (version 14): inbox.source_thread from outbox.thread_id; the message
 --       dispatch's existence and the outbox DELETE by their keys (thread, id);
 --   put_stream_checkpoint (version 1): ON CONFLICT (thread_id, run_id), the row's thread
 --       no longer rewritten (it is part of the key).
 --   commit_many (version 12): the settle and release UPDATEs name the dispatch by
---       (thread_id, dispatch_id) (the lock and the check of a settled dispatch still probe
+--       (dispatch_id, thread_id) (the lock and the check of a settled dispatch still probe
 --       by id alone: one probe that also finds a dispatch of another thread, to refuse it);
 --   claim_next_read (5 arguments, version 23): the grants' UPDATEs name the dispatch by
---       (thread_id, dispatch_id).
+--       (dispatch_id, thread_id).
 -- Every other function that names a dispatch by id alone (settle, quarantine, requeue,
 -- purge, the enqueues' conflict checks, promote_due, the triggers) reads dispatches_id as it
 -- read dispatches_pkey before, unchanged.
@@ -43,7 +49,7 @@
 -- ------------------------------------------------------------- dispatches
 
 CREATE UNIQUE INDEX dispatches_id ON @schema@.dispatches (dispatch_id);
-CREATE UNIQUE INDEX dispatches_thread_key ON @schema@.dispatches (thread_id, dispatch_id);
+CREATE UNIQUE INDEX dispatches_thread_key ON @schema@.dispatches (dispatch_id, thread_id);
 ALTER TABLE @schema@.dispatches DROP CONSTRAINT dispatches_pkey;
 ALTER TABLE @schema@.dispatches
     ADD CONSTRAINT dispatches_pkey PRIMARY KEY USING INDEX dispatches_thread_key;

@@ -2821,7 +2821,7 @@ ALTER TABLE ONLY @schema@.concurrency_keys
     ADD CONSTRAINT concurrency_keys_pkey PRIMARY KEY (key);
 
 ALTER TABLE ONLY @schema@.dispatches
-    ADD CONSTRAINT dispatches_pkey PRIMARY KEY (thread_id, dispatch_id);
+    ADD CONSTRAINT dispatches_pkey PRIMARY KEY (dispatch_id, thread_id);
 
 ALTER TABLE ONLY @schema@.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (thread_id, seq);
