@@ -57,7 +57,7 @@ def breaches(tables: Keys, functions: dict[str, set[str]]) -> list[str]:
     """What breaks the rule, one line each."""
     found = []
     listed = sharding.REFERENCE_TABLES
-    indexes = set()
+    indexes: set[str] = set()
     for table, keys in sorted(tables.items()):
         indexes.update(index for _, index, _ in keys)
         if table in listed:
