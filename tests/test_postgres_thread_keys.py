@@ -65,7 +65,8 @@ async def test_a_version_23_database_upgrades_with_work_in_flight(
         # under version 23: a leased dispatch (its claim's token is 1), an entry staged by
         # t1 for t2 (source_thread, the column 0024 renames), t1's stream checkpoint
         await conn.execute(
-            "SELECT dispatch_id FROM wakeful.enqueue('d-1', 't1', 'start', '{}', 0, NULL, 5, NULL, NULL)"
+            "SELECT dispatch_id"
+            " FROM wakeful.enqueue('d-1', 't1', 'start', '{}', 0, NULL, 5, NULL, NULL)"
         )
         cur = await conn.execute("SELECT token FROM wakeful.claim_next('w', 60, 1)")
         assert await cur.fetchone() == (1,)
