@@ -136,6 +136,20 @@ async def test_the_rule_sees_an_unkeyed_table_and_function(pg_databases: Databas
     ]
 
 
+@pytest.mark.asyncio
+async def test_the_rule_sees_a_fleet_wide_key_unlisted_or_gone(pg_databases: Databases) -> None:
+    """A unique key without thread_id on a thread-keyed table is a breach unless listed by
+    its index name; a listed one that is gone is a breach too (the list must stay true)."""
+    dsn = await pg_databases.clone()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE UNIQUE INDEX outbox_by_message ON "{SCHEMA}".outbox (message_id)')
+        conn.execute(f'DROP INDEX "{SCHEMA}".dispatches_dedupe')
+    assert breaches(*catalog_keys(dsn)) == [
+        "table outbox: unique key outbox_by_message ['message_id'] lacks thread_id, not listed",
+        "listed unique key dispatches_dedupe does not exist",
+    ]
+
+
 def test_every_exception_is_documented_with_its_reason() -> None:
     text = re.sub(r"\s+", " ", DOC.read_text(encoding="utf-8"))
     entries = (
