@@ -241,7 +241,8 @@ async def test_commit_many_probes_by_key_in_both_of_its_statements(
                 # a bitmap only of keyed probes: the batch's thread rows and settled dispatches
                 # (= ANY of their ids), one thread's pending writes or leases (wd and rl)
                 bitmaps = set(re.findall(r"Bitmap Index Scan on (\w+)", plans))
-                keyed = {"threads_pkey", "dispatches_pkey", "writes_pkey"}
+                # (dispatches_id: the settled dispatch's lock and check, by id alone)
+                keyed = {"threads_pkey", "dispatches_pkey", "dispatches_id", "writes_pkey"}
                 keyed.add("dispatches_by_thread_status")
                 assert bitmaps <= keyed, plans
                 assert ("Delete on" in plans) is release, plans  # wd: the whole statement only

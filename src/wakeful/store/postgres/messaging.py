@@ -29,7 +29,13 @@ SELECT message_id, correlation_id, payload, revision, at, source_thread
   FROM @schema@.inbox WHERE thread_id = %s AND NOT consumed ORDER BY revision
 """
 _RELAY_ONE = "SELECT @schema@.relay_one()"
-_STREAM_GET = "SELECT body, updated_at FROM @schema@.stream_checkpoints WHERE run_id = %s"
+# By run alone (the contract's get): stream_checkpoints_by_run. A run belongs to one thread,
+# so this is one row; were one run id put from two threads (two rows, the key being
+# (thread_id, run_id) since migration 0024), the newest is the run's checkpoint.
+_STREAM_GET = """
+SELECT body, updated_at FROM @schema@.stream_checkpoints WHERE run_id = %s
+ ORDER BY updated_at DESC LIMIT 1
+"""
 _STREAM_PUTS = """
 WITH async_commit AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true))
 SELECT @schema@.put_stream_checkpoint(t.run_id, t.thread_id, t.token, t.body, t.updated_at)

@@ -116,7 +116,7 @@ UPDATE @schema@.dispatches x
        pinned_version = CASE WHEN x.kind = 'cancel' THEN x.pinned_version
                              ELSE coalesce(x.pinned_version, %(version)s::text) END
   FROM g
- WHERE x.dispatch_id = g.dispatch_id
+ WHERE x.thread_id = g.thread_id AND x.dispatch_id = g.dispatch_id
 RETURNING {", ".join(f"x.{c.strip()}" for c in DISPATCH_COLUMNS.split(","))}
 """
 _LEASED_THREAD = """

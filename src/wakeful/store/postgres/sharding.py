@@ -3,11 +3,12 @@
 A fleet that outgrows one primary distributes the schema by thread id (Citus distributed
 tables colocated on ``thread_id``, or a sharding proxy such as PgDog routing on it; see
 ``docs/sharding.md``). For that, every table's primary key starts with or includes
-``thread_id`` and every function takes the thread(s) it writes, except the tables and
-functions listed here, each with its reason. ``tests/test_postgres_sharding.py`` reads the
-catalog and fails on a table or function that is neither thread-keyed nor listed, on a
-listed name that no longer exists, and on an entry whose reason is not in
-``docs/sharding.md`` word for word.
+``thread_id`` (and so does every other unique key, but the fleet-wide ones listed here)
+and every function takes the thread(s) it writes, except the tables and functions listed
+here, each with its reason. ``tests/test_postgres_sharding.py`` reads the catalog and fails
+on a table, unique index or function that is neither thread-keyed nor listed, on a listed
+name that no longer exists, and on an entry whose reason is not in ``docs/sharding.md``
+word for word.
 """
 
 from __future__ import annotations
@@ -35,17 +36,17 @@ REFERENCE_TABLES: dict[str, str] = {
 """Small fleet-wide tables: Citus reference tables (a copy on every node), or the
 coordinator's own tables behind a proxy."""
 
-QUEUE_TABLES: dict[str, str] = {
-    "dispatches": "the dispatch queue: keyed by dispatch_id (settle, cancel and requeue name "
-    "only the dispatch) and claimed across threads in priority order; it carries thread_id, "
-    "and its key must become (thread_id, dispatch_id) before it can be distributed",
-    "outbox": "staged messages between threads, keyed by the stage order the relay drains "
-    "across all threads; carries source_thread and target_thread",
-    "stream_checkpoints": "keyed by run_id because the contract reads a stream checkpoint by "
-    "run alone; carries thread_id",
+FLEET_UNIQUE_KEYS: dict[str, str] = {
+    "dispatches_id": "a dispatch id names one dispatch across threads: the contract refuses "
+    "one id on two threads (DispatchConflict), and settle, get, quarantine, requeue and purge "
+    "name the dispatch alone",
+    "dispatches_dedupe": "a dedupe key names one dispatch across threads: the contract "
+    "returns the first dispatch enqueued with it, whatever thread a second names",
 }
-"""Tables not yet keyed by thread id: each carries its thread but is addressed by another
-key today (docs/sharding.md, "What is not thread-keyed yet")."""
+"""Unique indexes without ``thread_id`` on thread-keyed tables, by index name: guarantees
+across threads that one PostgreSQL gives and a distributed table cannot (Citus refuses a
+unique index without the distribution column); a distributed deployment drops them and
+loses exactly what the reason says (docs/sharding.md, "Unique keys across threads")."""
 
 CROSS_THREAD_FUNCTIONS: dict[str, str] = {
     "claim_next": "leases the next due dispatches of any thread (the queue)",
