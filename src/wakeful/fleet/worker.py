@@ -54,6 +54,7 @@ from wakeful.fleet.observe import WorkerObserver, WorkerStats
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
+from wakeful.fleet.selfrun import Job
 from wakeful.fleet.starts import StartGate
 from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
@@ -142,6 +143,7 @@ class Worker:
         self._running: dict[str, tuple[asyncio.Task[None], RunHandle | None]] = {}
         self._handles: dict[str, RunHandle] = {}
         self._endings: dict[str, str] = {}
+        self._shared: dict[str, Any] = {}  # self-running targets' objects (``Job.shared``)
         """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
         self._waiter = WakeWaiter(self.wake)
         self._gather = ClaimGather(self.claim_gather, self.concurrency, self._stopping)
@@ -349,6 +351,10 @@ class Worker:
             log.warning("dispatch %s belongs to another tenant than its thread", d.dispatch_id)
             return Done()
         latest = snap.checkpoint if snap is not None else None
+        if (runner := self.registry.self_runner(d, latest)) is not None:  # a LangGraph graph
+            job = Job(self.store, lease, self.holder, self.claims, self.clock, self.live)
+            job.shared = self._shared
+            return await runner.run_dispatch(job)
         owned_run = run_of(d.dispatch_id, d.kind, payload, latest)
         if owned_run is not None and owned_run.status != "running":
             if wake_at(owned_run) is not None:  # asleep, and due by the store's clock

@@ -26,6 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from wakeful.fleet.tokens import Authenticator, Caller
+from wakeful.server.langgraph_runs import LangGraphFleet, add_fleet_runs
 from wakeful.server.langgraph_views import (
     GRAPH_KEY,
     MAX_HISTORY,
@@ -135,9 +136,14 @@ def _missing(kind: str, ident: str, path: str) -> Response:
 
 
 def create_langgraph_app(
-    store: Store, graphs: Mapping[str, Any], tokens: Mapping[str, str] | None
+    store: Store,
+    graphs: Mapping[str, Any],
+    tokens: Mapping[str, str] | None,
+    fleet: LangGraphFleet | None = None,
 ) -> FastAPI:
-    """The LangGraph API over ``store`` for ``graphs`` (name -> compiled graph)."""
+    """The LangGraph API over ``store`` for ``graphs`` (name -> compiled graph). With
+    ``fleet``, runs are dispatches that workers run (``wakeful.server.langgraph_runs``);
+    without, the server runs them itself."""
     api = LangGraphAPI(store, graphs, Authenticator(tokens))
     app = FastAPI(title="wakeful LangGraph API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.langgraph = api
@@ -177,6 +183,9 @@ def create_langgraph_app(
     @app.exception_handler(ValueError)
     async def invalid(request: Request, exc: ValueError) -> Response:
         return problem(422, "invalid-input", str(exc), instance=request.url.path)
+
+    if fleet is not None:  # registered first: these routes shadow the in-process ones
+        add_fleet_runs(app, api, fleet, visible, body_of)
 
     @app.post("/assistants/search")
     async def search_assistants(request: Request) -> Any:
