@@ -112,6 +112,9 @@ class WakefulSaver(FencingAPI):
         self._build_writes = functools.partial(write_items, self.codec.encode)  # made once
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
         self._fenced: dict[str, StaleClaim | VersionConflict] = {}
+        self._tenants: dict[str, str] = {}
+        """The tenant of threads written under an adopted claim (``adopt``): their records
+        name it (a tenant's thread takes only checkpoints of its tenant)."""
         """Threads whose run was fenced: writes raise this until a new run starts."""
         self._cache_threads = max(1, cache_threads)
         self._locks: list[asyncio.Lock] | None = None
@@ -531,6 +534,7 @@ class WakefulSaver(FencingAPI):
             status="suspended",
             state=state,
             created_at=datetime.now(UTC),
+            tenant=self._tenants.get(thread),
         )
         hold = self._holds.get(thread)
         off = self.fencing == "off"

@@ -166,6 +166,14 @@ class Publisher:
                 log.exception("publishing LangGraph chunks failed")
 
 
+def _tenant(job: Job) -> str | None:
+    """The tenant of the lease's thread (its records must name it)."""
+    snap = job.lease.snapshot
+    if snap is not None and snap.tenant is not None:
+        return snap.tenant
+    return job.lease.dispatch.tenant
+
+
 class LangGraphTarget:
     """A compiled LangGraph graph that a worker runs (``wakeful.fleet.selfrun.SelfRunning``)."""
 
@@ -204,7 +212,7 @@ class LangGraphTarget:
         graph = self.graph.copy(update={"checkpointer": saver})
         config = run_config(payload, d.tenant, self.name)
         publisher = Publisher(job, run_id)
-        async with saver.adopt(payload["thread_id"], claim):
+        async with saver.adopt(payload["thread_id"], claim, _tenant(job)):
             latest = await saver.aget_tuple({"configurable": dict(config["configurable"])})
             if latest is not None and latest.metadata.get(RUN_KEY) == run_id:
                 # an earlier attempt of this run wrote checkpoints: continue from the last
@@ -252,7 +260,7 @@ class LangGraphTarget:
         lg_thread = state.get("thread") if isinstance(state, dict) else None
         if busy is None or not isinstance(lg_thread, str):
             return Done()  # nothing of a LangGraph run was written: nothing to undo
-        async with saver.adopt(lg_thread, job.lease.claim):
+        async with saver.adopt(lg_thread, job.lease.claim, _tenant(job)):
             await saver.adelete_run(lg_thread, busy)
         return Done()
 
