@@ -229,8 +229,14 @@ class LangGraphTarget:
                 input = payload.get("input")
             modes = list(payload.get("stream_mode") or ["values"])
             try:
+                # durability "sync": a step's checkpoint is stored before the next step
+                # starts, so a run fenced meanwhile stops there, not a step later
                 async for mode, chunk in graph.astream(
-                    input, config, stream_mode=modes, context=payload.get("context")
+                    input,
+                    config,
+                    stream_mode=modes,
+                    context=payload.get("context"),
+                    durability="sync",
                 ):
                     publisher.chunk(mode, chunk)
             except WakefulError:
