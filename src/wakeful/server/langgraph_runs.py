@@ -307,7 +307,7 @@ def add_fleet_runs(
             return found
         _, d = found
         last = _last_event(request.headers.get("last-event-id"))
-        asked = request.query_params.getlist("stream_mode")
+        asked = [m for m in request.query_params.getlist("stream_mode") if m]
         run_modes = list(d.payload.get("stream_mode") or ["values"])
         modes = stream_modes({"stream_mode": asked}) if asked else run_modes
         queue, unsubscribe = await subscribe(thread_id)
