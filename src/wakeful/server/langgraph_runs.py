@@ -252,6 +252,7 @@ def add_fleet_runs(
                     continue
                 if data["mode"] == "values":
                     relayed = data.get("chunk")
+                last = at  # a chunk the channel delivers again is not sent again
                 yield _framed(data["mode"], data.get("chunk"), f"{at[0]}.{at[1]}")
             ended = await store.get_dispatch(run_id) or d
             values = await final_values(ended)
