@@ -10,7 +10,6 @@ gets the run's final ``values`` once, and the thread ends as an uninterrupted ru
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -65,12 +64,7 @@ class Fleet:
         args += ["--store", self.store_url, "--app", "tests.langgraph_fleet_app:registry"]
         args += ["--worker-id", worker_id, "--ttl", str(TTL), "--poll", "0.05", "--grace", "2"]
         args += ["--live", "postgres", "--live-url", self.live_url, "--json"]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-        with (self.directory / f"{worker_id}.log").open("w") as log:  # the child's own copy
-            child = subprocess.Popen(
-                args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True
-            )
-        self.workers[worker_id] = child
+        child = self.workers[worker_id] = self._spawn(args, worker_id)
 
         async def registered() -> bool:
             assert child.poll() is None, (self.directory / f"{worker_id}.log").read_text()
@@ -78,6 +72,13 @@ class Fleet:
 
         await eventually(registered, deadline=60)
         return child
+
+    def _spawn(self, args: list[str], worker_id: str) -> subprocess.Popen[str]:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
+        with (self.directory / f"{worker_id}.log").open("w") as log:  # the child's own copy
+            return subprocess.Popen(
+                args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True
+            )
 
     def stop(self, worker_id: str) -> dict[str, Any]:
         """SIGTERM a worker; the stats it printed."""
@@ -151,7 +152,11 @@ async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
         assert parts[0].event == "metadata"
         run_id = parts[0].data["run_id"]
         updates = [p.data for p in parts if p.event == "updates"]
-        assert updates == [{"one": {"log": ["one"]}}, {"two": {"log": ["two"]}}, {"three": {"log": ["three"]}}]
+        assert updates == [
+            {"one": {"log": ["one"]}},
+            {"two": {"log": ["two"]}},
+            {"three": {"log": ["three"]}},
+        ]
         values = [p.data["log"] for p in parts if p.event == "values"]
         assert values == [[], ["one"], ["one", "two"], ["one", "two", "three"]]
         stored = await fleet.store.get_dispatch(run_id)  # the run is a durable dispatch
@@ -162,7 +167,9 @@ async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
         asked = (await sdk.threads.create())["thread_id"]
         await sdk.runs.wait(asked, "approval", input={"log": []})
         state = await sdk.threads.get_state(asked)
-        assert state["next"] == ["ask"] and state["tasks"][0]["interrupts"][0]["value"] == "ship it?"
+        assert (
+            state["next"] == ["ask"] and state["tasks"][0]["interrupts"][0]["value"] == "ship it?"
+        )
         [suspended] = await sdk.runs.list(asked)
         assert suspended["status"] == "interrupted"
         assert (await fleet.store.get_dispatch(suspended["run_id"])).status == "awaiting"
@@ -243,8 +250,7 @@ async def test_worker_sigkilled_mid_stream_join_stream_gets_final_values_once(
         (fleet.directory / "gate").write_text("")
         await fleet.worker("w-2")
         joined = [
-            part
-            async for part in sdk.runs.join_stream(thread, run_id, last_event_id=last_id)
+            part async for part in sdk.runs.join_stream(thread, run_id, last_event_id=last_id)
         ]
         final = {"log": ["one", "two", "three"], "gate": str(fleet.directory / "gate")}
         values = [p.data for p in joined if p.event == "values"]

@@ -248,9 +248,8 @@ class Registry:
             return None
         payload = d.payload if isinstance(d.payload, dict) else {}
         named = payload.get("target")
-        if d.kind in ("start", "resume") and isinstance(named, str):
-            if named in self.self_running:
-                return self.self_running[named]
+        if d.kind in ("start", "resume") and isinstance(named, str) and named in self.self_running:
+            return self.self_running[named]
         if latest is not None and latest.id.startswith(SAVER_ID_PREFIX):
             # a cancel names no target; every LangGraph target handles one the same way
             return next(iter(self.self_running.values()))

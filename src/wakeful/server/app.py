@@ -224,7 +224,8 @@ def create_app(
         from wakeful.server.langgraph_api import create_langgraph_app
         from wakeful.server.langgraph_runs import LangGraphFleet
 
-        fleet = LangGraphFleet(live, wake) if langgraph_runs == "workers" else None
+        closing = app.state.wakeful.closing  # set at shutdown: waiting requests end
+        fleet = LangGraphFleet(live, wake, closing=closing) if langgraph_runs == "workers" else None
         lg_app = create_langgraph_app(store, registry.langgraphs, tokens, fleet)
         app.mount("/langgraph", lg_app)
     app.include_router(health.router)

@@ -16,11 +16,10 @@ from the store unless the last relayed ``values`` chunk already was that state (
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -30,7 +29,7 @@ from wakeful.fleet.live import LiveChannel
 from wakeful.fleet.wake import Wake
 from wakeful.langgraph.codec import store_thread_id
 from wakeful.langgraph.targets import CHUNK, END, RUN_KEY, jsonable, langgraph_payload
-from wakeful.records import Dispatch
+from wakeful.records import Dispatch, DispatchKind, IfBusy
 from wakeful.runtime.events import LiveEvent
 from wakeful.server.langgraph_views import (
     UNSUPPORTED_RUN_FIELDS,
@@ -58,6 +57,17 @@ class LangGraphFleet:
     live: LiveChannel | None = None
     wake: Wake | None = None
     poll: float = 0.25
+    closing: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when the server shuts down: requests waiting for a run stop waiting."""
+
+    async def pause(self, queue: asyncio.Queue[LiveEvent] | None) -> LiveEvent | None:
+        """Wait up to ``poll`` seconds for a live event (``None``: none came)."""
+        waiter: Any = queue.get() if queue is not None else self.closing.wait()
+        try:
+            got = await asyncio.wait_for(waiter, self.poll)
+        except TimeoutError:
+            return None
+        return got if isinstance(got, LiveEvent) else None
 
 
 Visible = Callable[[Any, str], Awaitable[ThreadRecord | None]]
@@ -181,14 +191,14 @@ def add_fleet_runs(
         thread = store_thread_id(thread_id)
         waiting = await store.list_dispatches(status="awaiting", thread_id=thread, limit=1)
         # a run on a thread stopped at an interrupt() continues that run's slot
-        kind = "resume" if waiting else "start"
+        kind: DispatchKind = "resume" if waiting else "start"
         d = Dispatch(
             dispatch_id=run_id,
             thread_id=thread,
             kind=kind,
             payload=payload,
             tenant=caller.tenant,
-            if_busy=strategy if kind == "start" else "enqueue",  # a resume takes the slot
+            if_busy=cast(IfBusy, strategy) if kind == "start" else "enqueue",  # resume: its slot
         )
         try:
             stored: Dispatch = await store.enqueue(d)
@@ -230,16 +240,11 @@ def add_fleet_runs(
             yield frame("metadata", {"run_id": run_id, "thread_id": d.payload["thread_id"]})
             if last == "end":
                 return
-            while True:
-                event = None
-                if queue is not None:
-                    with contextlib.suppress(TimeoutError):
-                        event = await asyncio.wait_for(queue.get(), fleet.poll)
+            while not fleet.closing.is_set():
+                event = await fleet.pause(queue)
                 if event is None or event.run_id != run_id:
                     if event is None and await settled(run_id) is not None:
                         break
-                    if queue is None:
-                        await asyncio.sleep(fleet.poll)
                     continue
                 data = event.data if isinstance(event.data, dict) else {}
                 if event.type == END:
@@ -283,8 +288,15 @@ def add_fleet_runs(
 
     async def joined(d: Dispatch) -> Any:
         """Wait for the run's dispatch to settle; the thread's values (or its error)."""
-        while (ended := await settled(d.dispatch_id)) is None:
-            await asyncio.sleep(fleet.poll)
+        queue, unsubscribe = await subscribe(str(d.payload["thread_id"]))
+        try:
+            while (ended := await settled(d.dispatch_id)) is None:
+                if fleet.closing.is_set():
+                    return problem(503, "unavailable", "the server is shutting down")
+                await fleet.pause(queue)  # the run's end event, or the poll interval
+        finally:
+            if unsubscribe is not None:
+                await unsubscribe()
         if await failed(ended):
             return {"__error__": {"error": "RunError", "message": "the graph raised"}}
         return await final_values(ended)
@@ -371,15 +383,15 @@ def add_fleet_runs(
         if action != "interrupt":
             raise Unsupported(f"runs.cancel with action {action!r} (use multitask_strategy)")
         if d.status in ENDED:
-            return problem(
-                409, "conflict", f"run {run_id!r} has ended", instance=request.url.path
-            )
+            return problem(409, "conflict", f"run {run_id!r} has ended", instance=request.url.path)
         intent = await store.cancel(d.thread_id, f"runs.cancel of run {run_id}")
         if fleet.wake is not None:
             await fleet.wake.notify()
         if request.query_params.get("wait") in ("1", "true", "True"):
             while (await store.get_dispatch(intent.dispatch_id) or intent).status != "done":
-                await asyncio.sleep(fleet.poll)
+                if fleet.closing.is_set():
+                    return problem(503, "unavailable", "the server is shutting down")
+                await fleet.pause(None)
         return Response(status_code=202)
 
 
