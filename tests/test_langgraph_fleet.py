@@ -40,7 +40,7 @@ pytestmark = [pytest.mark.asyncio, pytest.mark.postgres]
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "token-acme-1234"
 TOKENS = {TOKEN: "acme"}
-TTL = 2.0
+TTL = 3.0
 """The workers' lease: a SIGKILLed worker's run is taken over this long after its last renewal."""
 
 

@@ -255,9 +255,11 @@ def add_fleet_runs(
                 at = (int(data.get("attempt", 0)), int(data.get("seq", 0)))
                 if isinstance(last, tuple) and at <= last:
                     continue
-                if data["mode"] == "values":
-                    relayed = data.get("chunk")
                 last = at  # a chunk the channel delivers again is not sent again
+                if data["mode"] == "values":
+                    if data.get("chunk") == relayed:
+                        continue  # a recovered attempt streams the state it resumed from
+                    relayed = data.get("chunk")
                 yield _framed(data["mode"], data.get("chunk"), f"{at[0]}.{at[1]}")
             ended = await store.get_dispatch(run_id) or d
             values = await final_values(ended)
