@@ -195,7 +195,7 @@ async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
     assert fleet.stop("w-1")["fenced"] == 0
 
 
-async def test_multitask_reject_and_interrupt(fleet: Fleet) -> None:
+async def test_multitask_reject_interrupt_and_rollback(fleet: Fleet) -> None:
     await fleet.worker("w-1")
     sdk = fleet.sdk()
     try:
@@ -217,12 +217,24 @@ async def test_multitask_reject_and_interrupt(fleet: Fleet) -> None:
         assert (await sdk.runs.get(thread, first["run_id"]))["status"] == "interrupted"
         assert (await sdk.runs.get(thread, second["run_id"]))["status"] == "success"
 
-        (fleet.directory / "gate-a").write_text("")  # the interrupted run's node returns now
+        # rollback: the busy run's checkpoints go, the new run starts from an empty thread
+        undone = (await sdk.threads.create())["thread_id"]
+        await sdk.runs.create(undone, "gated", input=gated(fleet, "gate-b"))
+        await eventually(lambda: fleet.calls().count("two") == 3, deadline=60)
+        third = await sdk.runs.create(
+            undone, "gated", input=gated(fleet, "open"), multitask_strategy="rollback"
+        )
+        assert (await sdk.runs.join(undone, third["run_id"]))["log"] == ["one", "two", "three"]
+        history = await sdk.threads.get_history(undone, limit=100)
+        assert {h["metadata"]["run_id"] for h in history} == {third["run_id"]}
+
+        (fleet.directory / "gate-a").write_text("")  # the interrupted runs' nodes return now
+        (fleet.directory / "gate-b").write_text("")
         stats = fleet.stop("w-1")
-        assert stats["fenced"] == 1, "its write after the interrupt was refused"
+        assert stats["fenced"] == 2, "their writes after the interrupt were refused"
         state = await sdk.threads.get_state(thread)
         assert state["values"]["log"] == ["one", "one", "two", "three"]
-        assert fleet.calls().count("three") == 1
+        assert fleet.calls().count("three") == 2  # the two runs that were not interrupted
     finally:
         await sdk.aclose()
 
