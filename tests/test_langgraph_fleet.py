@@ -163,6 +163,11 @@ async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
         assert stored is not None and stored.status == "done"
         run = await sdk.runs.get(thread, run_id)
         assert (run["run_id"], run["status"]) == (run_id, "success")
+        assert (await sdk.runs.join(thread, run_id))["log"] == ["one", "two", "three"]
+        seen_all = [
+            p.event async for p in sdk.runs.join_stream(thread, run_id, last_event_id="end")
+        ]
+        assert seen_all == ["metadata"], "a client that saw the end gets nothing more"
 
         asked = (await sdk.threads.create())["thread_id"]
         await sdk.runs.wait(asked, "approval", input={"log": []})
@@ -228,10 +233,18 @@ async def test_multitask_reject_interrupt_and_rollback(fleet: Fleet) -> None:
         history = await sdk.threads.get_history(undone, limit=100)
         assert {h["metadata"]["run_id"] for h in history} == {third["run_id"]}
 
-        (fleet.directory / "gate-a").write_text("")  # the interrupted runs' nodes return now
-        (fleet.directory / "gate-b").write_text("")
+        # runs.cancel: the run is fenced where it is and ends interrupted
+        stopped = (await sdk.threads.create())["thread_id"]
+        fourth = await sdk.runs.create(stopped, "gated", input=gated(fleet, "gate-c"))
+        await eventually(lambda: fleet.calls().count("two") == 5, deadline=60)
+        await sdk.runs.cancel(stopped, fourth["run_id"], wait=True)
+        assert (await sdk.runs.get(stopped, fourth["run_id"]))["status"] == "interrupted"
+        assert (await sdk.threads.get_state(stopped))["values"]["log"] == ["one"]
+
+        for gate in ("gate-a", "gate-b", "gate-c"):  # the interrupted runs' nodes return now
+            (fleet.directory / gate).write_text("")
         stats = fleet.stop("w-1")
-        assert stats["fenced"] == 2, "their writes after the interrupt were refused"
+        assert stats["fenced"] == 3, "their writes after the interrupt were refused"
         state = await sdk.threads.get_state(thread)
         assert state["values"]["log"] == ["one", "one", "two", "three"]
         assert fleet.calls().count("three") == 2  # the two runs that were not interrupted
