@@ -11,7 +11,9 @@ the HTTP API are the auth: a thread of another tenant is reported missing (404).
 
 Thread records (tenant, metadata) are kept in memory in this slice; a restarted server
 recovers a thread that ran (its tenant and graph) from its latest checkpoint's metadata.
-See docs/langgraph-api.md and decision 0050.
+With a ``LangGraphFleet``, runs are dispatches that workers run instead
+(``wakeful.server.langgraph_runs``, decision 0052). See docs/langgraph-api.md and
+decision 0050.
 """
 
 from __future__ import annotations
