@@ -170,7 +170,8 @@ async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
         assert seen_all == ["metadata"], "a client that saw the end gets nothing more"
 
         asked = (await sdk.threads.create())["thread_id"]
-        await sdk.runs.wait(asked, "approval", input={"log": []})
+        waited = await sdk.runs.wait(asked, "approval", input={"log": []})
+        assert waited["__interrupt__"][0]["value"] == "ship it?"
         state = await sdk.threads.get_state(asked)
         assert (
             state["next"] == ["ask"] and state["tasks"][0]["interrupts"][0]["value"] == "ship it?"

@@ -219,11 +219,16 @@ def add_fleet_runs(
         d: Dispatch | None = await store.get_dispatch(run_id)
         return d if d is None or d.status in ENDED else None
 
-    async def final_values(d: Dispatch) -> Any:
+    async def final_values(d: Dispatch, interrupts: bool = False) -> Any:
+        """The thread's values; with ``interrupts``, those it stopped at as ``__interrupt__``
+        (what ``runs.wait`` answers, as LangGraph's server does)."""
         payload: dict[str, Any] = d.payload
         graph = api.graph(str(payload["target"]))
         state = await graph.aget_state(config_for(str(payload["thread_id"])))
-        return jsonable(state.values)
+        values = jsonable(state.values)
+        if interrupts and isinstance(values, dict) and getattr(state, "interrupts", ()):
+            values["__interrupt__"] = jsonable(list(state.interrupts))
+        return values
 
     async def follow(
         d: Dispatch,
@@ -301,7 +306,7 @@ def add_fleet_runs(
                 await unsubscribe()
         if await failed(ended):
             return {"__error__": {"error": "RunError", "message": "the graph raised"}}
-        return await final_values(ended)
+        return await final_values(ended, interrupts=True)
 
     @app.post("/threads/{thread_id}/runs/stream")
     async def stream_run(thread_id: str, request: Request) -> Any:
