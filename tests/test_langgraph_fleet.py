@@ -31,11 +31,12 @@ from tests.runtime_support import eventually
 from tests.server_support import serving
 from wakeful import open_store
 from wakeful.fleet.pglive import PostgresLive
+from wakeful.records import Dispatch
 from wakeful.server import create_app
 from wakeful.server.langgraph_api import close_langgraph
+from wakeful.server.langgraph_runs import run_status
 
 pytest_plugins = ["tests.postgres_fixtures"]
-pytestmark = [pytest.mark.asyncio, pytest.mark.postgres]
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "token-acme-1234"
@@ -119,6 +120,19 @@ async def running(store_url: str, live_url: str, directory: Path) -> AsyncIterat
         await fleet.store.close()
 
 
+def test_run_status_of_a_dispatch() -> None:
+    def run(**fields: Any) -> Dispatch:
+        return Dispatch(dispatch_id="r", thread_id="t", kind="start", **fields)
+
+    statuses = ("queued", "scheduled", "pending", "leased", "awaiting", "done", "quarantined")
+    assert [run_status(run(status=s), failed=False) for s in statuses] == [
+        "pending", "pending", "pending", "running", "interrupted", "success", "error",
+    ]  # fmt: skip
+    assert run_status(run(status="done"), failed=True) == "error"
+    assert run_status(run(status="done", last_error="cancelled: x"), failed=False) == "interrupted"
+    assert run_status(run(status="done", attempts=6, max_attempts=5), failed=False) == "error"
+
+
 @pytest_asyncio.fixture(params=["sqlite", "postgres"])
 async def fleet(
     request: pytest.FixtureRequest, tmp_path: Path, pg_databases: Databases
@@ -134,6 +148,8 @@ def gated(fleet: Fleet, name: str) -> dict[str, Any]:
     return {"log": [], "gate": str(fleet.directory / name)}
 
 
+@pytest.mark.asyncio
+@pytest.mark.postgres
 async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
     await fleet.worker("w-1")
     sdk = fleet.sdk()
@@ -201,6 +217,8 @@ async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
     assert fleet.stop("w-1")["fenced"] == 0
 
 
+@pytest.mark.asyncio
+@pytest.mark.postgres
 async def test_multitask_reject_interrupt_and_rollback(fleet: Fleet) -> None:
     await fleet.worker("w-1")
     sdk = fleet.sdk()
@@ -253,6 +271,8 @@ async def test_multitask_reject_interrupt_and_rollback(fleet: Fleet) -> None:
         await sdk.aclose()
 
 
+@pytest.mark.asyncio
+@pytest.mark.postgres
 async def test_worker_sigkilled_mid_stream_join_stream_gets_final_values_once(
     fleet: Fleet,
 ) -> None:

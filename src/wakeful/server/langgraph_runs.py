@@ -82,8 +82,8 @@ def run_status(d: Dispatch, failed: bool) -> str:
         return "running"
     if d.status == "awaiting" or (d.last_error or "").startswith("cancelled"):
         return "interrupted"
-    if d.status == "quarantined" or failed:
-        return "error"
+    if d.status == "quarantined" or failed or d.attempts > d.max_attempts:
+        return "error"  # (the last: every attempt was spent, the worker stopped the run)
     return "success"
 
 
