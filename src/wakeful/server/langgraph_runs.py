@@ -226,8 +226,9 @@ def add_fleet_runs(
         graph = api.graph(str(payload["target"]))
         state = await graph.aget_state(config_for(str(payload["thread_id"])))
         values = jsonable(state.values)
-        if interrupts and isinstance(values, dict) and getattr(state, "interrupts", ()):
-            values["__interrupt__"] = jsonable(list(state.interrupts))
+        stopped: Any = getattr(state, "interrupts", None) if interrupts else None
+        if stopped and isinstance(values, dict):
+            values["__interrupt__"] = jsonable(list(stopped))
         return values
 
     async def follow(
