@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -65,7 +66,7 @@ class Fleet:
         args += ["--store", self.store_url, "--app", "tests.langgraph_fleet_app:registry"]
         args += ["--worker-id", worker_id, "--ttl", str(TTL), "--poll", "0.05", "--grace", "2"]
         args += ["--live", "postgres", "--live-url", self.live_url, "--json"]
-        child = self.workers[worker_id] = self._spawn(args, worker_id)
+        child = self.workers[worker_id] = self._spawn(args, worker_id, {})
 
         async def registered() -> bool:
             assert child.poll() is None, (self.directory / f"{worker_id}.log").read_text()
@@ -74,9 +75,11 @@ class Fleet:
         await eventually(registered, deadline=60)
         return child
 
-    def _spawn(self, args: list[str], worker_id: str) -> subprocess.Popen[str]:
+    def _spawn(self, args: list[str], name: str, extra: dict[str, str]) -> subprocess.Popen[str]:
+        """A ``wakeful`` process of this worktree; its stderr goes to ``<name>.log``."""
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)])}
-        with (self.directory / f"{worker_id}.log").open("w") as log:  # the child's own copy
+        env.update(extra)
+        with (self.directory / f"{name}.log").open("w") as log:  # the child's own copy
             return subprocess.Popen(
                 args, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=log, text=True
             )
@@ -313,3 +316,61 @@ async def test_worker_sigkilled_mid_stream_join_stream_gets_final_values_once(
     finally:
         await sdk.aclose()
     fleet.stop("w-2")
+
+
+@pytest.mark.asyncio
+@pytest.mark.postgres
+async def test_wakeful_serve_langgraph_runs_workers(
+    tmp_path: Path, pg_databases: Databases
+) -> None:
+    """``wakeful serve --langgraph-runs workers`` and ``wakeful worker`` processes."""
+    live_url = await pg_databases.clone()
+    fleet = Fleet(f"sqlite:///{tmp_path / 'store.db'}", live_url, tmp_path)
+    fleet.store = await open_store(fleet.store_url)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = int(probe.getsockname()[1])
+    args = [str(Path(sys.executable).parent / "wakeful"), "serve", "--store", fleet.store_url]
+    args += ["--app", "tests.langgraph_fleet_app:registry", "--port", str(port)]
+    args += ["--langgraph-runs", "workers", "--live", "postgres", "--live-url", live_url]
+    server = fleet._spawn(args, "server", {"WAKEFUL_TOKENS": f"{TOKEN}=acme"})
+    fleet.url = f"http://127.0.0.1:{port}/langgraph"
+    try:
+        async with httpx.AsyncClient() as raw:
+
+            async def ready() -> bool:
+                assert server.poll() is None, (tmp_path / "server.log").read_text()
+                try:
+                    return (await raw.get(f"http://127.0.0.1:{port}/readyz")).status_code == 200
+                except httpx.TransportError:
+                    return False
+
+            await eventually(ready, deadline=60)
+        await fleet.worker("w-1")
+        sdk = fleet.sdk()
+        try:
+            thread = (await sdk.threads.create())["thread_id"]
+            (tmp_path / "open").write_text("")
+            parts = [
+                part
+                async for part in sdk.runs.stream(
+                    thread, "gated", input=gated(fleet, "open"), stream_mode="updates"
+                )
+            ]
+            assert [p.data for p in parts if p.event == "updates"] == [
+                {"one": {"log": ["one"]}},
+                {"two": {"log": ["two"]}},
+                {"three": {"log": ["three"]}},
+            ]
+            run = await fleet.store.get_dispatch(parts[0].data["run_id"])
+            assert run is not None and run.status == "done" and run.tenant == "acme"
+        finally:
+            await sdk.aclose()
+        assert fleet.stop("w-1")["claimed"] == 1
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.communicate(timeout=60)
+        for child in fleet.workers.values():
+            child.kill()
+            child.communicate(timeout=30)
+        await fleet.store.close()
