@@ -143,9 +143,9 @@ class Worker:
         self._running: dict[str, tuple[asyncio.Task[None], RunHandle | None]] = {}
         self._handles: dict[str, RunHandle] = {}
         self._endings: dict[str, str] = {}
+        """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
         self._shared: dict[str, Any] = {}  # self-running targets' objects (``Job.shared``)
         self._self_run: set[str] = set()  # dispatches a self-running target runs now
-        """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
         self._waiter = WakeWaiter(self.wake)
         self._gather = ClaimGather(self.claim_gather, self.concurrency, self._stopping)
         self.identity: Any = None

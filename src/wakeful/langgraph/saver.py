@@ -112,10 +112,10 @@ class WakefulSaver(FencingAPI):
         self._build_writes = functools.partial(write_items, self.codec.encode)  # made once
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
         self._fenced: dict[str, StaleClaim | VersionConflict] = {}
+        """Threads whose run was fenced: writes raise this until a new run starts."""
         self._tenants: dict[str, str] = {}
         """The tenant of threads written under an adopted claim (``adopt``): their records
         name it (a tenant's thread takes only checkpoints of its tenant)."""
-        """Threads whose run was fenced: writes raise this until a new run starts."""
         self._cache_threads = max(1, cache_threads)
         self._locks: list[asyncio.Lock] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
