@@ -46,6 +46,8 @@ STRATEGIES = ("reject", "enqueue", "interrupt", "rollback")
 PENDING = ("queued", "scheduled", "waiting_key", "pending")
 ENDED = ("done", "awaiting", "quarantined")
 MAX_LISTED = 1000
+SETTLE_POLL = 0.005
+"""Seconds between reads of a run's dispatch after its end event, until it has settled."""
 
 
 @dataclass
@@ -60,11 +62,13 @@ class LangGraphFleet:
     closing: asyncio.Event = field(default_factory=asyncio.Event)
     """Set when the server shuts down: requests waiting for a run stop waiting."""
 
-    async def pause(self, queue: asyncio.Queue[LiveEvent] | None) -> LiveEvent | None:
-        """Wait up to ``poll`` seconds for a live event (``None``: none came)."""
+    async def pause(
+        self, queue: asyncio.Queue[LiveEvent] | None, seconds: float | None = None
+    ) -> LiveEvent | None:
+        """Wait up to ``seconds`` (default ``poll``) for a live event (``None``: none came)."""
         waiter: Any = queue.get() if queue is not None else self.closing.wait()
         try:
-            got = await asyncio.wait_for(waiter, self.poll)
+            got = await asyncio.wait_for(waiter, self.poll if seconds is None else seconds)
         except TimeoutError:
             return None
         return got if isinstance(got, LiveEvent) else None
@@ -267,8 +271,11 @@ def add_fleet_runs(
                         continue  # a recovered attempt streams the state it resumed from
                     relayed = data.get("chunk")
                 yield _framed(data["mode"], data.get("chunk"), f"{at[0]}.{at[1]}")
-            ended = await store.get_dispatch(run_id) or d
-            values = await final_values(ended)
+            # the worker settles right after its end event: a client that asks for the run
+            # once the stream closes (the SDK does, to tell an end from a drop) sees it ended
+            while (ended := await settled(run_id)) is None and not fleet.closing.is_set():
+                await fleet.pause(None, SETTLE_POLL)
+            values = await final_values(ended or d)
             if "values" in modes and values != relayed:
                 yield _framed("values", values, "end")
             if error is not None:
