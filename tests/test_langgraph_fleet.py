@@ -146,6 +146,14 @@ async def fleet(
         yield started
 
 
+async def raw_tickets(fleet: Fleet, thread_id: str) -> list[Any]:
+    """The open tickets the HTTP API lists for a thread."""
+    v1 = fleet.url.removesuffix("/langgraph") + "/v1"
+    async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TOKEN}"}) as raw:
+        tickets: list[Any] = (await raw.get(f"{v1}/threads/{thread_id}")).json()["tickets"]
+        return tickets
+
+
 def gated(fleet: Fleet, name: str) -> dict[str, Any]:
     """The input of a ``gated`` run waiting at node ``two`` for the file ``name``."""
     return {"log": [], "gate": str(fleet.directory / name)}
@@ -202,6 +210,25 @@ async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
         assert answered == {"log": ["answer:yes"]}
         statuses = [r["status"] for r in await sdk.runs.list(asked)]
         assert statuses == ["success", "success"]  # newest first; the suspended one was answered
+
+        # the interrupt is a wakeful ticket: the HTTP API lists it and answers it
+        ticketed = (await sdk.threads.create())["thread_id"]
+        await sdk.runs.wait(ticketed, "approval", input={"log": []})
+        v1 = fleet.url.removesuffix("/langgraph") + "/v1"
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+        async with httpx.AsyncClient(headers=auth) as raw:
+            [ticket] = (await raw.get(f"{v1}/threads/{ticketed}")).json()["tickets"]
+            assert ticket["question"] == "ship it?"
+            answer = {"answers": {ticket["id"]: "via v1"}}
+            resumed = await raw.post(f"{v1}/threads/{ticketed}/resume", json=answer)
+            assert resumed.status_code == 202, resumed.text
+
+        async def answered_via_v1() -> bool:
+            state = await sdk.threads.get_state(ticketed)
+            return bool(state["values"]["log"] == ["answer:via v1"])
+
+        await eventually(answered_via_v1, deadline=60)
+        assert (await raw_tickets(fleet, ticketed)) == []
 
         chat = (await sdk.threads.create())["thread_id"]
         chunks = [

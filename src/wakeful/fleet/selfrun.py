@@ -22,6 +22,9 @@ from wakeful.store.contract import Store
 LANGGRAPH_PLUGIN = "wakeful.langgraph.targets"
 """The module whose ``fleet_target(name, graph)`` wraps a compiled LangGraph graph."""
 
+TARGETS_KEY = "self_running"
+"""``Job.shared[TARGETS_KEY]``: the registry's self-running targets by name (a resume that
+names no target, from the HTTP API's ticket answers, finds its graph's target there)."""
 SAVER_ID_PREFIX = "lgr-"
 """The id prefix of the checkpoint records a LangGraph saver writes
 (``wakeful.langgraph.saver``): a thread whose latest record has it is a LangGraph thread,
@@ -64,4 +67,4 @@ def plugin(module: str, name: str, graph: Any) -> SelfRunning:
     return made
 
 
-__all__ = ["LANGGRAPH_PLUGIN", "SAVER_ID_PREFIX", "Job", "SelfRunning", "plugin"]
+__all__ = ["LANGGRAPH_PLUGIN", "SAVER_ID_PREFIX", "TARGETS_KEY", "Job", "SelfRunning", "plugin"]

@@ -54,7 +54,7 @@ from wakeful.fleet.observe import WorkerObserver, WorkerStats
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
-from wakeful.fleet.selfrun import Job
+from wakeful.fleet.selfrun import TARGETS_KEY, Job
 from wakeful.fleet.starts import StartGate
 from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
@@ -144,7 +144,7 @@ class Worker:
         self._handles: dict[str, RunHandle] = {}
         self._endings: dict[str, str] = {}
         """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
-        self._shared: dict[str, Any] = {}  # self-running targets' objects (``Job.shared``)
+        self._shared: dict[str, Any] = {TARGETS_KEY: self.registry.self_running}  # Job.shared
         self._self_run: set[str] = set()  # dispatches a self-running target runs now
         self._waiter = WakeWaiter(self.wake)
         self._gather = ClaimGather(self.claim_gather, self.concurrency, self._stopping)

@@ -60,6 +60,7 @@ from wakeful.langgraph.index import (
 )
 from wakeful.langgraph.maintenance import Built
 from wakeful.langgraph.runs import RUN_MARKER, Owner, RunDisplaced, Runs, pregel_loop
+from wakeful.langgraph.tickets import interrupt_tickets
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
 from wakeful.records import Claim, Commit
@@ -549,6 +550,7 @@ class WakefulSaver(FencingAPI):
             state=state,
             created_at=datetime.now(UTC),
             tenant=self._tenants.get(thread),
+            metadata=interrupt_tickets(self.codec.decode, items),  # interrupts are tickets
         )
         hold = self._holds.get(thread)
         off = self.fencing == "off"

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from wakeful.errors import WakefulError
-from wakeful.fleet.selfrun import Job
+from wakeful.fleet.selfrun import TARGETS_KEY, Job
 from wakeful.langgraph.saver import WakefulSaver
 from wakeful.records import Awaiting, Done, Outcome
 from wakeful.runtime.events import LiveEvent
@@ -197,11 +197,48 @@ class LangGraphTarget:
         return saver
 
     async def run_dispatch(self, job: Job) -> Outcome:
-        d, claim = job.lease.dispatch, job.lease.claim
+        d = job.lease.dispatch
         payload = d.payload if isinstance(d.payload, dict) else {}
         saver = self.saver(job)
         if d.kind == "cancel":
             return await self._cancel(job, saver, payload)
+        if d.kind == "resume" and "thread_id" not in payload and "answers" in payload:
+            answered = await self._answers(job, saver, payload)  # the /v1 API's ticket answers
+            if answered is None:
+                return Done()
+            target, payload = answered
+            return await target.run(job, payload)
+        return await self.run(job, payload)
+
+    async def _answers(
+        self, job: Job, saver: WakefulSaver, payload: dict[str, Any]
+    ) -> tuple[LangGraphTarget, dict[str, Any]] | None:
+        """The run a resume with ticket answers asks for: ``Command(resume={interrupt id:
+        answer})`` on the thread's graph."""
+        d = job.lease.dispatch
+        snap = job.lease.snapshot or await job.store.read(d.thread_id)
+        state = snap.checkpoint.state if snap is not None and snap.checkpoint else None
+        lg_thread = state.get("thread") if isinstance(state, dict) else None
+        if not isinstance(lg_thread, str):
+            log.warning("dispatch %s answers no LangGraph interrupt; nothing runs", d.dispatch_id)
+            return None
+        latest = await saver.aget_tuple({"configurable": {"thread_id": lg_thread}})
+        graph = latest.metadata.get(GRAPH_KEY) if latest is not None else None
+        targets = job.shared.get(TARGETS_KEY) or {}
+        target = targets.get(graph, self) if isinstance(graph, str) else self
+        answers: Any = payload.get("answers")
+        return target, langgraph_payload(
+            target=target.name,
+            thread_id=lg_thread,
+            run_id=d.dispatch_id,
+            command={"resume": dict(answers) if isinstance(answers, dict) else {}},
+            tenant=d.tenant,
+        )
+
+    async def run(self, job: Job, payload: dict[str, Any]) -> Outcome:
+        """Run the graph as ``payload`` (``langgraph_payload``) says, under the lease."""
+        d, claim = job.lease.dispatch, job.lease.claim
+        saver = self.saver(job)
         if d.kind not in ("start", "resume") or not isinstance(payload.get("thread_id"), str):
             log.warning("dispatch %s is not a LangGraph run; nothing runs", d.dispatch_id)
             return Done()
