@@ -1,8 +1,8 @@
 """LangGraph graphs for ``wakeful worker --app tests.langgraph_fleet_app:registry`` and the
 server of tests/test_langgraph_fleet.py: ``gated`` (``one``, then ``two`` waits for the file
 ``gate`` names, then ``three``; each node appends its name to ``calls.txt`` next to the
-gate), ``approval`` (an ``interrupt()``) and ``chat`` (a scripted chat model's streamed
-reply; no paid API)."""
+gate), ``approval`` (an ``interrupt()``), ``broken`` (its node raises) and ``chat`` (a
+scripted chat model's streamed reply; no paid API)."""
 
 from __future__ import annotations
 
@@ -71,6 +71,17 @@ def approval_graph() -> Any:
     return builder.compile()
 
 
+def broken_graph() -> Any:
+    def fail(state: Notes) -> dict[str, Any]:
+        raise ValueError("the node failed")
+
+    builder = StateGraph(Notes)
+    builder.add_node("fail", fail)
+    builder.add_edge(START, "fail")
+    builder.add_edge("fail", END)
+    return builder.compile()
+
+
 def chat_graph() -> Any:
     model = GenericFakeChatModel(messages=cycle([AIMessage(content="hello from a worker")]))
 
@@ -90,4 +101,5 @@ def registry() -> Registry:
         .add("gated", gated_graph())
         .add("approval", approval_graph())
         .add("chat", chat_graph())
+        .add("broken", broken_graph())
     )

@@ -230,6 +230,13 @@ async def test_stream_wait_interrupt_resume_and_messages(fleet: Fleet) -> None:
         await eventually(answered_via_v1, deadline=60)
         assert (await raw_tickets(fleet, ticketed)) == []
 
+        broken = (await sdk.threads.create())["thread_id"]
+        failed = [p async for p in sdk.runs.stream(broken, "broken", input={"log": []})]
+        assert failed[-1].event == "error" and "the node failed" in failed[-1].data["message"]
+        [run] = await sdk.runs.list(broken)
+        assert run["status"] == "error"  # the failure is in the thread's checkpoint
+        assert (await fleet.store.get_dispatch(run["run_id"])).attempts == 1, "not retried"
+
         chat = (await sdk.threads.create())["thread_id"]
         chunks = [
             part.data
