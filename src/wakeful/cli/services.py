@@ -396,6 +396,14 @@ async def relay(store: str | None, drain: bool, ttl: float, as_json: bool) -> No
     default=None,
     help="PostgreSQL: the server's own URL to LISTEN on when --store is PgBouncer.",
 )
+@click.option(
+    "--langgraph-runs",
+    type=click.Choice(["server", "workers"]),
+    default="server",
+    show_default=True,
+    help="Who runs the LangGraph API's runs (--app with LangGraph graphs): this process, or "
+    "the workers (dispatches; chunks arrive on --live).",
+)
 @live_options
 @exposure_options
 def serve(
@@ -406,6 +414,7 @@ def serve(
     tokens: str | None,
     body_timeout: float,
     wake_url: str | None,
+    langgraph_runs: str,
     live: str,
     live_url: str | None,
     allowed_hosts: tuple[str, ...],
@@ -442,6 +451,7 @@ def serve(
             allowed_hosts=names,
             header_timeout=header_timeout,
             max_connections=max_connections,
+            langgraph_runs=langgraph_runs,
         )
 
 

@@ -14,9 +14,10 @@ from wakeful.agent.agent import Agent
 from wakeful.concurrency import Concurrency, concurrency_of
 from wakeful.errors import InvalidInput, NotFound
 from wakeful.fleet.delays import debounce_seconds
+from wakeful.fleet.selfrun import LANGGRAPH_PLUGIN, SAVER_ID_PREFIX, SelfRunning, plugin
 from wakeful.fleet.webhook_signing import check_webhook_url
 from wakeful.ids import check_id
-from wakeful.records import Checkpoint, Message
+from wakeful.records import Checkpoint, Dispatch, Message
 from wakeful.runtime.graph import CompiledGraph
 
 VersionPolicy: TypeAlias = Literal["continue", "fail", "hold"]
@@ -149,7 +150,10 @@ class Registry:
         self._by_graph: dict[str, Target] = {}
         self.langgraphs: dict[str, Any] = {}
         """Compiled LangGraph graphs by name (``add`` with one): served by the LangGraph
-        API at ``/langgraph`` (``wakeful.server.langgraph_api``), one assistant each."""
+        API at ``/langgraph`` (``wakeful.server.langgraph_api``), one assistant each, and
+        run by workers (``self_running``)."""
+        self.self_running: dict[str, SelfRunning] = {}
+        """The fleet targets of ``langgraphs`` (``wakeful.fleet.selfrun``), by name."""
         self.default = default
 
     def add(
@@ -178,6 +182,7 @@ class Registry:
         if is_langgraph(target):
             if name in self._targets:
                 raise InvalidInput("target", f"{name!r} is already a wakeful target")
+            self.self_running[name] = plugin(LANGGRAPH_PLUGIN, name, target)
             self.langgraphs[name] = target
             return self
         if name in self.langgraphs:
@@ -234,6 +239,21 @@ class Registry:
             graph = checkpoint.metadata.get("graph")
             return self.for_graph(graph if isinstance(graph, str) else None)
         return self.for_graph(None)
+
+    def self_runner(self, d: Dispatch, latest: Checkpoint | None) -> SelfRunning | None:
+        """The self-running target that takes ``d`` (``None``: the worker runs it): a
+        start or resume naming one, and any other work on a thread whose latest checkpoint
+        a LangGraph saver wrote (a cancel must not end it with a wakeful checkpoint)."""
+        if not self.self_running:
+            return None
+        payload = d.payload if isinstance(d.payload, dict) else {}
+        named = payload.get("target")
+        if d.kind in ("start", "resume") and isinstance(named, str) and named in self.self_running:
+            return self.self_running[named]
+        if latest is not None and latest.id.startswith(SAVER_ID_PREFIX):
+            # a cancel names no target; every LangGraph target handles one the same way
+            return next(iter(self.self_running.values()))
+        return None
 
     def names(self) -> list[str]:
         return sorted(self._targets)

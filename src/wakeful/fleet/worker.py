@@ -54,6 +54,7 @@ from wakeful.fleet.observe import WorkerObserver, WorkerStats
 from wakeful.fleet.registry import Registry
 from wakeful.fleet.relay import RelayLoop
 from wakeful.fleet.replays import Start, replay_dispatch
+from wakeful.fleet.selfrun import TARGETS_KEY, Job
 from wakeful.fleet.starts import StartGate
 from wakeful.fleet.versions import worker_version
 from wakeful.fleet.wake import NoWake, Wake, WakeWaiter
@@ -143,6 +144,8 @@ class Worker:
         self._handles: dict[str, RunHandle] = {}
         self._endings: dict[str, str] = {}
         """dispatch id -> how its work ended (for the log line that closes the dispatch)"""
+        self._shared: dict[str, Any] = {TARGETS_KEY: self.registry.self_running}  # Job.shared
+        self._self_run: set[str] = set()  # dispatches a self-running target runs now
         self._waiter = WakeWaiter(self.wake)
         self._gather = ClaimGather(self.claim_gather, self.concurrency, self._stopping)
         self.identity: Any = None
@@ -205,6 +208,9 @@ class Worker:
             if pending:
                 for handle in self._handles.values():
                     handle.yield_run()
+                for did in list(self._self_run):  # stopped now; recovered elsewhere after
+                    if (running := self._running.get(did)) is not None:  # its lease lapses
+                        running[0].cancel()
                 await asyncio.wait(pending, timeout=grace)
         if self.identity is not None:
             try:  # listings then show this incarnation stopped, not expired
@@ -265,6 +271,7 @@ class Worker:
         self._running.pop(dispatch_id, None)
         self._handles.pop(dispatch_id, None)
         self._endings.pop(dispatch_id, None)
+        self._self_run.discard(dispatch_id)
         if not self._stopping.is_set():
             self.wake_local()
 
@@ -349,6 +356,11 @@ class Worker:
             log.warning("dispatch %s belongs to another tenant than its thread", d.dispatch_id)
             return Done()
         latest = snap.checkpoint if snap is not None else None
+        if (runner := self.registry.self_runner(d, latest)) is not None:  # a LangGraph graph
+            job = Job(self.store, lease, self.holder, self.claims, self.clock, self.live)
+            job.shared = self._shared
+            self._self_run.add(d.dispatch_id)
+            return await runner.run_dispatch(job)
         owned_run = run_of(d.dispatch_id, d.kind, payload, latest)
         if owned_run is not None and owned_run.status != "running":
             if wake_at(owned_run) is not None:  # asleep, and due by the store's clock

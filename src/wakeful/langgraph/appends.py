@@ -27,9 +27,16 @@ Items = list[dict[str, Any]] | None
 class Append:
     """One ``put`` or ``put_writes`` call waiting for its batch's commit."""
 
-    __slots__ = ("arg", "build", "done", "run_id")
+    __slots__ = ("arg", "build", "done", "run_id", "token")
 
-    def __init__(self, build: Build, arg: Any, run_id: Any, done: asyncio.Future[None]) -> None:
+    def __init__(
+        self,
+        build: Build,
+        arg: Any,
+        run_id: Any,
+        done: asyncio.Future[None],
+        token: int | None = None,
+    ) -> None:
         self.build = build
         """``build(index, arg)``: the record items, built from the thread's index when the
         batch is written (a function made once, not a closure per call: a closure and its
@@ -37,6 +44,9 @@ class Append:
         self.arg = arg
         self.run_id = run_id
         self.done = done
+        self.token = token
+        """The claim its caller wrote under (the saver's hold when it was called): a batch
+        written under another claim refuses it (the thread changed hands in between)."""
 
 
 Build = Callable[[Any, Any], Items]
@@ -75,10 +85,19 @@ class Appends:
         self._tasks: set[asyncio.Task[None]] = set()
         self._taker = self._take  # bound once, not at every batch
 
-    async def add(self, thread: str, lg_thread: str, build: Build, arg: Any, run_id: Any) -> None:
-        """Append to ``thread`` and return once the commit holding it is durable."""
+    async def add(
+        self,
+        thread: str,
+        lg_thread: str,
+        build: Build,
+        arg: Any,
+        run_id: Any,
+        token: int | None = None,
+    ) -> None:
+        """Append to ``thread`` and return once the commit holding it is durable.
+        ``token``: the claim the caller writes under (``Append.token``)."""
         loop = asyncio.get_running_loop()
-        append = Append(build, arg, run_id, loop.create_future())
+        append = Append(build, arg, run_id, loop.create_future(), token)
         batch = self._open.get(thread)
         if batch is not None:
             batch.append(append)

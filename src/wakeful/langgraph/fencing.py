@@ -27,6 +27,7 @@ class FencingAPI(Maintenance):
     _holds: Holds
     _runs: Runs
     _fenced: dict[str, StaleClaim | VersionConflict]
+    _tenants: dict[str, str]
     _loop: asyncio.AbstractEventLoop | None
 
     def _lock(self, thread: str) -> asyncio.Lock:
@@ -60,6 +61,35 @@ class FencingAPI(Maintenance):
             yield
         finally:
             await self._holds.release(thread)
+
+    @asynccontextmanager
+    async def adopt(
+        self, thread_id: str, claim: Claim, tenant: str | None = None
+    ) -> AsyncIterator[None]:
+        """Write LangGraph thread ``thread_id`` under ``claim`` for the block: a claim the
+        caller took on its wakeful thread (a worker's lease, ``wakeful.langgraph.targets``).
+        The saver renews it while the block runs, like a hold, and forgets it on exit
+        without releasing it: the caller settles or releases it. Inside, a write after the
+        claim was taken over (a newer lease, a cancel) raises ``StaleClaim`` and writes
+        nothing. ``tenant``: the thread's tenant, named by the records written."""
+        thread = self._bind(store_thread_id(thread_id))
+        if claim.thread_id != thread:
+            raise InvalidState("claim", str(claim.thread_id), "another thread", thread)
+        async with self._lock(thread):
+            self._holds.forget(thread)
+            self._holds.start(claim, explicit=True)
+            self._fenced.pop(thread, None)
+            self._runs.fence(thread)  # a run of an earlier lease here writes nothing more
+            if tenant is not None:
+                self._tenants[thread] = tenant
+            await self._claimed_view(thread, claim)
+        try:
+            yield
+        finally:
+            hold = self._holds.get(thread)
+            if hold is not None and hold.claim.token == claim.token:
+                self._holds.forget(thread)
+                self._tenants.pop(thread, None)
 
     @contextmanager
     def hold_sync(self, thread_id: str) -> Iterator[None]:

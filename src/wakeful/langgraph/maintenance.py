@@ -51,6 +51,16 @@ class Maintenance(SyncMethods):
             if any(of_runs(idx, key) for key in idx.checkpoints):
                 await self._rewrite(lg_thread, of_runs, orphans=False)
 
+    async def adelete_run(self, thread_id: str, run_id: str) -> None:
+        """Remove the checkpoints of thread ``thread_id`` whose metadata names ``run_id``
+        (and their writes): the thread returns to where it was before that run (a
+        rolled-back run, ``wakeful.langgraph.targets``). One thread, fenced like any write."""
+
+        def of_run(ix: ThreadIndex, key: CheckpointKey) -> bool:
+            return ix.checkpoints[key].metadata(self._metadata).get("run_id") == run_id
+
+        await self._rewrite(thread_id, of_run, orphans=False)
+
     async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint and write of the source to the target in one commit."""
         source = await self._complete(self._bind(store_thread_id(source_thread_id)))

@@ -161,6 +161,16 @@ class Runs:
     def end(self, thread: str) -> None:
         self._runs.pop(thread, None)
 
+    def fence(self, thread: str) -> None:
+        """Displace every run of ``thread`` so far: until the next run starts, their writes
+        are refused (``RunDisplaced``) and none of them keeps it busy. The thread's claim
+        changed hands within this process (``WakefulSaver.adopt``: a worker's new lease)."""
+        run = Run(None, object())
+        run.ended = True
+        self._runs[thread] = run
+        self._runs.move_to_end(thread)
+        self._trim()
+
     def _occupies(self, run: Run, starter: Owner) -> bool:
         if run.ended or run.owner is starter or owner_done(run.owner):
             return False

@@ -59,7 +59,8 @@ from wakeful.langgraph.index import (
     write_items,
 )
 from wakeful.langgraph.maintenance import Built
-from wakeful.langgraph.runs import RUN_MARKER, Owner, Runs, pregel_loop
+from wakeful.langgraph.runs import RUN_MARKER, Owner, RunDisplaced, Runs, pregel_loop
+from wakeful.langgraph.tickets import interrupt_tickets
 from wakeful.langgraph.tuples import checkpoint_tuple
 from wakeful.records import Checkpoint as Record
 from wakeful.records import Claim, Commit
@@ -114,6 +115,9 @@ class WakefulSaver(FencingAPI):
         self._cache: OrderedDict[str, ThreadIndex] = OrderedDict()
         self._fenced: dict[str, StaleClaim | VersionConflict] = {}
         """Threads whose run was fenced: writes raise this until a new run starts."""
+        self._tenants: dict[str, str] = {}
+        """The tenant of threads written under an adopted claim (``adopt``): their records
+        name it (a tenant's thread takes only checkpoints of its tenant)."""
         self._cache_threads = max(1, cache_threads)
         self._locks: list[asyncio.Lock] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -278,7 +282,9 @@ class WakefulSaver(FencingAPI):
         }
         thread = self._bind(store_thread_id(lg_thread))
         self._runs.check(thread, lg_thread, conf.get(RUN_MARKER), caller)
-        await self._appends.add(thread, lg_thread, given, [item], meta.get("run_id"))
+        await self._appends.add(
+            thread, lg_thread, given, [item], meta.get("run_id"), self._token(thread)
+        )
         return {
             "configurable": {
                 "thread_id": lg_thread,
@@ -320,6 +326,7 @@ class WakefulSaver(FencingAPI):
             self._build_writes,
             (ns, cid, task_id, task_path, encoded),
             None,
+            self._token(thread),
         )
 
     async def adelete_thread(self, thread_id: str) -> None:
@@ -381,6 +388,11 @@ class WakefulSaver(FencingAPI):
         if claim.token == 1:
             return self._remember(thread, ThreadIndex())
         return await self._view(thread, trust_hold=False)
+
+    def _token(self, thread: str) -> int | None:
+        """The claim a write of ``thread`` is made under now (``Appends.add``)."""
+        hold = self._holds.get(thread)
+        return None if hold is None else hold.token
 
     def _bind(self, thread: str) -> str:
         if self._loop is None:
@@ -464,8 +476,14 @@ class WakefulSaver(FencingAPI):
             items: list[dict[str, Any]] = []
             answered: list[Append] = []
             run_id = None
+            hold = self._holds.get(thread)
             for append in appends:
                 if append.done.done():  # its caller was cancelled before it was built
+                    continue
+                if hold is not None and append.token not in (None, hold.token):
+                    # prepared under an earlier claim of this process (``adopt`` took a
+                    # newer one since): its run no longer owns the thread
+                    fail(append.done, RunDisplaced(lg_thread))
                     continue
                 try:
                     built = append.build(idx, append.arg)
@@ -534,6 +552,8 @@ class WakefulSaver(FencingAPI):
             status="suspended",
             state=state,
             created_at=datetime.now(UTC),
+            tenant=self._tenants.get(thread),
+            metadata=interrupt_tickets(self.codec.decode, items),  # interrupts are tickets
         )
         hold = self._holds.get(thread)
         off = self.fencing == "off"

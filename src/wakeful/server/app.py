@@ -142,6 +142,7 @@ def create_app(
     live: LiveChannel | None = None,
     stream_poll_interval: float = 0.025,
     allowed_hosts: Iterable[str] = (),
+    langgraph_runs: str = "server",
 ) -> FastAPI:
     """The HTTP API over ``store``.
 
@@ -162,13 +163,19 @@ def create_app(
     only loopback Host names and ``allowed_hosts`` (421 otherwise: DNS rebinding), and in
     every mode a ``POST``/``PUT``/``PATCH``/``DELETE`` whose ``Origin`` is another site's is
     refused 403. ``allowed_hosts`` (names, ``"*"`` for any) also counts as the server's own
-    origin; with tokens, naming any turns the Host check on."""
+    origin; with tokens, naming any turns the Host check on.
+
+    ``langgraph_runs``: who runs the runs of the LangGraph API at ``/langgraph`` (mounted
+    when ``registry`` has LangGraph graphs): ``server`` (this process) or ``workers`` (the
+    fleet: runs are dispatches, streamed through ``live``; decision 0052)."""
     if max_body_bytes < 1:
         raise ValueError("max_body_bytes must be positive")
     if sse_keepalive <= 0:
         raise ValueError("sse_keepalive must be positive")
     if not body_timeout > 0:
         raise ValueError("body_timeout must be positive")
+    if langgraph_runs not in ("server", "workers"):
+        raise ValueError("langgraph_runs must be 'server' or 'workers'")
     install_redaction()
     authenticator = Authenticator(tokens)
     exposure = Exposure(development=authenticator.development, allowed_hosts=allowed_hosts)
@@ -215,8 +222,12 @@ def create_app(
         app.include_router(router, dependencies=secured)
     if registry is not None and registry.langgraphs:
         from wakeful.server.langgraph_api import create_langgraph_app
+        from wakeful.server.langgraph_runs import LangGraphFleet
 
-        app.mount("/langgraph", create_langgraph_app(store, registry.langgraphs, tokens))
+        closing = app.state.wakeful.closing  # set at shutdown: waiting requests end
+        fleet = LangGraphFleet(live, wake, closing=closing) if langgraph_runs == "workers" else None
+        lg_app = create_langgraph_app(store, registry.langgraphs, tokens, fleet)
+        app.mount("/langgraph", lg_app)
     app.include_router(health.router)
     app.include_router(apidocs.router)
     app.include_router(console.router)

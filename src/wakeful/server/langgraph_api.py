@@ -11,7 +11,9 @@ the HTTP API are the auth: a thread of another tenant is reported missing (404).
 
 Thread records (tenant, metadata) are durable in the store (``langgraph_records``, decision
 0053); the thread routes, assistants extras and crons are in ``langgraph_threads`` and
-``langgraph_crons``. See docs/langgraph-api.md and decision 0050.
+``langgraph_crons``. With a ``LangGraphFleet``, runs are dispatches that workers run
+(``wakeful.server.langgraph_runs``, decision 0052). See docs/langgraph-api.md and decision
+0050.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from wakeful.fleet.tokens import Authenticator, Caller
 from wakeful.server.langgraph_crons import add_cron_routes
 from wakeful.server.langgraph_records import Exists, ThreadRecords
+from wakeful.server.langgraph_runs import LangGraphFleet, add_fleet_runs
 from wakeful.server.langgraph_threads import add_thread_routes, record_of
 from wakeful.server.langgraph_views import (
     GRAPH_KEY,
@@ -47,7 +50,7 @@ from wakeful.server.langgraph_views import (
     stream_modes,
 )
 from wakeful.server.problems import problem
-from wakeful.store.contract import Store
+from wakeful.store.contract import DispatchQueue, Store
 
 
 class LangGraphAPI:
@@ -63,6 +66,8 @@ class LangGraphAPI:
         self.runs: dict[str, RunRecord] = {}
         self._saver: Any = None
         self.created_at = now()
+        self.runs_on_workers = False
+        """Whether runs are dispatches that workers run (``langgraph_runs``)."""
 
     async def close(self) -> None:
         """Release the saver's claims and stop its renewals (the server shuts down)."""
@@ -129,6 +134,33 @@ class LangGraphAPI:
     def graph(self, name: str) -> Any:
         return self.graphs[name].copy(update={"checkpointer": self.saver()})
 
+    async def busy(self, record: ThreadRecord) -> bool:
+        """Whether a run occupies ``record``'s thread: one this process runs, or (runs on
+        workers) a dispatch of the thread that is pending or leased."""
+        if record.running is not None:
+            return True
+        if not self.runs_on_workers or not isinstance(self.store, DispatchQueue):
+            return False
+        from wakeful.langgraph.codec import store_thread_id
+
+        thread = store_thread_id(record.thread_id)
+        for status in ("leased", "pending"):
+            if await self.store.list_dispatches(status=status, thread_id=thread, limit=1):
+                return True
+        return False
+
+    async def graph_of(self, record: ThreadRecord) -> str | None:
+        """The graph that runs ``record``'s thread: the record's, else (a run started by
+        something other than this API: a schedule's tick, ``/v1``) the one its latest
+        checkpoint names, which the record then learns."""
+        if record.assistant_id is None:
+            latest = await self.saver().aget_tuple(config_for(record.thread_id))
+            named = latest.metadata.get(GRAPH_KEY) if latest is not None else None
+            if isinstance(named, str) and named in self.graphs:
+                record.assistant_id = named
+                await self.records.learn_graph(record.thread_id, named)
+        return record.assistant_id
+
 
 def _caller(api: LangGraphAPI, request: Request) -> Caller | Response:
     header = request.headers.get("authorization")
@@ -152,9 +184,14 @@ def _missing(kind: str, ident: str, path: str) -> Response:
 
 
 def create_langgraph_app(
-    store: Store, graphs: Mapping[str, Any], tokens: Mapping[str, str] | None
+    store: Store,
+    graphs: Mapping[str, Any],
+    tokens: Mapping[str, str] | None,
+    fleet: LangGraphFleet | None = None,
 ) -> FastAPI:
-    """The LangGraph API over ``store`` for ``graphs`` (name -> compiled graph)."""
+    """The LangGraph API over ``store`` for ``graphs`` (name -> compiled graph). With
+    ``fleet``, runs are dispatches that workers run (``wakeful.server.langgraph_runs``);
+    without, the server runs them itself."""
     api = LangGraphAPI(store, graphs, Authenticator(tokens))
     app = FastAPI(title="wakeful LangGraph API", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.langgraph = api
@@ -195,6 +232,10 @@ def create_langgraph_app(
     async def invalid(request: Request, exc: ValueError) -> Response:
         return problem(422, "invalid-input", str(exc), instance=request.url.path)
 
+    if fleet is not None:  # registered first: these routes shadow the in-process ones
+        api.runs_on_workers = True
+        add_fleet_runs(app, api, fleet, visible, body_of)
+
     @app.post("/assistants/search")
     async def search_assistants(request: Request) -> Any:
         body = await body_of(request)
@@ -220,7 +261,8 @@ def create_langgraph_app(
             return _missing("thread", thread_id, request.url.path)
         if request.query_params.get("subgraphs") in ("true", "True"):
             raise Unsupported("get_state with subgraphs")
-        if record.assistant_id is None:
+        graph_name = await api.graph_of(record)
+        if graph_name is None:
             return {
                 "values": {},
                 "next": [],
@@ -231,7 +273,7 @@ def create_langgraph_app(
                 "parent_checkpoint": None,
                 "interrupts": [],
             }
-        snap = await api.graph(record.assistant_id).aget_state(config_for(thread_id))
+        snap = await api.graph(graph_name).aget_state(config_for(thread_id))
         return snapshot(snap)
 
     @app.post("/threads/{thread_id}/history")
@@ -245,9 +287,10 @@ def create_langgraph_app(
         limit = int(body.get("limit", 10))
         if not 1 <= limit <= MAX_HISTORY:
             raise ValueError(f"limit must be between 1 and {MAX_HISTORY}")
-        if record.assistant_id is None:
+        graph_name = await api.graph_of(record)
+        if graph_name is None:
             return []
-        graph = api.graph(record.assistant_id)
+        graph = api.graph(graph_name)
         return [
             snapshot(snap)
             async for snap in graph.aget_state_history(config_for(thread_id), limit=limit)

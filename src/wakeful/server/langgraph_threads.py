@@ -95,7 +95,7 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
             "updated_at": record.updated_at,
             "state_updated_at": record.updated_at,
             "metadata": metadata_of(record),
-            "status": "busy" if record.running else "idle",
+            "status": "busy" if await api.busy(record) else "idle",
             "config": {},
             "values": None,
         }
@@ -105,7 +105,7 @@ def add_thread_routes(app: FastAPI, api: LangGraphAPI, body_of: Body) -> None:
             snap = await graph.aget_state(config_for(record.thread_id))
             out["values"] = snapshot(snap)["values"]
             out["interrupts"], out["error"] = {}, None
-            if snap.next and not record.running:
+            if snap.next and out["status"] != "busy":
                 out["status"] = "interrupted"
         return out
 

@@ -75,6 +75,7 @@ async def run_server(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     store_options: Mapping[str, Any] | None = None,
+    langgraph_runs: str = "server",
 ) -> None:
     """Open the store (with ``store_options``, e.g. a PostgreSQL store's ``wake_url``),
     serve the API until uvicorn stops (SIGINT / SIGTERM, or ``stop`` is
@@ -86,7 +87,8 @@ async def run_server(
     ``wakeful.fleet.livechannels.open_live``) at ``live_url``. ``allowed_hosts``: see
     ``create_app``. A connection that has not sent its request headers within
     ``header_timeout`` seconds is closed, and at most ``max_connections`` are open at once
-    (fewer when the process's file descriptor limit is lower; ``wakeful.fleet.serving``)."""
+    (fewer when the process's file descriptor limit is lower; ``wakeful.fleet.serving``).
+    ``langgraph_runs``: see ``create_app``."""
     table = resolve_tokens(tokens)
     channel = open_live(live, live_url)
     async with open_store(store_url, **dict(store_options or {})) as store:
@@ -98,6 +100,7 @@ async def run_server(
             body_timeout=body_timeout,
             live=channel,
             allowed_hosts=allowed_hosts,
+            langgraph_runs=langgraph_runs,
         )
         config = server_config(
             app,
@@ -142,6 +145,7 @@ def serve(
     header_timeout: float = DEFAULT_HEADER_TIMEOUT,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
     store_options: Mapping[str, Any] | None = None,
+    langgraph_runs: str = "server",
 ) -> None:
     """Blocking: serve the API over the store at ``store_url`` (``wakeful serve``)."""
     asyncio.run(
@@ -160,6 +164,7 @@ def serve(
             header_timeout=header_timeout,
             max_connections=max_connections,
             store_options=store_options,
+            langgraph_runs=langgraph_runs,
         )
     )
 
