@@ -45,7 +45,7 @@ from wakeful.fleet.ticks import check_cron, next_tick, tick_label, zone
 from wakeful.fleet.wake import Wake
 from wakeful.records import Dispatch, Schedule
 from wakeful.store.contract import ScheduleStore
-from wakeful.store.firings import Firing
+from wakeful.store.firings import AheadStore, Firing
 from wakeful.store.schedule_rows import CATCH_UPS, OVERLAPS, check_schedule
 
 log = logging.getLogger("wakeful.schedules")
@@ -189,11 +189,27 @@ async def fire_page(
 ) -> FiredPage:
     """``fire_due``, saying also how much of the due page this call took: a page of
     ``limit`` read and taken means more may be due now (the firing loop reads again at
-    once). The page is fired in batches of ``BATCH`` (one statement each on PostgreSQL,
-    ``wakeful.fleet.firing_batch``), after one read of which previous runs are unfinished."""
+    once). On a store that keeps ticks prepared ahead (``AheadStore``, decision 0055), up
+    to ``limit`` due schedules prepared ahead are fired first, set-based; the others (not
+    prepared, waiting, catching up) are read and fired in batches of ``BATCH`` (one
+    statement each on PostgreSQL, ``wakeful.fleet.firing_batch``), after one read of which
+    previous runs are unfinished."""
+    created: list[Dispatch] = []
+    if isinstance(store, AheadStore):
+        # the due schedules prepared ahead first: set-based, nothing per tick in Python
+        ahead = await store.fire_prepared(limit)
+        for dispatch_id in ahead.refused:
+            log.warning("schedule tick %s refused: its thread is another tenant's", dispatch_id)
+        created.extend(ahead.created)
+        if ahead.taken >= limit:  # a full batch: more may be due (the loop fires again)
+            if created and wake is not None:
+                await wake.notify()
+            return FiredPage(created, limit, ahead.taken)
     now, due = await store.due_schedules(limit)
     if not due:
-        return FiredPage([], 0, 0)
+        if created and wake is not None:
+            await wake.notify()
+        return FiredPage(created, 0, 0)
     # Several workers read the same due page: each takes it in its own order, in batches,
     # and a batch passes over the schedules another firer is firing at that moment.
     random.shuffle(due)
@@ -206,7 +222,6 @@ async def fire_page(
             firings.append(plan(s, now, previous, next_tick(s, now)))
         except WakefulError as exc:  # one broken schedule must not stop the others
             log.warning("firing schedule %s failed: %s", s.name, exc)
-    created: list[Dispatch] = []
     taken = 0
     for i in range(0, len(firings), BATCH):
         batch = firings[i : i + BATCH]
