@@ -147,13 +147,15 @@ async def _insert(dsn: str, count: int, tick: datetime) -> None:
             revision=1,
         )
         rows.append((s.name, tick, schedule_rows.encode(s).decode()))
-    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
-        async with conn.cursor() as cur:
-            await cur.executemany(
-                f"INSERT INTO {SCHEMA}.schedules (name, tenant, paused, next_fire_at, revision,"
-                " created_at, updated_at, body) VALUES (%s, NULL, false, %s, 1, now(), now(), %s)",
-                rows,
-            )
+    async with (
+        await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn,
+        conn.cursor() as cur,
+    ):
+        await cur.executemany(
+            f"INSERT INTO {SCHEMA}.schedules (name, tenant, paused, next_fire_at, revision,"
+            " created_at, updated_at, body) VALUES (%s, NULL, false, %s, 1, now(), now(), %s)",
+            rows,
+        )
 
 
 async def test_two_firers_split_5000_ticks_due_at_one_instant_and_store_each_once(
@@ -191,8 +193,7 @@ async def test_two_firers_split_5000_ticks_due_at_one_instant_and_store_each_onc
             )
             assert await cur.fetchone() == (5000, 5000, 5000, "pending", "pending")
             cur = await conn.execute(
-                f"SELECT count(*) FROM {SCHEMA}.schedules"
-                " WHERE revision = 2 AND next_fire_at = %s",
+                f"SELECT count(*) FROM {SCHEMA}.schedules WHERE revision = 2 AND next_fire_at = %s",
                 (nine + timedelta(seconds=60),),
             )
             assert await cur.fetchone() == (5000,)

@@ -62,9 +62,9 @@ def firing_task(
         while not signal.is_set():
             pause = interval
             try:
-                fired = await fire_page(store, limit=page, wake=wake)
-                if fired.created:
-                    log.info("fired %d schedule tick(s)", len(fired.created))
+                fired = await fire_page(store, limit=page, wake=wake, collect=False)
+                if fired.fired:
+                    log.info("fired %d schedule tick(s)", fired.fired)
                 if fired.due == page and fired.taken > 0:
                     continue  # a full page: more may be due now
                 if isinstance(store, AheadStore):

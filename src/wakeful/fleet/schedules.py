@@ -167,12 +167,15 @@ async def trigger_schedule(
 
 
 class FiredPage(NamedTuple):
-    """What one ``fire_page`` call did: the dispatches it created, how many schedules it read
-    due, and how many of those it fired or advanced (the rest another firer took)."""
+    """What one ``fire_page`` call did: the dispatches it created (those the store fired
+    set-based only when asked to ``collect`` them), how many schedules it read due, how many
+    of those it fired or advanced (the rest another firer took), and how many dispatches it
+    created in all."""
 
     created: list[Dispatch]
     due: int
     taken: int
+    fired: int = 0
 
 
 async def fire_due(
@@ -185,7 +188,7 @@ async def fire_due(
 
 
 async def fire_page(
-    store: SchedulingStore, *, limit: int = 100, wake: Wake | None = None
+    store: SchedulingStore, *, limit: int = 100, wake: Wake | None = None, collect: bool = True
 ) -> FiredPage:
     """``fire_due``, saying also how much of the due page this call took: a page of
     ``limit`` read and taken means more may be due now (the firing loop reads again at
@@ -195,21 +198,23 @@ async def fire_page(
     statement each on PostgreSQL, ``wakeful.fleet.firing_batch``), after one read of which
     previous runs are unfinished."""
     created: list[Dispatch] = []
+    count = 0
     if isinstance(store, AheadStore):
         # the due schedules prepared ahead first: set-based, nothing per tick in Python
-        ahead = await store.fire_prepared(limit)
+        ahead = await store.fire_prepared(limit, collect=collect)
         for dispatch_id in ahead.refused:
             log.warning("schedule tick %s refused: its thread is another tenant's", dispatch_id)
         created.extend(ahead.created)
+        count = ahead.fired
         if ahead.taken >= limit:  # a full batch: more may be due (the loop fires again)
-            if created and wake is not None:
+            if count and wake is not None:
                 await wake.notify()
-            return FiredPage(created, limit, ahead.taken)
+            return FiredPage(created, limit, ahead.taken, count)
     now, due = await store.due_schedules(limit)
     if not due:
-        if created and wake is not None:
+        if count and wake is not None:
             await wake.notify()
-        return FiredPage(created, 0, 0)
+        return FiredPage(created, 0, 0, count)
     # Several workers read the same due page: each takes it in its own order, in batches,
     # and a batch passes over the schedules another firer is firing at that moment.
     random.shuffle(due)
@@ -231,10 +236,11 @@ async def fire_page(
             log.warning("firing %d schedules failed: %s", len(batch), exc)
             continue
         created.extend(fired.created)
+        count += len(fired.created)
         taken += len(batch) - len(fired.lost)
-    if created and wake is not None:
+    if count and wake is not None:
         await wake.notify()
-    return FiredPage(created, len(due), taken)
+    return FiredPage(created, len(due), taken, count)
 
 
 async def _submit(

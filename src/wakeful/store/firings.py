@@ -97,11 +97,13 @@ class Prepared(msgspec.Struct, frozen=True, kw_only=True):
 
 class FiredAhead(msgspec.Struct, frozen=True, kw_only=True):
     """What one ``fire_prepared`` call did: the schedules it advanced (``taken``: fired, or
-    passed over for overlap), those it left to the firer in Python (``waiting``), the
-    dispatches it created and the ticks it refused for their tenant."""
+    passed over for overlap), those it left to the firer in Python (``waiting``), how many
+    dispatches it created (``fired``) and which (``created``, when collected), and the
+    ticks it refused for their tenant."""
 
     taken: int = 0
     waiting: int = 0
+    fired: int = 0
     created: list[Dispatch] = msgspec.field(default_factory=list)
     refused: list[str] = msgspec.field(default_factory=list)
 
@@ -124,10 +126,11 @@ class AheadStore(Protocol):
         ``revision`` and no one is firing it now; how many were stored."""
         ...
 
-    async def fire_prepared(self, limit: int) -> FiredAhead:
+    async def fire_prepared(self, limit: int, *, collect: bool = True) -> FiredAhead:
         """Fire up to ``limit`` due schedules whose preparation is valid now, in one atomic
         step, splitting them with concurrent callers (rows another caller holds are passed
-        over), as ``Prepared`` says."""
+        over), as ``Prepared`` says; the dispatches created are returned if ``collect`` (the
+        firing loop only counts them)."""
         ...
 
 
@@ -189,9 +192,7 @@ def check_prepared(prepared: object) -> list[Prepared]:
         if p.firing is None or p.firing.schedule.name != p.name or len(p.firing.dispatches) > 1:
             raise InvalidInput("prepared", "a prepared tick holds its schedule's firing")
         (firing,) = check_firings([p.firing])
-        checked.append(
-            msgspec.structs.replace(p, firing=firing, tick=check_aware("tick", p.tick))
-        )
+        checked.append(msgspec.structs.replace(p, firing=firing, tick=check_aware("tick", p.tick)))
     return checked
 
 

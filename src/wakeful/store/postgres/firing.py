@@ -13,14 +13,14 @@ from datetime import datetime
 import msgspec
 
 from wakeful.errors import InvalidInput
-from wakeful.store import schedule_rows
 from wakeful.ids import check_count
 from wakeful.records import Schedule
+from wakeful.store import schedule_rows
 from wakeful.store.firings import (
+    MAX_FIRINGS,
     Fired,
     FiredAhead,
     Firing,
-    MAX_FIRINGS,
     Prepared,
     check_dispatch_ids,
     check_firings,
@@ -68,6 +68,8 @@ UPDATE @schema@.schedules s
  WHERE s.name = v.name
 """
 _FIRE_PREPARED = f"SELECT o_name, o_state, {_DISPATCH} FROM @schema@.fire_prepared(%s)"
+# what the firing loop reads: the dispatch ids only (it counts them)
+_COUNT_PREPARED = "SELECT o_name, o_state, (o_dispatch).dispatch_id FROM @schema@.fire_prepared(%s)"
 
 
 def _prepared_row(p: Prepared) -> dict[str, object]:
@@ -162,9 +164,7 @@ class FiringOps:
             raise InvalidInput("ahead", "must be between 0 and 86400 seconds")
         if not isinstance(salt, str) or len(salt) > 64:
             raise InvalidInput("salt", "must be a string of at most 64 characters")
-        rows = await self._db.fetchall(
-            _TO_PREPARE, (float(ahead), salt, limit), idempotent=True
-        )
+        rows = await self._db.fetchall(_TO_PREPARE, (float(ahead), salt, limit), idempotent=True)
         now = utc(rows[0][0])
         return now, [row_of(r[1:]) for r in rows if r[6] is not None]
 
@@ -175,11 +175,11 @@ class FiringOps:
         text = _JSON.encode([_prepared_row(p) for p in batch]).decode()
         return await self._db.execute(_PREPARE, (text,))
 
-    async def fire_prepared(self, limit: int) -> FiredAhead:
+    async def fire_prepared(self, limit: int, *, collect: bool = True) -> FiredAhead:
         limit = check_count("limit", limit, minimum=1, maximum=MAX_FIRINGS)
-        rows = await self._db.fetchall(_FIRE_PREPARED, (limit,))
+        rows = await self._db.fetchall(_FIRE_PREPARED if collect else _COUNT_PREPARED, (limit,))
         fired = FiredAhead()
-        taken = waiting = 0
+        taken = waiting = count = 0
         for name, state, *dispatch in rows:
             if state == "waiting":
                 waiting += 1
@@ -188,8 +188,10 @@ class FiringOps:
             elif state is not None:
                 taken += 1
             elif dispatch[0] is not None:
-                fired.created.append(codec.dispatch(tuple(dispatch)))
-        return msgspec.structs.replace(fired, taken=taken, waiting=waiting)
+                count += 1
+                if collect:
+                    fired.created.append(codec.dispatch(tuple(dispatch)))
+        return msgspec.structs.replace(fired, taken=taken, waiting=waiting, fired=count)
 
     async def next_schedule_due(self) -> tuple[datetime, datetime | None]:
         row = await self._db.fetchone(_NEXT_DUE, None, idempotent=True)

@@ -2,7 +2,7 @@
 -- (issue 38 item 4, decision 0055).
 --
 -- Applied after 0026, under the same rules (one transaction, advisory lock, @schema@
--- placeholder). Adds six nullable columns, an index and one function, and gives the ticks
+-- placeholder). Adds six nullable columns, two indexes and one function, and gives the ticks
 -- fire_schedules() inserts their fair tags (end of file); changes nothing else. A process of
 -- an earlier version keeps firing through fire_schedules(), which bumps the revision and so
 -- makes any prepared tick of the schedule void.
@@ -38,7 +38,8 @@
 --      (passed over, the schedule advanced, as fire_schedules() does); the first tick on a
 --      thread is 'pending' unless the thread's run slot is held or runs are queued
 --      (slot_ahead(), asked only of threads that existed), then 'queued' behind the last;
---      further ticks on one thread queue behind the one before; pending ones take fair tags
+--      further ticks on one thread queue behind the one before (slot_ahead() once per
+--      thread that existed, none per tick); pending ones take fair tags
 --      as one enqueue() after another would (fair_tag() once per priority and tenant, then
 --      one more per row); one INSERT ... ON CONFLICT DO NOTHING, so a tick fired before
 --      stays one dispatch;
@@ -58,6 +59,10 @@ ALTER TABLE @schema@.schedules
 -- what the firers still have to prepare: O(unprepared) to read, however many are prepared
 CREATE INDEX schedules_unprepared ON @schema@.schedules (next_fire_at)
     WHERE NOT paused AND prepared_revision IS DISTINCT FROM revision;
+-- what fire_prepared() takes, in due order: a batch reads its rows and stops (no sort of
+-- every due schedule per batch)
+CREATE INDEX schedules_prepared ON @schema@.schedules (next_fire_at)
+    WHERE NOT paused AND prepared_revision = revision AND prepared_tick = next_fire_at;
 
 CREATE FUNCTION @schema@.fire_prepared(p_limit integer)
 RETURNS TABLE (o_name text, o_state text, o_dispatch @schema@.dispatches)
@@ -86,18 +91,24 @@ DECLARE
     busy text[];
     made text[];
     refused text[];
+    s_thread text[];
+    s_busy text[];
+    s_behind text[];
     d @schema@.dispatches%ROWTYPE;
 BEGIN
     PERFORM set_config('synchronous_commit', 'off', true);
     WITH taken AS (
-        SELECT s.name, s.prepared::jsonb AS p
+        SELECT s.name, s.prepared
           FROM @schema@.schedules s
          WHERE NOT s.paused AND s.next_fire_at <= n
            AND s.prepared_revision = s.revision AND s.prepared_tick = s.next_fire_at
            AND n < coalesce(s.prepared_until, 'infinity')
          ORDER BY s.next_fire_at
          LIMIT p_limit
-           FOR UPDATE SKIP LOCKED)
+           FOR UPDATE SKIP LOCKED
+    ), t AS MATERIALIZED (  -- parsed once, and only the rows taken
+        SELECT taken.name, taken.prepared::jsonb AS p FROM taken
+    )
     SELECT coalesce(array_agg(t.name ORDER BY t.name), '{}'),
            array_agg(t.p ->> 'previous' ORDER BY t.name),
            array_agg(t.p ->> 'overlap' ORDER BY t.name),
@@ -109,7 +120,7 @@ BEGIN
            array_agg((t.p ->> 'max_attempts')::bigint ORDER BY t.name)
       INTO a_name, a_prev, a_overlap, a_id, a_thread, a_payload, a_tenant, a_priority,
            a_attempts
-      FROM taken t;
+      FROM t;
     IF cardinality(a_name) = 0 THEN
         RETURN;
     END IF;
@@ -156,6 +167,13 @@ BEGIN
              WHERE x.tenant IS NOT NULL
              ORDER BY x.thread, x.k) f
      WHERE h.thread_id = f.thread AND h.version = 0 AND h.tenant IS NULL;
+    -- the run slot of each thread that existed before (a new thread's is free): one
+    -- slot_ahead() per such thread, none per tick
+    SELECT coalesce(array_agg(v.x), '{}'), array_agg(z.o_busy), array_agg(z.o_behind)
+      INTO s_thread, s_busy, s_behind
+      FROM (SELECT x FROM unnest(t_thread) AS x
+            EXCEPT SELECT x FROM unnest(made) AS x) v
+     CROSS JOIN LATERAL @schema@.slot_ahead(v.x) AS z;
     -- Admission as enqueue() decides it, read before anything is inserted: a tick of another
     -- tenant's thread is refused; the first tick on a thread is admitted by the thread's run
     -- slot (a new thread's is free), the next ones queue behind the one before; a pending
@@ -163,12 +181,10 @@ BEGIN
     WITH w AS (
         SELECT x.k, x.id, x.thread, x.tenant, x.priority,
                x.tenant IS NOT NULL AND (h.version > 0 OR h.tenant IS NOT NULL)
-                   AND h.tenant IS DISTINCT FROM x.tenant AS refused,
-               m.x IS NOT NULL AS fresh
+                   AND h.tenant IS DISTINCT FROM x.tenant AS refused
           FROM unnest(t_id, t_thread, t_tenant, t_priority)
                WITH ORDINALITY AS x(id, thread, tenant, priority, k)
           JOIN @schema@.threads h ON h.thread_id = x.thread
-          LEFT JOIN (SELECT DISTINCT x FROM unnest(made) AS x) m ON m.x = x.thread
     ), r AS (
         SELECT w.*, row_number() OVER (PARTITION BY w.thread ORDER BY w.k) AS r,
                lag(w.id) OVER (PARTITION BY w.thread ORDER BY w.k) AS before
@@ -179,9 +195,8 @@ BEGIN
                    AS status,
                CASE WHEN r.r > 1 THEN r.before ELSE s.o_behind END AS behind
           FROM r
-          LEFT JOIN LATERAL (
-                SELECT z.o_busy, z.o_behind FROM @schema@.slot_ahead(r.thread) AS z
-                 WHERE r.r = 1 AND NOT r.fresh) s ON true
+          LEFT JOIN unnest(s_thread, s_busy, s_behind) AS s(thread, o_busy, o_behind)
+            ON r.r = 1 AND s.thread = r.thread
     ), g AS MATERIALIZED (  -- fair_tag() once per priority and tenant
         SELECT p.priority, p.tenant, @schema@.fair_tag(p.priority, p.tenant) AS base
           FROM (SELECT DISTINCT a.priority, a.tenant FROM a WHERE a.status = 'pending') p
