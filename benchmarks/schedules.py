@@ -142,8 +142,11 @@ def _pg_lateness(dsn: str, tick: datetime, count: int, deadline: float) -> Late 
                     f" WHERE dispatch_id LIKE %s",
                     (tick, pattern),
                 ).fetchall()
-                # the next round's overlap check finds these runs ended
-                conn.execute(f"UPDATE {SCHEMA}.dispatches SET status = 'done'")
+                # the next round's overlap check finds these runs ended (only the rows not
+                # done yet: rewriting every earlier round's rows loaded the server)
+                conn.execute(
+                    f"UPDATE {SCHEMA}.dispatches SET status = 'done' WHERE status <> 'done'"
+                )
                 return [float(r[0]) for r in rows], visible
             time.sleep(0.02)
     return None
