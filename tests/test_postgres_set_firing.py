@@ -3,7 +3,8 @@
 same dispatch and schedule rows); two concurrent firers split 5,000 ticks due at one instant
 and store each once; the overlap and catch-up policies hold (a busy schedule is skipped or
 left waiting, a preparation the clock went past is not used); a tenant's refusal, a
-changed schedule and a paused one are handled as before.
+changed schedule and a paused one are handled as before; the firing loop prepares what is
+due soon and fires it when due.
 
 Each test runs in a fresh database whose store clock is frozen (``freeze_clock``) and set
 explicitly, so two databases can fire at the very same instant."""
@@ -21,9 +22,11 @@ from psycopg import sql
 
 from tests.postgres_support import SCHEMA, Databases, freeze_clock, open_test_store
 from wakeful.fleet.client import submit
+from wakeful.fleet.firing import firing_task
 from wakeful.fleet.firing_ahead import prepare, prepare_ahead
 from wakeful.fleet.firing_batch import schedule_dispatch_id
 from wakeful.fleet.schedules import fire_due, fire_page, schedule
+from wakeful.fleet.wake import NoWake
 from wakeful.records import Schedule
 from wakeful.store import schedule_rows
 from wakeful.store.firings import AheadStore
@@ -175,16 +178,18 @@ async def test_two_firers_split_5000_ticks_due_at_one_instant_and_store_each_onc
         assert await _prepare_all(one) + sum(prepared) >= 5000
         await _set_clock(dsn, nine)
 
-        async def firer(store: PostgresStore) -> tuple[int, int]:
+        async def firer(store: PostgresStore, collect: bool) -> tuple[int, int]:
             created = taken = 0
             while True:
-                page = await fire_page(store, limit=1000)
-                created += len(page.created)
+                page = await fire_page(store, limit=1000, collect=collect)
+                assert len(page.created) == (page.fired if collect else 0)
+                created += page.fired
                 taken += page.taken
                 if page.taken < 1000:
                     return created, taken
 
-        results = await asyncio.gather(firer(one), firer(two))
+        # one collects the dispatches it created, the other (as the firing loop) counts them
+        results = await asyncio.gather(firer(one, True), firer(two, False))
         assert sum(c for c, _ in results) == 5000, results
         async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
             cur = await conn.execute(
@@ -317,3 +322,42 @@ async def test_refused_changed_and_paused_schedules_are_handled_as_before(
         assert tick.payload["input"] == {"v": 2}
     finally:
         await store.close()
+
+
+async def test_the_firing_loop_prepares_what_is_due_soon_and_fires_it(
+    pg_databases: Databases,
+) -> None:
+    dsn = await _db(pg_databases)
+    store = await open_test_store(dsn)
+    task = firing_task(store, NoWake(), 0.05, page=10)
+    try:
+        for i in range(25):  # more than a page: the loop prepares page after page
+            name = f"s{i:02d}"
+            await schedule(store, name, target="g", every=60, thread_template="{tick}-{name}")
+        task.start()
+        prepared = f"SELECT count(*) FROM {SCHEMA}.schedules WHERE prepared_revision = revision"
+        assert await _poll(dsn, prepared, 25)
+        nine = T0 + timedelta(seconds=30)
+        await _set_clock(dsn, nine)
+        fired = f"SELECT count(*) FROM {SCHEMA}.dispatches WHERE created_at = %s"
+        assert await _poll(dsn, fired, 25, nine)
+        # and prepares the next ticks at once (due within 60 s)
+        assert await _poll(dsn, prepared, 25)
+        s = await store.get_schedule("s07")
+        assert s is not None and s.revision == 2 and s.fired == 1
+    finally:
+        task.signal.set()
+        await task.stop()
+        await store.close()
+
+
+async def _poll(dsn: str, query: str, want: int, *params: object) -> bool:
+    """Whether ``query``'s count reaches ``want`` within 20 s."""
+    deadline = asyncio.get_running_loop().time() + 20
+    async with await psycopg.AsyncConnection.connect(dsn, autocommit=True) as conn:
+        while asyncio.get_running_loop().time() < deadline:
+            row = await (await conn.execute(query, params or None)).fetchone()
+            if row is not None and row[0] >= want:
+                return True
+            await asyncio.sleep(0.05)
+    return False
