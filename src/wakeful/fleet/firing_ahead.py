@@ -7,14 +7,17 @@ before), what firing its next tick does (``prepare``: ``plan`` applied at the ti
 the previous run had ended) and stores it with the schedule (``AheadStore.prepare_ticks``),
 valid only at the schedule's current revision. When the tick is due, any firer's
 ``fire_prepared`` fires every due schedule with a valid preparation in batches, set-based,
-deciding the one thing left (whether the previous tick's run is unfinished) there.
+deciding the one thing left (whether the previous tick's run is unfinished) there: a busy
+schedule is passed over (``overlap="skip"``) or made to wait (``"enqueue"``) as ``plan``
+would.
 
 A preparation holds for a firing moment in [tick, until): ``until`` is the next tick (a
 firer later than that catches several ticks up: the firer in Python does it), or 60 s after
 the tick with ``catch_up="skip"`` (the tick counts as missed). Anything else (a schedule
-whose ``overlap="enqueue"`` tick waits, a paused one, one changed since it was prepared,
-one prepared too late) is fired as before, in Python (``wakeful.fleet.firing_batch``); the
-dispatch id of a tick is the same either way, so nothing fires twice."""
+whose tick waits already, a paused one, one changed since it was prepared, one prepared too
+late) is fired as before, in Python (``wakeful.fleet.firing_batch``), which reads only those
+(``AheadStore.due_unprepared``); the dispatch id of a tick is the same either way, so
+nothing fires twice."""
 
 from __future__ import annotations
 
@@ -57,8 +60,16 @@ def prepare(s: Schedule) -> Prepared:
         grace = tick + SKIP_GRACE + _US  # plan fires it while now - tick <= SKIP_GRACE
         until = grace if until is None else min(until, grace)
     previous = s.last_dispatch_id if s.overlap != "allow" else None
+    # the store makes it wait, when the previous run is unfinished, as plan does
+    waiting = plan(s, tick, True, after).schedule if s.overlap == "enqueue" else None
     prepared = Prepared(
-        name=s.name, revision=s.revision, tick=tick, until=until, firing=firing, previous=previous
+        name=s.name,
+        revision=s.revision,
+        tick=tick,
+        until=until,
+        firing=firing,
+        previous=previous,
+        waiting=waiting,
     )
     try:
         check_prepared([prepared])

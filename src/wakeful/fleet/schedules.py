@@ -210,7 +210,10 @@ async def fire_page(
             if count and wake is not None:
                 await wake.notify()
             return FiredPage(created, limit, ahead.taken, count)
-    now, due = await store.due_schedules(limit)
+        # the others: fire_prepared leaves none of its own for this path to plan in vain
+        now, due = await store.due_unprepared(limit)
+    else:
+        now, due = await store.due_schedules(limit)
     if not due:
         if count and wake is not None:
             await wake.notify()

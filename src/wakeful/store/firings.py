@@ -85,7 +85,8 @@ class Prepared(msgspec.Struct, frozen=True, kw_only=True):
     after) and its dispatch (none when the thread template refused the tick); unless the run
     of ``previous`` (the last tick's dispatch; ``None`` with ``overlap="allow"``) is
     unfinished: then with ``overlap="skip"`` the schedule only advances to the next tick,
-    with ``"enqueue"`` the store leaves it to the firer in Python."""
+    with ``"enqueue"`` it is stored ``waiting`` and looked at again a second later (by the
+    firer in Python, as ``firing_batch.plan`` makes a tick wait)."""
 
     name: str
     revision: int
@@ -93,11 +94,15 @@ class Prepared(msgspec.Struct, frozen=True, kw_only=True):
     until: datetime | None = None
     firing: Firing | None = None
     previous: str | None = None
+    waiting: Schedule | None = None
+    """With ``overlap="enqueue"``: the schedule as stored while the tick waits for the
+    previous run (``waiting_since`` the tick)."""
 
 
 class FiredAhead(msgspec.Struct, frozen=True, kw_only=True):
-    """What one ``fire_prepared`` call did: the schedules it advanced (``taken``: fired, or
-    passed over for overlap), those it left to the firer in Python (``waiting``), how many
+    """What one ``fire_prepared`` call did: the schedules it advanced (``taken``: fired,
+    passed over for overlap, or made to wait), those of them made to wait (``waiting``), how
+    many
     dispatches it created (``fired``) and which (``created``, when collected), and the
     ticks it refused for their tenant."""
 
@@ -124,6 +129,11 @@ class AheadStore(Protocol):
     async def prepare_ticks(self, prepared: Sequence[Prepared]) -> int:
         """Store ``prepared`` with their schedules, each only if the schedule still has its
         ``revision`` and no one is firing it now; how many were stored."""
+        ...
+
+    async def due_unprepared(self, limit: int = 100) -> tuple[datetime, list[Schedule]]:
+        """``ScheduleStore.due_schedules`` without the schedules ``fire_prepared`` would fire
+        now: what the firer in Python has left to fire."""
         ...
 
     async def fire_prepared(self, limit: int, *, collect: bool = True) -> FiredAhead:
@@ -192,7 +202,13 @@ def check_prepared(prepared: object) -> list[Prepared]:
         if p.firing is None or p.firing.schedule.name != p.name or len(p.firing.dispatches) > 1:
             raise InvalidInput("prepared", "a prepared tick holds its schedule's firing")
         (firing,) = check_firings([p.firing])
-        checked.append(msgspec.structs.replace(p, firing=firing, tick=check_aware("tick", p.tick)))
+        waiting = None
+        if p.waiting is not None:
+            waiting = schedule_rows.check_schedule(p.waiting)
+            if waiting.name != p.name:
+                raise InvalidInput("prepared", "a prepared tick waits as its own schedule")
+        tick = check_aware("tick", p.tick)
+        checked.append(msgspec.structs.replace(p, firing=firing, waiting=waiting, tick=tick))
     return checked
 
 

@@ -67,6 +67,17 @@ UPDATE @schema@.schedules s
   FROM v JOIN l ON l.name = v.name
  WHERE s.name = v.name
 """
+# due, and not what fire_prepared() takes (a valid preparation, the clock before its end)
+_DUE_UNPREPARED = """
+WITH k AS MATERIALIZED (SELECT @schema@.store_now() AS n)
+SELECT k.n, s.paused, s.next_fire_at, s.revision, s.created_at, s.updated_at, s.body
+  FROM k LEFT JOIN LATERAL (
+       SELECT * FROM @schema@.schedules
+        WHERE NOT paused AND next_fire_at <= k.n
+          AND NOT coalesce(prepared_revision = revision AND prepared_tick = next_fire_at
+                           AND k.n < coalesce(prepared_until, 'infinity'), false)
+        ORDER BY next_fire_at, name LIMIT %s) s ON true
+"""
 _FIRE_PREPARED = f"SELECT o_name, o_state, {_DISPATCH} FROM @schema@.fire_prepared(%s)"
 # what the firing loop reads: the dispatch ids only (it counts them)
 _COUNT_PREPARED = "SELECT o_name, o_state, (o_dispatch).dispatch_id FROM @schema@.fire_prepared(%s)"
@@ -94,6 +105,7 @@ def _prepared_row(p: Prepared) -> dict[str, object]:
                 "tenant": None if tick is None else tick.tenant,
                 "priority": 0 if tick is None else tick.priority,
                 "max_attempts": 0 if tick is None else tick.max_attempts,
+                "waiting": None if p.waiting is None else schedule_rows.encode(p.waiting).decode(),
             }
         ).decode(),
     }
@@ -175,6 +187,12 @@ class FiringOps:
         text = _JSON.encode([_prepared_row(p) for p in batch]).decode()
         return await self._db.execute(_PREPARE, (text,))
 
+    async def due_unprepared(self, limit: int = 100) -> tuple[datetime, list[Schedule]]:
+        limit = check_count("limit", limit, minimum=1)
+        rows = await self._db.fetchall(_DUE_UNPREPARED, (limit,), idempotent=True)
+        now = utc(rows[0][0])
+        return now, [row_of(r[1:]) for r in rows if r[6] is not None]
+
     async def fire_prepared(self, limit: int, *, collect: bool = True) -> FiredAhead:
         limit = check_count("limit", limit, minimum=1, maximum=MAX_FIRINGS)
         rows = await self._db.fetchall(_FIRE_PREPARED if collect else _COUNT_PREPARED, (limit,))
@@ -183,6 +201,7 @@ class FiringOps:
         for name, state, *dispatch in rows:
             if state == "waiting":
                 waiting += 1
+                taken += 1
             elif state == "refused":
                 fired.refused.append(name)
             elif state is not None:

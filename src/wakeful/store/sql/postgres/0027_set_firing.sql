@@ -20,17 +20,19 @@
 --                      after the tick with catch_up="skip" (the tick counts as missed);
 --   prepared_next      next_fire_at once fired (the tick after prepared_tick);
 --   prepared           the tick's dispatch as JSON (id, thread, payload, tenant, priority,
---                      max_attempts; thread NULL when its template refused the tick) and
---                      the overlap check (previous: the last tick's dispatch unless
---                      overlap="allow"; overlap);
+--                      max_attempts; thread NULL when its template refused the tick), the
+--                      overlap check (previous: the last tick's dispatch unless
+--                      overlap="allow"; overlap) and, with overlap="enqueue", the body of
+--                      the schedule waiting for the previous run (waiting);
 --   prepared_body      the schedule's body once the tick fired (last_tick, fired, ...).
 --
 -- fire_prepared(p_limit): at most p_limit due schedules with a valid preparation, taken
 -- FOR UPDATE SKIP LOCKED (firers running it at once split the due schedules instead of
 -- queueing behind each other), fired by a few set-based statements, whatever their number:
 --   overlap check: one unfinished_runs() read of their previous ticks; a busy schedule with
---      overlap="skip" advances without a tick, one with overlap="enqueue" is left due for the
---      firer in Python (it waits: waiting_since), reported 'waiting';
+--      overlap="skip" advances without a tick, one with overlap="enqueue" waits as the firer
+--      in Python makes it wait (waiting_since the tick, looked at again a second later by
+--      that firer), reported 'waiting';
 --   the ticks not stored yet, as enqueue() stores a start (if_busy 'enqueue', no key, due
 --      now): their thread rows inserted if missing, then locked in thread order (the order
 --      enqueue's callers and fire_schedules() lock them in); a thread not bound to a tenant
@@ -44,6 +46,8 @@
 --      one more per row); one INSERT ... ON CONFLICT DO NOTHING, so a tick fired before
 --      stays one dispatch;
 --   the schedules advanced in one UPDATE (revision + 1, next_fire_at = prepared_next).
+-- So a due schedule with a valid preparation is always fired here: the firer in Python
+-- reads only the others (fire_prepared() never leaves one for it to plan in vain).
 -- Returns a row per schedule taken (o_name, o_state 'fired' | 'skipped' | 'waiting') and a
 -- row per dispatch created (o_dispatch). Commits without waiting for its WAL flush, as
 -- fire_schedules() does (a batch lost with a server crash is as if never fired).
@@ -78,6 +82,7 @@ DECLARE
     a_tenant text[];
     a_priority integer[];
     a_attempts bigint[];
+    a_wait text[];
     a_state text[];
     t_id text[];
     t_thread text[];
@@ -117,9 +122,10 @@ BEGIN
            array_agg(t.p ->> 'payload' ORDER BY t.name),
            array_agg(t.p ->> 'tenant' ORDER BY t.name),
            array_agg((t.p ->> 'priority')::integer ORDER BY t.name),
-           array_agg((t.p ->> 'max_attempts')::bigint ORDER BY t.name)
+           array_agg((t.p ->> 'max_attempts')::bigint ORDER BY t.name),
+           array_agg(t.p ->> 'waiting' ORDER BY t.name)
       INTO a_name, a_prev, a_overlap, a_id, a_thread, a_payload, a_tenant, a_priority,
-           a_attempts
+           a_attempts, a_wait
       FROM t;
     IF cardinality(a_name) = 0 THEN
         RETURN;
@@ -131,7 +137,7 @@ BEGIN
         SELECT CASE WHEN b.u IS NULL THEN 'fired'
                     WHEN t.overlap = 'enqueue' THEN 'waiting'
                     ELSE 'skipped' END
-          FROM unnest(a_prev, a_overlap) WITH ORDINALITY AS t(prev, overlap, i)
+          FROM unnest(a_prev, a_overlap, a_wait) WITH ORDINALITY AS t(prev, overlap, wait, i)
           LEFT JOIN (SELECT DISTINCT x AS u FROM unnest(busy) AS x) b ON b.u = t.prev
          ORDER BY t.i);
     -- the ticks to store: fired, a thread named, not stored before; by thread, then name
@@ -236,20 +242,26 @@ BEGIN
         o_dispatch := d;
         RETURN NEXT;
     END LOOP;
+    -- a waiting schedule (overlap="enqueue", previous run unfinished) waits as the firer in
+    -- Python makes it wait: waiting_since the tick, looked at again in a second
+    -- (firing_batch.ENQUEUE_RECHECK), then fired by that firer once the run ended
     RETURN QUERY
     WITH v AS (
-        SELECT t.name, t.state
-          FROM unnest(a_name, a_state) AS t(name, state)
+        SELECT t.name, t.state, t.wait
+          FROM unnest(a_name, a_state, a_wait) AS t(name, state, wait)
     ), up AS (
         UPDATE @schema@.schedules s
-           SET next_fire_at = s.prepared_next, revision = s.revision + 1, updated_at = n,
-               body = CASE WHEN v.state = 'fired' THEN s.prepared_body ELSE s.body END
+           SET next_fire_at = CASE WHEN v.state = 'waiting' THEN n + interval '1 second'
+                                   ELSE s.prepared_next END,
+               revision = s.revision + 1, updated_at = n,
+               body = CASE v.state WHEN 'fired' THEN s.prepared_body
+                                   WHEN 'waiting' THEN coalesce(v.wait, s.body)
+                                   ELSE s.body END
           FROM v
-         WHERE s.name = v.name AND v.state <> 'waiting'
+         WHERE s.name = v.name
         RETURNING s.name)
     SELECT v.name, v.state, NULL::@schema@.dispatches
-      FROM v LEFT JOIN up ON up.name = v.name
-     WHERE v.state = 'waiting' OR up.name IS NOT NULL;
+      FROM v JOIN up ON up.name = v.name;
     -- a refused tick is passed over, said once (its schedule advanced): as fire_schedules()
     RETURN QUERY
     SELECT x, 'refused', NULL::@schema@.dispatches FROM unnest(refused) AS x;

@@ -1558,6 +1558,7 @@ DECLARE
     a_tenant text[];
     a_priority integer[];
     a_attempts bigint[];
+    a_wait text[];
     a_state text[];
     t_id text[];
     t_thread text[];
@@ -1597,9 +1598,10 @@ BEGIN
            array_agg(t.p ->> 'payload' ORDER BY t.name),
            array_agg(t.p ->> 'tenant' ORDER BY t.name),
            array_agg((t.p ->> 'priority')::integer ORDER BY t.name),
-           array_agg((t.p ->> 'max_attempts')::bigint ORDER BY t.name)
+           array_agg((t.p ->> 'max_attempts')::bigint ORDER BY t.name),
+           array_agg(t.p ->> 'waiting' ORDER BY t.name)
       INTO a_name, a_prev, a_overlap, a_id, a_thread, a_payload, a_tenant, a_priority,
-           a_attempts
+           a_attempts, a_wait
       FROM t;
     IF cardinality(a_name) = 0 THEN
         RETURN;
@@ -1611,7 +1613,7 @@ BEGIN
         SELECT CASE WHEN b.u IS NULL THEN 'fired'
                     WHEN t.overlap = 'enqueue' THEN 'waiting'
                     ELSE 'skipped' END
-          FROM unnest(a_prev, a_overlap) WITH ORDINALITY AS t(prev, overlap, i)
+          FROM unnest(a_prev, a_overlap, a_wait) WITH ORDINALITY AS t(prev, overlap, wait, i)
           LEFT JOIN (SELECT DISTINCT x AS u FROM unnest(busy) AS x) b ON b.u = t.prev
          ORDER BY t.i);
     -- the ticks to store: fired, a thread named, not stored before; by thread, then name
@@ -1716,20 +1718,26 @@ BEGIN
         o_dispatch := d;
         RETURN NEXT;
     END LOOP;
+    -- a waiting schedule (overlap="enqueue", previous run unfinished) waits as the firer in
+    -- Python makes it wait: waiting_since the tick, looked at again in a second
+    -- (firing_batch.ENQUEUE_RECHECK), then fired by that firer once the run ended
     RETURN QUERY
     WITH v AS (
-        SELECT t.name, t.state
-          FROM unnest(a_name, a_state) AS t(name, state)
+        SELECT t.name, t.state, t.wait
+          FROM unnest(a_name, a_state, a_wait) AS t(name, state, wait)
     ), up AS (
         UPDATE @schema@.schedules s
-           SET next_fire_at = s.prepared_next, revision = s.revision + 1, updated_at = n,
-               body = CASE WHEN v.state = 'fired' THEN s.prepared_body ELSE s.body END
+           SET next_fire_at = CASE WHEN v.state = 'waiting' THEN n + interval '1 second'
+                                   ELSE s.prepared_next END,
+               revision = s.revision + 1, updated_at = n,
+               body = CASE v.state WHEN 'fired' THEN s.prepared_body
+                                   WHEN 'waiting' THEN coalesce(v.wait, s.body)
+                                   ELSE s.body END
           FROM v
-         WHERE s.name = v.name AND v.state <> 'waiting'
+         WHERE s.name = v.name
         RETURNING s.name)
     SELECT v.name, v.state, NULL::@schema@.dispatches
-      FROM v LEFT JOIN up ON up.name = v.name
-     WHERE v.state = 'waiting' OR up.name IS NOT NULL;
+      FROM v JOIN up ON up.name = v.name;
     -- a refused tick is passed over, said once (its schedule advanced): as fire_schedules()
     RETURN QUERY
     SELECT x, 'refused', NULL::@schema@.dispatches FROM unnest(refused) AS x;
