@@ -49,17 +49,21 @@ import msgspec
 from benchmarks.common import DEFAULT_DSN, Collector, Database, Result
 from wakeful import open_store
 from wakeful.fleet.firing import firing_task
+from wakeful.fleet.firing_ahead import prepare_ahead
 from wakeful.fleet.schedules import fire_page
 from wakeful.fleet.ticks import next_tick
 from wakeful.fleet.wake import NoWake
 from wakeful.records import Schedule
 from wakeful.store import schedule_rows
+from wakeful.store.firings import AheadStore
 from wakeful.store.sqlite import SqliteStore
 
 SCHEMA = "wakeful"
 LEAD = 3.0
 _US = timedelta(microseconds=1)
 """Seconds at least between setting a round up and its tick."""
+Late = tuple[list[float], list[float] | None]
+"""Lateness by ``created_at``, and by visibility (claimable) where measured."""
 
 
 def _schedules(count: int, every: float, tick: datetime) -> list[Schedule]:
@@ -112,24 +116,39 @@ def _pg_setup(dsn: str, count: int, every: float) -> datetime:
     return tick
 
 
-def _pg_lateness(dsn: str, tick: datetime, count: int, deadline: float) -> list[float] | None:
+def _pg_lateness(dsn: str, tick: datetime, count: int, deadline: float) -> Late | None:
     """Each tick's lateness in seconds once all ``count`` are fired (``None``: not by the
-    deadline)."""
+    deadline): by its ``created_at`` (the store's clock when the firing transaction began),
+    and by when it became visible to another session, i.e. claimable (the store's clock at
+    the first poll, every 20 ms, that counted it: committed by then)."""
     import psycopg
 
     label = tick.strftime("%Y-%m-%dT%H:%M:%S")
+    pattern = f"sched:%:{label}%"
+    visible: list[float] = []
     with psycopg.connect(dsn, autocommit=True) as conn:
         while time.monotonic() < deadline:
-            rows = conn.execute(
-                f"SELECT extract(epoch FROM created_at - %s) FROM {SCHEMA}.dispatches"
-                f" WHERE dispatch_id LIKE %s",
-                (tick, f"sched:%:{label}%"),
-            ).fetchall()
-            if len(rows) >= count:
-                # the next round's overlap check finds these runs ended
-                conn.execute(f"UPDATE {SCHEMA}.dispatches SET status = 'done'")
-                return [float(r[0]) for r in rows]
-            time.sleep(0.05)
+            row = conn.execute(
+                f"SELECT extract(epoch FROM clock_timestamp() - %s), count(*)"
+                f" FROM {SCHEMA}.dispatches WHERE dispatch_id LIKE %s",
+                (tick, pattern),
+            ).fetchone()
+            assert row is not None
+            seen, total = float(row[0]), int(row[1])
+            visible.extend([seen] * (total - len(visible)))
+            if total >= count:
+                rows = conn.execute(
+                    f"SELECT extract(epoch FROM created_at - %s) FROM {SCHEMA}.dispatches"
+                    f" WHERE dispatch_id LIKE %s",
+                    (tick, pattern),
+                ).fetchall()
+                # the next round's overlap check finds these runs ended (only the rows not
+                # done yet: rewriting every earlier round's rows loaded the server)
+                conn.execute(
+                    f"UPDATE {SCHEMA}.dispatches SET status = 'done' WHERE status <> 'done'"
+                )
+                return [float(r[0]) for r in rows], visible
+            time.sleep(0.02)
     return None
 
 
@@ -205,7 +224,16 @@ def _tick_of(dispatch_id: str) -> datetime:
 class _OneByOne:
     """A store without its batches (``TickStore`` hidden): decision 0038's firing path."""
 
-    _HIDDEN = frozenset(("fire_schedules", "unfinished_runs", "next_schedule_due"))
+    _HIDDEN = frozenset(
+        (
+            "fire_schedules",
+            "unfinished_runs",
+            "next_schedule_due",
+            "to_prepare",
+            "prepare_ticks",
+            "fire_prepared",
+        )
+    )
 
     def __init__(self, inner: object) -> None:
         self._inner = inner
@@ -228,11 +256,13 @@ async def _fire_all(store: object, count: int) -> float:
     return time.perf_counter() - started
 
 
-async def _ab(dsn: str, count: int) -> tuple[float, float]:
-    """Seconds to fire ``count`` due schedules batched, then one by one."""
+async def _ab(dsn: str, count: int) -> tuple[float, float, float]:
+    """Seconds to fire ``count`` due schedules prepared ahead (decision 0055; the preparing
+    is not timed), in batches, then one by one."""
     async with open_store(dsn) as store:
+        assert isinstance(store, AheadStore)
         seconds = []
-        for prefix, firer in (("a", store), ("b", _OneByOne(store))):
+        for prefix, firer in (("p", store), ("a", store), ("b", _OneByOne(store))):
             # hourly, due since the hour began: each fires that tick (catch-up "latest")
             hour = (await store.store_now()).replace(minute=0, second=0, microsecond=0)
             due = [
@@ -240,8 +270,11 @@ async def _ab(dsn: str, count: int) -> tuple[float, float]:
                 for s in _schedules(count, 3600.0, hour)
             ]
             await asyncio.to_thread(_pg_insert, dsn, due)
+            if prefix == "p":
+                while await prepare_ahead(store, ahead=0, limit=1000) > 0:
+                    pass
             seconds.append(await _fire_all(firer, count))
-        return seconds[0], seconds[1]
+        return seconds[0], seconds[1], seconds[2]
 
 
 def _postgres(args: argparse.Namespace, out: Collector) -> None:
@@ -249,16 +282,18 @@ def _postgres(args: argparse.Namespace, out: Collector) -> None:
         db = Database(args.dsn, f"wakeful_bench_sched_ab_{uuid.uuid4().hex[:8]}").create()
         try:
             asyncio.run(_migrate(db.dsn))
-            batched, one_by_one = asyncio.run(_ab(db.dsn, args.ab))
+            ahead, batched, one_by_one = asyncio.run(_ab(db.dsn, args.ab))
         finally:
             db.drop()
         label = f"PostgreSQL, one firer, {args.ab:,} due now"
+        out.add(f"{label}: prepared ahead, fired set-based", ahead, "s", higher_is_better=False)
         out.add(f"{label}: fired in batches", batched, "s", higher_is_better=False)
         out.add(
             f"{label}: fired one by one (decision 0038)", one_by_one, "s", higher_is_better=False
         )
         print(
-            f"{label}: batches {batched:.2f} s, one by one {one_by_one:.2f} s "
+            f"{label}: prepared ahead {ahead:.2f} s, batches {batched:.2f} s, "
+            f"one by one {one_by_one:.2f} s "
             f"({one_by_one / batched:.1f}x)",
             flush=True,
         )
@@ -330,7 +365,7 @@ def _postgres(args: argparse.Namespace, out: Collector) -> None:
     print(f"PostgreSQL firers' CPU: {cpu:.2f} s, {cpu / ticks * 1e3:.3f} ms per tick", flush=True)
 
 
-Measure = Callable[[datetime, float], "list[float] | None"]
+Measure = Callable[[datetime, float], "Late | None"]
 
 
 def _rounds(
@@ -344,20 +379,28 @@ def _rounds(
     p50s: list[float] = []
     p99s: list[float] = []
     lasts: list[float] = []
+    seen50s: list[float] = []
+    seen99s: list[float] = []
     for r in range(args.rounds):
         wait = (tick - datetime.now(UTC)).total_seconds()
         deadline = time.monotonic() + max(wait, 0) + args.every * 0.9
-        late = measure(tick, deadline)
-        if late is None:
+        measured = measure(tick, deadline)
+        if measured is None:
             out.skip(f"{label}: p99 firing lateness", "s", "not all fired within the interval")
             print(f"{label}, round {r + 1}: not all {count:,} fired in time", flush=True)
             return
+        late, visible = measured
         p50s.append(_percentile(late, 0.5))
         p99s.append(_percentile(late, 0.99))
         lasts.append(max(late))
+        seen = ""
+        if visible:
+            seen50s.append(_percentile(visible, 0.5))
+            seen99s.append(_percentile(visible, 0.99))
+            seen = f"; claimable p50 {seen50s[-1]:.3f} s, p99 {seen99s[-1]:.3f} s"
         print(
             f"{label}, round {r + 1}: {len(late):,} ticks due at once, lateness p50 "
-            f"{p50s[-1]:.3f} s, p99 {p99s[-1]:.3f} s, last {lasts[-1]:.3f} s",
+            f"{p50s[-1]:.3f} s, p99 {p99s[-1]:.3f} s, last {lasts[-1]:.3f} s{seen}",
             flush=True,
         )
         tick += timedelta(seconds=args.every)
@@ -377,6 +420,15 @@ def _rounds(
     else:
         out.add(f"{label}, {n}: p99 firing lateness", p99s, "s", higher_is_better=False)
     out.add(f"{label}, {n}: last tick fired after", lasts, "s", higher_is_better=False)
+    if seen99s:
+        out.add(f"{label}, {n}: p50 lateness until claimable", seen50s, "s", higher_is_better=False)
+        out.add(
+            f"{label}, {n}: p99 lateness until claimable",
+            seen99s,
+            "s",
+            higher_is_better=False,
+            note="tick to the first poll (every 20 ms) that sees the dispatch committed",
+        )
 
 
 # ----------------------------------------------------------------------------- SQLite
@@ -397,10 +449,11 @@ async def _sqlite(args: argparse.Namespace, out: Collector) -> None:
             try:
                 loop = asyncio.get_running_loop()
 
-                def measure(t: datetime, deadline: float) -> list[float] | None:
-                    return asyncio.run_coroutine_threadsafe(
+                def measure(t: datetime, deadline: float) -> Late | None:
+                    late = asyncio.run_coroutine_threadsafe(
                         _sqlite_lateness(store, t, args.sqlite_schedules, deadline), loop
                     ).result()
+                    return None if late is None else (late, None)
 
                 await asyncio.to_thread(
                     _rounds, out, "SQLite, 1 firer", args, args.sqlite_schedules, tick, measure

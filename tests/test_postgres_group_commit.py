@@ -335,7 +335,8 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
     # 0020 fire_schedules and unfinished_runs (schedule ticks in batches); 0022 the
     # scheduled status: the due step, the trigger function that schedules a delayed retry,
     # and the debounced enqueue; 0023 concurrency keys: enqueue_keyed, the key triggers'
-    # functions (gate_key, release_key, resume_key, fill_key), concurrency_use and fair_tag
+    # functions (gate_key, release_key, resume_key, fill_key), concurrency_use and fair_tag;
+    # 0025 fire_prepared (schedule ticks prepared ahead, fired set-based)
     assert {name for name, _, _ in version_6 - version_5} == {
         "promote_due",
         "schedule_retry",
@@ -365,4 +366,5 @@ async def test_version_6_keeps_every_function_a_running_version_5_process_calls(
         "fill_key",
         "concurrency_use",
         "fair_tag",
+        "fire_prepared",
     }

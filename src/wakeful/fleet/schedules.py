@@ -45,7 +45,7 @@ from wakeful.fleet.ticks import check_cron, next_tick, tick_label, zone
 from wakeful.fleet.wake import Wake
 from wakeful.records import Dispatch, Schedule
 from wakeful.store.contract import ScheduleStore
-from wakeful.store.firings import Firing
+from wakeful.store.firings import AheadStore, Firing
 from wakeful.store.schedule_rows import CATCH_UPS, OVERLAPS, check_schedule
 
 log = logging.getLogger("wakeful.schedules")
@@ -167,12 +167,15 @@ async def trigger_schedule(
 
 
 class FiredPage(NamedTuple):
-    """What one ``fire_page`` call did: the dispatches it created, how many schedules it read
-    due, and how many of those it fired or advanced (the rest another firer took)."""
+    """What one ``fire_page`` call did: the dispatches it created (those the store fired
+    set-based only when asked to ``collect`` them), how many schedules it read due, how many
+    of those it fired or advanced (the rest another firer took), and how many dispatches it
+    created in all."""
 
     created: list[Dispatch]
     due: int
     taken: int
+    fired: int = 0
 
 
 async def fire_due(
@@ -185,15 +188,36 @@ async def fire_due(
 
 
 async def fire_page(
-    store: SchedulingStore, *, limit: int = 100, wake: Wake | None = None
+    store: SchedulingStore, *, limit: int = 100, wake: Wake | None = None, collect: bool = True
 ) -> FiredPage:
     """``fire_due``, saying also how much of the due page this call took: a page of
     ``limit`` read and taken means more may be due now (the firing loop reads again at
-    once). The page is fired in batches of ``BATCH`` (one statement each on PostgreSQL,
-    ``wakeful.fleet.firing_batch``), after one read of which previous runs are unfinished."""
-    now, due = await store.due_schedules(limit)
+    once). On a store that keeps ticks prepared ahead (``AheadStore``, decision 0055), up
+    to ``limit`` due schedules prepared ahead are fired first, set-based; the others (not
+    prepared, waiting, catching up) are read and fired in batches of ``BATCH`` (one
+    statement each on PostgreSQL, ``wakeful.fleet.firing_batch``), after one read of which
+    previous runs are unfinished."""
+    created: list[Dispatch] = []
+    count = 0
+    if isinstance(store, AheadStore):
+        # the due schedules prepared ahead first: set-based, nothing per tick in Python
+        ahead = await store.fire_prepared(limit, collect=collect)
+        for dispatch_id in ahead.refused:
+            log.warning("schedule tick %s refused: its thread is another tenant's", dispatch_id)
+        created.extend(ahead.created)
+        count = ahead.fired
+        if ahead.taken >= limit:  # a full batch: more may be due (the loop fires again)
+            if count and wake is not None:
+                await wake.notify()
+            return FiredPage(created, limit, ahead.taken, count)
+        # the others: fire_prepared leaves none of its own for this path to plan in vain
+        now, due = await store.due_unprepared(limit)
+    else:
+        now, due = await store.due_schedules(limit)
     if not due:
-        return FiredPage([], 0, 0)
+        if count and wake is not None:
+            await wake.notify()
+        return FiredPage(created, 0, 0, count)
     # Several workers read the same due page: each takes it in its own order, in batches,
     # and a batch passes over the schedules another firer is firing at that moment.
     random.shuffle(due)
@@ -206,7 +230,6 @@ async def fire_page(
             firings.append(plan(s, now, previous, next_tick(s, now)))
         except WakefulError as exc:  # one broken schedule must not stop the others
             log.warning("firing schedule %s failed: %s", s.name, exc)
-    created: list[Dispatch] = []
     taken = 0
     for i in range(0, len(firings), BATCH):
         batch = firings[i : i + BATCH]
@@ -216,10 +239,11 @@ async def fire_page(
             log.warning("firing %d schedules failed: %s", len(batch), exc)
             continue
         created.extend(fired.created)
+        count += len(fired.created)
         taken += len(batch) - len(fired.lost)
-    if created and wake is not None:
+    if count and wake is not None:
         await wake.notify()
-    return FiredPage(created, len(due), taken)
+    return FiredPage(created, len(due), taken, count)
 
 
 async def _submit(

@@ -27,7 +27,7 @@ from typing import Protocol, runtime_checkable
 import msgspec
 
 from wakeful.errors import InvalidInput
-from wakeful.ids import check_id
+from wakeful.ids import check_aware, check_id, check_optional_id
 from wakeful.records import Dispatch, Schedule
 from wakeful.store import schedule_rows
 from wakeful.store.validate_queue import check_dispatch
@@ -76,6 +76,74 @@ class TickStore(Protocol):
         ...
 
 
+class Prepared(msgspec.Struct, frozen=True, kw_only=True):
+    """A schedule's next tick computed ahead (decision 0055), for the store to fire alone when
+    it is due (``AheadStore.fire_prepared``), valid while the stored schedule has
+    ``revision``. ``tick`` ``None``: nothing to fire alone at that revision (the firer in
+    Python fires it). Otherwise firing it at a moment in [``tick``, ``until``) does
+    ``firing``: its schedule (as stored once the tick fired: ``next_fire_at`` the tick
+    after) and its dispatch (none when the thread template refused the tick); unless the run
+    of ``previous`` (the last tick's dispatch; ``None`` with ``overlap="allow"``) is
+    unfinished: then with ``overlap="skip"`` the schedule only advances to the next tick,
+    with ``"enqueue"`` it is stored ``waiting`` and looked at again a second later (by the
+    firer in Python, as ``firing_batch.plan`` makes a tick wait)."""
+
+    name: str
+    revision: int
+    tick: datetime | None = None
+    until: datetime | None = None
+    firing: Firing | None = None
+    previous: str | None = None
+    waiting: Schedule | None = None
+    """With ``overlap="enqueue"``: the schedule as stored while the tick waits for the
+    previous run (``waiting_since`` the tick)."""
+
+
+class FiredAhead(msgspec.Struct, frozen=True, kw_only=True):
+    """What one ``fire_prepared`` call did: the schedules it advanced (``taken``: fired,
+    passed over for overlap, or made to wait), those of them made to wait (``waiting``), how
+    many
+    dispatches it created (``fired``) and which (``created``, when collected), and the
+    ticks it refused for their tenant."""
+
+    taken: int = 0
+    waiting: int = 0
+    fired: int = 0
+    created: list[Dispatch] = msgspec.field(default_factory=list)
+    refused: list[str] = msgspec.field(default_factory=list)
+
+
+@runtime_checkable
+class AheadStore(Protocol):
+    """A store that keeps schedule ticks prepared ahead and fires the due ones set-based, in
+    a few statements per batch whatever its size (PostgreSQL, decision 0055)."""
+
+    async def to_prepare(
+        self, ahead: float, limit: int, salt: str = ""
+    ) -> tuple[datetime, list[Schedule]]:
+        """The store's clock and up to ``limit`` schedules not paused, due within ``ahead``
+        seconds, that have no preparation at their revision (earliest first; among those due
+        at once, in an order that ``salt`` shuffles, so two firers start apart)."""
+        ...
+
+    async def prepare_ticks(self, prepared: Sequence[Prepared]) -> int:
+        """Store ``prepared`` with their schedules, each only if the schedule still has its
+        ``revision`` and no one is firing it now; how many were stored."""
+        ...
+
+    async def due_unprepared(self, limit: int = 100) -> tuple[datetime, list[Schedule]]:
+        """``ScheduleStore.due_schedules`` without the schedules ``fire_prepared`` would fire
+        now: what the firer in Python has left to fire."""
+        ...
+
+    async def fire_prepared(self, limit: int, *, collect: bool = True) -> FiredAhead:
+        """Fire up to ``limit`` due schedules whose preparation is valid now, in one atomic
+        step, splitting them with concurrent callers (rows another caller holds are passed
+        over), as ``Prepared`` says; the dispatches created are returned if ``collect`` (the
+        firing loop only counts them)."""
+        ...
+
+
 def check_firings(firings: object) -> list[Firing]:
     """Checked copies of ``firings`` (``InvalidInput`` otherwise): each schedule checked as
     ``put_schedule`` checks it, each dispatch as ``enqueue`` does and a ``start``, no
@@ -116,4 +184,43 @@ def check_dispatch_ids(dispatch_ids: object) -> list[str]:
     return [check_id("dispatch_id", d) for d in dispatch_ids]
 
 
-__all__ = ["MAX_FIRINGS", "Fired", "Firing", "TickStore", "check_dispatch_ids", "check_firings"]
+def check_prepared(prepared: object) -> list[Prepared]:
+    """Checked copies of ``prepared`` (``InvalidInput`` otherwise)."""
+    if not isinstance(prepared, Sequence) or isinstance(prepared, str | bytes):
+        raise InvalidInput("prepared", "must be a list of Prepared")
+    if len(prepared) > MAX_FIRINGS:
+        raise InvalidInput("prepared", f"at most {MAX_FIRINGS} at once")
+    checked: list[Prepared] = []
+    for p in prepared:
+        if not isinstance(p, Prepared):
+            raise InvalidInput("prepared", f"must hold Prepared, got {type(p).__name__}")
+        check_id("name", p.name)
+        check_optional_id("previous", p.previous)
+        if p.tick is None:
+            checked.append(Prepared(name=p.name, revision=p.revision))
+            continue
+        if p.firing is None or p.firing.schedule.name != p.name or len(p.firing.dispatches) > 1:
+            raise InvalidInput("prepared", "a prepared tick holds its schedule's firing")
+        (firing,) = check_firings([p.firing])
+        waiting = None
+        if p.waiting is not None:
+            waiting = schedule_rows.check_schedule(p.waiting)
+            if waiting.name != p.name:
+                raise InvalidInput("prepared", "a prepared tick waits as its own schedule")
+        tick = check_aware("tick", p.tick)
+        checked.append(msgspec.structs.replace(p, firing=firing, waiting=waiting, tick=tick))
+    return checked
+
+
+__all__ = [
+    "MAX_FIRINGS",
+    "AheadStore",
+    "Fired",
+    "FiredAhead",
+    "Firing",
+    "Prepared",
+    "TickStore",
+    "check_dispatch_ids",
+    "check_firings",
+    "check_prepared",
+]

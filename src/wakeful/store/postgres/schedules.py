@@ -50,7 +50,7 @@ SELECT k.n, {_COLUMNS}
 """
 
 
-def _row(row: Any) -> Schedule:
+def row_of(row: Any) -> Schedule:
     paused, next_fire_at, revision, created_at, updated_at, body = row
     return schedule_rows.decode(
         body,
@@ -84,12 +84,12 @@ class ScheduleOps:
             template = _SWAP
             params = (new.tenant, new.paused, new.next_fire_at, body, new.name, expected)
         row = await self._db.fetchone(template, params)
-        return None if row is None else _row(row)
+        return None if row is None else row_of(row)
 
     async def get_schedule(self, name: str) -> Schedule | None:
         schedule_rows.check_name(name)
         row = await self._db.fetchone(_GET, (name,), idempotent=True)
-        return None if row is None else _row(row)
+        return None if row is None else row_of(row)
 
     async def list_schedules(
         self, tenant: str | None = None, after: str | None = None, limit: int = 100
@@ -106,7 +106,7 @@ class ScheduleOps:
             f"ORDER BY name LIMIT {limit}"
         )
         rows = await self._db.fetchall(sql, tuple(params), idempotent=True)
-        return [_row(r) for r in rows]
+        return [row_of(r) for r in rows]
 
     async def delete_schedule(self, name: str) -> bool:
         schedule_rows.check_name(name)
@@ -116,7 +116,7 @@ class ScheduleOps:
         limit = check_count("limit", limit, minimum=1)
         rows = await self._db.fetchall(_DUE, (limit,), idempotent=True)
         now = utc(rows[0][0])
-        return now, [_row(r[1:]) for r in rows if r[6] is not None]
+        return now, [row_of(r[1:]) for r in rows if r[6] is not None]
 
 
-__all__ = ["ScheduleOps"]
+__all__ = ["ScheduleOps", "row_of"]

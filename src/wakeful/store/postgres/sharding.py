@@ -71,6 +71,8 @@ CROSS_THREAD_FUNCTIONS: dict[str, str] = {
     "migrate_runs": "an operator moves a version's runs across threads to another version",
     "fire_schedules": "fires a batch of due schedules (a reference table) onto their threads",
     "unfinished_runs": "reads the unfinished runs of a page of schedules' threads",
+    "fire_prepared": "fires the due schedules prepared ahead (a reference table) onto their "
+    "threads",
     "relay_one": "delivers the oldest staged outbox entry of any thread",
     "settle": "settles a dispatch named by id (its thread is read from the row)",
     "settle_locked": "settle's checks once the dispatch's thread is locked",
