@@ -449,3 +449,25 @@ async def test_a_plain_start_dispatch_runs_the_graph_on_its_thread(fleet: Fleet)
         assert (await sdk.threads.get(thread))["status"] == "idle"
     finally:
         await sdk.aclose()
+
+
+@pytest.mark.asyncio
+@pytest.mark.postgres
+async def test_after_seconds_delays_the_run_by_the_store_clock(fleet: Fleet) -> None:
+    sdk = fleet.sdk()  # no worker: the run is only stored
+    try:
+        thread = (await sdk.threads.create())["thread_id"]
+        run = await sdk.runs.create(thread, "gated", input=gated(fleet, "open"), after_seconds=90)
+        stored = await fleet.store.get_dispatch(run["run_id"])
+        assert stored is not None and stored.status == "scheduled"
+        assert stored.available_at is not None and stored.created_at is not None
+        delay = (stored.available_at - stored.created_at).total_seconds()
+        assert 89 <= delay <= 91, delay
+        assert (await sdk.runs.get(thread, run["run_id"]))["status"] == "pending"
+        refused = await sdk.http.client.post(
+            f"/threads/{thread}/runs",
+            json={"assistant_id": "gated", "input": {}, "after_seconds": -1},
+        )
+        assert refused.status_code == 422, refused.text
+    finally:
+        await sdk.aclose()

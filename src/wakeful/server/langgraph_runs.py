@@ -25,6 +25,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from wakeful.errors import ThreadBusy
+from wakeful.fleet.delays import not_before
 from wakeful.fleet.live import LiveChannel
 from wakeful.fleet.wake import Wake
 from wakeful.langgraph.codec import store_thread_id
@@ -165,7 +166,7 @@ def add_fleet_runs(
                 return _missing("thread", thread_id, request.url.path)
             record = api.threads[thread_id] = ThreadRecord(thread_id, caller.tenant, {})
         for name in UNSUPPORTED_RUN_FIELDS:
-            if body.get(name) is not None:
+            if name != "after_seconds" and body.get(name) is not None:
                 raise Unsupported(f"the run field {name!r}")
         if body.get("stream_subgraphs"):
             raise Unsupported("stream_subgraphs")
@@ -204,12 +205,18 @@ def add_fleet_runs(
         waiting = await store.list_dispatches(status="awaiting", thread_id=thread, limit=1)
         # a run on a thread stopped at an interrupt() continues that run's slot
         kind: DispatchKind = "resume" if waiting else "start"
+        available_at = None
+        if body.get("after_seconds") is not None:  # a delayed run (issue 38): store's clock
+            if kind == "resume":
+                raise Unsupported("after_seconds on a run that resumes an interrupt")
+            available_at = not_before(await store.store_now(), body["after_seconds"])
         d = Dispatch(
             dispatch_id=run_id,
             thread_id=thread,
             kind=kind,
             payload=payload,
             tenant=caller.tenant,
+            available_at=available_at,
             if_busy=cast(IfBusy, strategy) if kind == "start" else "enqueue",  # resume: its slot
         )
         try:
