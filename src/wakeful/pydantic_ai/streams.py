@@ -15,6 +15,7 @@ stream exposes only as parts in progress: they are taken as R4 in this version."
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from pydantic_ai.messages import (
@@ -39,9 +40,12 @@ async def streamed_step(
     settings: ModelSettings | None,
     params: ModelRequestParameters,
     policy: StreamPolicy,
+    relay: Callable[[Any], None] | None = None,
 ) -> tuple[ModelResponse, list[str]]:
     """The response of one new model step and how it was obtained (``resumed``, ``R1``,
-    ``R4``), saving checkpoints as it streams."""
+    ``R4``), saving checkpoints as it streams. ``relay`` gets each provider event as it
+    arrives (``run_stream``'s live deltas); not for a continued answer (R1), whose text
+    before the cut it never saw: that response reaches the mirror whole."""
     store: Any = getattr(ctx.store, "stream_checkpoints", None)
     saved = await _saved(ctx, store)
     prefix, recoveries, request = "", [], messages
@@ -50,6 +54,7 @@ async def streamed_step(
         if saved.partial_text and saved.in_flight_tool is None and not saved.tool_calls:
             prefix = saved.partial_text
             recoveries.append("R1")
+            relay = None
             request = [
                 *messages,
                 ModelResponse(parts=[TextPart(prefix)]),
@@ -60,7 +65,9 @@ async def streamed_step(
     model_name = getattr(model, "model_name", type(model).__name__)
     since, last = 0, time.monotonic()
     async with model.request_stream(request, settings, params) as stream:
-        async for _event in stream:
+        async for event in stream:
+            if relay is not None:
+                relay(event)
             since += 1
             now = time.monotonic()
             due = since >= policy.checkpoint_every_deltas or (
