@@ -6,6 +6,7 @@ for the test before sending the rest), while the durable run checkpoints it."""
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,3 +73,51 @@ async def test_pydantic_ai_iter_follows_the_durable_run_node_by_node() -> None:
         assert nodes[-1] == "End" and nodes.count("ModelRequestNode") == 1
         assert len(server.bodies) == 1
         await asyncio.sleep(0)
+
+
+@pytest.mark.asyncio
+async def test_agents_sdk_run_streamed_yields_deltas_before_the_model_stream_ends(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("agents")
+    from agents.stream_events import RawResponsesStreamEvent, RunItemStreamEvent
+
+    from tests.oai_stream_child import runner, writer
+    from tests.provider_server import openai_chunk, openai_tool, openai_usage
+
+    with ProviderServer() as server:
+        call = [
+            openai_chunk({"role": "assistant", "content": None}),
+            openai_tool(0, "c-charge", "charge", '{"amount": 5}'),
+            openai_chunk({}, "tool_calls"),
+            openai_usage(5, 5),
+            b"data: [DONE]\n\n",
+        ]
+        story = Reply(events=openai_text("Once ", "upon ", "a time."), gate_after=3)
+        server.push(Reply(events=call), story)
+        store = MemoryStore()
+        agent, client = writer(server.url, tmp_path)
+        result = runner(Runtime(store)).run_streamed(agent, "Charge 5, then a story", thread_id="t")
+        order: list[str] = []
+        async for event in result.stream_events():
+            if isinstance(event, RawResponsesStreamEvent):
+                order.append(f"delta {event.data.delta}")  # type: ignore[union-attr]
+                if not server.release.is_set():
+                    await eventually(lambda: checkpointed(store, "t", "Once upon "))
+                    order.append("checkpointed")
+                    server.release.set()
+            elif isinstance(event, RunItemStreamEvent):
+                order.append(event.name)
+        await client.close()
+    assert order == [
+        "tool_called",
+        "tool_output",
+        "delta Once ",
+        "checkpointed",
+        "delta upon ",
+        "delta a time.",
+        "message_output_created",
+    ]
+    assert result.is_complete and result.final_output == "Once upon a time."
+    assert (tmp_path / "effects.txt").read_text() == "charge 5\n"
+    assert len(server.bodies) == 2
