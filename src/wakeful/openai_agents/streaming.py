@@ -121,11 +121,16 @@ class WakefulRunResultStreaming:
             self._messages = list(await self._load(0))
             self.current_agent = self._team.current(self._messages)
             self._queue.put_nowait(AgentUpdatedStreamEvent(new_agent=self.current_agent))
+            in_turn = False
             async for item in events():
                 if item.type == "text.delta" and isinstance(item.data, dict):
+                    if not in_turn:  # a new model turn: the steps before it are committed
+                        await self._items(before_turn=True)
+                        in_turn = True
                     self._delta(str(item.data.get("text", "")))
                 elif isinstance(item, Event):
                     await self._items()
+                    in_turn = False
             await self._items()
             result = await finish()
             self.final_output = result.final_output
@@ -152,10 +157,13 @@ class WakefulRunResultStreaming:
         )
         self._queue.put_nowait(RawResponsesStreamEvent(data=data))
 
-    async def _items(self) -> None:
-        """The thread's newly committed messages as the SDK's run items."""
+    async def _items(self, before_turn: bool = False) -> None:
+        """The thread's newly committed messages as the SDK's run items (``before_turn``:
+        only those before the model turn now streaming, whose items follow its deltas)."""
         new = await self._load(len(self._messages))
         for m in new:
+            if before_turn and m.role == "assistant":
+                return
             self._messages.append(m)
             for event in self._convert(self._messages, len(self._messages) - 1):
                 self._queue.put_nowait(event)
