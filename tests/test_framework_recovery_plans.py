@@ -8,7 +8,9 @@ SIGKILL mid-answer (children ``tests.pydai_child stream`` and ``tests.oai_stream
 
 The Agents SDK's chat-completions model surfaces a function call only once the stream
 ends, so for it an unfinished call is never seen: the text is continued (plan R1), which is
-R3's outcome."""
+R3's outcome; a model that surfaces a complete call before its stream ends (the Responses
+API's ``output_item.done``; here the SDK's ``ScriptedModel``, ``tests.oai_r2_child``) gets
+R2."""
 
 from __future__ import annotations
 
@@ -142,3 +144,30 @@ async def test_agents_sdk_text_with_an_unfinished_call_is_continued(tmp_path: Pa
     assert messages[3].tool_calls == [], "the unfinished call never reached the turn"
     assert messages[3].metadata["recoveries"][:2] == ["resumed", "R1"]
     assert (tmp_path / "effects.txt").read_text() == "charge 5\n"
+
+
+@pytest.mark.asyncio
+async def test_agents_sdk_r2_keeps_a_complete_call_streamed_before_the_cut(
+    tmp_path: Path,
+) -> None:
+    pytest.importorskip("agents")
+    from tests.oai_r2_child import agent, runner
+
+    url = store_url("sqlite", tmp_path)
+    argv = ["tests.oai_r2_child", url, str(tmp_path)]
+    await asyncio.to_thread(kill_when_ready, argv, [tmp_path / "ready"])
+    clock = ManualClock(datetime.now(UTC) + timedelta(seconds=60))
+    store = await open_store(url, clock=clock)
+    try:
+        runtime = Runtime(store, ClaimPolicy(ttl=30, renew_every=10), clock, holder="new")
+        sdk, model = agent(tmp_path, recovering=True)
+        result = await runner(runtime).recover(sdk, "t")
+        messages = await store.messages("t", 0, 100)
+    finally:
+        await store.close()
+    assert (result.status, result.final_output) == ("completed", "Charged 5.")
+    assert len(model.calls) == 1, "the cut turn was not asked again: only the answer after"
+    assert [m.role for m in messages] == ["user", "assistant", "tool", "assistant"]
+    assert [c["id"] for c in messages[1].tool_calls] == ["c-charge"]
+    assert messages[1].metadata["recoveries"][:2] == ["resumed", "R2"]
+    assert (tmp_path / "effects.txt").read_text() == "charge 5\n", "ran once, after recovery"
