@@ -121,3 +121,34 @@ async def test_agents_sdk_run_streamed_yields_deltas_before_the_model_stream_end
     assert result.is_complete and result.final_output == "Once upon a time."
     assert (tmp_path / "effects.txt").read_text() == "charge 5\n"
     assert len(server.bodies) == 2
+
+
+@pytest.mark.asyncio
+async def test_pydantic_ai_run_stream_over_a_tool_call_runs_the_tool_once(tmp_path: Path) -> None:
+    from tests.provider_server import openai_chunk, openai_tool, openai_usage
+
+    with ProviderServer() as server:
+        call = [
+            openai_chunk({"role": "assistant", "content": None}),
+            openai_tool(0, "c-charge", "charge", '{"amount": 5}'),
+            openai_chunk({}, "tool_calls"),
+            openai_usage(5, 5),
+            b"data: [DONE]\n\n",
+        ]
+        story = Reply(events=openai_text("Charged ", "5."), gate_after=2)
+        server.push(Reply(events=call), story)
+        store = MemoryStore()
+        wa = writer(server.url, tmp_path)
+        async with wa.run_stream("Charge 5", thread_id="t", runtime=Runtime(store)) as s:
+            deltas = s.stream_text(delta=True, debounce_by=None)
+            first = await anext(deltas)
+            server.release.set()
+            rest = [d async for d in deltas]
+            messages = s.all_messages()
+        assert first == "Charged " and "".join([first, *rest]) == "Charged 5."
+        assert (tmp_path / "effects.txt").read_text() == "charge 5\n", "the mirror ran nothing"
+        assert len(server.bodies) == 2
+        kinds = [p.part_kind for m in messages for p in m.parts]
+        assert kinds.count("tool-return") == 1 and kinds[-1] == "text"
+        roles = [m.role for m in await store.messages("t", 0, 10)]
+        assert roles == ["user", "assistant", "tool", "assistant"]

@@ -384,16 +384,16 @@ class WakefulAgent:
         live = LiveRun()
         run_id = f"run-{uuid.uuid4().hex}"
         self._channels[run_id] = live
+        arguments = dict(kwargs)
+        model = arguments.pop("model", None) or self.wrapped.model
+        if model is None:
+            raise InvalidInput("model", "the PydanticAI agent has no model; pass model=")
+        extra = arguments.pop("toolsets", None) or ()
+        toolsets = [mirror_toolset(t, live) for t in [*self.wrapped.toolsets, *extra]]
         try:
             handle = await self._begin(user_prompt, thread_id, rt, tenant, kwargs, run_id)
             ended = asyncio.ensure_future(handle.result())
             ended.add_done_callback(lambda t: live.close(_failure(t)))
-            arguments = dict(kwargs)
-            model = arguments.pop("model", None) or self.wrapped.model
-            if model is None:
-                raise InvalidInput("model", "the PydanticAI agent has no model; pass model=")
-            extra = arguments.pop("toolsets", None) or ()
-            toolsets = [mirror_toolset(t, live) for t in [*self.wrapped.toolsets, *extra]]
             if arguments.get("message_history") is None:
                 history = await _all_messages(rt, handle.thread_id)
                 arguments["message_history"] = message_history(history, run_id) or None
