@@ -85,6 +85,9 @@ async def test_run_streamed_has_the_sdks_stream_interface() -> None:
         "message_output_created",
     ]
     assert result.final_output == "Order 7 shipped." and ran == [7]
+    items = result.to_input_list()
+    assert items[0] == {"role": "user", "content": "order 7?"}
+    assert len(items) == 1 + len(result.new_items) == 4
 
 
 @pytest.mark.asyncio

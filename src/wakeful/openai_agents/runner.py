@@ -306,7 +306,9 @@ class WakefulRunner:
                 if len(page) < 500:
                     return out
 
-        return WakefulRunResultStreaming(team, input, self.max_turns, events, finish, thread, load)
+        return WakefulRunResultStreaming(
+            team, input, self.max_turns, events, finish, thread, load, self.streamed
+        )
 
     async def recover(
         self, starting_agent: SDKAgent[Any], thread_id: str, *, tenant: str | None = None

@@ -62,6 +62,7 @@ class WakefulRunResultStreaming:
         finish: Callable[[], Awaitable[WakefulRunResult]],
         thread_id: str,
         load: Callable[[int], Awaitable[Sequence[Message]]],
+        streamed: bool = True,
     ) -> None:
         self.input = input
         self.new_items: list[RunItem] = []
@@ -77,6 +78,9 @@ class WakefulRunResultStreaming:
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
         self._error: BaseException | None = None
         self._messages: list[Message] = []
+        self._streamed = ""
+        self.streamed = streamed
+        """Whether model turns stream text deltas (the runner's ``streamed``)."""
         self._sequence = 0
         self._load = load
         self._task = asyncio.get_running_loop().create_task(self._run(events, finish))
@@ -131,7 +135,7 @@ class WakefulRunResultStreaming:
                 elif isinstance(item, Event):
                     await self._items()
                     in_turn = False
-            await self._items()
+            await self._items(final=True)
             result = await finish()
             self.final_output = result.final_output
             self.current_agent = result.last_agent
@@ -145,6 +149,7 @@ class WakefulRunResultStreaming:
             self._queue.put_nowait(_DONE)
 
     def _delta(self, text: str) -> None:
+        self._streamed += text
         self._sequence += 1
         data = ResponseTextDeltaEvent(
             type="response.output_text.delta",
@@ -157,13 +162,20 @@ class WakefulRunResultStreaming:
         )
         self._queue.put_nowait(RawResponsesStreamEvent(data=data))
 
-    async def _items(self, before_turn: bool = False) -> None:
-        """The thread's newly committed messages as the SDK's run items (``before_turn``:
-        only those before the model turn now streaming, whose items follow its deltas)."""
+    async def _items(self, before_turn: bool = False, final: bool = False) -> None:
+        """The thread's newly committed messages as the SDK's run items, in order.
+        ``before_turn``: only those before the model turn now streaming. A streamed answer's
+        message waits until its deltas were passed on (live and durable events need not
+        arrive in commit order), or the run's end (``final``)."""
         new = await self._load(len(self._messages))
         for m in new:
-            if before_turn and m.role == "assistant":
-                return
+            if m.role == "assistant":
+                if before_turn:
+                    return
+                behind = self.streamed and len(self._streamed) < len(str(m.content or ""))
+                if behind and not final:
+                    return
+                self._streamed = ""
             self._messages.append(m)
             for event in self._convert(self._messages, len(self._messages) - 1):
                 self._queue.put_nowait(event)
