@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import uuid
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -235,30 +236,55 @@ def dbos_in_child(framework: str, url: str, runs: int) -> float:
 # ---------------------------------------------------------------- rounds and results
 
 
+def _ours(framework: str, runs: int, url: str) -> float:
+    return asyncio.run(wakeful_rate(framework, url, runs))
+
+
+def _theirs(framework: str, runs: int, url: str) -> float:
+    return dbos_in_child(framework, url, runs)
+
+
 def one_round(args: argparse.Namespace, directory: Path, r: int, dbos: bool) -> dict[str, float]:
+    """One sample of every measurement; one that fails (the shared PostgreSQL server went
+    away) is left out of this round, with a message, rather than ending the benchmark."""
     rates: dict[str, float] = {}
+
+    def take(key: str, measure: Any) -> None:
+        try:
+            rates[key] = float(measure())
+        except Exception as exc:  # reported; the round goes on
+            print(f"{key}, round {r}: not measured: {exc!r}"[:500], file=sys.stderr)
+
+    def on_postgres(key: str, name: str, measure: Any) -> None:
+        def run() -> float:
+            database = Database(args.dsn, name).create()
+            try:
+                return float(measure(database.dsn))
+            finally:
+                database.drop()
+
+        take(key, run)
+
     for framework in FRAMEWORKS:
         ours = f"sqlite:///{directory / f'wakeful-{framework}-{r}.db'}"
-        rates[f"{framework} wakeful sqlite"] = asyncio.run(wakeful_rate(framework, ours, args.runs))
+        take(f"{framework} wakeful sqlite", partial(_ours, framework, args.runs, ours))
         if dbos:
             theirs = f"sqlite:///{directory / f'dbos-{framework}-{r}.db'}"
-            rates[f"{framework} dbos sqlite"] = dbos_in_child(framework, theirs, args.runs)
+            take(f"{framework} dbos sqlite", partial(_theirs, framework, args.runs, theirs))
         if args.no_postgres:
             continue
-        tag = framework.replace("-", "_")
-        mine = Database(args.dsn, f"wakeful_bench_fw_{tag}_{os.getpid()}_{r}").create()
-        try:
-            rates[f"{framework} wakeful postgres"] = asyncio.run(
-                wakeful_rate(framework, mine.dsn, args.runs)
-            )
-        finally:
-            mine.drop()
+        tag = f"{framework.replace('-', '_')}_{os.getpid()}_{r}"
+        on_postgres(
+            f"{framework} wakeful postgres",
+            f"wakeful_bench_fw_{tag}",
+            partial(_ours, framework, args.runs),
+        )
         if dbos:
-            other = Database(args.dsn, f"wakeful_bench_fwd_{tag}_{os.getpid()}_{r}").create()
-            try:
-                rates[f"{framework} dbos postgres"] = dbos_in_child(framework, other.dsn, args.runs)
-            finally:
-                other.drop()
+            on_postgres(
+                f"{framework} dbos postgres",
+                f"wakeful_bench_fwd_{tag}",
+                partial(_theirs, framework, args.runs),
+            )
     return rates
 
 
