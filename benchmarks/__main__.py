@@ -63,6 +63,9 @@ PLAN = (
     # issue 36: interrupt/rollback to the new run running, SQLite and PostgreSQL, wakes on
     Module("busy_threads", 150, ("--n", "40"), postgres=True),
     Module("langgraph_saver", 240, ("--runs", "120"), postgres=True),
+    # Issue 42: the framework wrappers beside the frameworks' DBOS integrations (skipped
+    # without dbos), 3-step runs on SQLite and PostgreSQL.
+    Module("frameworks", 300, ("--runs", "60"), postgres=True),
     Module("console", 240),
     # Issue 38: 2,000 due now fired batched then one by one; 10,000 due at once (two
     # firer processes, two ticks 30 s apart) and 10,000 spread over a minute (PostgreSQL);

@@ -124,6 +124,16 @@ METHOD = {
         "call's reconcile, [decision 0047](decisions/0047-limit-fold-and-waiters.md)) and "
         "their time, 8 at a time and on one connection against a take plus a reconcile."
     ),
+    "frameworks": (
+        "Issue 42: a 3-step agent run (a model call asking for a tool, the tool, a model call "
+        "answering; an instant in-process model), sequential, a fresh thread per run, through "
+        "`WakefulAgent` (PydanticAI) and `WakefulRunner` (Agents SDK, `get_response`) on "
+        "SQLite and PostgreSQL, beside the same agent under the framework's DBOS integration "
+        "(`DBOSDurability` in a `@DBOS.workflow`, `DBOSRunner.run` in one; the tool a "
+        "`@DBOS.step`) on a SQLite file and a PostgreSQL database of the same server, each "
+        "DBOS measurement in a process of its own. Without `dbos` installed the DBOS side is "
+        "skipped (docs/pydantic-ai.md has the venv)."
+    ),
     "langgraph_saver": (
         'The same 3-node linear LangGraph graph (`durability="sync"`, a fresh thread per '
         'run) on `WakefulSaver` (default `fencing="auto"`: each run claims its thread '

@@ -1,7 +1,8 @@
 """Child for the Agents SDK stream-recovery test: an SDK agent whose model is the SDK's own
 ``OpenAIChatCompletionsModel`` on the loopback OpenAI-compatible server calls a ``never``
-tool, then streams its answer; reports once a stream checkpoint holds partial output.
-``python -m tests.oai_stream_child URL SERVER_URL DIR``."""
+tool, then streams its answer; reports once a stream checkpoint holds WANT as its partial
+text ("Once upon a " by default).
+``python -m tests.oai_stream_child URL SERVER_URL DIR [WANT]``."""
 
 from __future__ import annotations
 
@@ -45,14 +46,14 @@ def runner(runtime: Runtime) -> WakefulRunner:
     return WakefulRunner(runtime, replay={"charge": "never"}, stream_policy=policy)
 
 
-async def main(url: str, server_url: str, directory: Path) -> None:
+async def main(url: str, server_url: str, directory: Path, want: str = "Once upon a ") -> None:
     store = await open_store(url)
     runtime = Runtime(store, ClaimPolicy(ttl=5, renew_every=1), holder="child")
     agent, _ = writer(server_url, directory)
     handle = await runner(runtime).agent(agent).start(runtime, "t", "Charge 5, then a story")
     while True:
         saved = await store.stream_checkpoints.get(handle.run_id)
-        if saved is not None and saved.partial_text == "Once upon a ":
+        if saved is not None and saved.partial_text == want:
             await asyncio.to_thread(mark_ready, directory / "ready", handle.run_id)
             break
         await asyncio.sleep(0.01)
@@ -60,4 +61,4 @@ async def main(url: str, server_url: str, directory: Path) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))
+    asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3]), *sys.argv[4:5]))

@@ -47,6 +47,9 @@ class Reply:
     chunk_size: int | None = None
     pace: float = 0.0
     """Seconds between two events (a model writing slowly)."""
+    gate_after: int | None = None
+    """Send this many events, wait for ``ProviderServer.release``, then send the rest (a
+    stream held open until the test lets it go)."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,8 @@ class _Handler(BaseHTTPRequestHandler):
             if i == reply.stall_after:
                 owner.release.wait(timeout=30)
                 return None
+            if i == reply.gate_after:
+                owner.release.wait(timeout=30)
             if reply.pace and i:
                 time.sleep(reply.pace)
             try:

@@ -1,4 +1,6 @@
-"""Child process for WakefulAgent crash tests: ``python -m tests.pydai_child MODE URL DIR``.
+"""Child process for WakefulAgent crash tests: ``python -m tests.pydai_child MODE URL DIR``
+(``stream URL SERVER_URL READY [WANT]``: stream from the loopback server until the stream
+checkpoint is as WANT says, see ``wanted``).
 
 The agent (``crash_agent``) is a PydanticAI ``Agent`` on a ``FunctionModel``: its first
 model response calls the tool ``act`` (replay policy ``MODE``: safe, keyed or never; or
@@ -22,6 +24,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from tests.runtime_support import mark_ready
 from wakeful import open_store
 from wakeful.pydantic_ai import WakefulAgent, idempotency_key
+from wakeful.records import StreamCheckpoint
 from wakeful.runtime import ClaimPolicy, Runtime
 
 
@@ -80,9 +83,11 @@ def crash_agent(mode: str, directory: Path, hang: bool) -> WakefulAgent:
     return WakefulAgent(agent, name="crash", replay={"act": policy})
 
 
-def writer(server_url: str) -> WakefulAgent:
+def writer(server_url: str, directory: Path | None = None) -> WakefulAgent:
     """A PydanticAI agent on PydanticAI's own OpenAI model, pointed at the loopback
-    OpenAI-compatible server (tests/provider_server.py); checkpoints after every event."""
+    OpenAI-compatible server (tests/provider_server.py); checkpoints after every event. With
+    ``directory``: a ``charge`` tool (replay ``never``) recording each run in
+    DIR/effects.txt."""
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
@@ -90,17 +95,41 @@ def writer(server_url: str) -> WakefulAgent:
 
     provider = OpenAIProvider(base_url=server_url, api_key="test-key")
     agent: Agent[None, str] = Agent(OpenAIChatModel("gpt-test", provider=provider))
+    if directory is not None:
+        effects = directory / "effects.txt"
+
+        @agent.tool_plain
+        def charge(amount: int) -> str:
+            """Charge the customer (never twice)."""
+            record(effects, f"charge {amount}")
+            return f"charged {amount}"
+
     policy = StreamPolicy(checkpoint_every_deltas=1, checkpoint_min_interval=0)
-    return WakefulAgent(agent, name="writer", stream_policy=policy)
+    return WakefulAgent(agent, name="writer", stream_policy=policy, replay={"charge": "never"})
 
 
-async def stream_until_checkpointed(url: str, server_url: str, ready: Path) -> None:
+def wanted(saved: StreamCheckpoint | None, want: str) -> bool:
+    """``text``: "Once upon a " so far; ``calls``: a complete tool call; ``text-call``:
+    text and a tool call in flight."""
+    if saved is None:
+        return False
+    if want == "calls":
+        return bool(saved.tool_calls)
+    if want == "text-call":
+        return bool(saved.partial_text) and saved.in_flight_tool is not None
+    return saved.partial_text == "Once upon a "
+
+
+async def stream_until_checkpointed(
+    url: str, server_url: str, ready: Path, want: str = "text"
+) -> None:
     store = await open_store(url)
     runtime = Runtime(store, ClaimPolicy(ttl=5, renew_every=1), holder="child")
-    handle = await writer(server_url).start("Tell me a story", thread_id="t", runtime=runtime)
+    agent = writer(server_url, ready.parent)
+    handle = await agent.start("Tell me a story", thread_id="t", runtime=runtime)
     while True:
         saved = await store.stream_checkpoints.get(handle.run_id)
-        if saved is not None and saved.partial_text == "Once upon a ":
+        if wanted(saved, want):
             await asyncio.to_thread(mark_ready, ready, handle.run_id)
             break
         await asyncio.sleep(0.01)
@@ -115,6 +144,7 @@ async def main(mode: str, url: str, directory: Path) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1] == "stream":
-        asyncio.run(stream_until_checkpointed(sys.argv[2], sys.argv[3], Path(sys.argv[4])))
+        want = sys.argv[5] if len(sys.argv) > 5 else "text"
+        asyncio.run(stream_until_checkpointed(sys.argv[2], sys.argv[3], Path(sys.argv[4]), want))
     else:
         asyncio.run(main(sys.argv[1], sys.argv[2], Path(sys.argv[3])))

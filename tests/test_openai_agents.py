@@ -12,8 +12,14 @@ from pydantic import BaseModel
 agents = pytest.importorskip("agents")
 
 from agents import Agent as SDKAgent  # noqa: E402
-from agents import function_tool  # noqa: E402
+from agents import ItemHelpers, function_tool  # noqa: E402
+from agents.stream_events import (  # noqa: E402
+    AgentUpdatedStreamEvent,
+    RawResponsesStreamEvent,
+    RunItemStreamEvent,
+)
 from agents.testing import ScriptedModel, assistant_message, function_call  # noqa: E402
+from openai.types.responses import ResponseTextDeltaEvent  # noqa: E402
 
 from tests.postgres_support import Databases  # noqa: E402
 from wakeful import Runtime, open_store  # noqa: E402
@@ -105,17 +111,24 @@ async def test_replay_policy_names_must_exist() -> None:
             WakefulRunner(Runtime(store), replay={"nope": "never"}).agent(agent)
 
 
-async def test_run_streamed_yields_deltas_and_ends_with_the_terminal_event() -> None:
+async def test_run_streamed_yields_the_sdks_stream_events_and_the_final_output() -> None:
     model = ScriptedModel([[assistant_message("Hello there.")]])
     agent = SDKAgent(name="greeter", model=model)
     async with open_store("memory://") as store:
-        events = [
-            e async for e in WakefulRunner(Runtime(store)).run_streamed(agent, "hi", thread_id="t3")
-        ]
+        result = WakefulRunner(Runtime(store)).run_streamed(agent, "hi", thread_id="t3")
+        complete_at_start = result.is_complete
+        events = [e async for e in result.stream_events()]
         assert [m.content for m in await store.messages("t3")] == ["hi", "Hello there."]
-    text = "".join(str(e.data.get("text", "")) for e in events if e.type == "text.delta")
-    assert text == "Hello there."
-    assert events[-1].type == "run.completed"
+    assert isinstance(events[0], AgentUpdatedStreamEvent) and events[0].new_agent is agent
+    deltas = [e.data for e in events if isinstance(e, RawResponsesStreamEvent)]
+    texts = [d.delta for d in deltas if isinstance(d, ResponseTextDeltaEvent)]
+    assert len(texts) == len(deltas) and "".join(texts) == "Hello there."
+    items = [e for e in events if isinstance(e, RunItemStreamEvent)]
+    assert [e.name for e in items] == ["message_output_created"]
+    assert ItemHelpers.text_message_output(items[0].item) == "Hello there."  # type: ignore[arg-type]
+    assert (complete_at_start, result.is_complete) == (False, True)
+    assert result.final_output == "Hello there."
+    assert result.last_agent is agent and len(result.new_items) == 1
 
 
 async def test_the_example_hands_off_and_keeps_the_thread(

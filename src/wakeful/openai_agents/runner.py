@@ -26,13 +26,15 @@ from agents import FunctionTool, Handoff, RunContextWrapper, handoff
 from agents.tool_context import ToolContext as SDKToolContext
 
 from wakeful.agent import Agent
+from wakeful.agent.agent import TERMINAL_EVENTS
 from wakeful.agent.recovery import StreamPolicy
 from wakeful.agent.tools import REPLAYS, ArgumentsInvalid, Tool, ToolContext
 from wakeful.errors import InvalidInput
 from wakeful.openai_agents.convert import SDKModelProvider, output_schema
+from wakeful.openai_agents.streaming import WakefulRunResultStreaming
 from wakeful.providers.base import ToolSpec
 from wakeful.records import Event, Message
-from wakeful.runtime import NodeContext, Runtime
+from wakeful.runtime import NodeContext, RunHandle, Runtime
 from wakeful.runtime.events import LiveEvent
 from wakeful.runtime.results import RunOutcome
 
@@ -262,24 +264,57 @@ class WakefulRunner:
         )
         return await self._result(starting_agent, await handle.result())
 
-    async def run_streamed(
+    def run_streamed(
         self,
         starting_agent: SDKAgent[Any],
         input: str,
         *,
         thread_id: str | None = None,
         tenant: str | None = None,
-    ) -> AsyncIterator[Event | LiveEvent]:
-        """Run like ``run`` and yield wakeful's events as they happen: live ``text.delta``,
-        ``tool.started`` and ``tool.finished`` and the durable events (``message.completed``
-        per model turn), ending with the run's terminal event (``run.completed`` ...).
-        These are wakeful events, not the SDK's ``StreamEvent`` objects."""
+    ) -> WakefulRunResultStreaming:
+        """Like the SDK's ``Runner.run_streamed`` (call it inside a running event loop):
+        start the durable run and return its ``RunResultStreaming``-like result, whose
+        ``stream_events()`` yields the SDK's event types as they happen (live text deltas
+        as ``RawResponsesStreamEvent``, committed steps as ``RunItemStreamEvent``, handoffs
+        as ``AgentUpdatedStreamEvent``); ``final_output`` once the stream ends."""
         thread = thread_id or f"oai-{uuid.uuid4().hex}"
-        _, agent = self._build(starting_agent)
-        async for item in agent.stream(
-            self.runtime, thread, input, tenant=tenant, durability=self.durability
-        ):
-            yield item
+        team, agent = self._build(starting_agent)
+        started: list[RunHandle] = []
+        runtime = self.runtime
+
+        async def events() -> AsyncIterator[Event | LiveEvent]:
+            snap = await runtime.store.read(thread)
+            feed = runtime.subscribe(thread, snap.last_seq if snap is not None else 0)
+            try:
+                handle = await agent.start(
+                    runtime, thread, input, tenant=tenant, durability=self.durability
+                )
+                started.append(handle)
+                async for item in feed:
+                    yield item
+                    if (
+                        isinstance(item, Event)
+                        and item.run_id == handle.run_id
+                        and item.type in TERMINAL_EVENTS
+                    ):
+                        break
+            finally:
+                await feed.aclose()  # type: ignore[attr-defined]
+
+        async def finish() -> WakefulRunResult:
+            return await self._result(starting_agent, await started[0].result())
+
+        async def load(after: int) -> list[Message]:
+            out: list[Message] = []
+            while True:
+                page = await runtime.store.messages(thread, after + len(out), 500)
+                out.extend(page)
+                if len(page) < 500:
+                    return out
+
+        return WakefulRunResultStreaming(
+            team, input, self.max_turns, events, finish, thread, load, self.streamed
+        )
 
     async def recover(
         self, starting_agent: SDKAgent[Any], thread_id: str, *, tenant: str | None = None

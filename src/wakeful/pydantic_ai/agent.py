@@ -37,6 +37,7 @@ from wakeful.pydantic_ai.journal import (
     deactivate,
     journal_toolset,
 )
+from wakeful.pydantic_ai.live import LiveRun, MirrorModel, mirror_toolset
 from wakeful.records import Message
 from wakeful.runtime import END, START, CompiledGraph, Graph, NodeContext, RunHandle, Runtime
 
@@ -95,6 +96,7 @@ class WakefulAgent:
         self._arguments: dict[str, dict[str, Any]] = {}
         self._results: dict[str, AgentRunResult[Any]] = {}
         self._sessions: dict[str, _Session] = {}
+        self._channels: dict[str, LiveRun] = {}
         self.steps_taken = 0
         """Model requests and tool calls this process ran for real (not replayed)."""
 
@@ -166,6 +168,7 @@ class WakefulAgent:
             journal.session = True
             journal.next_response = used
             journal.handoff = handoff
+            journal.publish(self._channels.get(ctx.run_id))
             task = asyncio.ensure_future(self._drive(journal, prompt, history, arguments))
             task.add_done_callback(_quiet)
             session = _Session(journal, task, ctx.fencing_token)
@@ -265,8 +268,19 @@ class WakefulAgent:
         """Start the durable run and return its handle (``run`` awaits it and returns
         PydanticAI's result)."""
         rt = self._runtime(runtime)
-        thread = check_id("thread_id", thread_id or f"t-{uuid.uuid4().hex}")
         run_id = f"run-{uuid.uuid4().hex}"
+        return await self._begin(user_prompt, thread_id, rt, tenant, kwargs, run_id)
+
+    async def _begin(
+        self,
+        user_prompt: str,
+        thread_id: str | None,
+        rt: Runtime,
+        tenant: str | None,
+        kwargs: dict[str, Any],
+        run_id: str,
+    ) -> RunHandle:
+        thread = check_id("thread_id", thread_id or f"t-{uuid.uuid4().hex}")
         state, user = self.prepare_input(user_prompt, run_id)
         self._arguments[run_id] = kwargs
         handle = await rt.start(
@@ -325,12 +339,16 @@ class WakefulAgent:
         tenant: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[StreamedRunResult[Any, Any]]:
-        """PydanticAI's ``run_stream`` over the durable run: the run is taken to its end
-        durably first, then its recorded responses stream through PydanticAI's
-        ``StreamedRunResult`` (text, structured output, ``get_output``) without a model
-        call. Live token deltas are not streamed in this version."""
-        recorded = self._recorded(user_prompt, thread_id, runtime, tenant, kwargs)
-        async with recorded as kw, self.wrapped.run_stream(user_prompt, **kw) as stream:
+        """PydanticAI's ``run_stream`` over the durable run: PydanticAI's own
+        ``StreamedRunResult`` (``stream_text(delta=...)``, ``stream_output``,
+        ``get_output``, messages) whose deltas are the durable run's model step as the
+        provider sends them (``wakeful.pydantic_ai.live``), while the run checkpoints and
+        commits as ``run`` does. Leaving the block early does not stop the durable run; a
+        normal exit waits for its end."""
+        async with (
+            self._mirrored(user_prompt, thread_id, runtime, tenant, kwargs) as kw,
+            self.wrapped.run_stream(user_prompt, **kw) as stream,
+        ):
             yield stream
 
     @asynccontextmanager
@@ -343,14 +361,16 @@ class WakefulAgent:
         tenant: str | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[AgentRun[Any, Any]]:
-        """PydanticAI's ``iter`` over the durable run (taken to its end durably first):
-        its graph nodes are those of the recorded run, replayed without model calls."""
-        recorded = self._recorded(user_prompt, thread_id, runtime, tenant, kwargs)
-        async with recorded as kw, self.wrapped.iter(user_prompt, **kw) as agent_run:
+        """PydanticAI's ``iter`` over the durable run: its graph nodes follow the durable
+        run step by step (a model request node streams the durable step live)."""
+        async with (
+            self._mirrored(user_prompt, thread_id, runtime, tenant, kwargs) as kw,
+            self.wrapped.iter(user_prompt, **kw) as agent_run,
+        ):
             yield agent_run
 
     @asynccontextmanager
-    async def _recorded(
+    async def _mirrored(
         self,
         user_prompt: str,
         thread_id: str | None,
@@ -358,13 +378,33 @@ class WakefulAgent:
         tenant: str | None,
         kwargs: dict[str, Any],
     ) -> AsyncIterator[dict[str, Any]]:
-        rt, thread, run_id = await self._execute(user_prompt, thread_id, runtime, tenant, kwargs)
-        self._results.pop(run_id, None)
-        history = await _all_messages(rt, thread)
-        journal = Journal.read(None, history, self.replay, self.default_replay, run_id=run_id)
-        journal.live = False
-        with self._over(journal, history, dict(kwargs)) as kw:
-            yield kw
+        """Start the durable run and yield the keyword arguments of its mirror run (the
+        PydanticAI agent over ``MirrorModel`` and ``MirrorToolset``)."""
+        rt = self._runtime(runtime)
+        live = LiveRun()
+        run_id = f"run-{uuid.uuid4().hex}"
+        self._channels[run_id] = live
+        arguments = dict(kwargs)
+        model = arguments.pop("model", None) or self.wrapped.model
+        if model is None:
+            raise InvalidInput("model", "the PydanticAI agent has no model; pass model=")
+        extra = arguments.pop("toolsets", None) or ()
+        toolsets = [mirror_toolset(t, live) for t in [*self.wrapped.toolsets, *extra]]
+        try:
+            handle = await self._begin(user_prompt, thread_id, rt, tenant, kwargs, run_id)
+            ended = asyncio.ensure_future(handle.result())
+            ended.add_done_callback(lambda t: live.close(_failure(t)))
+            if arguments.get("message_history") is None:
+                history = await _all_messages(rt, handle.thread_id)
+                arguments["message_history"] = message_history(history, run_id) or None
+            mirror = MirrorModel(model, live)
+            with self.wrapped.override(model=mirror, toolsets=toolsets, tools=[]):
+                yield arguments
+            await ended
+        finally:
+            self._channels.pop(run_id, None)
+            self._arguments.pop(run_id, None)
+            self._results.pop(run_id, None)
 
     def run_sync(self, user_prompt: str, **kwargs: Any) -> AgentRunResult[Any]:
         """``run`` on a new event loop (refused inside a running loop, as PydanticAI's)."""
@@ -450,6 +490,12 @@ class _Session:
     journal: Journal
     task: asyncio.Future[AgentRunResult[Any]]
     token: int
+
+
+def _failure(task: asyncio.Future[Any]) -> BaseException | None:
+    if task.cancelled():
+        return asyncio.CancelledError()
+    return task.exception()
 
 
 def _quiet(task: asyncio.Future[Any]) -> None:

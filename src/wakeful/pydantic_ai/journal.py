@@ -46,6 +46,7 @@ from wakeful.pydantic_ai.codec import (
     response_message,
     tool_message,
 )
+from wakeful.pydantic_ai.live import LiveRun
 from wakeful.pydantic_ai.streams import streamed_step
 from wakeful.records import Message
 from wakeful.runtime import NodeContext
@@ -100,6 +101,8 @@ class Journal:
     resume_timeout: float = 600.0
     handoff: asyncio.Future[None] | None = None
     resume: asyncio.Future[None] | None = None
+    channel: LiveRun | None = None
+    """Set by ``run_stream`` / ``iter``: this process's mirror of the run, fed here."""
     _step_done: asyncio.Event = field(default_factory=asyncio.Event)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -127,6 +130,16 @@ class Journal:
             elif message.role == "tool" and message.tool_call_id and "result" in meta:
                 results[message.tool_call_id] = dict(meta["result"])
         return cls(ctx, run, responses, results, replay, default_replay)
+
+    def publish(self, channel: LiveRun | None) -> None:
+        """Feed ``channel`` from now on, starting with what is recorded."""
+        self.channel = channel
+        if channel is None:
+            return
+        for i, response in enumerate(self.responses):
+            channel.response(i, response)
+        for call_id, result in self.tool_results.items():
+            channel.tool(call_id, result)
 
     @property
     def node(self) -> NodeContext:
@@ -213,6 +226,8 @@ class Journal:
         if recoveries:
             message.metadata["recoveries"] = recoveries
         self._finish_step(message)
+        if self.channel is not None:
+            self.channel.response(index, response)
         self.responses.append(response)
         self.next_response = len(self.responses)
         await self._end_step()
@@ -250,6 +265,8 @@ class Journal:
         )
         self._finish_step(message)
         self.tool_results[call_id] = dict(message.metadata["result"])
+        if self.channel is not None:
+            self.channel.tool(call_id, message.metadata["result"])
         await self._end_step()
         # what a replay returns: the recorded (JSON) form, so both paths agree
         return _replay_result(message.metadata["result"])
@@ -316,6 +333,14 @@ class JournalModel(WrapperModel):
             return recorded
         await journal._claim_step()
         recoveries: list[str] = []
+        channel, index = journal.channel, len(journal.responses)
+        relay = None
+        if channel is not None:
+            channel.restart(index)
+
+            def relay(event: Any) -> None:
+                channel.event(index, event)
+
         try:
             with journal.node.waiting():
                 if journal.stream_policy is not None and _streams(self.wrapped):
@@ -326,6 +351,7 @@ class JournalModel(WrapperModel):
                         model_settings,
                         model_request_parameters,
                         journal.stream_policy,
+                        relay,
                     )
                 else:
                     response = await self.wrapped.request(
