@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import pydantic_core
+from pydantic_ai.exceptions import ModelRetry
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -129,3 +130,11 @@ def message_history(messages: list[Message], run_id: str) -> list[ModelMessage]:
             else:
                 out.append(ModelRequest(parts=[back]))
     return out
+
+
+def replay_result(recorded: dict[str, Any]) -> Any:
+    """A recorded tool outcome as the tool call returns it again: its value, or the
+    ``ModelRetry`` it raised."""
+    if recorded.get("outcome") == "retry":
+        raise ModelRetry(str(recorded.get("message")))
+    return recorded.get("value")

@@ -43,6 +43,7 @@ from wakeful.errors import InvalidInput, OutcomeUnknown
 from wakeful.pydantic_ai.codec import (
     dump_response,
     load_response,
+    replay_result,
     response_message,
     tool_message,
 )
@@ -239,7 +240,7 @@ class Journal:
         """Replay the call's recorded result, or run it under its replay policy."""
         recorded = self.tool_results.get(call_id)
         if recorded is not None:
-            return _replay_result(recorded)
+            return replay_result(recorded)
         await self._claim_step()
         policy = self.replay.get(name, self.default_replay)
         mark = "started-" + hashlib.sha256(call_id.encode()).hexdigest()[:16]
@@ -269,7 +270,7 @@ class Journal:
             self.channel.tool(call_id, message.metadata["result"])
         await self._end_step()
         # what a replay returns: the recorded (JSON) form, so both paths agree
-        return _replay_result(message.metadata["result"])
+        return replay_result(message.metadata["result"])
 
     async def _run(self, name: str, call_id: str, policy: str, run: Any) -> dict[str, Any]:
         raw = f"{self.node.thread_id}\x00{self.node.run_id}\x00{call_id}".encode()
@@ -289,12 +290,6 @@ class Journal:
             self.node.emit("tool.indeterminate", {"call_id": call_id, "tool": name})
             return {"outcome": "indeterminate", "value": INDETERMINATE}
         return {"outcome": "ok", "value": value}
-
-
-def _replay_result(recorded: dict[str, Any]) -> Any:
-    if recorded.get("outcome") == "retry":
-        raise ModelRetry(str(recorded.get("message")))
-    return recorded.get("value")
 
 
 _ACTIVE: contextvars.ContextVar[Journal | None] = contextvars.ContextVar(

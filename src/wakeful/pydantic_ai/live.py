@@ -39,6 +39,7 @@ from pydantic_ai.toolsets import AbstractToolset, WrapperToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 
 from wakeful.errors import InvalidInput
+from wakeful.pydantic_ai.codec import replay_result
 
 
 class LiveRun:
@@ -219,12 +220,10 @@ class MirrorToolset(WrapperToolset[Any]):
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        from wakeful.pydantic_ai.journal import _replay_result
-
         call_id = ctx.tool_call_id or f"{name}-{ctx.run_step}"
         while call_id not in self.live.tools:
             await self.live.changed()
-        return _replay_result(self.live.tools[call_id])
+        return replay_result(self.live.tools[call_id])
 
 
 def mirror_toolset(toolset: AbstractToolset[Any], live: LiveRun) -> AbstractToolset[Any]:
