@@ -390,6 +390,25 @@ async def test_sdk_streams_messages_tuple_and_custom(served: tuple[str, Any]) ->
 
 
 @pytest.mark.asyncio
+async def test_sdk_streams_debug_events(served: tuple[str, Any]) -> None:
+    url, _ = served
+    sdk = client(url)
+    thread = await sdk.threads.create()
+    parts = [
+        (part.event, part.data)
+        async for part in sdk.runs.stream(
+            thread["thread_id"], "steps", input={"log": []}, stream_mode="debug"
+        )
+    ]
+    debug = [data for event, data in parts if event == "debug"]
+    kinds = [d["type"] for d in debug]
+    assert {"checkpoint", "task", "task_result"} <= set(kinds), kinds
+    ran = [d["payload"]["name"] for d in debug if d["type"] == "task_result"]
+    assert ran == ["one", "two"]
+    assert debug[-1]["payload"]["values"] == {"log": ["one", "two"]}
+
+
+@pytest.mark.asyncio
 async def test_sdk_threads_search_and_delete(served: tuple[str, Any]) -> None:
     url, store = served
     sdk = client(url)

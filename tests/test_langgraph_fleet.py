@@ -471,3 +471,24 @@ async def test_after_seconds_delays_the_run_by_the_store_clock(fleet: Fleet) -> 
         assert refused.status_code == 422, refused.text
     finally:
         await sdk.aclose()
+
+
+@pytest.mark.asyncio
+@pytest.mark.postgres
+async def test_debug_events_come_from_the_worker(fleet: Fleet) -> None:
+    await fleet.worker("w-1")
+    sdk = fleet.sdk()
+    try:
+        thread = (await sdk.threads.create())["thread_id"]
+        (fleet.directory / "open").write_text("")
+        parts = [
+            (part.event, part.data)
+            async for part in sdk.runs.stream(
+                thread, "gated", input=gated(fleet, "open"), stream_mode="debug"
+            )
+        ]
+        debug = [data for event, data in parts if event == "debug"]
+        ran = [d["payload"]["name"] for d in debug if d["type"] == "task_result"]
+        assert ran == ["one", "two", "three"], [d["type"] for d in debug]
+    finally:
+        await sdk.aclose()

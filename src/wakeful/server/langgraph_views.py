@@ -16,6 +16,7 @@ STREAM_MODES = {
     "updates": "updates",
     "custom": "custom",
     "messages-tuple": "messages",
+    "debug": "debug",
 }
 """The API's stream modes of this slice and LangGraph's mode behind each (its chunks go out
 as events named after LangGraph's mode, as LangGraph's server does); others answer 501."""
